@@ -1,0 +1,69 @@
+//! A fake `libnvidia-ml.so`, driven by the simulator.
+//!
+//! flopwatch's NVML source must run in CI, where there is no GPU
+//! (MISSION.md, "Agent"). This crate builds a cdylib that exports, with the
+//! exact C signatures and struct layouts of `nvml.h` (taken from
+//! `nvml-wrapper-sys`), every NVML function the agent's NVML source calls.
+//! The agent loads it through nvml-wrapper's library-path option, exactly as
+//! it would load the real driver, so the whole FFI path is exercised.
+//!
+//! Behind the exports is one simulated node ([`flopwatch_sim::SimModel`]):
+//! by default 8 H100 SXM GPUs ("NVIDIA H100 80GB HBM3"), node 0 of a
+//! one-node fleet, seed 1, the regressing job slowing down 30 s after the
+//! fleet starts (at `nvmlInit`). What each call returns, and why:
+//!
+//! * point reads (`nvmlDeviceGetClockInfo`, power, temperature, memory,
+//!   throttle reasons) are the simulator's state at that instant;
+//! * GPM (`nvmlGpmSampleGet` + `nvmlGpmMetricsGet`) records (GPU, time)
+//!   per sample and answers with the simulator's *exact* mean between two
+//!   samples, in NVML's units (percent, MiB/s). That is how real GPM works
+//!   (two counter snapshots, the difference is the window average) and what
+//!   lets tests compare OFU against ground truth (OFU paper eq. 1);
+//! * `nvmlDeviceGetSamples(PROCESSOR_CLK)` returns one sample per 10 ms
+//!   simulator tick from a bounded ring, so the mean of the new samples is
+//!   the window-average SM clock (OFU paper §IV-C);
+//! * `gpm=0` models a pre-Hopper GPU: no GPM support.
+//!
+//! Configuration comes from `FLOPWATCH_FAKE_NVML` at init
+//! ([`config::FakeConfig`]) or, in tests, from the exported
+//! `flopwatchFakeNvmlConfigure` / `flopwatchFakeNvmlSetTimeMs`, reached
+//! through [`control`]. A test process may hold two copies of this crate
+//! (the rlib it links and the .so nvml-wrapper dlopens), each with its own
+//! globals; [`control`] therefore always goes through the .so.
+//!
+//! Unsafe code is confined to `exports` (C pointers in and out) and
+//! [`control`] (dlopen); the driver logic in `state` is safe Rust.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod config;
+pub mod control;
+mod exports;
+mod state;
+
+use std::path::PathBuf;
+
+/// File name of the built library on this platform
+/// (`libflopwatch_fake_nvml.so` on Linux).
+pub fn library_file_name() -> String {
+    format!(
+        "{}flopwatch_fake_nvml{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    )
+}
+
+/// Finds the built fake library next to the running executable: a test
+/// binary in `target/<profile>/deps/` or a binary in `target/<profile>/`.
+pub fn library_path() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let name = library_file_name();
+    let mut candidates = vec![dir.join(&name), dir.join("deps").join(&name)];
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        if let Some(profile) = dir.parent() {
+            candidates.push(profile.join(&name));
+        }
+    }
+    candidates.into_iter().find(|p| p.is_file())
+}

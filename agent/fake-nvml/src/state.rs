@@ -1,0 +1,535 @@
+//! The fake driver's state and every answer it gives, in safe Rust.
+//!
+//! [`Fake`] is one simulated node ([`SimModel`]) plus what a driver keeps
+//! between calls: the init reference count, allocated GPM samples and the
+//! energy counters. The C exports in `exports.rs` only translate pointers
+//! to and from these methods, so the logic is testable without FFI.
+
+use crate::config::{ConfigError, FakeConfig, ENV_VAR};
+use flopwatch_sim::{FleetPlan, GpuState, SimModel, WindowMean, TICK_MS};
+use nvml_wrapper_sys::bindings as sys;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// An NVML return code.
+pub(crate) type Ret = sys::nvmlReturn_t;
+
+/// Device handles are tagged integers, never dereferenced: handle of GPU
+/// `i` is `DEVICE_TAG + i`. A stray pointer is rejected, not followed.
+const DEVICE_TAG: usize = 0x7e57_0000;
+/// GPM sample handles are `SAMPLE_TAG + n`, looked up in a table.
+const SAMPLE_TAG: usize = 0x6e50_0000;
+/// Most GPM samples alive at once (a leak in a caller hits this bound).
+const MAX_LIVE_SAMPLES: usize = 4096;
+/// Memory the driver reserves on the device, bytes.
+const RESERVED_BYTES: u64 = 512 << 20;
+/// NVLink links on an H100 SXM.
+const NVLINK_LINKS: f64 = 18.0;
+/// One MiB: GPM reports bandwidth in MiB/s (nvml.h).
+const MIB: f64 = 1024.0 * 1024.0;
+/// Longest stretch the energy counter integrates tick by tick; a longer gap
+/// is charged at the mean power of its last hour (bounded work per call).
+const ENERGY_EXACT_MS: i64 = 3_600_000;
+
+/// Fake clock: 0 means the wall clock, anything else is a frozen unix ms.
+static FROZEN_MS: AtomicI64 = AtomicI64::new(0);
+
+/// The one driver state of this copy of the library.
+static STATE: Mutex<Option<Fake>> = Mutex::new(None);
+
+/// Freezes the fake clock at `ms` (0 returns to the wall clock).
+pub(crate) fn set_time_ms(ms: i64) {
+    FROZEN_MS.store(ms, Ordering::SeqCst);
+}
+
+/// Now on the fake clock, unix ms.
+pub(crate) fn now_ms() -> i64 {
+    match FROZEN_MS.load(Ordering::SeqCst) {
+        0 => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0),
+        ms => ms,
+    }
+}
+
+fn lock() -> MutexGuard<'static, Option<Fake>> {
+    // A panic while holding the lock cannot leave the state half-written in
+    // a way that matters to a fake; keep serving.
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `nvmlInit`: builds the state from the environment on first use (unless
+/// a test configured it already) and counts the reference.
+pub(crate) fn init() -> Ret {
+    let mut guard = lock();
+    if guard.is_none() {
+        let spec = std::env::var(ENV_VAR).unwrap_or_default();
+        match FakeConfig::parse(&spec) {
+            Ok(config) => *guard = Some(Fake::new(config, now_ms())),
+            Err(e) => {
+                eprintln!("fake libnvidia-ml: {ENV_VAR}={spec:?}: {e}");
+                return sys::nvmlReturn_enum_NVML_ERROR_UNKNOWN;
+            }
+        }
+    }
+    if let Some(fake) = guard.as_mut() {
+        fake.init_count += 1;
+    }
+    sys::nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// `nvmlShutdown`: drops one reference; the simulated node stays (a later
+/// init sees the same GPUs, as after a real driver re-init).
+pub(crate) fn shutdown() -> Ret {
+    if let Some(fake) = lock().as_mut() {
+        fake.init_count = fake.init_count.saturating_sub(1);
+    }
+    sys::nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// Replaces the simulated node (keeps the init count, drops GPM samples'
+/// contents so no window spans two configurations).
+pub(crate) fn configure(spec: &str) -> Result<(), ConfigError> {
+    let config = FakeConfig::parse(spec)?;
+    let mut guard = lock();
+    let mut fake = Fake::new(config, now_ms());
+    if let Some(old) = guard.take() {
+        fake.init_count = old.init_count;
+        fake.samples = old.samples.into_keys().map(|k| (k, None)).collect();
+        fake.next_sample = old.next_sample;
+    }
+    *guard = Some(fake);
+    Ok(())
+}
+
+/// Runs `f` on the initialized state; `NVML_ERROR_UNINITIALIZED` otherwise.
+pub(crate) fn with<R>(f: impl FnOnce(&mut Fake) -> Result<R, Ret>) -> Result<R, Ret> {
+    match lock().as_mut() {
+        Some(fake) if fake.init_count > 0 => f(fake),
+        _ => Err(sys::nvmlReturn_enum_NVML_ERROR_UNINITIALIZED),
+    }
+}
+
+/// When and on which GPU a GPM sample was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    gpu: usize,
+    t_ms: i64,
+}
+
+/// A GPU's energy counter: integrated up to `t_ms`.
+#[derive(Debug, Clone, Copy)]
+struct EnergyMeter {
+    t_ms: i64,
+    mj: f64,
+}
+
+/// PCI identity of a fake GPU.
+pub(crate) struct Pci {
+    pub bus: u32,
+    pub bus_id: String,
+    pub bus_id_legacy: String,
+    pub device_id: u32,
+    pub subsystem_id: u32,
+}
+
+/// One simulated node behind the fake driver.
+pub(crate) struct Fake {
+    pub config: FakeConfig,
+    pub model: SimModel,
+    init_count: u32,
+    samples: HashMap<usize, Option<Stamp>>,
+    next_sample: usize,
+    energy: Vec<EnergyMeter>,
+}
+
+impl Fake {
+    /// The node `config` describes; the driver "loads" at `now_ms`.
+    pub fn new(config: FakeConfig, now_ms: i64) -> Self {
+        let fleet = FleetPlan::new(config.nodes, config.gpus, config.regress_after_ms);
+        let start = config.start_ms.unwrap_or(now_ms);
+        let model = SimModel::new(&fleet, config.node, start, config.seed);
+        let energy = vec![
+            EnergyMeter {
+                t_ms: now_ms,
+                mj: 0.0
+            };
+            config.gpus
+        ];
+        Self {
+            config,
+            model,
+            init_count: 0,
+            samples: HashMap::new(),
+            next_sample: 0,
+            energy,
+        }
+    }
+
+    /// The opaque handle of GPU `gpu`.
+    pub fn handle_of(&self, gpu: usize) -> Result<usize, Ret> {
+        if gpu < self.model.gpu_count() {
+            Ok(DEVICE_TAG + gpu)
+        } else {
+            Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+        }
+    }
+
+    /// The GPU a handle names.
+    pub fn gpu(&self, handle: usize) -> Result<usize, Ret> {
+        match handle.checked_sub(DEVICE_TAG) {
+            Some(g) if g < self.model.gpu_count() => Ok(g),
+            _ => Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+        }
+    }
+
+    /// PCI identity: an HGX-like layout, one bus per GPU.
+    pub fn pci(&self, gpu: usize) -> Pci {
+        let bus = 0x18 + gpu as u32;
+        Pci {
+            bus,
+            bus_id: format!("00000000:{bus:02X}:00.0"),
+            bus_id_legacy: format!("0000:{bus:02X}:00.0"),
+            // Device 0x2330 (H100 SXM5 80GB), vendor 0x10DE.
+            device_id: 0x2330_10DE,
+            subsystem_id: 0x16C1_10DE,
+        }
+    }
+
+    /// `nvmlDeviceGetClockInfo`: the clock right now.
+    pub fn clock(&self, gpu: usize, clock: sys::nvmlClockType_t, now: i64) -> Result<u32, Ret> {
+        let s = self.model.state_at(gpu, now);
+        match clock {
+            sys::nvmlClockType_enum_NVML_CLOCK_GRAPHICS | sys::nvmlClockType_enum_NVML_CLOCK_SM => {
+                Ok(s.sm_clock_mhz.round() as u32)
+            }
+            sys::nvmlClockType_enum_NVML_CLOCK_MEM => Ok(s.mem_clock_mhz.round() as u32),
+            sys::nvmlClockType_enum_NVML_CLOCK_VIDEO => Ok((s.sm_clock_mhz * 0.9).round() as u32),
+            _ => Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+        }
+    }
+
+    /// `nvmlDeviceGetMaxClockInfo`.
+    pub fn max_clock(&self, clock: sys::nvmlClockType_t) -> Result<u32, Ret> {
+        let m = &self.model.model;
+        match clock {
+            sys::nvmlClockType_enum_NVML_CLOCK_GRAPHICS
+            | sys::nvmlClockType_enum_NVML_CLOCK_SM
+            | sys::nvmlClockType_enum_NVML_CLOCK_VIDEO => Ok(m.max_sm_clock_mhz),
+            sys::nvmlClockType_enum_NVML_CLOCK_MEM => Ok(m.max_mem_clock_mhz),
+            _ => Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+        }
+    }
+
+    /// `nvmlDeviceGetPowerUsage`, milliwatts.
+    pub fn power_mw(&self, gpu: usize, now: i64) -> u32 {
+        (self.model.state_at(gpu, now).power_w.max(0.0) * 1000.0).round() as u32
+    }
+
+    /// `nvmlDeviceGetTemperature` (GPU sensor), °C.
+    pub fn temperature(&self, gpu: usize, now: i64) -> u32 {
+        self.model.state_at(gpu, now).temp_c.max(0.0).round() as u32
+    }
+
+    /// `nvmlDeviceGetMemoryInfo_v2`: (total, reserved, free, used) bytes.
+    pub fn memory(&self, gpu: usize, now: i64) -> (u64, u64, u64, u64) {
+        let total = self.model.model.memory_total_bytes;
+        let usable = total - RESERVED_BYTES;
+        let used = (self.model.state_at(gpu, now).mem_used_bytes.max(0.0) as u64).min(usable);
+        (total, RESERVED_BYTES, usable - used, used)
+    }
+
+    /// `nvmlDeviceGetUtilizationRates`: percent over the last second, like
+    /// the driver's own sample period.
+    pub fn utilization(&self, gpu: usize, now: i64) -> (u32, u32) {
+        let w = self.model.window(gpu, now - 1000, now).mean;
+        let pct = |x: f64| (100.0 * x).clamp(0.0, 100.0).round() as u32;
+        (pct(w.sm_active), pct(w.dram_active))
+    }
+
+    /// `nvmlDeviceGetCurrentClocksThrottleReasons`: idle, or power-capped
+    /// under heavy tensor load (which is what pulls the clock to ~1352 MHz).
+    pub fn throttle_reasons(&self, gpu: usize, now: i64) -> u64 {
+        let s = self.model.state_at(gpu, now);
+        if s.sm_active == 0.0 && s.tensor_active == 0.0 {
+            u64::from(sys::nvmlClocksEventReasonGpuIdle)
+        } else if s.tensor_active > 0.3 {
+            u64::from(sys::nvmlClocksEventReasonSwPowerCap)
+        } else {
+            u64::from(sys::nvmlClocksEventReasonNone)
+        }
+    }
+
+    /// `nvmlDeviceGetTotalEccErrors`: a healthy GPU, always zero.
+    pub fn ecc_errors(
+        &self,
+        error_type: sys::nvmlMemoryErrorType_t,
+        counter: sys::nvmlEccCounterType_t,
+    ) -> Result<u64, Ret> {
+        let known_type = error_type
+            == sys::nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_CORRECTED
+            || error_type == sys::nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_UNCORRECTED;
+        let known_counter = counter == sys::nvmlEccCounterType_enum_NVML_VOLATILE_ECC
+            || counter == sys::nvmlEccCounterType_enum_NVML_AGGREGATE_ECC;
+        if known_type && known_counter {
+            Ok(0)
+        } else {
+            Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+        }
+    }
+
+    /// `nvmlDeviceGetTotalEnergyConsumption`: mJ since the driver loaded,
+    /// the integral of the simulated power. Monotonic even if the fake clock
+    /// is moved back.
+    pub fn energy_mj(&mut self, gpu: usize, now: i64) -> u64 {
+        let meter = self.energy[gpu];
+        if now > meter.t_ms {
+            let from = meter.t_ms.max(now - ENERGY_EXACT_MS);
+            let mean_w = self.model.window(gpu, from, now).mean.power_w.max(0.0);
+            self.energy[gpu] = EnergyMeter {
+                t_ms: now,
+                mj: meter.mj + mean_w * (now - meter.t_ms) as f64,
+            };
+        }
+        self.energy[gpu].mj as u64
+    }
+
+    /// `nvmlDeviceGetSamples`: one sample per completed 10 ms tick, stamped
+    /// (µs) at the tick's end, newer than `last_seen_us`, at most the newest
+    /// `ring` of them, oldest first. `NVML_ERROR_NOT_FOUND` when there are
+    /// none, as the real driver reports.
+    pub fn samples(
+        &self,
+        gpu: usize,
+        kind: sys::nvmlSamplingType_t,
+        last_seen_us: u64,
+        now: i64,
+    ) -> Result<Vec<(u64, u32)>, Ret> {
+        let value: fn(&GpuState) -> u32 = match kind {
+            sys::nvmlSamplingType_enum_NVML_PROCESSOR_CLK_SAMPLES => {
+                |s| s.sm_clock_mhz.round() as u32
+            }
+            sys::nvmlSamplingType_enum_NVML_MEMORY_CLK_SAMPLES => {
+                |s| s.mem_clock_mhz.round() as u32
+            }
+            sys::nvmlSamplingType_enum_NVML_TOTAL_POWER_SAMPLES => {
+                |s| (s.power_w.max(0.0) * 1000.0).round() as u32
+            }
+            _ => return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
+        };
+        let tick_us = (TICK_MS * 1000) as u64;
+        // Newest completed tick: it ends at or before now.
+        let newest = now.div_euclid(TICK_MS) - 1;
+        // Tick k ends at (k + 1) * tick; it is new if that is > last_seen.
+        let first_new = i64::try_from(last_seen_us / tick_us).unwrap_or(i64::MAX);
+        let oldest = first_new.max(newest - self.config.ring as i64 + 1).max(0);
+        if oldest > newest {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
+        }
+        Ok((oldest..=newest)
+            .map(|k| {
+                let s = self.model.state_at(gpu, k * TICK_MS);
+                ((k as u64 + 1) * tick_us, value(&s))
+            })
+            .collect())
+    }
+
+    /// `nvmlGpmSampleAlloc`.
+    pub fn gpm_alloc(&mut self) -> Result<usize, Ret> {
+        if self.samples.len() >= MAX_LIVE_SAMPLES {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_MEMORY);
+        }
+        loop {
+            self.next_sample = (self.next_sample + 1) % 0x10_0000;
+            let handle = SAMPLE_TAG + self.next_sample;
+            if let std::collections::hash_map::Entry::Vacant(e) = self.samples.entry(handle) {
+                e.insert(None);
+                return Ok(handle);
+            }
+        }
+    }
+
+    /// `nvmlGpmSampleFree`.
+    pub fn gpm_free(&mut self, handle: usize) -> Result<(), Ret> {
+        self.samples
+            .remove(&handle)
+            .map(|_| ())
+            .ok_or(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+    }
+
+    /// `nvmlGpmSampleGet`: stamps the sample with (GPU, now).
+    pub fn gpm_take(&mut self, gpu: usize, handle: usize, now: i64) -> Result<(), Ret> {
+        if !self.config.gpm {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        }
+        let slot = self
+            .samples
+            .get_mut(&handle)
+            .ok_or(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+        *slot = Some(Stamp { gpu, t_ms: now });
+        Ok(())
+    }
+
+    /// The exact window two samples bracket (`nvmlGpmMetricsGet`).
+    pub fn gpm_window(&self, first: usize, second: usize) -> Result<WindowMean, Ret> {
+        if !self.config.gpm {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        }
+        let stamp = |h| match self.samples.get(&h) {
+            Some(Some(s)) => Ok(*s),
+            _ => Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+        };
+        let (a, b) = (stamp(first)?, stamp(second)?);
+        if a.gpu != b.gpu || a.gpu >= self.model.gpu_count() {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        Ok(self
+            .model
+            .window(a.gpu, a.t_ms.min(b.t_ms), a.t_ms.max(b.t_ms)))
+    }
+}
+
+/// One GPM metric's value over a window, in NVML's units: percent for the
+/// utilizations, MiB/s for bandwidth (nvml.h `nvmlGpmMetricId_t`).
+pub(crate) fn gpm_value(w: &WindowMean, metric: u32) -> Result<f64, Ret> {
+    let m = &w.mean;
+    let pct = |x: f64| 100.0 * x;
+    let link = |id: u32, first: u32| (id - first) % 2;
+    Ok(match metric {
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL => pct(m.sm_active),
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL => pct(m.sm_active),
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY => pct(m.sm_occupancy),
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_INTEGER_UTIL => pct(0.02 * m.sm_active),
+        // Every simulated tensor instruction is an HMMA (FP16/BF16 GEMM).
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_ANY_TENSOR_UTIL
+        | sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_HMMA_TENSOR_UTIL => pct(m.tensor_active),
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_DFMA_TENSOR_UTIL
+        | sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_IMMA_TENSOR_UTIL => 0.0,
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_DRAM_BW_UTIL => pct(m.dram_active),
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_FP64_UTIL => pct(m.fp64_active),
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_FP32_UTIL => pct(m.fp32_active),
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_FP16_UTIL => pct(m.fp16_active),
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_PCIE_TX_PER_SEC => m.pcie_tx_bytes_s / MIB,
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_PCIE_RX_PER_SEC => m.pcie_rx_bytes_s / MIB,
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC => m.nvlink_rx_bytes_s / MIB,
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC => m.nvlink_tx_bytes_s / MIB,
+        // Per-link: ids alternate RX, TX from L0 RX; traffic spreads evenly.
+        id @ sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_L0_RX_PER_SEC
+            ..=sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_L17_TX_PER_SEC => {
+            let first = sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_L0_RX_PER_SEC;
+            let total = if link(id, first) == 0 {
+                m.nvlink_rx_bytes_s
+            } else {
+                m.nvlink_tx_bytes_s
+            };
+            total / NVLINK_LINKS / MIB
+        }
+        _ => return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake(spec: &str) -> Fake {
+        Fake::new(FakeConfig::parse(spec).unwrap(), 1_000_000)
+    }
+
+    #[test]
+    fn handles_round_trip_and_reject_strays() {
+        let f = fake("gpus=4");
+        let h = f.handle_of(3).unwrap();
+        assert_eq!(f.gpu(h), Ok(3));
+        assert!(f.handle_of(4).is_err());
+        assert!(f.gpu(0).is_err());
+        assert!(f.gpu(DEVICE_TAG + 4).is_err());
+    }
+
+    #[test]
+    fn gpm_values_are_percent_and_mib_per_second() {
+        let f = fake("seed=2,start_ms=0");
+        let w = f.model.window(0, 5_000, 6_000);
+        let tensor = gpm_value(&w, sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_ANY_TENSOR_UTIL).unwrap();
+        assert!((tensor / 100.0 - w.mean.tensor_active).abs() < 1e-12);
+        let nvl = gpm_value(
+            &w,
+            sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
+        )
+        .unwrap();
+        assert!((nvl * MIB - w.mean.nvlink_tx_bytes_s).abs() < 1e-3);
+        let per_link: f64 = (0..18)
+            .map(|l| {
+                gpm_value(
+                    &w,
+                    sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_L0_TX_PER_SEC + 2 * l,
+                )
+                .unwrap()
+            })
+            .sum();
+        assert!((per_link - nvl).abs() < 1e-6);
+        assert!(gpm_value(&w, sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVDEC_0_UTIL).is_err());
+    }
+
+    #[test]
+    fn gpm_disabled_is_not_supported() {
+        let mut f = fake("gpm=0");
+        let h = f.gpm_alloc().unwrap();
+        assert_eq!(
+            f.gpm_take(0, h, 1_000),
+            Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)
+        );
+        assert_eq!(f.gpm_free(h), Ok(()));
+        assert!(f.gpm_free(h).is_err());
+    }
+
+    #[test]
+    fn energy_is_monotonic_integral_of_power() {
+        let mut f = fake("start_ms=0");
+        // The driver loaded at 1 000 000 (see `fake`); earlier reads are 0.
+        assert_eq!(f.energy_mj(0, 999_000), 0);
+        let two_s = f.energy_mj(0, 1_002_000);
+        let expected = f.model.window(0, 1_000_000, 1_002_000).mean.power_w * 2000.0;
+        assert_eq!(two_s, expected as u64);
+        // Clock moved back: the counter does not.
+        assert_eq!(f.energy_mj(0, 1_001_000), two_s);
+    }
+
+    #[test]
+    fn clock_samples_cover_new_ticks_of_the_ring() {
+        let f = fake("start_ms=0,ring=100");
+        let kind = sys::nvmlSamplingType_enum_NVML_PROCESSOR_CLK_SAMPLES;
+        // All history: the newest 100 ticks, stamped at their ends.
+        let all = f.samples(0, kind, 0, 50_000).unwrap();
+        assert_eq!(all.len(), 100);
+        assert_eq!(all.first().unwrap().0, 49_010_000);
+        assert_eq!(all.last().unwrap().0, 50_000_000);
+        // After the last seen: exactly the ticks of [50 000, 50 250).
+        let new = f.samples(0, kind, 50_000_000, 50_250).unwrap();
+        assert_eq!(new.len(), 25);
+        let mean = new.iter().map(|s| f64::from(s.1)).sum::<f64>() / 25.0;
+        let truth = f.model.window(0, 50_000, 50_250).mean.sm_clock_mhz;
+        assert!((mean - truth).abs() < 0.5, "{mean} vs {truth}");
+        assert_eq!(
+            f.samples(0, kind, 50_250_000, 50_250),
+            Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND)
+        );
+        assert!(f.samples(0, 99, 0, 50_000).is_err());
+    }
+
+    #[test]
+    fn gpm_window_is_between_the_two_stamps() {
+        let mut f = fake("start_ms=0");
+        let (a, b) = (f.gpm_alloc().unwrap(), f.gpm_alloc().unwrap());
+        f.gpm_take(2, a, 10_000).unwrap();
+        f.gpm_take(2, b, 11_000).unwrap();
+        assert_eq!(
+            f.gpm_window(a, b).unwrap(),
+            f.model.window(2, 10_000, 11_000)
+        );
+        f.gpm_take(3, b, 11_000).unwrap();
+        assert!(f.gpm_window(a, b).is_err(), "samples of two GPUs");
+    }
+}

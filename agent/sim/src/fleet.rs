@@ -1,0 +1,239 @@
+//! Which job each simulated GPU runs, and the model that answers queries.
+
+use crate::{mix, window_over, GpuState, SimGpuModel, WindowMean, Workload, TICK_MS};
+
+/// One GPU's plan: its job (if any) and workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuPlan {
+    /// Job name, `None` for an idle GPU.
+    pub job: Option<String>,
+    /// What the GPU runs.
+    pub workload: Workload,
+}
+
+/// The fleet's plan: `nodes` × `gpus` GPUs, several jobs, one regressing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetPlan {
+    /// Nodes in the fleet.
+    pub nodes: usize,
+    /// GPUs per node.
+    pub gpus: usize,
+    /// When the regressing job loses efficiency, ms after the start.
+    pub regress_after_ms: i64,
+}
+
+impl FleetPlan {
+    /// The default demo fleet shape.
+    pub fn new(nodes: usize, gpus: usize, regress_after_ms: i64) -> Self {
+        Self {
+            nodes,
+            gpus,
+            regress_after_ms,
+        }
+    }
+
+    /// The plan for GPU `gpu` of node `node`.
+    ///
+    /// Jobs: `llm-pretrain` (data-parallel training) on the first half of
+    /// the fleet, `gemm-bench` (steady GEMM), `inference` (bursts and idle
+    /// gaps), `finetune` (training that regresses 2.5× midway), and a few
+    /// idle GPUs. Small fleets still get every job where they have room.
+    pub fn gpu(&self, node: usize, gpu: usize) -> GpuPlan {
+        let total = (self.nodes * self.gpus).max(1);
+        let flat = node * self.gpus + gpu;
+        // Fraction of the fleet before this GPU decides its job.
+        let pos = flat as f64 / total as f64;
+        let (job, workload) = if pos < 0.5 {
+            (
+                "llm-pretrain",
+                Workload::Training {
+                    tensor_active: 0.62,
+                    step_ms: 1200,
+                    comm_ms: 180,
+                },
+            )
+        } else if pos < 0.625 {
+            (
+                "gemm-bench",
+                Workload::SteadyGemm {
+                    tensor_active: 0.78,
+                },
+            )
+        } else if pos < 0.75 {
+            (
+                "inference",
+                Workload::Bursty {
+                    tensor_active: 0.35,
+                    on_ms: 3000,
+                    off_ms: 2000,
+                },
+            )
+        } else if pos < 0.9375 {
+            (
+                "finetune",
+                Workload::Regressing {
+                    tensor_active: 0.55,
+                    step_ms: 900,
+                    comm_ms: 120,
+                    after_ms: self.regress_after_ms,
+                    factor: 2.5,
+                },
+            )
+        } else {
+            return GpuPlan {
+                job: None,
+                workload: Workload::Idle,
+            };
+        };
+        GpuPlan {
+            job: Some(job.to_string()),
+            workload,
+        }
+    }
+}
+
+/// A simulated node's GPUs, answering "state at" and "mean over".
+#[derive(Debug, Clone)]
+pub struct SimModel {
+    /// The GPU model every simulated GPU is.
+    pub model: SimGpuModel,
+    /// Per-GPU plans.
+    pub plans: Vec<GpuPlan>,
+    /// Fleet start, unix ms.
+    pub start_ms: i64,
+    seed: u64,
+    node: usize,
+}
+
+impl SimModel {
+    /// Node `node` of `fleet`, started at `start_ms`, noise seeded by `seed`.
+    pub fn new(fleet: &FleetPlan, node: usize, start_ms: i64, seed: u64) -> Self {
+        let plans = (0..fleet.gpus).map(|g| fleet.gpu(node, g)).collect();
+        Self {
+            model: SimGpuModel::h100_sxm(),
+            plans,
+            start_ms,
+            seed,
+            node,
+        }
+    }
+
+    /// A node with explicit plans (tests).
+    pub fn with_plans(plans: Vec<GpuPlan>, start_ms: i64, seed: u64) -> Self {
+        Self {
+            model: SimGpuModel::h100_sxm(),
+            plans,
+            start_ms,
+            seed,
+            node: 0,
+        }
+    }
+
+    /// Number of GPUs.
+    pub fn gpu_count(&self) -> usize {
+        self.plans.len()
+    }
+
+    /// Stable per-node, per-GPU identifier in NVML's UUID format.
+    pub fn uuid(&self, gpu: usize) -> String {
+        let a = mix(self.seed ^ ((self.node as u64) << 32) ^ gpu as u64);
+        let b = mix(a);
+        format!(
+            "GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+            (a >> 32) as u32,
+            (a >> 16) as u16,
+            a as u16,
+            (b >> 48) as u16,
+            b & 0xFFFF_FFFF_FFFF
+        )
+    }
+
+    fn key(&self, gpu: usize) -> u64 {
+        mix(self.seed ^ mix(self.node as u64) ^ mix(gpu as u64 + 1))
+    }
+
+    /// Instantaneous state at `t_ms` (unix ms): what a point read returns.
+    pub fn state_at(&self, gpu: usize, t_ms: i64) -> GpuState {
+        let tick = t_ms.div_euclid(TICK_MS);
+        self.plans[gpu]
+            .workload
+            .state(&self.model, self.key(gpu), self.start_ms, tick)
+    }
+
+    /// Exact means over `[from_ms, to_ms)`: what a GPM two-sample read or a
+    /// hardware-averaged DCGM field returns, plus ground-truth OFU.
+    pub fn window(&self, gpu: usize, from_ms: i64, to_ms: i64) -> WindowMean {
+        let plan = &self.plans[gpu];
+        let key = self.key(gpu);
+        window_over(from_ms, to_ms, self.model.tensor_clock_mhz as f64, |tick| {
+            plan.workload.state(&self.model, key, self.start_ms, tick)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fleet_has_every_job_and_a_regression() {
+        let f = FleetPlan::new(4, 8, 30_000);
+        let jobs: std::collections::BTreeSet<_> = (0..4)
+            .flat_map(|n| (0..8).map(move |g| (n, g)))
+            .filter_map(|(n, g)| f.gpu(n, g).job)
+            .collect();
+        assert_eq!(
+            jobs.into_iter().collect::<Vec<_>>(),
+            vec!["finetune", "gemm-bench", "inference", "llm-pretrain"]
+        );
+    }
+
+    #[test]
+    fn gemm_clock_matches_paper_jitter() {
+        let m = SimModel::with_plans(
+            vec![GpuPlan {
+                job: Some("g".into()),
+                workload: Workload::SteadyGemm {
+                    tensor_active: 0.78,
+                },
+            }],
+            0,
+            7,
+        );
+        let n = 20_000;
+        let clocks: Vec<f64> = (0..n)
+            .map(|i| m.state_at(0, i * TICK_MS).sm_clock_mhz)
+            .collect();
+        let mean = clocks.iter().sum::<f64>() / n as f64;
+        let sd = (clocks.iter().map(|c| (c - mean).powi(2)).sum::<f64>() / n as f64).sqrt();
+        assert!((mean - 1352.0).abs() < 3.0, "mean {mean}");
+        assert!((sd - 32.0).abs() < 2.0, "sd {sd}");
+    }
+
+    #[test]
+    fn regression_drops_tensor_activity() {
+        let f = FleetPlan::new(1, 16, 10_000);
+        let m = SimModel::new(&f, 0, 0, 1);
+        let ft = (0..16)
+            .find(|&g| m.plans[g].job.as_deref() == Some("finetune"))
+            .unwrap();
+        let before = m.window(ft, 0, 9_000).mean.tensor_active;
+        let after = m.window(ft, 11_000, 20_000).mean.tensor_active;
+        assert!(
+            before / after > 2.3 && before / after < 2.7,
+            "{before} {after}"
+        );
+    }
+
+    #[test]
+    fn window_is_exact_mean_of_ticks() {
+        let f = FleetPlan::new(1, 8, 10_000);
+        let m = SimModel::new(&f, 0, 0, 3);
+        let w = m.window(0, 1_000, 1_100);
+        let manual: f64 = (100..110)
+            .map(|t| m.state_at(0, t * TICK_MS).tensor_active)
+            .sum::<f64>()
+            / 10.0;
+        assert!((w.mean.tensor_active - manual).abs() < 1e-12);
+    }
+}

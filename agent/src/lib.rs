@@ -1,0 +1,22 @@
+//! The flopwatch node agent.
+//!
+//! One process per node reads GPU counters from a [`source::GpuSource`]
+//! without touching workloads, keeps what the [`sampler::Sampler`] selects,
+//! groups samples into batches ([`batcher`]) and streams them over gRPC
+//! ([`client`]) to a collector, which acknowledges each batch once it is
+//! durable. Unacknowledged batches wait in a bounded [`outbox`] and are
+//! resent after a reconnect, so a collector restart loses nothing that was
+//! acked.
+
+#![forbid(unsafe_code)]
+
+pub mod batcher;
+pub mod client;
+pub mod clock;
+pub mod identity;
+pub mod outbox;
+pub mod run;
+pub mod sampler;
+pub mod source;
+
+pub use run::{Agent, AgentOptions};

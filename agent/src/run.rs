@@ -1,0 +1,221 @@
+//! The agent: a sampling loop (source → sampler → batcher → outbox) and the
+//! client loop (outbox → collector), joined by the bounded [`Outbox`].
+//! Capture runs on a blocking thread, since NVML calls block.
+
+use crate::batcher::Batcher;
+use crate::client::{self, ClientOptions, ClientState};
+use crate::outbox::Outbox;
+use crate::sampler::Sampler;
+use crate::source::{GpuSource, SourceError};
+use flopwatch_proto::clock::Clock;
+use flopwatch_proto::model::{Hello, JobAssignment, NodeIdentity};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+/// Agent settings.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// Node identity.
+    pub node: NodeIdentity,
+    /// Collector URLs.
+    pub collectors: Vec<String>,
+    /// Bearer token.
+    pub token: Option<String>,
+    /// How often a batch is cut.
+    pub flush_interval: Duration,
+    /// Most samples per batch.
+    pub max_batch_samples: usize,
+    /// Outbox capacity, batches.
+    pub max_in_flight: usize,
+    /// Job label for GPUs the source does not attribute.
+    pub job: Option<String>,
+    /// Shutdown waits this long for acks.
+    pub drain_timeout: Duration,
+}
+
+/// Counters of the sampling loop.
+#[derive(Debug, Default)]
+pub struct AgentStats {
+    /// Captures taken.
+    pub captures: AtomicU64,
+    /// Samples handed to the outbox.
+    pub samples: AtomicU64,
+    /// Captures that failed.
+    pub capture_errors: AtomicU64,
+}
+
+/// A running agent.
+pub struct Agent {
+    /// Outbox, for its counters.
+    pub outbox: Arc<Outbox>,
+    /// Loop counters.
+    pub stats: Arc<AgentStats>,
+    /// Connection state.
+    pub state: watch::Receiver<ClientState>,
+    shutdown: watch::Sender<bool>,
+    sampling: tokio::task::JoinHandle<()>,
+    client: tokio::task::JoinHandle<()>,
+}
+
+impl Agent {
+    /// Starts sampling `source` and streaming to the collectors.
+    pub fn start(
+        source: Box<dyn GpuSource>,
+        sampler: Box<dyn Sampler>,
+        opts: AgentOptions,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let outbox = Arc::new(Outbox::new(opts.max_in_flight));
+        let stats = Arc::new(AgentStats::default());
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (state_tx, state) = watch::channel(ClientState::default());
+        let hello = Hello {
+            token: None,
+            agent_id: opts.node.node_id.clone(),
+            node: opts.node.clone(),
+            gpus: source.inventory().to_vec(),
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            metrics: Vec::new(),
+        };
+        let client = tokio::spawn(client::run(
+            ClientOptions {
+                collectors: opts.collectors.clone(),
+                token: opts.token.clone(),
+                hello,
+                drain_timeout: opts.drain_timeout,
+            },
+            outbox.clone(),
+            state_tx,
+        ));
+        let sampling = tokio::spawn(sample_loop(
+            source,
+            sampler,
+            opts,
+            clock,
+            outbox.clone(),
+            stats.clone(),
+            shutdown_rx,
+        ));
+        Self {
+            outbox,
+            stats,
+            state,
+            shutdown,
+            sampling,
+            client,
+        }
+    }
+
+    /// Asks the agent to stop: the last batch is cut and outstanding
+    /// batches get up to the drain timeout to be acknowledged.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.sampling.await;
+        let _ = self.client.await;
+    }
+
+    /// True once the sampling loop ended by itself (a finished replay).
+    pub fn sampling_finished(&self) -> bool {
+        self.sampling.is_finished()
+    }
+}
+
+async fn sample_loop(
+    mut source: Box<dyn GpuSource>,
+    mut sampler: Box<dyn Sampler>,
+    opts: AgentOptions,
+    clock: Arc<dyn Clock>,
+    outbox: Arc<Outbox>,
+    stats: Arc<AgentStats>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let inventory = source.inventory().to_vec();
+    let flush_ms = opts.flush_interval.as_millis() as i64;
+    let mut batcher = Batcher::default();
+    let mut last_flush = clock.now_ms();
+    let mut errors_logged = 0u32;
+    info!(source = source.name(), gpus = inventory.len(), "sampling");
+    let mut next = tokio::time::Instant::now();
+    loop {
+        next += sampler.next_delay();
+        let now_instant = tokio::time::Instant::now();
+        if next < now_instant {
+            // Fell behind (slow driver): skip missed ticks, do not burst.
+            next = now_instant + sampler.next_delay();
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = shutdown.changed() => break,
+        }
+        if *shutdown.borrow() {
+            break;
+        }
+        let now = clock.now_ms();
+        let result = tokio::task::spawn_blocking(move || {
+            let r = source.capture(now);
+            (source, r)
+        })
+        .await;
+        let (s, r) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                warn!(error = %e, "capture task failed; stopping");
+                break;
+            }
+        };
+        source = s;
+        match r {
+            Ok(mut capture) => {
+                stats.captures.fetch_add(1, Ordering::Relaxed);
+                if capture.jobs.is_empty() {
+                    if let Some(job) = &opts.job {
+                        capture.jobs = inventory
+                            .iter()
+                            .map(|g| JobAssignment {
+                                gpu_uuid: g.uuid.clone(),
+                                job_id: job.clone(),
+                                ..Default::default()
+                            })
+                            .collect();
+                    }
+                }
+                sampler.observe(&mut capture);
+                batcher.add(capture, &inventory);
+            }
+            Err(SourceError::Exhausted) => {
+                info!("source exhausted");
+                break;
+            }
+            Err(e) => {
+                stats.capture_errors.fetch_add(1, Ordering::Relaxed);
+                if errors_logged < 10 {
+                    warn!(error = %e, "capture failed");
+                    errors_logged += 1;
+                }
+            }
+        }
+        if now - last_flush >= flush_ms || batcher.len() >= opts.max_batch_samples {
+            stats
+                .samples
+                .fetch_add(batcher.len() as u64, Ordering::Relaxed);
+            let b = batcher.cut(&inventory, &opts.node.node_id, &opts.node.boot_id, now);
+            outbox.push(b.into());
+            last_flush = now;
+        }
+    }
+    if !batcher.is_empty() {
+        stats
+            .samples
+            .fetch_add(batcher.len() as u64, Ordering::Relaxed);
+        let now = clock.now_ms();
+        outbox.push(
+            batcher
+                .cut(&inventory, &opts.node.node_id, &opts.node.boot_id, now)
+                .into(),
+        );
+    }
+    outbox.close();
+}

@@ -1,0 +1,130 @@
+//! GPU sources: where counters come from.
+//!
+//! A [`GpuSource`] only knows how to *read once* (`capture`); the interval,
+//! batching and shutdown live in [`crate::run`] (the split vector's
+//! `host_metrics` makes between `capture` and `run`). Implementations:
+//!
+//! * [`sim::SimSource`]: the simulated node (embedded default),
+//! * [`nvml::NvmlSource`]: NVML through nvml-wrapper, GPM on Hopper+,
+//! * [`replay::ReplaySource`]: a recorded long-form CSV trace.
+
+use flopwatch_proto::model::{Event, GpuInfo, JobAssignment};
+
+pub mod nvml;
+pub mod replay;
+pub mod sim;
+
+/// One metric's value from one capture.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    /// Catalog name ([`flopwatch_proto::metrics`]).
+    pub metric: &'static str,
+    /// Value; for window-mean metrics, the mean since the previous capture.
+    pub value: f64,
+}
+
+/// Everything read from one GPU in one capture.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuCapture {
+    /// Index into [`GpuSource::inventory`].
+    pub gpu: usize,
+    /// Length of the window the window-mean readings cover, ms (0 for the
+    /// first capture, which has no window yet).
+    pub window_ms: u32,
+    /// The readings.
+    pub readings: Vec<Reading>,
+}
+
+/// One pass over every GPU.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Capture {
+    /// When the capture was taken, unix ms.
+    pub ts_ms: i64,
+    /// Per-GPU readings.
+    pub gpus: Vec<GpuCapture>,
+    /// Current job attribution, when the source knows it.
+    pub jobs: Vec<JobAssignment>,
+    /// Events since the previous capture.
+    pub events: Vec<Event>,
+}
+
+/// Why a source could not read.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The NVIDIA driver library is missing or unusable.
+    #[error("NVIDIA driver not available: {0}")]
+    NoDriver(String),
+    /// A driver call failed.
+    #[error("NVML {call}: {message}")]
+    Driver {
+        /// The call that failed.
+        call: &'static str,
+        /// The driver's message.
+        message: String,
+    },
+    /// A trace file is malformed.
+    #[error("{file}:{line}: {message}")]
+    Trace {
+        /// File.
+        file: String,
+        /// 1-based line.
+        line: u64,
+        /// What is wrong.
+        message: String,
+    },
+    /// A trace has no more samples.
+    #[error("end of trace")]
+    Exhausted,
+    /// Reading a file failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// A configuration the source cannot use.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// A source of GPU counters. `capture` is called from a blocking context;
+/// implementations may block on the driver.
+pub trait GpuSource: Send {
+    /// Short name for logs ("sim", "nvml", ...).
+    fn name(&self) -> &'static str;
+
+    /// The node's GPUs, fixed for the source's lifetime.
+    fn inventory(&self) -> &[GpuInfo];
+
+    /// Reads every GPU once. Window-mean metrics cover the time since the
+    /// previous capture; point metrics are read at `now_ms`.
+    fn capture(&mut self, now_ms: i64) -> Result<Capture, SourceError>;
+}
+
+/// Opens the source a config names. `start_ms` anchors the simulator.
+pub fn open(
+    kind: &flopwatch_config::SourceKind,
+    cfg: &flopwatch_config::AgentConfig,
+    start_ms: i64,
+) -> Result<Box<dyn GpuSource>, SourceError> {
+    use flopwatch_config::SourceKind;
+    Ok(match kind {
+        SourceKind::Sim => {
+            let s = &cfg.sim;
+            let fleet = flopwatch_sim::FleetPlan::new(
+                s.nodes,
+                s.gpus,
+                s.regress_after.as_millis() as i64,
+            );
+            Box::new(sim::SimSource::new(&fleet, s.node_index, start_ms, s.seed))
+        }
+        SourceKind::Nvml => Box::new(nvml::NvmlSource::open(cfg.nvml.library_path.as_deref())?),
+        SourceKind::Replay(path) => {
+            Box::new(replay::ReplaySource::open(path, "NVIDIA H100 80GB HBM3").map_err(|e| match e {
+                SourceError::Io(io) => SourceError::Config(format!("{}: {io}", path.display())),
+                other => other,
+            })?)
+        }
+        SourceKind::DcgmExporter(url) => {
+            return Err(SourceError::Config(format!(
+                "source dcgm-exporter:{url} is not available in this version; use nvml, sim or replay:FILE"
+            )))
+        }
+    })
+}

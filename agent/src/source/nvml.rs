@@ -1,0 +1,418 @@
+//! NVML through nvml-wrapper: the source for real NVIDIA GPUs.
+//!
+//! * **Tensor activity and the other pipe counters** come from GPM on
+//!   Hopper and newer: each capture takes *one* GPM sample per GPU and diffs
+//!   it against the previous capture's sample (`gpm_metrics_get`), so every
+//!   value is the hardware's exact average over the window, whatever its
+//!   length (MISSION.md "Agent"; OFU paper eq. 1 needs TPA as a window
+//!   mean). NVML reports utilizations in percent and bandwidth in MiB/s;
+//!   they become fractions and bytes/s here.
+//! * **The SM clock** is read twice: the instantaneous `clock_info` point
+//!   (`sm_clock_mhz`), whose noise OFU §IV-C measures, and the mean of the
+//!   driver's processor-clock samples since the last one seen
+//!   (`sm_clock_avg_mhz`), the window average OFU wants. With no new
+//!   samples the point clock stands in.
+//! * Power, temperature, memory, clocks, utilization rates, throttle
+//!   reasons, ECC and energy are plain reads.
+//!
+//! A counter the GPU does not support (or that fails) is skipped and logged
+//! once per GPU; it never fails the capture. A missing or broken driver is
+//! [`SourceError::NoDriver`], never a panic.
+//!
+//! Lifetimes: nvml-wrapper ties every `Device` and `GpmSample` to the `Nvml`
+//! it came from, and this crate forbids unsafe code, so raw handles are not
+//! an option. The `Nvml` is therefore leaked into a `&'static Nvml`: at most
+//! one per library path per process (a repeated `open` of the same path
+//! reuses it), which is what a node agent needs anyway: NVML is loaded once
+//! and lives as long as the process.
+
+use super::{Capture, GpuCapture, GpuSource, Reading, SourceError};
+use flopwatch_proto::metrics as m;
+use flopwatch_proto::model::GpuInfo;
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, EccCounter, MemoryError, Sampling, TemperatureSensor,
+};
+use nvml_wrapper::enums::device::SampleValue;
+use nvml_wrapper::enums::gpm::GpmMetricId;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::gpm::gpm_metrics_get;
+use nvml_wrapper::{Device, GpmSample, Nvml};
+use std::collections::HashSet;
+use std::ffi::{OsStr, OsString};
+use std::path::Path;
+use std::sync::{Mutex, PoisonError};
+use tracing::{debug, warn};
+
+/// Library names tried when no path is given: the versioned name every
+/// driver install has, then the development symlink nvml-wrapper defaults to.
+const DEFAULT_LIBRARIES: [&str; 2] = ["libnvidia-ml.so.1", "libnvidia-ml.so"];
+
+/// NVML's percent → fraction.
+const PERCENT: f64 = 0.01;
+/// NVML's MiB/s → bytes/s.
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// GPM metrics read every window: NVML id, catalog name, unit factor.
+const GPM_METRICS: [(GpmMetricId, &str, f64); 11] = [
+    (GpmMetricId::AnyTensorUtil, m::TENSOR_ACTIVE, PERCENT),
+    (GpmMetricId::SmUtil, m::SM_ACTIVE, PERCENT),
+    (GpmMetricId::SmOccupancy, m::SM_OCCUPANCY, PERCENT),
+    (GpmMetricId::DramBwUtil, m::DRAM_ACTIVE, PERCENT),
+    (GpmMetricId::Fp16Util, m::FP16_ACTIVE, PERCENT),
+    (GpmMetricId::Fp32Util, m::FP32_ACTIVE, PERCENT),
+    (GpmMetricId::Fp64Util, m::FP64_ACTIVE, PERCENT),
+    (GpmMetricId::NvlinkTotalTxPerSec, m::NVLINK_TX_BYTES_S, MIB),
+    (GpmMetricId::NvlinkTotalRxPerSec, m::NVLINK_RX_BYTES_S, MIB),
+    (GpmMetricId::PcieTxPerSec, m::PCIE_TX_BYTES_S, MIB),
+    (GpmMetricId::PcieRxPerSec, m::PCIE_RX_BYTES_S, MIB),
+];
+
+/// The GPUs of this node, read through NVML.
+pub struct NvmlSource {
+    nvml: &'static Nvml,
+    gpus: Vec<Gpu>,
+    inventory: Vec<GpuInfo>,
+    last_ms: Option<i64>,
+    /// (GPU, call) pairs already logged as failing.
+    reported: HashSet<(usize, &'static str)>,
+}
+
+/// Per-GPU state carried between captures.
+struct Gpu {
+    device: Device<'static>,
+    gpm: bool,
+    /// The previous capture's GPM sample: the start of the next window.
+    last_gpm: Option<GpmSample<'static>>,
+    /// Timestamp (µs) of the newest processor-clock sample consumed.
+    last_clock_us: Option<u64>,
+}
+
+impl std::fmt::Debug for NvmlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlSource")
+            .field("gpus", &self.inventory.len())
+            .field("last_ms", &self.last_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+// `capture` runs on a blocking thread: the source must move there.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<NvmlSource>();
+};
+
+/// Loads NVML from `path` once per process (see the module docs).
+fn load(path: &OsStr) -> Result<&'static Nvml, NvmlError> {
+    static LOADED: Mutex<Vec<(OsString, &'static Nvml)>> = Mutex::new(Vec::new());
+    let mut loaded = LOADED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, nvml)) = loaded.iter().find(|(p, _)| p == path) {
+        return Ok(nvml);
+    }
+    let nvml: &'static Nvml = Box::leak(Box::new(Nvml::builder().lib_path(path).init()?));
+    loaded.push((path.to_owned(), nvml));
+    Ok(nvml)
+}
+
+fn driver_error(call: &'static str, e: NvmlError) -> SourceError {
+    SourceError::Driver {
+        call,
+        message: e.to_string(),
+    }
+}
+
+impl NvmlSource {
+    /// Loads NVML from `library_path` (default: the system's
+    /// `libnvidia-ml.so.1`, then `libnvidia-ml.so`) and reads the inventory.
+    ///
+    /// A library that cannot be loaded or initialized is
+    /// [`SourceError::NoDriver`], naming every path tried.
+    pub fn open(library_path: Option<&Path>) -> Result<Self, SourceError> {
+        let candidates: Vec<&OsStr> = match library_path {
+            Some(p) => vec![p.as_os_str()],
+            None => DEFAULT_LIBRARIES.iter().map(OsStr::new).collect(),
+        };
+        let mut tried = Vec::new();
+        for path in candidates {
+            match load(path) {
+                Ok(nvml) => return Self::from_nvml(nvml),
+                Err(e) => tried.push(format!("{}: {e}", path.to_string_lossy())),
+            }
+        }
+        Err(SourceError::NoDriver(format!(
+            "cannot load NVML ({})",
+            tried.join("; ")
+        )))
+    }
+
+    fn from_nvml(nvml: &'static Nvml) -> Result<Self, SourceError> {
+        let count = nvml
+            .device_count()
+            .map_err(|e| driver_error("nvmlDeviceGetCount", e))?;
+        let driver_version = nvml.sys_driver_version().unwrap_or_else(|e| {
+            warn!(error = %e, "NVML driver version unavailable");
+            "unknown".to_string()
+        });
+        let mut gpus = Vec::new();
+        let mut inventory = Vec::new();
+        for index in 0..count {
+            let device = match nvml.device_by_index(index) {
+                Ok(d) => d,
+                Err(e) => {
+                    warn!(index, error = %e, "skipping a GPU NVML cannot open");
+                    continue;
+                }
+            };
+            let uuid = match device.uuid() {
+                Ok(u) => u,
+                Err(e) => {
+                    warn!(index, error = %e, "skipping a GPU without a UUID");
+                    continue;
+                }
+            };
+            let gpm = device.gpm_support().unwrap_or(false);
+            inventory.push(GpuInfo {
+                index,
+                uuid,
+                model: device.name().unwrap_or_else(|_| "unknown".to_string()),
+                sm_count: device
+                    .attributes()
+                    .map(|a| a.multiprocessor_count)
+                    .unwrap_or(0),
+                max_sm_clock_mhz: device.max_clock_info(Clock::SM).unwrap_or(0),
+                max_mem_clock_mhz: device.max_clock_info(Clock::Memory).unwrap_or(0),
+                driver_version: driver_version.clone(),
+                pci_bus_id: device.pci_info().map(|p| p.bus_id).unwrap_or_default(),
+                gpm_supported: gpm,
+                memory_total_bytes: device.memory_info().map(|mi| mi.total).unwrap_or(0),
+                mig_parent_uuid: None,
+            });
+            gpus.push(Gpu {
+                device,
+                gpm,
+                last_gpm: None,
+                last_clock_us: None,
+            });
+        }
+        Ok(Self {
+            nvml,
+            gpus,
+            inventory,
+            last_ms: None,
+            reported: HashSet::new(),
+        })
+    }
+}
+
+impl GpuSource for NvmlSource {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn inventory(&self) -> &[GpuInfo] {
+        &self.inventory
+    }
+
+    fn capture(&mut self, now_ms: i64) -> Result<Capture, SourceError> {
+        let prev = self.last_ms.replace(now_ms);
+        let window_ms = prev.map_or(0, |p| {
+            u32::try_from((now_ms - p).max(0)).unwrap_or(u32::MAX)
+        });
+        let windowed = prev.is_some();
+        let mut gpus = Vec::with_capacity(self.gpus.len());
+        for (index, gpu) in self.gpus.iter_mut().enumerate() {
+            let mut out = Out {
+                gpu: index,
+                readings: Vec::with_capacity(24),
+                reported: &mut self.reported,
+            };
+            read_gpu(self.nvml, gpu, windowed, &mut out);
+            gpus.push(GpuCapture {
+                gpu: index,
+                window_ms,
+                readings: out.readings,
+            });
+        }
+        Ok(Capture {
+            ts_ms: now_ms,
+            gpus,
+            jobs: Vec::new(),
+            events: Vec::new(),
+        })
+    }
+}
+
+/// One GPU's readings, and the log-once bookkeeping for its failures.
+struct Out<'a> {
+    gpu: usize,
+    readings: Vec<Reading>,
+    reported: &'a mut HashSet<(usize, &'static str)>,
+}
+
+impl Out<'_> {
+    /// Records `value` under `metric`, or logs `call`'s failure once.
+    fn put(
+        &mut self,
+        metric: &'static str,
+        call: &'static str,
+        value: Result<f64, NvmlError>,
+    ) -> Option<f64> {
+        match value {
+            Ok(value) => {
+                self.readings.push(Reading { metric, value });
+                Some(value)
+            }
+            Err(e) => {
+                self.failed(call, &e);
+                None
+            }
+        }
+    }
+
+    fn failed(&mut self, call: &'static str, e: &NvmlError) {
+        if !self.reported.insert((self.gpu, call)) {
+            return;
+        }
+        match e {
+            NvmlError::NotSupported => debug!(
+                gpu = self.gpu,
+                call, "not supported on this GPU; skipping it"
+            ),
+            _ => warn!(gpu = self.gpu, call, error = %e, "NVML read failed; skipping it"),
+        }
+    }
+}
+
+fn read_gpu(nvml: &'static Nvml, gpu: &mut Gpu, windowed: bool, out: &mut Out<'_>) {
+    if gpu.gpm {
+        read_gpm(nvml, gpu, out);
+    }
+    let d = &gpu.device;
+
+    // SM clock: the point read, and the mean of the driver's samples since
+    // the newest one already consumed (OFU §IV-C: the point is noisy).
+    let point = out.put(
+        m::SM_CLOCK_MHZ,
+        "nvmlDeviceGetClockInfo(SM)",
+        d.clock_info(Clock::SM).map(f64::from),
+    );
+    let average = match d.samples(Sampling::ProcessorClock, gpu.last_clock_us) {
+        Ok(samples) => {
+            gpu.last_clock_us = samples
+                .iter()
+                .map(|s| s.timestamp)
+                .max()
+                .or(gpu.last_clock_us);
+            let values: Vec<f64> = samples.iter().map(|s| sample_value(&s.value)).collect();
+            (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+        }
+        // The driver's way of saying "nothing newer than last_seen".
+        Err(NvmlError::NotFound) => None,
+        Err(e) => {
+            out.failed("nvmlDeviceGetSamples(PROCESSOR_CLK)", &e);
+            None
+        }
+    };
+    if windowed {
+        if let Some(value) = average.or(point) {
+            out.readings.push(Reading {
+                metric: m::SM_CLOCK_AVG_MHZ,
+                value,
+            });
+        }
+    }
+
+    out.put(
+        m::POWER_W,
+        "nvmlDeviceGetPowerUsage",
+        d.power_usage().map(|mw| f64::from(mw) / 1000.0),
+    );
+    out.put(
+        m::TEMP_C,
+        "nvmlDeviceGetTemperature",
+        d.temperature(TemperatureSensor::Gpu).map(f64::from),
+    );
+    out.put(
+        m::MEM_USED_BYTES,
+        "nvmlDeviceGetMemoryInfo",
+        d.memory_info().map(|mi| mi.used as f64),
+    );
+    out.put(
+        m::MEM_CLOCK_MHZ,
+        "nvmlDeviceGetClockInfo(MEM)",
+        d.clock_info(Clock::Memory).map(f64::from),
+    );
+    if windowed {
+        match d.utilization_rates() {
+            Ok(u) => out.readings.extend([
+                Reading {
+                    metric: m::GPU_UTIL,
+                    value: f64::from(u.gpu) * PERCENT,
+                },
+                Reading {
+                    metric: m::MEM_COPY_UTIL,
+                    value: f64::from(u.memory) * PERCENT,
+                },
+            ]),
+            Err(e) => out.failed("nvmlDeviceGetUtilizationRates", &e),
+        }
+    }
+    out.put(
+        m::THROTTLE_REASONS,
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        d.current_throttle_reasons().map(|r| r.bits() as f64),
+    );
+    out.put(
+        m::ECC_SBE_TOTAL,
+        "nvmlDeviceGetTotalEccErrors(corrected)",
+        d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+            .map(|n| n as f64),
+    );
+    out.put(
+        m::ECC_DBE_TOTAL,
+        "nvmlDeviceGetTotalEccErrors(uncorrected)",
+        d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+            .map(|n| n as f64),
+    );
+    out.put(
+        m::ENERGY_J,
+        "nvmlDeviceGetTotalEnergyConsumption",
+        d.total_energy_consumption().map(|mj| mj as f64 / 1000.0),
+    );
+}
+
+/// Takes this capture's GPM sample and, when the previous one exists,
+/// reads every GPM metric over the window between them.
+fn read_gpm(nvml: &'static Nvml, gpu: &mut Gpu, out: &mut Out<'_>) {
+    let sample = match gpu.device.gpm_sample() {
+        Ok(s) => s,
+        Err(e) => {
+            // No window can start at a sample we do not have.
+            gpu.last_gpm = None;
+            out.failed("nvmlGpmSampleGet", &e);
+            return;
+        }
+    };
+    if let Some(prev) = &gpu.last_gpm {
+        let ids = GPM_METRICS.map(|(id, _, _)| id);
+        match gpm_metrics_get(nvml, prev, &sample, &ids) {
+            Ok(results) => {
+                for (&(_, metric, scale), result) in GPM_METRICS.iter().zip(results) {
+                    out.put(metric, metric, result.map(|r| r.value * scale));
+                }
+            }
+            Err(e) => out.failed("nvmlGpmMetricsGet", &e),
+        }
+    }
+    // Replacing the previous sample frees it (nvmlGpmSampleFree).
+    gpu.last_gpm = Some(sample);
+}
+
+fn sample_value(v: &SampleValue) -> f64 {
+    match *v {
+        SampleValue::F64(x) => x,
+        SampleValue::U32(x) => f64::from(x),
+        SampleValue::U64(x) => x as f64,
+        SampleValue::I64(x) => x as f64,
+    }
+}

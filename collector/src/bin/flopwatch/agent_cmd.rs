@@ -1,0 +1,109 @@
+//! `flopwatch agent --config agent.toml [--source nvml|sim|replay:FILE]`
+
+use crate::collector_cmd::{read_metric_set, shutdown_signal};
+use anyhow::Context;
+use flopwatch_agent::clock::TokioClock;
+use flopwatch_agent::identity::node_identity;
+use flopwatch_agent::sampler::FixedSampler;
+use flopwatch_agent::{source, Agent, AgentOptions};
+use flopwatch_config::{load_file, AgentConfig, SourceKind};
+use flopwatch_proto::clock::Clock;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Arguments of `agent`.
+#[derive(clap::Args)]
+pub struct AgentArgs {
+    /// Configuration file (see config/agent.toml).
+    #[arg(long, env = "FLOPWATCH_CONFIG")]
+    config: PathBuf,
+    /// Override `source`: nvml, sim, replay:FILE or dcgm-exporter:URL.
+    #[arg(long)]
+    source: Option<String>,
+    /// Override `collectors` (repeatable).
+    #[arg(long = "collector")]
+    collectors: Vec<String>,
+}
+
+pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let mut cfg: AgentConfig = load_file(&args.config)?;
+    if let Some(s) = args.source {
+        cfg.source = s;
+    }
+    if !args.collectors.is_empty() {
+        cfg.collectors = args.collectors;
+    }
+    let kind: SourceKind = cfg
+        .source
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--source: {e}"))?;
+    let token = match (&cfg.token, &cfg.token_file) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some(f)) => {
+            let p = flopwatch_config::relative_to(&args.config, f);
+            Some(
+                std::fs::read_to_string(&p)
+                    .with_context(|| format!("token_file {}", p.display()))?
+                    .trim()
+                    .to_string(),
+            )
+        }
+        (None, None) => None,
+    };
+    let mut metrics = cfg.metrics.clone();
+    if let Some(f) = &cfg.metrics_file {
+        metrics.extend(read_metric_set(&flopwatch_config::relative_to(
+            &args.config,
+            f,
+        ))?);
+    }
+    let clock = Arc::new(TokioClock::new());
+    let source = source::open(&kind, &cfg, clock.now_ms())?;
+    let sampler = FixedSampler::new(
+        cfg.interval,
+        (!metrics.is_empty()).then(|| metrics.into_iter().collect()),
+    );
+    let opts = AgentOptions {
+        node: node_identity(&cfg.node_id, cfg.labels.clone()),
+        collectors: cfg.collectors.clone(),
+        token,
+        flush_interval: cfg.flush_interval,
+        max_batch_samples: cfg.max_batch_samples as usize,
+        max_in_flight: cfg.max_in_flight,
+        job: cfg.job.clone(),
+        drain_timeout: Duration::from_secs(5),
+    };
+    let agent = Agent::start(source, Box::new(sampler), opts, clock);
+    let replay = matches!(kind, SourceKind::Replay(_));
+    if replay {
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            _ = wait_sampling_done(&agent) => {}
+        }
+    } else {
+        shutdown_signal().await;
+    }
+    let stats = agent.outbox.clone();
+    agent.stop().await;
+    let acked = stats
+        .stats
+        .acked_samples
+        .load(std::sync::atomic::Ordering::Relaxed);
+    tracing::info!(
+        acked_samples = acked,
+        unacked_batches = stats.len(),
+        "agent stopped"
+    );
+    Ok(())
+}
+
+/// Resolves when a replay has no more rows and everything was acked.
+async fn wait_sampling_done(agent: &Agent) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if agent.sampling_finished() && agent.outbox.is_empty() {
+            return;
+        }
+    }
+}

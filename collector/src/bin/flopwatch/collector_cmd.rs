@@ -1,0 +1,94 @@
+//! `flopwatch collector --config collector.toml`
+
+use anyhow::Context;
+use flopwatch_collector::{auth::Auth, server};
+use flopwatch_config::{load_file, CollectorConfig, SpecTable};
+use flopwatch_proto::clock::SystemClock;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Arguments of `collector`.
+#[derive(clap::Args)]
+pub struct CollectorArgs {
+    /// Configuration file (see config/collector.toml).
+    #[arg(long, env = "FLOPWATCH_CONFIG")]
+    config: PathBuf,
+    /// Override `listen`.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Override `data_dir`.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+/// Reads the metric set a `metrics_file` names (`metrics = [...]`).
+pub fn read_metric_set(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct Set {
+        metrics: Vec<String>,
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let set: Set = toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
+    for m in &set.metrics {
+        if flopwatch_proto::metrics::lookup(m).is_none() {
+            anyhow::bail!("{}: key `metrics`: unknown metric `{m}`", path.display());
+        }
+    }
+    Ok(set.metrics)
+}
+
+pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
+    let mut cfg: CollectorConfig = load_file(&args.config)?;
+    if let Some(l) = args.listen {
+        cfg.listen = l;
+    }
+    if let Some(d) = args.data_dir {
+        cfg.data_dir = d;
+    }
+    let specs = match &cfg.gpu_specs {
+        Some(p) => SpecTable::load(&flopwatch_config::relative_to(&args.config, p))?,
+        None => SpecTable::builtin(),
+    };
+    let metrics = match &cfg.policy.metrics_file {
+        Some(p) => read_metric_set(&flopwatch_config::relative_to(&args.config, p))?,
+        None => Vec::new(),
+    };
+    let collector = server::open(
+        &cfg.data_dir,
+        &cfg,
+        specs,
+        Auth::from_config(&cfg),
+        metrics,
+        Arc::new(SystemClock),
+    )
+    .with_context(|| format!("opening {}", cfg.data_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("binding {}", cfg.listen))?;
+    // The bound address, for scripts that ask for port 0.
+    println!("listening on {}", listener.local_addr()?);
+    server::serve(collector, listener, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,325 @@
+//! `flopwatch demo`: a collector on an ephemeral loopback port with RocksDB
+//! under `--data-dir`, and `--nodes` × `--gpus` simulated agents talking
+//! real gRPC to it; a live table of OFU per job and node; a summary.
+
+use crate::collector_cmd::shutdown_signal;
+use crate::query_cmd::client;
+use crate::{parse_ms, table};
+use anyhow::Context;
+use flopwatch_agent::clock::TokioClock;
+use flopwatch_agent::identity::boot_id;
+use flopwatch_agent::sampler::FixedSampler;
+use flopwatch_agent::source::sim::SimSource;
+use flopwatch_agent::{Agent, AgentOptions};
+use flopwatch_collector::{auth::Auth, server, stats::Stats};
+use flopwatch_config::{CollectorConfig, SpecTable};
+use flopwatch_proto::clock::Clock;
+use flopwatch_proto::model::NodeIdentity;
+use flopwatch_proto::v1::{self, ofu_request};
+use flopwatch_sim::FleetPlan;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Arguments of `demo`.
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 4)]
+    nodes: usize,
+    /// GPUs per node.
+    #[arg(long, default_value_t = 8)]
+    gpus: usize,
+    /// How long to run, e.g. 60s, 5m.
+    #[arg(long, default_value = "60s")]
+    duration: String,
+    /// RocksDB directory (default: a new directory under the system temp dir, printed).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Sampling interval.
+    #[arg(long, default_value = "100ms")]
+    interval: String,
+    /// When the regressing job slows down (default: half the duration).
+    #[arg(long)]
+    regress_after: Option<String>,
+}
+
+struct Row {
+    name: String,
+    ofu: f64,
+    tpa: f64,
+    clk: f64,
+    gpus: u32,
+}
+
+async fn ofu_rows<S>(
+    q: &mut v1::query_client::QueryClient<S>,
+    scopes: Vec<(String, ofu_request::Scope)>,
+    start_ms: i64,
+    end_ms: i64,
+) -> Vec<Row>
+where
+    S: tonic::client::GrpcService<tonic::body::Body>,
+    S::Error: Into<tonic::codegen::StdError>,
+    S::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <S::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let mut rows = Vec::new();
+    for (name, scope) in scopes {
+        let req = v1::OfuRequest {
+            scope: Some(scope),
+            start_ms,
+            end_ms,
+            step_ms: end_ms - start_ms,
+        };
+        if let Ok(r) = q.ofu(req).await {
+            let r = r.into_inner();
+            let s = r.summary.unwrap_or_default();
+            let (tpa, clk) = r
+                .points
+                .first()
+                .map(|p| (p.tensor_active, p.sm_clock_mhz))
+                .unwrap_or_default();
+            rows.push(Row {
+                name,
+                ofu: s.mean,
+                tpa,
+                clk,
+                gpus: s.gpus,
+            });
+        }
+    }
+    rows
+}
+
+fn render(title: &str, rows: &[Row], out: &mut String) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        out,
+        "{title:<16} {:>7}  {:<20}  {:>6}  {:>8}  GPUs",
+        "OFU", "", "TPA", "SM clk"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<16} {:>6.1}%  {}  {:>5.1}%  {:>4.0} MHz  {:>3}",
+            r.name,
+            r.ofu * 100.0,
+            table::bar(r.ofu, 20),
+            r.tpa * 100.0,
+            r.clk,
+            r.gpus
+        );
+    }
+}
+
+pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
+    if a.nodes == 0 || a.gpus == 0 || a.gpus > 64 {
+        anyhow::bail!("--nodes must be positive and --gpus between 1 and 64");
+    }
+    let duration = parse_ms(&a.duration).context("--duration")?;
+    let interval =
+        Duration::from_millis(parse_ms(&a.interval).context("--interval")?.max(10) as u64);
+    let regress_after = match &a.regress_after {
+        Some(s) => parse_ms(s).context("--regress-after")?,
+        None => duration / 2,
+    };
+    let data_dir = match a.data_dir {
+        Some(d) => d,
+        None => {
+            let stamp = flopwatch_proto::clock::SystemClock.now_ms();
+            std::env::temp_dir().join(format!("flopwatch-demo-{}-{stamp}", std::process::id()))
+        }
+    };
+    println!(
+        "flopwatch demo: {} nodes × {} GPUs, {} of simulated load",
+        a.nodes, a.gpus, a.duration
+    );
+    println!("data dir: {}", data_dir.display());
+
+    let cfg = CollectorConfig {
+        data_dir: data_dir.clone(),
+        anonymous_tenant: Some("default".into()),
+        ..Default::default()
+    };
+    let clock = Arc::new(TokioClock::new());
+    let collector = server::open(
+        &data_dir,
+        &cfg,
+        SpecTable::builtin(),
+        Auth::anonymous("default"),
+        Vec::new(),
+        clock.clone(),
+    )
+    .with_context(|| format!("opening {}", data_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    println!("collector: {url}  (try: flopwatch query ofu --collector {url} --job llm-pretrain)");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(server::serve(collector.clone(), listener, async move {
+        let _ = stop_rx.await;
+    }));
+
+    let start = clock.now_ms();
+    let fleet = FleetPlan::new(a.nodes, a.gpus, regress_after);
+    let boot = boot_id();
+    let agents: Vec<Agent> = (0..a.nodes)
+        .map(|n| {
+            let name = format!("sim-node-{n:02}");
+            let source = SimSource::new(&fleet, n, start, 0x5eed + n as u64);
+            Agent::start(
+                Box::new(source),
+                Box::new(FixedSampler::new(interval, None)),
+                AgentOptions {
+                    node: NodeIdentity {
+                        node_id: name.clone(),
+                        hostname: name,
+                        boot_id: boot.clone(),
+                        labels: Default::default(),
+                    },
+                    collectors: vec![url.clone()],
+                    token: None,
+                    flush_interval: Duration::from_secs(1),
+                    max_batch_samples: 50_000,
+                    max_in_flight: 64,
+                    job: None,
+                    drain_timeout: Duration::from_secs(5),
+                },
+                clock.clone(),
+            )
+        })
+        .collect();
+
+    let mut q = client(&url, None).await?;
+    let tty = std::io::stdout().is_terminal();
+    let stats: &Stats = &collector.stats;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let deadline = tokio::time::sleep(Duration::from_millis(duration as u64));
+    tokio::pin!(deadline);
+    let ctrl_c = shutdown_signal();
+    tokio::pin!(ctrl_c);
+    let mut last_samples = 0u64;
+    let mut seconds = 0u64;
+    loop {
+        tokio::select! {
+            _ = &mut deadline => break,
+            _ = &mut ctrl_c => { println!("interrupted"); break; }
+            _ = tick.tick() => {}
+        }
+        seconds += 1;
+        let now = clock.now_ms();
+        let samples = Stats::get(&stats.samples_accepted);
+        let rate = samples - last_samples;
+        last_samples = samples;
+        if !tty && seconds % 10 != 0 {
+            continue;
+        }
+        let jobs = q
+            .list_jobs(v1::ListRequest::default())
+            .await
+            .map(|r| r.into_inner().jobs)
+            .unwrap_or_default();
+        let job_scopes = jobs
+            .iter()
+            .map(|j| {
+                (
+                    j.job_id.clone(),
+                    ofu_request::Scope::JobId(j.job_id.clone()),
+                )
+            })
+            .collect();
+        let node_scopes = (0..a.nodes)
+            .map(|n| {
+                let id = format!("sim-node-{n:02}");
+                (id.clone(), ofu_request::Scope::NodeId(id))
+            })
+            .collect();
+        let window = 10_000.min(now - start).max(1_000);
+        let job_rows = ofu_rows(&mut q, job_scopes, now - window, now).await;
+        let node_rows = ofu_rows(&mut q, node_scopes, now - window, now).await;
+        let fleet_rows = ofu_rows(
+            &mut q,
+            vec![("fleet".into(), ofu_request::Scope::Fleet(true))],
+            now - window,
+            now,
+        )
+        .await;
+        let mut out = String::new();
+        if tty {
+            out.push_str("\x1b[2J\x1b[H");
+        }
+        out.push_str(&format!(
+            "flopwatch demo  t={:>3}s/{}s  {} agents  {} samples/s  {} stored  {} batches acked  (last {} s)\n\n",
+            (now - start) / 1000, duration / 1000,
+            stats.agents_connected.load(std::sync::atomic::Ordering::Relaxed),
+            rate, samples, Stats::get(&stats.batches_acked), window / 1000
+        ));
+        render("job", &job_rows, &mut out);
+        out.push('\n');
+        render("node", &node_rows, &mut out);
+        out.push('\n');
+        render("", &fleet_rows, &mut out);
+        print!("{out}");
+        let _ = std::io::stdout().flush();
+    }
+
+    for agent in agents {
+        agent.stop().await;
+    }
+    let end = clock.now_ms();
+    // Summary: whole run per job, and first half vs second half so the
+    // regressing job shows.
+    let jobs = q
+        .list_jobs(v1::ListRequest::default())
+        .await
+        .map(|r| r.into_inner().jobs)
+        .unwrap_or_default();
+    let mid = start + regress_after.min(end - start);
+    println!(
+        "\nsummary ({} s, OFU per job over the whole run; before/after {} s)",
+        (end - start) / 1000,
+        (mid - start) / 1000
+    );
+    println!(
+        "{:<16} {:>8} {:>8} {:>8} {:>6}  {:>9}",
+        "job", "OFU", "before", "after", "ratio", "GPUs"
+    );
+    for j in &jobs {
+        let scope = || {
+            vec![(
+                j.job_id.clone(),
+                ofu_request::Scope::JobId(j.job_id.clone()),
+            )]
+        };
+        let all = ofu_rows(&mut q, scope(), start, end + 1).await;
+        let before = ofu_rows(&mut q, scope(), start, mid).await;
+        let after = ofu_rows(&mut q, scope(), mid, end + 1).await;
+        if let (Some(a), Some(b), Some(c)) = (all.first(), before.first(), after.first()) {
+            let ratio = if c.ofu > 0.0 { b.ofu / c.ofu } else { 0.0 };
+            let flag = if ratio > 1.5 { "  ← regressed" } else { "" };
+            println!(
+                "{:<16} {:>7.2}% {:>7.2}% {:>7.2}% {:>5.2}×  {:>9}{flag}",
+                j.job_id,
+                a.ofu * 100.0,
+                b.ofu * 100.0,
+                c.ofu * 100.0,
+                ratio,
+                a.gpus
+            );
+        }
+    }
+    let _ = stop_tx.send(());
+    server.await.context("collector task")??;
+    let disk = collector.store.engine().disk_bytes();
+    let samples = Stats::get(&stats.samples_accepted);
+    println!(
+        "\n{} samples stored in {} ({:.1} MiB on disk, WAL and logs included), {} batches acked, {} rejected",
+        samples,
+        data_dir.display(),
+        disk as f64 / (1024.0 * 1024.0),
+        Stats::get(&stats.batches_acked),
+        Stats::get(&stats.batches_rejected)
+    );
+    Ok(())
+}

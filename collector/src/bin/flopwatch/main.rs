@@ -1,0 +1,122 @@
+//! `flopwatch`: one binary for every part.
+//!
+//! ```text
+//! flopwatch demo       collector + simulated fleet, live OFU table
+//! flopwatch collector  the gRPC collector with its RocksDB store
+//! flopwatch agent      the node agent
+//! flopwatch query      OFU, nodes, GPUs, jobs, series from a collector
+//! flopwatch select     offline metric selection (Moneo §2.2)
+//! ```
+
+mod agent_cmd;
+mod collector_cmd;
+mod demo;
+mod query_cmd;
+mod table;
+
+use clap::{Parser, Subcommand};
+
+/// Non-intrusive GPU fleet monitor: Overall FLOP Utilization (OFU) for every
+/// GPU, job, node and tenant.
+#[derive(Parser)]
+#[command(name = "flopwatch", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a collector with embedded RocksDB and a simulated fleet, with a
+    /// live OFU table.
+    Demo(demo::DemoArgs),
+    /// Run a collector.
+    Collector(collector_cmd::CollectorArgs),
+    /// Run a node agent.
+    Agent(agent_cmd::AgentArgs),
+    /// Query a collector.
+    Query(query_cmd::QueryArgs),
+    /// Select a non-redundant metric set from recorded data (Moneo §2.2).
+    Select(flopwatch_selector::SelectArgs),
+    /// Compare adaptive with fixed-interval sampling on a trace.
+    EvalSampling(EvalArgs),
+}
+
+/// Arguments of `eval-sampling`.
+#[derive(clap::Args)]
+struct EvalArgs {
+    /// Long-form CSV trace `timestamp_ms,gpu,metric,value`.
+    #[arg(long)]
+    trace: std::path::PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn init_tracing(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FLOPWATCH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(a) => {
+            init_tracing("warn");
+            runtime().and_then(|rt| rt.block_on(demo::run(a)))
+        }
+        Command::Collector(a) => {
+            init_tracing("info");
+            runtime().and_then(|rt| rt.block_on(collector_cmd::run(a)))
+        }
+        Command::Agent(a) => {
+            init_tracing("info");
+            runtime().and_then(|rt| rt.block_on(agent_cmd::run(a)))
+        }
+        Command::Query(a) => {
+            init_tracing("warn");
+            runtime().and_then(|rt| rt.block_on(query_cmd::run(a)))
+        }
+        Command::Select(a) => {
+            init_tracing("warn");
+            run_select(a)
+        }
+        Command::EvalSampling(a) => Err(anyhow::anyhow!(
+            "eval-sampling needs the adaptive sampler, which this version does not have yet (trace {}, json {})",
+            a.trace.display(),
+            a.json
+        )),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn run_select(a: flopwatch_selector::SelectArgs) -> anyhow::Result<()> {
+    if a.store.is_some() {
+        anyhow::bail!("--store is not available in this version; export CSV and use --input");
+    }
+    flopwatch_selector::run_csv(&a)?;
+    Ok(())
+}
+
+/// Parses "10m", "30s", "1h" into milliseconds.
+pub(crate) fn parse_ms(s: &str) -> anyhow::Result<i64> {
+    Ok(humantime::parse_duration(s)
+        .map_err(|e| anyhow::anyhow!("`{s}`: {e}"))?
+        .as_millis() as i64)
+}

@@ -1,0 +1,266 @@
+//! `flopwatch query ofu|nodes|gpus|jobs|series --collector URL`
+
+use crate::parse_ms;
+use crate::table;
+use anyhow::Context;
+use flopwatch_proto::v1::{self, ofu_request, query_client::QueryClient};
+use serde_json::json;
+use tonic::transport::Channel;
+
+/// Arguments of `query`.
+#[derive(clap::Args)]
+pub struct QueryArgs {
+    #[command(subcommand)]
+    what: What,
+    /// Collector URL, e.g. http://127.0.0.1:7070.
+    #[arg(
+        long,
+        global = true,
+        default_value = "http://127.0.0.1:7070",
+        env = "FLOPWATCH_COLLECTOR"
+    )]
+    collector: String,
+    /// Bearer token for the collector.
+    #[arg(long, global = true, env = "FLOPWATCH_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(clap::Subcommand)]
+enum What {
+    /// OFU of a GPU, node, job or tenant (default: the whole visible fleet).
+    Ofu {
+        /// One job (OFU eq. 11 over its GPUs).
+        #[arg(long, group = "scope")]
+        job: Option<String>,
+        /// One node.
+        #[arg(long, group = "scope")]
+        node: Option<String>,
+        /// One GPU, by UUID.
+        #[arg(long, group = "scope")]
+        gpu: Option<String>,
+        /// One tenant (provider credentials).
+        #[arg(long, group = "scope")]
+        tenant: Option<String>,
+        /// How far back, e.g. 10m, 1h.
+        #[arg(long, default_value = "10m")]
+        since: String,
+        /// Bucket width of the series, e.g. 10s; 0 for the summary only.
+        #[arg(long, default_value = "0s")]
+        step: String,
+    },
+    /// Nodes seen.
+    Nodes,
+    /// GPUs seen.
+    Gpus,
+    /// Jobs seen.
+    Jobs,
+    /// Raw samples of one GPU metric.
+    Series {
+        /// GPU UUID.
+        #[arg(long)]
+        gpu: String,
+        /// Metric name, e.g. tensor_active.
+        #[arg(long)]
+        metric: String,
+        /// How far back.
+        #[arg(long, default_value = "10m")]
+        since: String,
+        /// Most samples.
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+    },
+}
+
+pub async fn client(
+    url: &str,
+    token: Option<&str>,
+) -> anyhow::Result<
+    QueryClient<
+        tonic::service::interceptor::InterceptedService<Channel, impl tonic::service::Interceptor>,
+    >,
+> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        .with_context(|| format!("collector URL `{url}`"))?
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    let header = match token {
+        Some(t) => Some(
+            tonic::metadata::MetadataValue::try_from(format!("Bearer {t}"))
+                .context("token is not valid header text")?,
+        ),
+        None => None,
+    };
+    Ok(QueryClient::with_interceptor(
+        channel,
+        move |mut r: tonic::Request<()>| {
+            if let Some(h) = &header {
+                r.metadata_mut().insert("authorization", h.clone());
+            }
+            Ok(r)
+        },
+    ))
+}
+
+fn status(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{}: {}", s.code(), s.message())
+}
+
+pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
+    let mut c = client(&args.collector, args.token.as_deref()).await?;
+    let now = flopwatch_proto::clock::Clock::now_ms(&flopwatch_proto::clock::SystemClock);
+    match args.what {
+        What::Ofu {
+            job,
+            node,
+            gpu,
+            tenant,
+            since,
+            step,
+        } => {
+            let scope = match (job, node, gpu, tenant) {
+                (Some(j), ..) => ofu_request::Scope::JobId(j),
+                (_, Some(n), ..) => ofu_request::Scope::NodeId(n),
+                (_, _, Some(g), _) => ofu_request::Scope::GpuUuid(g),
+                (_, _, _, Some(t)) => ofu_request::Scope::Tenant(t),
+                _ => ofu_request::Scope::Fleet(true),
+            };
+            let req = v1::OfuRequest {
+                scope: Some(scope.clone()),
+                start_ms: now - parse_ms(&since)?,
+                end_ms: 0,
+                step_ms: parse_ms(&step)?,
+            };
+            let r = c.ofu(req).await.map_err(status)?.into_inner();
+            let s = r.summary.unwrap_or_default();
+            if args.json {
+                let out = json!({
+                    "scope": format!("{scope:?}"),
+                    "ofu": s.mean, "min": s.min, "max": s.max, "p50": s.p50, "p10": s.p10,
+                    "samples": s.samples, "gpus": s.gpus,
+                    "peak_tflops": s.peak_tflops, "achieved_tflops": s.achieved_tflops,
+                    "points": r.points.iter().map(|p| json!({
+                        "timestamp_ms": p.timestamp_ms, "ofu": p.ofu,
+                        "tensor_active": p.tensor_active, "sm_clock_mhz": p.sm_clock_mhz, "gpus": p.gpus,
+                    })).collect::<Vec<_>>(),
+                });
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                println!(
+                    "OFU {:.2} %  (min {:.2} %, max {:.2} %, p50 GPU {:.2} %, p10 GPU {:.2} %)  {} GPUs, {} samples, {:.1} of {:.1} TFLOP/s",
+                    s.mean * 100.0, s.min * 100.0, s.max * 100.0, s.p50 * 100.0, s.p10 * 100.0,
+                    s.gpus, s.samples, s.achieved_tflops, s.peak_tflops
+                );
+                for p in &r.points {
+                    println!(
+                        "{}  {:>6.2} %  {}  TPA {:>5.1} %  SM {:>6.0} MHz  {} GPUs",
+                        p.timestamp_ms,
+                        p.ofu * 100.0,
+                        table::bar(p.ofu, 20),
+                        p.tensor_active * 100.0,
+                        p.sm_clock_mhz,
+                        p.gpus
+                    );
+                }
+            }
+        }
+        What::Nodes => {
+            let r = c
+                .list_nodes(v1::ListRequest::default())
+                .await
+                .map_err(status)?
+                .into_inner();
+            if args.json {
+                let v: Vec<_> = r.nodes.iter().map(|n| json!({"node_id": n.node_id, "hostname": n.hostname, "tenant": n.tenant, "gpus": n.gpus, "last_seen_ms": n.last_seen_ms})).collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for n in r.nodes {
+                    println!(
+                        "{:<24} {:<12} {:>3} GPUs  last seen {}",
+                        n.node_id, n.tenant, n.gpus, n.last_seen_ms
+                    );
+                }
+            }
+        }
+        What::Gpus => {
+            let r = c
+                .list_gpus(v1::ListRequest::default())
+                .await
+                .map_err(status)?
+                .into_inner();
+            if args.json {
+                let v: Vec<_> = r.gpus.iter().map(|g| {
+                    let i = g.info.clone().unwrap_or_default();
+                    json!({"uuid": i.uuid, "model": i.model, "index": i.index, "node_id": g.node_id, "tenant": g.tenant, "job_id": g.job_id})
+                }).collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for g in r.gpus {
+                    let i = g.info.unwrap_or_default();
+                    println!(
+                        "{:<44} {:<24} {:<16} #{} {}",
+                        i.uuid, i.model, g.node_id, i.index, g.job_id
+                    );
+                }
+            }
+        }
+        What::Jobs => {
+            let r = c
+                .list_jobs(v1::ListRequest::default())
+                .await
+                .map_err(status)?
+                .into_inner();
+            if args.json {
+                let v: Vec<_> = r.jobs.iter().map(|j| json!({"job_id": j.job_id, "tenant": j.tenant, "gpus": j.gpu_uuids.len(), "nodes": j.node_ids})).collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for j in r.jobs {
+                    println!(
+                        "{:<24} {:<12} {:>3} GPUs on {}",
+                        j.job_id,
+                        j.tenant,
+                        j.gpu_uuids.len(),
+                        j.node_ids.join(",")
+                    );
+                }
+            }
+        }
+        What::Series {
+            gpu,
+            metric,
+            since,
+            limit,
+        } => {
+            let req = v1::SeriesRequest {
+                gpu_uuid: gpu,
+                metric,
+                start_ms: now - parse_ms(&since)?,
+                end_ms: 0,
+                limit,
+            };
+            let s = c
+                .series(req)
+                .await
+                .map_err(status)?
+                .into_inner()
+                .series
+                .unwrap_or_default();
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &json!({"timestamps_ms": s.timestamps_ms, "values": s.values})
+                    )?
+                );
+            } else {
+                for (t, v) in s.timestamps_ms.iter().zip(&s.values) {
+                    println!("{t} {v}");
+                }
+            }
+        }
+    }
+    Ok(())
+}

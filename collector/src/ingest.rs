@@ -1,0 +1,477 @@
+//! The Ingest service: one bidirectional stream per agent.
+//!
+//! Protocol (see `proto/flopwatch/v1/flopwatch.proto`):
+//! 1. the agent sends a Hello; the collector authenticates it, records the
+//!    node and its GPUs, and answers with a Welcome carrying the highest
+//!    durable sequence number of this (agent, boot) and the policy;
+//! 2. each Batch is validated sample by sample, its OFU derived, and the
+//!    whole lot committed in one durable write together with the new acked
+//!    sequence number; only then is the Ack sent;
+//! 3. a batch whose seq is already durable is acknowledged again
+//!    (`duplicate`) and not stored twice;
+//! 4. a batch refused as a whole gets a Reject with a gRPC code and the
+//!    stream goes on; a storage failure ends the stream with UNAVAILABLE,
+//!    and the agent resends everything after the last ack on reconnect.
+//!
+//! Batches of one stream are processed in order; the agent's in-flight
+//! window bounds what the collector holds per stream.
+
+use crate::auth::bearer;
+use crate::ofu::ofu;
+use crate::state::Collector;
+use crate::store::{AgentKey, CommitSet, GpuRecord, JobRecord, NodeRecord, OfuSample};
+use crate::validate::{validate, Rules};
+use crate::CollectorError;
+use flopwatch_proto::metrics as m;
+use flopwatch_proto::model::{Batch, Hello};
+use flopwatch_proto::v1::{self, agent_message, collector_message, AgentMessage, CollectorMessage};
+use prost::Message;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Request, Response, Status, Streaming};
+use tracing::{debug, info, warn, Instrument};
+
+/// Messages queued towards one agent.
+const OUTBOX: usize = 64;
+
+/// The tonic service.
+#[derive(Clone)]
+pub struct IngestService {
+    collector: Arc<Collector>,
+}
+
+impl IngestService {
+    /// Serves `collector`.
+    pub fn new(collector: Arc<Collector>) -> Self {
+        Self { collector }
+    }
+
+    /// As a tonic server, with the decoding limit above the batch limit so
+    /// oversize batches get a Reject rather than a broken stream.
+    pub fn server(self) -> v1::ingest_server::IngestServer<Self> {
+        let limit = self.collector.settings.max_batch_bytes as usize;
+        v1::ingest_server::IngestServer::new(self)
+            .max_decoding_message_size(limit.saturating_mul(2).max(16 << 20))
+    }
+}
+
+fn msg(m: collector_message::Msg) -> Result<CollectorMessage, Status> {
+    Ok(CollectorMessage { msg: Some(m) })
+}
+
+/// One agent's session.
+struct Session {
+    c: Arc<Collector>,
+    tenant: String,
+    agent: AgentKey,
+    hello: Hello,
+    gpus: HashSet<String>,
+    acked: u64,
+    jobs: HashMap<String, v1::JobAssignment>,
+}
+
+#[tonic::async_trait]
+impl v1::ingest_server::Ingest for IngestService {
+    type StreamStream = ReceiverStream<Result<CollectorMessage, Status>>;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        let token = bearer(request.metadata());
+        let mut inbound = request.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("stream closed before Hello"))?;
+        let Some(agent_message::Msg::Hello(wire_hello)) = first.msg else {
+            return Err(Status::invalid_argument(
+                "the first message must be a Hello",
+            ));
+        };
+        let hello_token = (!wire_hello.token.is_empty()).then(|| wire_hello.token.clone());
+        let tenant = self
+            .collector
+            .auth
+            .agent(token.or(hello_token).as_deref())
+            .map_err(CollectorError::from)?;
+        let hello = Hello::try_from(wire_hello)
+            .map_err(|e| Status::invalid_argument(format!("hello: {e}")))?;
+        let mut session = Session::open(self.collector.clone(), tenant, hello).await?;
+        let (tx, rx) = mpsc::channel(OUTBOX);
+        let welcome = v1::Welcome {
+            collector_id: self.collector.settings.collector_id.clone(),
+            acked_seq: session.acked,
+            policy: Some(self.collector.settings.policy.clone().into()),
+            max_batch_bytes: self.collector.settings.max_batch_bytes,
+            tenant: session.tenant.clone(),
+        };
+        tx.send(msg(collector_message::Msg::Welcome(welcome)))
+            .await
+            .map_err(|_| Status::cancelled("agent went away"))?;
+        let span =
+            tracing::info_span!("agent", tenant = %session.tenant, agent = %session.agent.agent_id);
+        let stats = self.collector.clone();
+        tokio::spawn(
+            async move {
+                stats.stats.agents_connected.fetch_add(1, Ordering::Relaxed);
+                loop {
+                    let next = match inbound.message().await {
+                        Ok(Some(m)) => m,
+                        Ok(None) => break,
+                        Err(e) => {
+                            debug!(error = %e, "stream ended");
+                            break;
+                        }
+                    };
+                    let reply = match next.msg {
+                        Some(agent_message::Msg::Batch(b)) => session.batch(b).await,
+                        Some(agent_message::Msg::Hello(_)) => {
+                            Err(Status::invalid_argument("Hello sent twice"))
+                        }
+                        None => Err(Status::invalid_argument("empty message")),
+                    };
+                    let end = reply.is_err();
+                    if tx.send(reply).await.is_err() || end {
+                        break;
+                    }
+                }
+                stats.stats.agents_connected.fetch_sub(1, Ordering::Relaxed);
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+impl Session {
+    async fn open(c: Arc<Collector>, tenant: String, hello: Hello) -> Result<Self, Status> {
+        let now = c.clock.now_ms();
+        if hello.gpus.len() > 1024 {
+            return Err(Status::invalid_argument("more than 1024 GPUs in Hello"));
+        }
+        let agent = AgentKey {
+            tenant: tenant.clone(),
+            agent_id: hello.agent_id.clone(),
+            boot_id: hello.node.boot_id.clone(),
+        };
+        let node = NodeRecord {
+            node_id: hello.node.node_id.clone(),
+            hostname: hello.node.hostname.clone(),
+            boot_id: hello.node.boot_id.clone(),
+            agent_id: hello.agent_id.clone(),
+            gpus: hello.gpus.len() as u32,
+            last_seen_ms: now,
+            labels: hello.node.labels.clone(),
+        };
+        let gpus: Vec<GpuRecord> = hello
+            .gpus
+            .iter()
+            .map(|g| GpuRecord {
+                uuid: g.uuid.clone(),
+                node_id: hello.node.node_id.clone(),
+                index: g.index,
+                model: g.model.clone(),
+                sm_count: g.sm_count,
+                max_sm_clock_mhz: g.max_sm_clock_mhz,
+                max_mem_clock_mhz: g.max_mem_clock_mhz,
+                driver_version: g.driver_version.clone(),
+                pci_bus_id: g.pci_bus_id.clone(),
+                gpm_supported: g.gpm_supported,
+                memory_total_bytes: g.memory_total_bytes,
+                mig_parent_uuid: g.mig_parent_uuid.clone(),
+                job_id: c.gpu(&tenant, &g.uuid).and_then(|r| r.job_id),
+                last_seen_ms: now,
+            })
+            .collect();
+        for g in &gpus {
+            if g.uuid.is_empty() || g.uuid.len() > crate::validate::MAX_ID_LEN {
+                return Err(Status::invalid_argument("GPU uuid empty or too long"));
+            }
+            if c.spec(g).is_none() {
+                warn!(model = %g.model, uuid = %g.uuid, "GPU model not in the spec table; OFU uses its max SM clock as f_max");
+            }
+        }
+        let set = CommitSet {
+            nodes: vec![node],
+            gpus: gpus.clone(),
+            ..Default::default()
+        };
+        let store = c.store.clone();
+        let key = agent.clone();
+        let t = tenant.clone();
+        let acked = tokio::task::spawn_blocking(move || {
+            store.commit(&t, &set)?;
+            store.acked_seq(&key)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(CollectorError::from)?;
+        c.remember_gpus(&tenant, &gpus);
+        info!(tenant = %tenant, agent = %agent.agent_id, gpus = gpus.len(), acked, "agent connected");
+        Ok(Self {
+            gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
+            c,
+            tenant,
+            agent,
+            hello,
+            acked,
+            jobs: HashMap::new(),
+        })
+    }
+
+    fn reject(&self, seq: u64, code: Code, reason: &str, message: String) -> CollectorMessage {
+        self.c
+            .stats
+            .batches_rejected
+            .fetch_add(1, Ordering::Relaxed);
+        debug!(seq, reason, %message, "batch rejected");
+        CollectorMessage {
+            msg: Some(collector_message::Msg::Reject(v1::Reject {
+                seq,
+                code: code as i32,
+                reason: reason.to_string(),
+                message,
+            })),
+        }
+    }
+
+    /// Marks `seq` consumed without data, so replays of a refused batch are
+    /// recognised.
+    async fn consume(&mut self, seq: u64) -> Result<(), Status> {
+        if seq <= self.acked {
+            return Ok(());
+        }
+        let set = CommitSet {
+            agent: Some(self.agent.clone()),
+            seq,
+            ..Default::default()
+        };
+        self.commit(set).await?;
+        Ok(())
+    }
+
+    async fn commit(&mut self, set: CommitSet) -> Result<(), Status> {
+        let store = self.c.store.clone();
+        let tenant = self.tenant.clone();
+        let seq = set.seq;
+        let started = std::time::Instant::now();
+        tokio::task::spawn_blocking(move || store.commit(&tenant, &set))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(CollectorError::from)?;
+        let s = &self.c.stats;
+        s.commit_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        s.batches_committed.fetch_add(1, Ordering::Relaxed);
+        self.acked = self.acked.max(seq);
+        Ok(())
+    }
+
+    async fn batch(&mut self, wire: v1::Batch) -> Result<CollectorMessage, Status> {
+        let seq = wire.seq;
+        let size = wire.encoded_len();
+        if seq == 0 {
+            return Ok(self.reject(
+                0,
+                Code::InvalidArgument,
+                "malformed_batch",
+                "batch.seq must be positive".into(),
+            ));
+        }
+        if seq <= self.acked {
+            self.c.stats.batches_acked.fetch_add(1, Ordering::Relaxed);
+            self.c
+                .stats
+                .batches_duplicate
+                .fetch_add(1, Ordering::Relaxed);
+            return msg(collector_message::Msg::Ack(v1::Ack {
+                seq,
+                duplicate: true,
+                ..Default::default()
+            }));
+        }
+        if size > self.c.settings.max_batch_bytes as usize {
+            self.consume(seq).await?;
+            return Ok(self.reject(
+                seq,
+                Code::ResourceExhausted,
+                "batch_too_large",
+                format!(
+                    "batch of {size} bytes exceeds the limit of {} bytes; split it",
+                    self.c.settings.max_batch_bytes
+                ),
+            ));
+        }
+        if (!wire.agent_id.is_empty() && wire.agent_id != self.agent.agent_id)
+            || (!wire.boot_id.is_empty() && wire.boot_id != self.agent.boot_id)
+        {
+            self.consume(seq).await?;
+            return Ok(self.reject(
+                seq,
+                Code::PermissionDenied,
+                "identity_mismatch",
+                "batch agent_id/boot_id differ from the stream's Hello".into(),
+            ));
+        }
+        let mut batch = match Batch::try_from(wire) {
+            Ok(b) => b,
+            Err(e) => {
+                self.consume(seq).await?;
+                return Ok(self.reject(
+                    seq,
+                    Code::InvalidArgument,
+                    "malformed_batch",
+                    e.to_string(),
+                ));
+            }
+        };
+        let now = self.c.clock.now_ms();
+        let rules = Rules {
+            now_ms: now,
+            max_future_ms: self.c.settings.max_future_ms,
+            oldest_ms: now.saturating_sub(self.c.settings.retention_ms),
+            gpus: &self.gpus,
+        };
+        let rejected = validate(&mut batch, &rules);
+        for (r, n) in &rejected {
+            self.c.stats.reject(*r, *n);
+        }
+        let set = self.commit_set(&batch, now);
+        let accepted = batch.sample_count() as u64;
+        let ofu_n: usize = set.ofu.iter().map(|(_, _, s)| s.len()).sum();
+        let gpus = set.gpus.clone();
+        self.commit(set).await?;
+        self.c.remember_gpus(&self.tenant, &gpus);
+        let s = &self.c.stats;
+        s.samples_accepted.fetch_add(accepted, Ordering::Relaxed);
+        s.ofu_samples.fetch_add(ofu_n as u64, Ordering::Relaxed);
+        s.batches_acked.fetch_add(1, Ordering::Relaxed);
+        msg(collector_message::Msg::Ack(v1::Ack {
+            seq,
+            accepted_samples: accepted,
+            rejected: rejected
+                .into_iter()
+                .map(|(r, n)| v1::RejectCount {
+                    reason: r.name().to_string(),
+                    samples: n,
+                })
+                .collect(),
+            duplicate: false,
+        }))
+    }
+
+    /// Samples, OFU, job attribution and metadata of a validated batch.
+    fn commit_set(&mut self, batch: &Batch, now: i64) -> CommitSet {
+        let mut set = CommitSet {
+            agent: Some(self.agent.clone()),
+            seq: batch.seq,
+            ..Default::default()
+        };
+        let last_ts = batch
+            .series
+            .iter()
+            .flat_map(|s| s.points.last())
+            .map(|p| p.ts_ms)
+            .max()
+            .unwrap_or(now);
+        // Job attribution: the batch's assignments replace the GPU's last.
+        let mut changed = Vec::new();
+        for j in &batch.jobs {
+            let w: v1::JobAssignment = j.clone().into();
+            if self.jobs.get(&j.gpu_uuid) != Some(&w) {
+                changed.push(j.gpu_uuid.clone());
+                self.jobs.insert(j.gpu_uuid.clone(), w);
+            }
+        }
+        let mut by_gpu: HashMap<&str, (Option<&[_]>, Option<&[_]>, Option<&[_]>)> = HashMap::new();
+        for s in &batch.series {
+            let e = by_gpu.entry(s.gpu_uuid.as_str()).or_default();
+            match s.metric.as_str() {
+                m::TENSOR_ACTIVE => e.0 = Some(&s.points[..]),
+                m::SM_CLOCK_AVG_MHZ => e.1 = Some(&s.points[..]),
+                m::SM_CLOCK_MHZ => e.2 = Some(&s.points[..]),
+                _ => {}
+            }
+        }
+        for (gpu, (tpa, avg, point)) in by_gpu {
+            let Some(record) = self.c.gpu(&self.tenant, gpu) else {
+                continue;
+            };
+            let job = self
+                .jobs
+                .get(gpu)
+                .map(|j| j.job_id.clone())
+                .filter(|j| !j.is_empty());
+            let (Some(tpa), Some(fmax)) = (tpa, self.c.tensor_clock_mhz(&record)) else {
+                continue;
+            };
+            // Prefer the window-averaged clock (OFU §IV-C); fall back to the
+            // point reading taken at the same capture.
+            let clocks: HashMap<i64, f64> = avg
+                .or(point)
+                .map(|c| c.iter().map(|p| (p.ts_ms, p.value)).collect())
+                .unwrap_or_default();
+            let samples: Vec<OfuSample> = tpa
+                .iter()
+                .filter_map(|p| {
+                    let clk = *clocks.get(&p.ts_ms)?;
+                    Some(OfuSample {
+                        ts_ms: p.ts_ms,
+                        ofu: ofu(p.value, clk, fmax),
+                        tensor_active: p.value,
+                        sm_clock_mhz: clk,
+                        window_ms: p.window_ms.unwrap_or(0),
+                    })
+                })
+                .collect();
+            set.ofu.push((gpu.to_string(), job, samples));
+        }
+        for uuid in &self.gpus {
+            let Some(mut g) = self.c.gpu(&self.tenant, uuid) else {
+                continue;
+            };
+            let job = self.jobs.get(uuid);
+            let new_job = job.map(|j| j.job_id.clone()).filter(|j| !j.is_empty());
+            let seen_jobs = job.is_some();
+            if seen_jobs
+                || changed.contains(uuid)
+                || g.job_id != new_job
+                || now - g.last_seen_ms > 60_000
+            {
+                if seen_jobs {
+                    g.job_id = new_job;
+                }
+                g.last_seen_ms = now;
+                set.gpus.push(g);
+            }
+            if let Some(j) = job.filter(|j| !j.job_id.is_empty()) {
+                set.jobs.push(JobRecord {
+                    job_id: j.job_id.clone(),
+                    gpu_uuid: uuid.clone(),
+                    node_id: self.hello.node.node_id.clone(),
+                    pod: j.pod.clone(),
+                    namespace: j.namespace.clone(),
+                    container: j.container.clone(),
+                    hpc_job: j.hpc_job.clone(),
+                    first_seen_ms: if j.since_ms > 0 { j.since_ms } else { last_ts },
+                    last_seen_ms: last_ts,
+                });
+            }
+        }
+        set.nodes.push(NodeRecord {
+            node_id: self.hello.node.node_id.clone(),
+            hostname: self.hello.node.hostname.clone(),
+            boot_id: self.hello.node.boot_id.clone(),
+            agent_id: self.hello.agent_id.clone(),
+            gpus: self.gpus.len() as u32,
+            last_seen_ms: now,
+            labels: self.hello.node.labels.clone(),
+        });
+        set.series = batch.series.clone();
+        set
+    }
+}

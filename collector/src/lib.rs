@@ -1,0 +1,25 @@
+//! The flopwatch collector.
+//!
+//! Agents stream numbered batches over gRPC ([`ingest`]); each batch is
+//! validated ([`validate`]), its OFU derived ([`ofu`], OFU paper eq. 1 with
+//! the tensor-core peak clock of `config/gpus.toml`), and committed with the
+//! agent's acked sequence number in one durable write ([`store`]) before it
+//! is acknowledged. [`query`] answers OFU per GPU, node, job (eq. 11) and
+//! tenant, raw series and inventories, for the caller's tenant only.
+
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod codec;
+pub mod error;
+pub mod ingest;
+pub mod ofu;
+pub mod query;
+pub mod server;
+pub mod state;
+pub mod stats;
+pub mod store;
+pub mod validate;
+
+pub use error::CollectorError;
+pub use state::{Collector, Settings};

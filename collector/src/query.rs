@@ -1,0 +1,360 @@
+//! The Query service: OFU per GPU / node / job / tenant, raw series, lists.
+//! Every call authenticates; a tenant credential sees only its tenant.
+
+use crate::auth::{bearer, Scope};
+use crate::ofu::{quantile, Mean};
+use crate::state::Collector;
+use crate::store::GpuRecord;
+use crate::CollectorError;
+use flopwatch_proto::v1::{self, ofu_request};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+
+/// Most buckets one OFU query may return.
+pub const MAX_POINTS: i64 = 20_000;
+/// Default range of a query without `start_ms`: the last 10 minutes.
+pub const DEFAULT_RANGE_MS: i64 = 600_000;
+
+/// The tonic service.
+#[derive(Clone)]
+pub struct QueryService {
+    c: Arc<Collector>,
+}
+
+impl QueryService {
+    /// Serves `collector`.
+    pub fn new(c: Arc<Collector>) -> Self {
+        Self { c }
+    }
+
+    /// As a tonic server.
+    pub fn server(self) -> v1::query_server::QueryServer<Self> {
+        v1::query_server::QueryServer::new(self)
+    }
+
+    fn scope<T>(&self, r: &Request<T>) -> Result<Scope, CollectorError> {
+        Ok(self.c.auth.query(bearer(r.metadata()).as_deref())?)
+    }
+
+    fn range(&self, start: i64, end: i64) -> Result<(i64, i64), CollectorError> {
+        let now = self.c.clock.now_ms();
+        let end = if end <= 0 { now + 1 } else { end };
+        let start = if start <= 0 {
+            end - DEFAULT_RANGE_MS
+        } else {
+            start
+        };
+        if start >= end {
+            return Err(CollectorError::Invalid(
+                "start_ms must be before end_ms".into(),
+            ));
+        }
+        // Expired data is never returned.
+        Ok((start.max(now - self.c.settings.retention_ms), end))
+    }
+}
+
+/// Per-GPU work item of an OFU query.
+struct Target {
+    tenant: String,
+    gpu: GpuRecord,
+    job: Option<String>,
+}
+
+/// Computes an OFU response for `targets` (sync: runs on a blocking thread).
+fn compute(
+    c: &Collector,
+    targets: &[Target],
+    start: i64,
+    end: i64,
+    step: i64,
+) -> Result<v1::OfuResponse, CollectorError> {
+    let mut total = Mean::default();
+    let mut per_gpu = Vec::with_capacity(targets.len());
+    let mut buckets: BTreeMap<i64, (Mean, BTreeSet<usize>)> = BTreeMap::new();
+    let (mut peak, mut achieved) = (0.0, 0.0);
+    for (i, t) in targets.iter().enumerate() {
+        let mut m = Mean::default();
+        c.store.ofu(
+            &t.tenant,
+            &t.gpu.uuid,
+            start,
+            end,
+            t.job.as_deref(),
+            &mut |s| {
+                m.add(s.ofu, s.tensor_active, s.sm_clock_mhz, s.window_ms);
+                if step > 0 {
+                    let b = start + (s.ts_ms - start) / step * step;
+                    let e = buckets.entry(b).or_default();
+                    e.0.add(s.ofu, s.tensor_active, s.sm_clock_mhz, s.window_ms);
+                    e.1.insert(i);
+                }
+            },
+        )?;
+        if let Some(mean) = m.mean() {
+            let p = c.peak_tflops(&t.gpu);
+            peak += p;
+            achieved += p * mean;
+            per_gpu.push(mean);
+        }
+        total.merge(&m);
+    }
+    let gpus = per_gpu.len() as u32;
+    let summary = v1::OfuSummary {
+        mean: total.mean().unwrap_or(0.0),
+        min: if total.count > 0 { total.min() } else { 0.0 },
+        max: if total.count > 0 { total.max() } else { 0.0 },
+        p50: quantile(&mut per_gpu.clone(), 0.5).unwrap_or(0.0),
+        p10: quantile(&mut per_gpu, 0.1).unwrap_or(0.0),
+        samples: total.count,
+        gpus,
+        peak_tflops: peak,
+        achieved_tflops: achieved,
+    };
+    let points = buckets
+        .into_iter()
+        .map(|(ts, (m, g))| v1::OfuPoint {
+            timestamp_ms: ts,
+            ofu: m.mean().unwrap_or(0.0),
+            tensor_active: m.tensor_active(),
+            sm_clock_mhz: m.sm_clock_mhz(),
+            gpus: g.len() as u32,
+        })
+        .collect();
+    Ok(v1::OfuResponse {
+        points,
+        summary: Some(summary),
+    })
+}
+
+impl QueryService {
+    fn targets(&self, scope: &Scope, req: &v1::OfuRequest) -> Result<Vec<Target>, CollectorError> {
+        let visible: Vec<(String, GpuRecord)> = self
+            .c
+            .all_gpus()
+            .into_iter()
+            .filter(|(t, _)| scope.allows(t))
+            .collect();
+        let plain = |v: Vec<(String, GpuRecord)>| {
+            v.into_iter()
+                .map(|(tenant, gpu)| Target {
+                    tenant,
+                    gpu,
+                    job: None,
+                })
+                .collect::<Vec<_>>()
+        };
+        let targets = match &req.scope {
+            Some(ofu_request::Scope::GpuUuid(u)) => {
+                plain(visible.into_iter().filter(|(_, g)| &g.uuid == u).collect())
+            }
+            Some(ofu_request::Scope::NodeId(n)) => plain(
+                visible
+                    .into_iter()
+                    .filter(|(_, g)| &g.node_id == n)
+                    .collect(),
+            ),
+            Some(ofu_request::Scope::Tenant(t)) => {
+                if !scope.allows(t) {
+                    return Err(CollectorError::NotFound(format!("no tenant `{t}`")));
+                }
+                plain(visible.into_iter().filter(|(vt, _)| vt == t).collect())
+            }
+            Some(ofu_request::Scope::JobId(j)) => {
+                let tenant = match scope {
+                    Scope::All => None,
+                    Scope::Tenant(t) => Some(t.as_str()),
+                };
+                let gpus: BTreeSet<(String, String)> = self
+                    .c
+                    .store
+                    .jobs(tenant)?
+                    .into_iter()
+                    .filter(|(_, r)| &r.job_id == j)
+                    .map(|(t, r)| (t, r.gpu_uuid))
+                    .collect();
+                visible
+                    .into_iter()
+                    .filter(|(t, g)| gpus.contains(&(t.clone(), g.uuid.clone())))
+                    .map(|(tenant, gpu)| Target {
+                        tenant,
+                        gpu,
+                        job: Some(j.clone()),
+                    })
+                    .collect()
+            }
+            Some(ofu_request::Scope::Fleet(_)) | None => plain(visible),
+        };
+        if targets.is_empty() && !matches!(req.scope, Some(ofu_request::Scope::Fleet(_)) | None) {
+            return Err(CollectorError::NotFound("nothing matches the scope".into()));
+        }
+        Ok(targets)
+    }
+}
+
+#[tonic::async_trait]
+impl v1::query_server::Query for QueryService {
+    async fn ofu(
+        &self,
+        request: Request<v1::OfuRequest>,
+    ) -> Result<Response<v1::OfuResponse>, Status> {
+        let scope = self.scope(&request)?;
+        let req = request.into_inner();
+        let (start, end) = self.range(req.start_ms, req.end_ms)?;
+        if req.step_ms < 0 || (req.step_ms > 0 && (end - start) / req.step_ms > MAX_POINTS) {
+            return Err(CollectorError::Invalid(format!(
+                "step_ms {} gives more than {MAX_POINTS} points over the range",
+                req.step_ms
+            ))
+            .into());
+        }
+        let targets = self.targets(&scope, &req)?;
+        let c = self.c.clone();
+        let step = req.step_ms;
+        let resp = tokio::task::spawn_blocking(move || compute(&c, &targets, start, end, step))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))??;
+        Ok(Response::new(resp))
+    }
+
+    async fn series(
+        &self,
+        request: Request<v1::SeriesRequest>,
+    ) -> Result<Response<v1::SeriesResponse>, Status> {
+        let scope = self.scope(&request)?;
+        let req = request.into_inner();
+        let (start, end) = self.range(req.start_ms, req.end_ms)?;
+        let Some((tenant, _)) = self
+            .c
+            .all_gpus()
+            .into_iter()
+            .find(|(t, g)| scope.allows(t) && g.uuid == req.gpu_uuid)
+        else {
+            return Err(CollectorError::NotFound("no such GPU".into()).into());
+        };
+        let limit = if req.limit == 0 {
+            100_000
+        } else {
+            req.limit.min(1_000_000)
+        } as usize;
+        let c = self.c.clone();
+        let (gpu, metric) = (req.gpu_uuid.clone(), req.metric.clone());
+        let points = tokio::task::spawn_blocking(move || {
+            c.store.series(&tenant, &gpu, &metric, start, end, limit)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(CollectorError::from)?;
+        let series = flopwatch_proto::model::SeriesBatch {
+            gpu_uuid: req.gpu_uuid,
+            metric: req.metric,
+            points,
+        };
+        Ok(Response::new(v1::SeriesResponse {
+            series: Some(series.into()),
+        }))
+    }
+
+    async fn list_nodes(
+        &self,
+        request: Request<v1::ListRequest>,
+    ) -> Result<Response<v1::NodeList>, Status> {
+        let scope = self.scope(&request)?;
+        let since = request.into_inner().since_ms;
+        let tenant = match &scope {
+            Scope::All => None,
+            Scope::Tenant(t) => Some(t.as_str()),
+        };
+        let nodes = self
+            .c
+            .store
+            .nodes(tenant)
+            .map_err(CollectorError::from)?
+            .into_iter()
+            .filter(|(_, n)| n.last_seen_ms >= since)
+            .map(|(t, n)| v1::NodeEntry {
+                node_id: n.node_id,
+                hostname: n.hostname,
+                tenant: t,
+                gpus: n.gpus,
+                last_seen_ms: n.last_seen_ms,
+                boot_id: n.boot_id,
+            })
+            .collect();
+        Ok(Response::new(v1::NodeList { nodes }))
+    }
+
+    async fn list_gpus(
+        &self,
+        request: Request<v1::ListRequest>,
+    ) -> Result<Response<v1::GpuList>, Status> {
+        let scope = self.scope(&request)?;
+        let since = request.into_inner().since_ms;
+        let mut gpus: Vec<v1::GpuEntry> = self
+            .c
+            .all_gpus()
+            .into_iter()
+            .filter(|(t, g)| scope.allows(t) && g.last_seen_ms >= since)
+            .map(|(t, g)| v1::GpuEntry {
+                info: Some(v1::GpuInfo {
+                    index: g.index,
+                    uuid: g.uuid,
+                    model: g.model,
+                    sm_count: g.sm_count,
+                    max_sm_clock_mhz: g.max_sm_clock_mhz,
+                    max_mem_clock_mhz: g.max_mem_clock_mhz,
+                    driver_version: g.driver_version,
+                    pci_bus_id: g.pci_bus_id,
+                    gpm_supported: g.gpm_supported,
+                    memory_total_bytes: g.memory_total_bytes,
+                    mig_parent_uuid: g.mig_parent_uuid.unwrap_or_default(),
+                }),
+                node_id: g.node_id,
+                tenant: t,
+                job_id: g.job_id.unwrap_or_default(),
+                last_seen_ms: g.last_seen_ms,
+            })
+            .collect();
+        gpus.sort_by(|a, b| {
+            (&a.node_id, a.info.as_ref().map(|i| i.index))
+                .cmp(&(&b.node_id, b.info.as_ref().map(|i| i.index)))
+        });
+        Ok(Response::new(v1::GpuList { gpus }))
+    }
+
+    async fn list_jobs(
+        &self,
+        request: Request<v1::ListRequest>,
+    ) -> Result<Response<v1::JobList>, Status> {
+        let scope = self.scope(&request)?;
+        let since = request.into_inner().since_ms;
+        let tenant = match &scope {
+            Scope::All => None,
+            Scope::Tenant(t) => Some(t.as_str()),
+        };
+        let mut jobs: BTreeMap<(String, String), v1::JobEntry> = BTreeMap::new();
+        for (t, r) in self.c.store.jobs(tenant).map_err(CollectorError::from)? {
+            let e = jobs
+                .entry((t.clone(), r.job_id.clone()))
+                .or_insert_with(|| v1::JobEntry {
+                    job_id: r.job_id.clone(),
+                    tenant: t,
+                    first_seen_ms: r.first_seen_ms,
+                    last_seen_ms: r.last_seen_ms,
+                    ..Default::default()
+                });
+            e.first_seen_ms = e.first_seen_ms.min(r.first_seen_ms);
+            e.last_seen_ms = e.last_seen_ms.max(r.last_seen_ms);
+            if !e.node_ids.contains(&r.node_id) {
+                e.node_ids.push(r.node_id.clone());
+            }
+            e.gpu_uuids.push(r.gpu_uuid);
+        }
+        let jobs = jobs
+            .into_values()
+            .filter(|j| j.last_seen_ms >= since)
+            .collect();
+        Ok(Response::new(v1::JobList { jobs }))
+    }
+}

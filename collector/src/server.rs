@@ -1,0 +1,72 @@
+//! Mounting the services: on a TCP listener (ephemeral `127.0.0.1:0` in
+//! tests and the demo), with gRPC health and reflection.
+
+use crate::ingest::IngestService;
+use crate::query::QueryService;
+use crate::state::{Collector, Settings};
+use crate::store::{rocks::RocksEngine, Store};
+use crate::{auth::Auth, CollectorError};
+use flopwatch_config::{CollectorConfig, SpecTable};
+use flopwatch_proto::clock::Clock;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+/// Opens the RocksDB store under `dir` and builds a collector.
+pub fn open(
+    dir: &Path,
+    config: &CollectorConfig,
+    specs: SpecTable,
+    auth: Auth,
+    metrics: Vec<String>,
+    clock: Arc<dyn Clock>,
+) -> Result<Arc<Collector>, CollectorError> {
+    let engine = RocksEngine::open(dir)?;
+    let store = Store::new(Arc::new(engine), config.sync_wal);
+    Collector::new(
+        store,
+        specs,
+        auth,
+        Settings::from_config(config, metrics),
+        clock,
+    )
+}
+
+/// Serves ingest, query, health and reflection on `listener` until
+/// `shutdown` resolves, then flushes the store.
+pub async fn serve(
+    collector: Arc<Collector>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), CollectorError> {
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<flopwatch_proto::v1::ingest_server::IngestServer<IngestService>>()
+        .await;
+    health_reporter
+        .set_serving::<flopwatch_proto::v1::query_server::QueryServer<QueryService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(flopwatch_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| CollectorError::Setup(e.to_string()))?;
+    let addr: Option<SocketAddr> = listener.local_addr().ok();
+    tracing::info!(?addr, "collector serving");
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(IngestService::new(collector.clone()).server())
+        .add_service(QueryService::new(collector.clone()).server())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+        .map_err(|e| CollectorError::Setup(e.to_string()))?;
+    let store = collector.store.clone();
+    tokio::task::spawn_blocking(move || store.engine().flush())
+        .await
+        .map_err(|e| CollectorError::Setup(e.to_string()))??;
+    Ok(())
+}

@@ -1,0 +1,151 @@
+//! The collector's shared state: store, spec table, credentials, settings,
+//! counters, and a cache of GPU records for OFU lookups.
+
+use crate::auth::Auth;
+use crate::stats::Stats;
+use crate::store::{GpuRecord, Store};
+use flopwatch_config::{CollectorConfig, GpuSpec, Precision, SpecTable};
+use flopwatch_proto::clock::Clock;
+use flopwatch_proto::model::Policy;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+/// Settings the services need (a subset of [`CollectorConfig`]).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Name reported to agents.
+    pub collector_id: String,
+    /// Largest lead of a sample over now, ms.
+    pub max_future_ms: i64,
+    /// Retention, ms.
+    pub retention_ms: i64,
+    /// Largest batch, bytes.
+    pub max_batch_bytes: u32,
+    /// Policy sent to agents.
+    pub policy: Policy,
+}
+
+impl Settings {
+    /// From the config file.
+    pub fn from_config(c: &CollectorConfig, metrics: Vec<String>) -> Self {
+        let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        Self {
+            collector_id: if c.collector_id.is_empty() {
+                hostname()
+            } else {
+                c.collector_id.clone()
+            },
+            max_future_ms: ms(c.max_future),
+            retention_ms: ms(c.retention),
+            max_batch_bytes: c.max_batch_bytes,
+            policy: Policy {
+                min_interval_ms: ms(c.policy.min_interval) as u32,
+                max_interval_ms: ms(c.policy.max_interval) as u32,
+                adaptive: c.policy.adaptive,
+                metrics,
+                flush_interval_ms: ms(c.policy.flush_interval) as u32,
+                ..Policy::default()
+            },
+        }
+    }
+}
+
+/// The machine's hostname, or "localhost".
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// Shared by the ingest and query services.
+pub struct Collector {
+    /// Storage.
+    pub store: Store,
+    /// GPU spec table.
+    pub specs: SpecTable,
+    /// Credentials.
+    pub auth: Auth,
+    /// Settings.
+    pub settings: Settings,
+    /// Counters.
+    pub stats: Stats,
+    /// Time.
+    pub clock: Arc<dyn Clock>,
+    gpus: RwLock<HashMap<(String, String), GpuRecord>>,
+}
+
+impl Collector {
+    /// Assembles a collector, loading known GPUs from the store.
+    pub fn new(
+        store: Store,
+        specs: SpecTable,
+        auth: Auth,
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<Self>, crate::CollectorError> {
+        let known = store.gpus(None)?;
+        let gpus = known
+            .into_iter()
+            .map(|(t, g)| ((t, g.uuid.clone()), g))
+            .collect();
+        Ok(Arc::new(Self {
+            store,
+            specs,
+            auth,
+            settings,
+            stats: Stats::default(),
+            clock,
+            gpus: RwLock::new(gpus),
+        }))
+    }
+
+    /// Remembers GPU records (after they are stored).
+    pub fn remember_gpus(&self, tenant: &str, gpus: &[GpuRecord]) {
+        if let Ok(mut m) = self.gpus.write() {
+            for g in gpus {
+                m.insert((tenant.to_string(), g.uuid.clone()), g.clone());
+            }
+        }
+    }
+
+    /// A known GPU.
+    pub fn gpu(&self, tenant: &str, uuid: &str) -> Option<GpuRecord> {
+        self.gpus
+            .read()
+            .ok()?
+            .get(&(tenant.to_string(), uuid.to_string()))
+            .cloned()
+    }
+
+    /// Every known GPU with its tenant.
+    pub fn all_gpus(&self) -> Vec<(String, GpuRecord)> {
+        self.gpus
+            .read()
+            .map(|m| m.iter().map(|((t, _), g)| (t.clone(), g.clone())).collect())
+            .unwrap_or_default()
+    }
+
+    /// The spec entry for a GPU record.
+    pub fn spec(&self, g: &GpuRecord) -> Option<&GpuSpec> {
+        self.specs.lookup(&g.model)
+    }
+
+    /// f_max of OFU eq. 1 for a GPU: the spec table's tensor clock, else
+    /// (unknown model) the GPU's reported maximum SM clock.
+    pub fn tensor_clock_mhz(&self, g: &GpuRecord) -> Option<f64> {
+        match self.spec(g) {
+            Some(s) => Some(f64::from(s.tensor_clock_mhz)),
+            None if g.max_sm_clock_mhz > 0 => Some(f64::from(g.max_sm_clock_mhz)),
+            None => None,
+        }
+    }
+
+    /// Dense FP16 peak TFLOP/s of a GPU (0 when unknown).
+    pub fn peak_tflops(&self, g: &GpuRecord) -> f64 {
+        self.spec(g)
+            .and_then(|s| s.peak_tflops(Precision::Fp16))
+            .unwrap_or(0.0)
+    }
+}

@@ -1,0 +1,46 @@
+//! The collector's own counters (exported on `/metrics` by the ecosystem
+//! work; read directly by the demo).
+
+use crate::validate::Reason;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+/// Counters, all monotonic except `agents_connected`.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Samples stored.
+    pub samples_accepted: AtomicU64,
+    /// Batches acknowledged (duplicates included).
+    pub batches_acked: AtomicU64,
+    /// Batches acknowledged as replays of stored ones.
+    pub batches_duplicate: AtomicU64,
+    /// Batches refused as a whole.
+    pub batches_rejected: AtomicU64,
+    /// OFU samples derived.
+    pub ofu_samples: AtomicU64,
+    /// Agents with an open stream.
+    pub agents_connected: AtomicI64,
+    rejected: [AtomicU64; Reason::ALL.len()],
+    /// Sum of commit latencies, µs (with `batches_committed`, a mean).
+    pub commit_micros: AtomicU64,
+    /// Batches committed to storage.
+    pub batches_committed: AtomicU64,
+}
+
+impl Stats {
+    /// Counts samples dropped for `reason`.
+    pub fn reject(&self, reason: Reason, n: u64) {
+        let i = Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
+        self.rejected[i].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Samples dropped for `reason` so far.
+    pub fn rejected(&self, reason: Reason) -> u64 {
+        let i = Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
+        self.rejected[i].load(Ordering::Relaxed)
+    }
+
+    /// Shorthand for a relaxed load.
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+}

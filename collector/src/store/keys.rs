@@ -1,0 +1,127 @@
+//! Key layout: tenant → series → time, so range scans are cheap.
+//!
+//! Every string component is length-prefixed (u8 length, ≤ 255 bytes,
+//! enforced by validation), which keeps keys of different tenants and
+//! series from ever sharing a prefix by accident. Times are big-endian with
+//! the sign bit flipped so byte order equals numeric order.
+//!
+//! | CF   | key                                                     | value |
+//! |------|---------------------------------------------------------|-------|
+//! | raw  | `tenant gpu metric last_ts seq`                         | codec block: value [, peak] columns |
+//! | ofu  | `tenant gpu last_ts seq`                                | job id + codec block: ofu, tpa, clock |
+//! | meta | `'a' tenant agent boot`                                 | acked seq (u64 BE) |
+//! | meta | `'n' tenant node`                                       | node record |
+//! | meta | `'g' tenant gpu`                                        | GPU record |
+//! | meta | `'j' tenant job gpu`                                    | job-on-GPU record |
+//!
+//! Blocks are keyed by their *last* timestamp: a scan for `[start, end)`
+//! seeks to `start` and stops at the first block that begins at or after
+//! `end`.
+
+/// Appends a length-prefixed string; strings over 255 bytes are cut
+/// (validation rejects them before they get here).
+pub fn put_str(k: &mut Vec<u8>, s: &str) {
+    let b = &s.as_bytes()[..s.len().min(255)];
+    k.push(b.len() as u8);
+    k.extend_from_slice(b);
+}
+
+/// Appends a time so byte order is numeric order.
+pub fn put_ts(k: &mut Vec<u8>, ts: i64) {
+    k.extend_from_slice(&((ts as u64) ^ (1 << 63)).to_be_bytes());
+}
+
+/// Reads a time written by [`put_ts`].
+pub fn get_ts(b: &[u8]) -> Option<i64> {
+    let a: [u8; 8] = b.get(..8)?.try_into().ok()?;
+    Some((u64::from_be_bytes(a) ^ (1 << 63)) as i64)
+}
+
+/// Reads a length-prefixed string at `pos`, advancing it.
+pub fn get_str<'a>(b: &'a [u8], pos: &mut usize) -> Option<&'a str> {
+    let len = *b.get(*pos)? as usize;
+    let s = b.get(*pos + 1..*pos + 1 + len)?;
+    *pos += 1 + len;
+    std::str::from_utf8(s).ok()
+}
+
+/// Prefix of one raw series.
+pub fn raw_prefix(tenant: &str, gpu: &str, metric: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(tenant.len() + gpu.len() + metric.len() + 20);
+    put_str(&mut k, tenant);
+    put_str(&mut k, gpu);
+    put_str(&mut k, metric);
+    k
+}
+
+/// Prefix of one GPU's OFU series.
+pub fn ofu_prefix(tenant: &str, gpu: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(tenant.len() + gpu.len() + 18);
+    put_str(&mut k, tenant);
+    put_str(&mut k, gpu);
+    k
+}
+
+/// A block key: prefix, last timestamp, sequence number.
+pub fn block_key(prefix: &[u8], last_ts: i64, seq: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + 16);
+    k.extend_from_slice(prefix);
+    put_ts(&mut k, last_ts);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// Time bounds for scanning a series prefix from `start` on.
+pub fn scan_bounds(prefix: &[u8], start: i64) -> (Vec<u8>, Vec<u8>) {
+    let mut from = prefix.to_vec();
+    put_ts(&mut from, start);
+    let mut to = prefix.to_vec();
+    to.extend_from_slice(&[0xff; 17]);
+    (from, to)
+}
+
+/// A meta key of `kind` over string parts.
+pub fn meta_key(kind: u8, parts: &[&str]) -> Vec<u8> {
+    let mut k = vec![kind];
+    for p in parts {
+        put_str(&mut k, p);
+    }
+    k
+}
+
+/// `[from, to)` covering every meta key of `kind` that starts with `parts`.
+pub fn meta_range(kind: u8, parts: &[&str]) -> (Vec<u8>, Vec<u8>) {
+    let from = meta_key(kind, parts);
+    let mut to = from.clone();
+    to.push(0xff);
+    // Length prefixes are ≤ 255 so no real key extends `from` with 0xff
+    // followed by more than 255 bytes; append enough 0xff to be safe.
+    to.extend_from_slice(&[0xff; 256]);
+    (from, to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_order_is_byte_order() {
+        let mut prev = Vec::new();
+        for t in [i64::MIN, -5, -1, 0, 1, 1_700_000_000_000, i64::MAX] {
+            let mut k = Vec::new();
+            put_ts(&mut k, t);
+            assert!(k > prev);
+            assert_eq!(get_ts(&k), Some(t));
+            prev = k;
+        }
+    }
+
+    #[test]
+    fn tenants_never_share_prefixes() {
+        // "ab" + "c" vs "a" + "bc": length prefixes keep them apart.
+        assert_ne!(raw_prefix("ab", "c", "m"), raw_prefix("a", "bc", "m"));
+        let (from, to) = scan_bounds(&raw_prefix("a", "g", "m"), 0);
+        let other = block_key(&raw_prefix("a", "g", "m2"), 5, 1);
+        assert!(!(other >= from && other < to));
+    }
+}

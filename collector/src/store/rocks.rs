@@ -1,0 +1,139 @@
+//! The RocksDB engine: the only module that names a RocksDB type.
+//!
+//! One directory per collector, column families `raw`, `ofu`, `meta`.
+//! Writes go through the WAL (never disabled); `sync` adds an fsync. Our
+//! blocks are already compressed by [`crate::codec`], so RocksDB block
+//! compression stays off (the crate is built without codecs).
+
+use super::{Cf, Engine, Put, StoreError};
+use rocksdb::{
+    ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions, WriteBatch,
+    WriteOptions, DB,
+};
+use std::path::{Path, PathBuf};
+
+/// RocksDB under a directory.
+pub struct RocksEngine {
+    db: DB,
+    path: PathBuf,
+}
+
+fn err(e: rocksdb::Error) -> StoreError {
+    StoreError::Engine(e.into_string())
+}
+
+fn options() -> Options {
+    let mut o = Options::default();
+    o.create_if_missing(true);
+    o.create_missing_column_families(true);
+    o.set_compression_type(rocksdb::DBCompressionType::None);
+    // Small machine defaults: two background jobs, a bounded WAL.
+    o.increase_parallelism(2);
+    o.set_max_background_jobs(2);
+    o.set_max_total_wal_size(256 * 1024 * 1024);
+    o.set_keep_log_file_num(4);
+    o
+}
+
+impl RocksEngine {
+    /// Opens (creating if needed) the database in `path`.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(path)
+            .map_err(|e| StoreError::Engine(format!("{}: {e}", path.display())))?;
+        let cfs = Cf::ALL
+            .iter()
+            .map(|cf| ColumnFamilyDescriptor::new(cf.name(), options()));
+        let db = DB::open_cf_descriptors(&options(), path, cfs).map_err(err)?;
+        Ok(Self {
+            db,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Opens `path` read-only as a secondary instance (a running collector
+    /// is undisturbed); `scratch` holds the secondary's own logs.
+    pub fn open_secondary(path: &Path, scratch: &Path) -> Result<Self, StoreError> {
+        let names: Vec<&str> = Cf::ALL.iter().map(|c| c.name()).collect();
+        let mut o = options();
+        o.set_max_open_files(-1);
+        let db = DB::open_cf_as_secondary(&o, path, scratch, names).map_err(err)?;
+        db.try_catch_up_with_primary().map_err(err)?;
+        Ok(Self {
+            db,
+            path: path.to_path_buf(),
+        })
+    }
+
+    fn cf(&self, cf: Cf) -> Result<&rocksdb::ColumnFamily, StoreError> {
+        self.db
+            .cf_handle(cf.name())
+            .ok_or_else(|| StoreError::Engine(format!("column family {} missing", cf.name())))
+    }
+}
+
+impl Engine for RocksEngine {
+    fn write(&self, puts: Vec<Put>, sync: bool) -> Result<(), StoreError> {
+        let mut batch = WriteBatch::default();
+        for (cf, k, v) in puts {
+            batch.put_cf(self.cf(cf)?, k, v);
+        }
+        let mut wo = WriteOptions::default();
+        wo.set_sync(sync);
+        wo.disable_wal(false);
+        self.db.write_opt(batch, &wo).map_err(err)
+    }
+
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.db.get_cf(self.cf(cf)?, key).map_err(err)
+    }
+
+    fn scan(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(to.to_vec());
+        let it = self.db.iterator_cf_opt(
+            self.cf(cf)?,
+            ro,
+            IteratorMode::From(from, Direction::Forward),
+        );
+        for item in it {
+            let (k, v) = item.map_err(err)?;
+            if !f(&k, &v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn delete_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
+        self.db.delete_range_cf(self.cf(cf)?, from, to).map_err(err)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        for cf in Cf::ALL {
+            self.db.flush_cf(self.cf(cf)?).map_err(err)?;
+        }
+        self.db.flush_wal(true).map_err(err)
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        fn walk(p: &Path) -> u64 {
+            let Ok(rd) = std::fs::read_dir(p) else {
+                return 0;
+            };
+            rd.flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => walk(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        }
+        walk(&self.path)
+    }
+}

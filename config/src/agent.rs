@@ -1,0 +1,234 @@
+//! `agent.toml`.
+
+use crate::{ConfigError, Validate};
+use serde::Deserialize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where the agent reads GPU counters from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceKind {
+    /// NVML through nvml-wrapper (GPM on Hopper and newer).
+    Nvml,
+    /// A local dcgm-exporter `/metrics` page.
+    DcgmExporter(String),
+    /// A recorded long-form CSV trace.
+    Replay(PathBuf),
+    /// The built-in simulated node.
+    Sim,
+}
+
+impl std::str::FromStr for SourceKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once(':') {
+            _ if s == "nvml" => Ok(SourceKind::Nvml),
+            _ if s == "sim" => Ok(SourceKind::Sim),
+            Some(("replay", f)) if !f.is_empty() => Ok(SourceKind::Replay(PathBuf::from(f))),
+            Some(("dcgm-exporter", u)) if !u.is_empty() => Ok(SourceKind::DcgmExporter(u.into())),
+            _ => Err(format!(
+                "unknown source `{s}`: expected nvml, sim, replay:FILE or dcgm-exporter:URL"
+            )),
+        }
+    }
+}
+
+/// The agent's configuration file.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Node identity; defaults to the hostname.
+    pub node_id: String,
+    /// Collector URLs (`http://host:port` or `https://…`).
+    pub collectors: Vec<String>,
+    /// Bearer token for the collectors.
+    pub token: Option<String>,
+    /// File holding the bearer token (Kubernetes Secret mount).
+    pub token_file: Option<PathBuf>,
+    /// `nvml`, `sim`, `replay:FILE` or `dcgm-exporter:URL`.
+    pub source: String,
+    /// Sampling interval (the minimum interval when adaptive).
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// How often a batch is cut and sent.
+    #[serde(with = "humantime_serde")]
+    pub flush_interval: Duration,
+    /// Most samples in one batch.
+    pub max_batch_samples: u32,
+    /// Metrics to collect; empty means every metric the source has.
+    pub metrics: Vec<String>,
+    /// A selected metric set written by `flopwatch select`.
+    pub metrics_file: Option<PathBuf>,
+    /// Labels attached to the node.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Job label used when no attribution source names one.
+    pub job: Option<String>,
+    /// Batches kept in memory while waiting for acks.
+    pub max_in_flight: usize,
+    /// `[nvml]`.
+    pub nvml: NvmlSettings,
+    /// `[sim]`.
+    pub sim: SimSettings,
+    /// `[spool]`.
+    pub spool: SpoolConfig,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            node_id: String::new(),
+            collectors: vec!["http://127.0.0.1:7070".to_string()],
+            token: None,
+            token_file: None,
+            source: "nvml".to_string(),
+            interval: Duration::from_millis(100),
+            flush_interval: Duration::from_secs(1),
+            max_batch_samples: 50_000,
+            metrics: Vec::new(),
+            metrics_file: None,
+            labels: Default::default(),
+            job: None,
+            max_in_flight: 64,
+            nvml: NvmlSettings::default(),
+            sim: SimSettings::default(),
+            spool: SpoolConfig::default(),
+        }
+    }
+}
+
+/// `[nvml]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NvmlSettings {
+    /// Path of `libnvidia-ml.so` (default: the system's `libnvidia-ml.so.1`).
+    pub library_path: Option<PathBuf>,
+}
+
+/// `[sim]`: the simulated node.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimSettings {
+    /// This node's index in the simulated fleet.
+    pub node_index: usize,
+    /// Nodes in the simulated fleet (decides which jobs this node runs).
+    pub nodes: usize,
+    /// GPUs on this node.
+    pub gpus: usize,
+    /// Noise seed.
+    pub seed: u64,
+    /// When the regressing job slows down, after the agent starts.
+    #[serde(with = "humantime_serde")]
+    pub regress_after: Duration,
+}
+
+impl Default for SimSettings {
+    fn default() -> Self {
+        Self {
+            node_index: 0,
+            nodes: 1,
+            gpus: 8,
+            seed: 1,
+            regress_after: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `[spool]`: batches kept on disk while no collector acknowledges them.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpoolConfig {
+    /// Spool directory; unset keeps unacknowledged batches in memory only.
+    pub dir: Option<PathBuf>,
+    /// Size cap; the oldest batches are dropped (and counted) past it.
+    pub max_bytes: u64,
+}
+
+impl Default for SpoolConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            max_bytes: 256 * 1024 * 1024,
+        }
+    }
+}
+
+impl AgentConfig {
+    /// The parsed `source`.
+    pub fn source_kind(&self) -> Result<SourceKind, ConfigError> {
+        self.source
+            .parse()
+            .map_err(|m: String| ConfigError::invalid("source", m))
+    }
+}
+
+impl Validate for AgentConfig {
+    const KEYS: &'static [&'static str] = &[
+        "node_id",
+        "collectors",
+        "token",
+        "token_file",
+        "source",
+        "interval",
+        "flush_interval",
+        "max_batch_samples",
+        "metrics",
+        "metrics_file",
+        "job",
+        "max_in_flight",
+        "nvml",
+        "sim",
+        "spool",
+    ];
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.source_kind()?;
+        if self.collectors.is_empty() {
+            return Err(ConfigError::invalid(
+                "collectors",
+                "name at least one collector URL",
+            ));
+        }
+        for (i, c) in self.collectors.iter().enumerate() {
+            if !(c.starts_with("http://") || c.starts_with("https://")) {
+                return Err(ConfigError::invalid(
+                    &format!("collectors[{i}]"),
+                    format!("`{c}` must start with http:// or https://"),
+                ));
+            }
+        }
+        if self.interval < Duration::from_millis(10) || self.interval > Duration::from_secs(30) {
+            return Err(ConfigError::invalid(
+                "interval",
+                "must lie between 10ms and 30s",
+            ));
+        }
+        if self.flush_interval < self.interval {
+            return Err(ConfigError::invalid(
+                "flush_interval",
+                "must be at least `interval`",
+            ));
+        }
+        if self.max_batch_samples == 0 {
+            return Err(ConfigError::invalid(
+                "max_batch_samples",
+                "must be positive",
+            ));
+        }
+        if self.max_in_flight == 0 {
+            return Err(ConfigError::invalid("max_in_flight", "must be positive"));
+        }
+        if self.sim.gpus == 0 || self.sim.gpus > 64 {
+            return Err(ConfigError::invalid(
+                "sim.gpus",
+                "must lie between 1 and 64",
+            ));
+        }
+        if self.sim.nodes == 0 || self.sim.node_index >= self.sim.nodes {
+            return Err(ConfigError::invalid(
+                "sim.node_index",
+                "must be below sim.nodes",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,79 @@
+//! The example files under `config/` load, and bad files are reported with
+//! the file and the key.
+
+use flopwatch_config::{
+    load_file_with, parse_str, AgentConfig, CollectorConfig, ConfigError, SourceKind,
+};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(name)
+}
+
+#[test]
+fn example_collector_config_loads() {
+    let c: CollectorConfig = load_file_with(&example("collector.toml"), &Vec::new()).unwrap();
+    assert_eq!(c.listen.port(), 7070);
+    assert_eq!(c.policy.min_interval, Duration::from_millis(100));
+    assert_eq!(c.anonymous_tenant.as_deref(), Some("default"));
+}
+
+#[test]
+fn example_agent_config_loads() {
+    let a: AgentConfig = load_file_with(&example("agent.toml"), &Vec::new()).unwrap();
+    assert_eq!(a.source_kind().unwrap(), SourceKind::Sim);
+    assert_eq!(a.sim.gpus, 8);
+    assert_eq!(a.collectors, vec!["http://127.0.0.1:7070"]);
+}
+
+#[test]
+fn env_overrides_apply_to_declared_keys_only() {
+    let env = vec![
+        ("FLOPWATCH_SIM__GPUS".to_string(), "4".to_string()),
+        (
+            "FLOPWATCH_SOURCE".to_string(),
+            "replay:/tmp/t.csv".to_string(),
+        ),
+        ("FLOPWATCH_LOG".to_string(), "debug".to_string()),
+    ];
+    let a: AgentConfig = load_file_with(&example("agent.toml"), &env).unwrap();
+    assert_eq!(a.sim.gpus, 4);
+    assert_eq!(
+        a.source_kind().unwrap(),
+        SourceKind::Replay("/tmp/t.csv".into())
+    );
+}
+
+#[test]
+fn unknown_key_names_file_and_key() {
+    let e = parse_str::<AgentConfig>("intervall = \"1s\"\n", Path::new("a.toml")).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.starts_with("a.toml:"), "{msg}");
+    assert!(msg.contains("intervall"), "{msg}");
+}
+
+#[test]
+fn invalid_value_names_file_and_key() {
+    let e = parse_str::<AgentConfig>("source = \"gpu\"\n", Path::new("a.toml")).unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::Invalid { key, .. } if key == "source"),
+        "{e}"
+    );
+    assert!(e.to_string().starts_with("a.toml: key `source`"), "{e}");
+    let e = parse_str::<CollectorConfig>(
+        "anonymous_tenant = \"d\"\n[policy]\nmax_interval = \"1m\"\n",
+        Path::new("c.toml"),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("key `policy.max_interval`"), "{e}");
+    let e =
+        parse_str::<CollectorConfig>("max_future = \"soon\"\n", Path::new("c.toml")).unwrap_err();
+    assert!(e.to_string().contains("max_future"), "{e}");
+}
+
+#[test]
+fn collector_needs_a_way_in() {
+    let e = parse_str::<CollectorConfig>("", Path::new("c.toml")).unwrap_err();
+    assert!(e.to_string().contains("key `tenants`"), "{e}");
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what building flopwatch needs beyond a Rust toolchain:
+# libclang (RocksDB's bindings are generated with bindgen) and a C++
+# compiler (RocksDB is compiled from source). Idempotent; quiet when
+# everything is present.
+set -euo pipefail
+
+need=()
+have_libclang() {
+  ldconfig -p 2>/dev/null | grep -q 'libclang\(-[0-9.]*\)\?\.so' && return 0
+  ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1
+}
+have_libclang || need+=(libclang-dev)
+command -v c++ >/dev/null 2>&1 || need+=(g++)
+command -v make >/dev/null 2>&1 || need+=(make)
+
+if [ ${#need[@]} -gt 0 ]; then
+  echo "flopwatch setup: installing ${need[*]}" >&2
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+      echo "flopwatch setup: need root (or sudo) to install ${need[*]}" >&2; exit 1
+    fi
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "flopwatch setup: cargo not found; install Rust (https://rustup.rs) first" >&2
+  exit 1
+fi

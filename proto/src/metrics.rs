@@ -1,0 +1,118 @@
+//! The metric catalog: every metric an agent may send, by stable name.
+//!
+//! Names are part of the protocol (`Series.metric`) and of the Prometheus
+//! exposition, so they never change meaning. A collector rejects names it
+//! does not know (`unknown_metric`).
+
+/// How a metric's value relates to its sampling window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Aggregation {
+    /// Hardware-averaged over the window (GPM, DCGM profiling fields):
+    /// any interval yields the exact window mean.
+    WindowMean,
+    /// An instantaneous reading at the sample's timestamp.
+    Point,
+    /// A monotonically increasing counter.
+    Counter,
+}
+
+/// One catalog entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricDef {
+    /// Stable name on the wire and in storage.
+    pub name: &'static str,
+    /// Unit of the value.
+    pub unit: &'static str,
+    /// How the value relates to its window.
+    pub aggregation: Aggregation,
+    /// One-line description.
+    pub help: &'static str,
+}
+
+macro_rules! catalog {
+    ($($ident:ident = $name:literal, $unit:literal, $agg:ident, $help:literal;)*) => {
+        $(
+            #[doc = $help]
+            pub const $ident: &str = $name;
+        )*
+        /// Every metric flopwatch knows, in a fixed order.
+        pub const CATALOG: &[MetricDef] = &[
+            $(MetricDef { name: $name, unit: $unit, aggregation: Aggregation::$agg, help: $help },)*
+        ];
+    };
+}
+
+catalog! {
+    TENSOR_ACTIVE = "tensor_active", "ratio", WindowMean,
+        "Tensor pipe activity, fraction of cycles any tensor pipe was active (GPM AnyTensorUtil, DCGM PIPE_TENSOR_ACTIVE).";
+    SM_CLOCK_MHZ = "sm_clock_mhz", "MHz", Point,
+        "SM clock, instantaneous reading.";
+    SM_CLOCK_AVG_MHZ = "sm_clock_avg_mhz", "MHz", WindowMean,
+        "SM clock averaged over the sampling window (NVML processor-clock samples).";
+    SM_ACTIVE = "sm_active", "ratio", WindowMean,
+        "Fraction of time at least one warp was resident on an SM.";
+    SM_OCCUPANCY = "sm_occupancy", "ratio", WindowMean,
+        "Resident warps relative to the maximum.";
+    DRAM_ACTIVE = "dram_active", "ratio", WindowMean,
+        "Device memory bandwidth utilization.";
+    FP16_ACTIVE = "fp16_active", "ratio", WindowMean,
+        "FP16/BF16 (non-tensor) pipe activity.";
+    FP32_ACTIVE = "fp32_active", "ratio", WindowMean,
+        "FP32 pipe activity.";
+    FP64_ACTIVE = "fp64_active", "ratio", WindowMean,
+        "FP64 pipe activity.";
+    GPU_UTIL = "gpu_util", "ratio", WindowMean,
+        "Coarse GPU utilization (a kernel was running), NVML utilization rates.";
+    MEM_COPY_UTIL = "mem_copy_util", "ratio", WindowMean,
+        "Memory copy utilization, NVML utilization rates.";
+    POWER_W = "power_w", "W", Point,
+        "Board power draw.";
+    TEMP_C = "temp_c", "Cel", Point,
+        "GPU temperature.";
+    MEM_USED_BYTES = "mem_used_bytes", "By", Point,
+        "Device memory in use.";
+    MEM_CLOCK_MHZ = "mem_clock_mhz", "MHz", Point,
+        "Memory clock, instantaneous reading.";
+    NVLINK_TX_BYTES_S = "nvlink_tx_bytes_s", "By/s", WindowMean,
+        "NVLink transmit throughput.";
+    NVLINK_RX_BYTES_S = "nvlink_rx_bytes_s", "By/s", WindowMean,
+        "NVLink receive throughput.";
+    PCIE_TX_BYTES_S = "pcie_tx_bytes_s", "By/s", WindowMean,
+        "PCIe transmit throughput.";
+    PCIE_RX_BYTES_S = "pcie_rx_bytes_s", "By/s", WindowMean,
+        "PCIe receive throughput.";
+    THROTTLE_REASONS = "throttle_reasons", "bitmask", Point,
+        "Active clock throttle (clock event) reasons, NVML bitmask.";
+    ECC_DBE_TOTAL = "ecc_dbe_total", "1", Counter,
+        "Uncorrected (double-bit) ECC errors, volatile count.";
+    ECC_SBE_TOTAL = "ecc_sbe_total", "1", Counter,
+        "Corrected (single-bit) ECC errors, volatile count.";
+    ENERGY_J = "energy_j", "J", Counter,
+        "Total energy consumed since driver load.";
+}
+
+/// Looks a metric up by name.
+pub fn lookup(name: &str) -> Option<&'static MetricDef> {
+    CATALOG.iter().find(|m| m.name == name)
+}
+
+/// The inputs of OFU eq. 1 that the agent reads together on one schedule.
+pub const OFU_INPUTS: [&str; 3] = [TENSOR_ACTIVE, SM_CLOCK_AVG_MHZ, SM_CLOCK_MHZ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_found() {
+        let mut names: Vec<_> = CATALOG.iter().map(|m| m.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), CATALOG.len());
+        assert_eq!(
+            lookup("tensor_active").unwrap().aggregation,
+            Aggregation::WindowMean
+        );
+        assert!(lookup("no_such_metric").is_none());
+    }
+}

@@ -1,0 +1,188 @@
+//! Domain types shared by agent and collector, independent of the wire.
+
+use std::collections::BTreeMap;
+
+/// Who a node is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeIdentity {
+    /// Unique in the fleet (Kubernetes node name or hostname).
+    pub node_id: String,
+    /// Hostname as the node sees it.
+    pub hostname: String,
+    /// Kernel boot id; sequence numbers restart per boot id.
+    pub boot_id: String,
+    /// Free-form labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// One GPU (or MIG instance) of a node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// Index on the node.
+    pub index: u32,
+    /// NVML UUID, `GPU-…` or `MIG-…`.
+    pub uuid: String,
+    /// Product name, e.g. "NVIDIA H100 80GB HBM3".
+    pub model: String,
+    /// Streaming multiprocessors (0 when unknown).
+    pub sm_count: u32,
+    /// Maximum SM clock, MHz.
+    pub max_sm_clock_mhz: u32,
+    /// Maximum memory clock, MHz.
+    pub max_mem_clock_mhz: u32,
+    /// Driver version string.
+    pub driver_version: String,
+    /// PCI bus id.
+    pub pci_bus_id: String,
+    /// Whether GPM counters are available (Hopper and newer).
+    pub gpm_supported: bool,
+    /// Device memory, bytes.
+    pub memory_total_bytes: u64,
+    /// Parent GPU of a MIG instance.
+    pub mig_parent_uuid: Option<String>,
+}
+
+/// The first message of an agent's stream.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Hello {
+    /// Bearer token carried in the message (metadata is preferred).
+    pub token: Option<String>,
+    /// Stable agent identity.
+    pub agent_id: String,
+    /// The node.
+    pub node: NodeIdentity,
+    /// Its GPUs.
+    pub gpus: Vec<GpuInfo>,
+    /// Agent software version.
+    pub agent_version: String,
+    /// Metrics the agent collects.
+    pub metrics: Vec<String>,
+}
+
+/// One sample of one series.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Point {
+    /// Unix ms; for window means, the end of the window.
+    pub ts_ms: i64,
+    /// The value (window mean for hardware-averaged counters).
+    pub value: f64,
+    /// Highest value seen inside the window, when the agent tracked it.
+    pub peak: Option<f64>,
+    /// Window the value covers, ms.
+    pub window_ms: Option<u32>,
+}
+
+impl Point {
+    /// A plain sample.
+    pub fn new(ts_ms: i64, value: f64) -> Self {
+        Self {
+            ts_ms,
+            value,
+            peak: None,
+            window_ms: None,
+        }
+    }
+}
+
+/// Samples of one metric of one GPU.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SeriesBatch {
+    /// GPU UUID.
+    pub gpu_uuid: String,
+    /// Metric name from [`crate::metrics::CATALOG`].
+    pub metric: String,
+    /// Samples in time order.
+    pub points: Vec<Point>,
+}
+
+/// Which job a GPU runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobAssignment {
+    /// GPU UUID.
+    pub gpu_uuid: String,
+    /// Job identity.
+    pub job_id: String,
+    /// Kubernetes pod, if any.
+    pub pod: String,
+    /// Kubernetes namespace, if any.
+    pub namespace: String,
+    /// Container, if any.
+    pub container: String,
+    /// HPC (Slurm) job id, if any.
+    pub hpc_job: String,
+    /// Since when, unix ms.
+    pub since_ms: i64,
+}
+
+/// A discrete GPU event (XID, ECC, throttling).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Event {
+    /// GPU UUID.
+    pub gpu_uuid: String,
+    /// Kind, e.g. "xid".
+    pub kind: String,
+    /// Unix ms.
+    pub ts_ms: i64,
+    /// Numeric code (the XID, the bitmask, ...).
+    pub code: i64,
+    /// Free text.
+    pub detail: String,
+}
+
+/// A numbered batch from one agent.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Batch {
+    /// Sequence number, from 1 per (agent, boot).
+    pub seq: u64,
+    /// Agent identity.
+    pub agent_id: String,
+    /// Boot id of the node when the batch was cut.
+    pub boot_id: String,
+    /// Samples.
+    pub series: Vec<SeriesBatch>,
+    /// Job attribution.
+    pub jobs: Vec<JobAssignment>,
+    /// Events.
+    pub events: Vec<Event>,
+    /// Agent wall clock at cut time, unix ms.
+    pub sent_at_ms: i64,
+    /// Whether the batch came from the spool.
+    pub from_spool: bool,
+}
+
+impl Batch {
+    /// Number of samples in the batch.
+    pub fn sample_count(&self) -> usize {
+        self.series.iter().map(|s| s.points.len()).sum()
+    }
+}
+
+/// Sampling settings pushed to agents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Minimum (and, when not adaptive, fixed) interval, ms.
+    pub min_interval_ms: u32,
+    /// Upper bound of the adaptive interval, ms.
+    pub max_interval_ms: u32,
+    /// Adaptive sampling on.
+    pub adaptive: bool,
+    /// Metric set; empty for the agent's default.
+    pub metrics: Vec<String>,
+    /// Most samples per batch.
+    pub max_batch_samples: u32,
+    /// How often the agent cuts a batch, ms.
+    pub flush_interval_ms: u32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            min_interval_ms: 100,
+            max_interval_ms: 30_000,
+            adaptive: false,
+            metrics: Vec::new(),
+            max_batch_samples: 50_000,
+            flush_interval_ms: 1_000,
+        }
+    }
+}

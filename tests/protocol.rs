@@ -1,0 +1,241 @@
+//! The Ingest protocol from a raw gRPC client, as a client written in
+//! another language from `proto/` alone would use it: Hello → Welcome,
+//! Batch → Ack, a malformed batch → Reject with a precise code while the
+//! stream goes on, replays acknowledged as duplicates and not stored twice.
+
+use flopwatch_collector::auth::{digest, Auth};
+use flopwatch_config::{CollectorConfig, QueryToken, TenantConfig};
+use flopwatch_proto::clock::{Clock, SystemClock};
+use flopwatch_proto::v1::{
+    self, agent_message, collector_message, ingest_client::IngestClient, AgentMessage,
+};
+use flopwatch_tests::TestCollector;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+
+fn hello(node: &str, gpu: &str) -> AgentMessage {
+    AgentMessage {
+        msg: Some(agent_message::Msg::Hello(v1::Hello {
+            agent_id: node.into(),
+            node: Some(v1::NodeIdentity {
+                node_id: node.into(),
+                hostname: node.into(),
+                boot_id: "boot-1".into(),
+                labels: Default::default(),
+            }),
+            gpus: vec![v1::GpuInfo {
+                uuid: gpu.into(),
+                model: "NVIDIA H100 80GB HBM3".into(),
+                ..Default::default()
+            }],
+            protocol_version: 1,
+            ..Default::default()
+        })),
+    }
+}
+
+fn batch(seq: u64, gpu: &str, t0: i64, tpa: &[f64]) -> AgentMessage {
+    let ts: Vec<i64> = (0..tpa.len() as i64).map(|i| t0 + i * 100).collect();
+    AgentMessage {
+        msg: Some(agent_message::Msg::Batch(v1::Batch {
+            seq,
+            series: vec![
+                v1::Series {
+                    gpu_uuid: gpu.into(),
+                    metric: "tensor_active".into(),
+                    timestamps_ms: ts.clone(),
+                    values: tpa.to_vec(),
+                    window_ms: vec![100; tpa.len()],
+                    ..Default::default()
+                },
+                v1::Series {
+                    gpu_uuid: gpu.into(),
+                    metric: "sm_clock_avg_mhz".into(),
+                    timestamps_ms: ts,
+                    values: vec![1830.0; tpa.len()],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        })),
+    }
+}
+
+async fn next(s: &mut tonic::Streaming<v1::CollectorMessage>) -> collector_message::Msg {
+    s.message().await.unwrap().unwrap().msg.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_rejects_and_replays_on_one_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = TestCollector::start(dir.path()).await;
+    let mut client = IngestClient::connect(c.url.clone()).await.unwrap();
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(hello("n1", "GPU-a")).await.unwrap();
+    let mut inbound = client
+        .stream(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let collector_message::Msg::Welcome(w) = next(&mut inbound).await else {
+        panic!("no welcome")
+    };
+    assert_eq!(w.acked_seq, 0);
+    assert_eq!(w.tenant, "default");
+
+    let now = SystemClock.now_ms();
+    tx.send(batch(1, "GPU-a", now - 1000, &[0.5, 0.5, f64::NAN, 0.5]))
+        .await
+        .unwrap();
+    let collector_message::Msg::Ack(a) = next(&mut inbound).await else {
+        panic!()
+    };
+    assert_eq!((a.seq, a.accepted_samples, a.duplicate), (1, 7, false));
+    assert_eq!(a.rejected[0].reason, "non_finite");
+
+    // Malformed: values shorter than timestamps.
+    let mut bad = batch(2, "GPU-a", now - 500, &[0.5, 0.5]);
+    if let Some(agent_message::Msg::Batch(b)) = &mut bad.msg {
+        b.series[0].values.pop();
+    }
+    tx.send(bad).await.unwrap();
+    let collector_message::Msg::Reject(r) = next(&mut inbound).await else {
+        panic!()
+    };
+    assert_eq!(
+        (r.seq, r.code, r.reason.as_str()),
+        (2, Code::InvalidArgument as i32, "malformed_batch")
+    );
+    assert!(r.message.contains("values"), "{}", r.message);
+
+    // The stream goes on.
+    tx.send(batch(3, "GPU-a", now - 400, &[1.0, 1.0]))
+        .await
+        .unwrap();
+    let collector_message::Msg::Ack(a) = next(&mut inbound).await else {
+        panic!()
+    };
+    assert_eq!((a.seq, a.accepted_samples), (3, 4));
+    // A replay of an acked batch: acknowledged, not stored again.
+    tx.send(batch(3, "GPU-a", now - 400, &[1.0, 1.0]))
+        .await
+        .unwrap();
+    let collector_message::Msg::Ack(a) = next(&mut inbound).await else {
+        panic!()
+    };
+    assert!(a.duplicate);
+    drop(tx);
+
+    let mut q = c.query().await;
+    let r = q
+        .ofu(v1::OfuRequest {
+            scope: Some(v1::ofu_request::Scope::GpuUuid("GPU-a".into())),
+            start_ms: now - 10_000,
+            end_ms: 0,
+            step_ms: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let s = r.summary.unwrap();
+    // 3 samples at 0.5 and 2 at 1.0, clock at the tensor peak: (1.5 + 2) / 5.
+    assert_eq!(s.samples, 5);
+    assert!((s.mean - 0.7).abs() < 1e-9, "{}", s.mean);
+
+    // A new stream for the same agent and boot learns the acked seq.
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(hello("n1", "GPU-a")).await.unwrap();
+    let mut inbound = client
+        .stream(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let collector_message::Msg::Welcome(w) = next(&mut inbound).await else {
+        panic!()
+    };
+    assert_eq!(w.acked_seq, 3);
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_see_only_their_own_data() {
+    let cfg = CollectorConfig {
+        tenants: vec![
+            TenantConfig {
+                name: "acme".into(),
+                agent_tokens_sha256: vec![digest("acme-agent")],
+                query_tokens: vec![QueryToken {
+                    sha256: digest("acme-read"),
+                }],
+            },
+            TenantConfig {
+                name: "beta".into(),
+                agent_tokens_sha256: vec![digest("beta-agent")],
+                query_tokens: vec![QueryToken {
+                    sha256: digest("beta-read"),
+                }],
+            },
+        ],
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let c = TestCollector::start_with(dir.path(), Auth::from_config(&cfg)).await;
+    let mut client = IngestClient::connect(c.url.clone()).await.unwrap();
+
+    // No credentials: refused, with no data in the message.
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(hello("n0", "GPU-x")).await.unwrap();
+    let e = client.stream(ReceiverStream::new(rx)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated);
+    assert_eq!(e.message(), "missing or invalid credentials");
+
+    let now = SystemClock.now_ms();
+    for (tenant, gpu) in [("acme", "GPU-acme"), ("beta", "GPU-beta")] {
+        let (tx, rx) = mpsc::channel(8);
+        tx.send(hello(&format!("{tenant}-node"), gpu))
+            .await
+            .unwrap();
+        let mut req = tonic::Request::new(ReceiverStream::new(rx));
+        req.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {tenant}-agent").parse().unwrap(),
+        );
+        let mut inbound = client.stream(req).await.unwrap().into_inner();
+        let collector_message::Msg::Welcome(w) = next(&mut inbound).await else {
+            panic!()
+        };
+        assert_eq!(w.tenant, tenant);
+        tx.send(batch(1, gpu, now - 1000, &[0.4, 0.4]))
+            .await
+            .unwrap();
+        assert!(matches!(
+            next(&mut inbound).await,
+            collector_message::Msg::Ack(_)
+        ));
+    }
+    let mut q = c.query().await;
+    let mut list = tonic::Request::new(v1::ListRequest::default());
+    list.metadata_mut()
+        .insert("authorization", "Bearer acme-read".parse().unwrap());
+    let gpus = q.list_gpus(list).await.unwrap().into_inner().gpus;
+    assert_eq!(gpus.len(), 1);
+    assert_eq!(gpus[0].info.as_ref().unwrap().uuid, "GPU-acme");
+    let mut other = tonic::Request::new(v1::OfuRequest {
+        scope: Some(v1::ofu_request::Scope::GpuUuid("GPU-beta".into())),
+        ..Default::default()
+    });
+    other
+        .metadata_mut()
+        .insert("authorization", "Bearer acme-read".parse().unwrap());
+    assert_eq!(q.ofu(other).await.unwrap_err().code(), Code::NotFound);
+    let mut agent_token = tonic::Request::new(v1::ListRequest::default());
+    agent_token
+        .metadata_mut()
+        .insert("authorization", "Bearer acme-agent".parse().unwrap());
+    assert_eq!(
+        q.list_gpus(agent_token).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+    c.stop().await;
+}

@@ -1,0 +1,103 @@
+//! Helpers for end-to-end tests: an in-process collector on an ephemeral
+//! loopback port, simulated agents, and query clients.
+
+use flopwatch_agent::clock::TokioClock;
+use flopwatch_agent::sampler::FixedSampler;
+use flopwatch_agent::source::GpuSource;
+use flopwatch_agent::{Agent, AgentOptions};
+use flopwatch_collector::{auth::Auth, server, Collector};
+use flopwatch_config::{CollectorConfig, SpecTable};
+use flopwatch_proto::model::NodeIdentity;
+use flopwatch_proto::v1::query_client::QueryClient;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+/// A collector serving on 127.0.0.1:0.
+pub struct TestCollector {
+    /// Its state.
+    pub collector: Arc<Collector>,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), flopwatch_collector::CollectorError>>>,
+}
+
+impl TestCollector {
+    /// Opens RocksDB under `dir` and serves it with anonymous access.
+    pub async fn start(dir: &Path) -> Self {
+        Self::start_with(dir, Auth::anonymous("default")).await
+    }
+
+    /// As `start`, with the given credentials.
+    pub async fn start_with(dir: &Path, auth: Auth) -> Self {
+        let cfg = CollectorConfig {
+            data_dir: dir.to_path_buf(),
+            anonymous_tenant: Some("default".into()),
+            ..Default::default()
+        };
+        let collector = server::open(
+            dir,
+            &cfg,
+            SpecTable::builtin(),
+            auth,
+            Vec::new(),
+            Arc::new(TokioClock::new()),
+        )
+        .expect("collector opens");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(server::serve(collector.clone(), listener, async move {
+            let _ = rx.await;
+        }));
+        Self {
+            collector,
+            url,
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    /// Stops serving and flushes the store.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.unwrap().unwrap();
+        }
+    }
+
+    /// A query client.
+    pub async fn query(&self) -> QueryClient<Channel> {
+        QueryClient::connect(self.url.clone()).await.unwrap()
+    }
+}
+
+/// Starts an agent over `source` sending to `url` every `interval`.
+pub fn agent(source: Box<dyn GpuSource>, node: &str, url: &str, interval: Duration) -> Agent {
+    Agent::start(
+        source,
+        Box::new(FixedSampler::new(interval, None)),
+        AgentOptions {
+            node: NodeIdentity {
+                node_id: node.to_string(),
+                hostname: node.to_string(),
+                boot_id: "test-boot".into(),
+                labels: Default::default(),
+            },
+            collectors: vec![url.to_string()],
+            token: None,
+            flush_interval: Duration::from_millis(500),
+            max_batch_samples: 50_000,
+            max_in_flight: 64,
+            job: None,
+            drain_timeout: Duration::from_secs(5),
+        },
+        Arc::new(TokioClock::new()),
+    )
+}
