@@ -75,7 +75,7 @@ pub async fn run(opts: ClientOptions, outbox: Arc<Outbox>, state: watch::Sender<
             }
         }
         i += 1;
-        if i % opts.collectors.len() == 0 {
+        if i.is_multiple_of(opts.collectors.len()) {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }

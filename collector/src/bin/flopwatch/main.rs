@@ -9,6 +9,7 @@
 //! ```
 
 mod agent_cmd;
+mod bench;
 mod collector_cmd;
 mod demo;
 mod query_cmd;
@@ -40,6 +41,8 @@ enum Command {
     Select(flopwatch_selector::SelectArgs),
     /// Compare adaptive with fixed-interval sampling on a trace.
     EvalSampling(EvalArgs),
+    /// Measure the collector (see docs/BENCHMARKS.md).
+    Bench(bench::BenchArgs),
 }
 
 /// Arguments of `eval-sampling`.
@@ -84,6 +87,10 @@ fn main() -> std::process::ExitCode {
         Command::Select(a) => {
             init_tracing("warn");
             run_select(a)
+        }
+        Command::Bench(a) => {
+            init_tracing("warn");
+            runtime().and_then(|rt| rt.block_on(bench::run(a)))
         }
         Command::EvalSampling(a) => Err(anyhow::anyhow!(
             "eval-sampling needs the adaptive sampler, which this version does not have yet (trace {}, json {})",
