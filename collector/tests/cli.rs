@@ -200,3 +200,41 @@ fn agent_without_driver_fails_clearly() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn demo_then_select_from_its_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = Command::new(bin())
+        .args(["demo", "--nodes", "1", "--gpus", "4", "--duration", "4s", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("summary"), "{text}");
+    assert!(text.contains("llm-pretrain"), "{text}");
+    let selected = dir.path().join("selected.toml");
+    let out = Command::new(bin())
+        .args(["select", "--store"])
+        .arg(&data)
+        .args(["--no-progress", "--json", "--output"])
+        .arg(&selected)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kept = summary["kept"].as_array().unwrap();
+    assert!(!kept.is_empty());
+    // Near-constant counters of the simulator (memory clock, throttle
+    // reasons, FP64 activity) are dropped as low-variance.
+    let dropped: Vec<&str> = summary["dropped_low_variance"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(dropped.contains(&"mem_clock_mhz") && dropped.contains(&"fp64_active"), "{dropped:?}");
+    let toml_text = std::fs::read_to_string(&selected).unwrap();
+    assert!(toml_text.contains("metrics"), "{toml_text}");
+}

@@ -25,11 +25,11 @@ pub struct SelectArgs {
     /// Read samples from a collector store directory instead of CSV.
     #[arg(long, value_name = "DIR")]
     pub store: Option<PathBuf>,
-    /// With --store: only samples at or after this time.
-    #[arg(long, value_name = "TIME", requires = "store")]
+    /// With --store: only samples at or after this long ago (e.g. 6h).
+    #[arg(long, value_name = "AGO", requires = "store")]
     pub since: Option<String>,
-    /// With --store: only samples before this time.
-    #[arg(long, value_name = "TIME", requires = "store")]
+    /// With --store: only samples before this long ago (e.g. 10m).
+    #[arg(long, value_name = "AGO", requires = "store")]
     pub until: Option<String>,
     /// Where to write the selected metric set (TOML).
     #[arg(long, value_name = "FILE")]

@@ -13,6 +13,7 @@ mod bench;
 mod collector_cmd;
 mod demo;
 mod query_cmd;
+mod select_store;
 mod table;
 
 use clap::{Parser, Subcommand};
@@ -115,7 +116,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn run_select(a: flopwatch_selector::SelectArgs) -> anyhow::Result<()> {
     if a.store.is_some() {
-        anyhow::bail!("--store is not available in this version; export CSV and use --input");
+        return select_store::run(&a);
     }
     flopwatch_selector::run_csv(&a)?;
     Ok(())
