@@ -61,16 +61,7 @@ mod tests {
             gpus: vec![GpuCapture {
                 gpu: 0,
                 window_ms: 100,
-                readings: vec![
-                    Reading {
-                        metric: "power_w",
-                        value: 1.0,
-                    },
-                    Reading {
-                        metric: "temp_c",
-                        value: 2.0,
-                    },
-                ],
+                readings: vec![Reading::new("power_w", 1.0), Reading::new("temp_c", 2.0)],
             }],
             ..Default::default()
         };

@@ -21,6 +21,23 @@ pub struct Reading {
     pub metric: &'static str,
     /// Value; for window-mean metrics, the mean since the previous capture.
     pub value: f64,
+    /// Highest sub-window value, when a sampler aggregated several reads.
+    pub peak: Option<f64>,
+    /// Window this value covers, ms, when it differs from the capture's
+    /// (a sampler that backed off aggregates several captures into one).
+    pub window_ms: Option<u32>,
+}
+
+impl Reading {
+    /// A plain reading covering the capture's window.
+    pub const fn new(metric: &'static str, value: f64) -> Self {
+        Self {
+            metric,
+            value,
+            peak: None,
+            window_ms: None,
+        }
+    }
 }
 
 /// Everything read from one GPU in one capture.

@@ -259,7 +259,7 @@ impl Out<'_> {
     ) -> Option<f64> {
         match value {
             Ok(value) => {
-                self.readings.push(Reading { metric, value });
+                self.readings.push(Reading::new(metric, value));
                 Some(value)
             }
             Err(e) => {
@@ -315,10 +315,7 @@ fn read_gpu(nvml: &'static Nvml, gpu: &mut Gpu, windowed: bool, out: &mut Out<'_
     };
     if windowed {
         if let Some(value) = average.or(point) {
-            out.readings.push(Reading {
-                metric: m::SM_CLOCK_AVG_MHZ,
-                value,
-            });
+            out.readings.push(Reading::new(m::SM_CLOCK_AVG_MHZ, value));
         }
     }
 
@@ -345,14 +342,8 @@ fn read_gpu(nvml: &'static Nvml, gpu: &mut Gpu, windowed: bool, out: &mut Out<'_
     if windowed {
         match d.utilization_rates() {
             Ok(u) => out.readings.extend([
-                Reading {
-                    metric: m::GPU_UTIL,
-                    value: f64::from(u.gpu) * PERCENT,
-                },
-                Reading {
-                    metric: m::MEM_COPY_UTIL,
-                    value: f64::from(u.memory) * PERCENT,
-                },
+                Reading::new(m::GPU_UTIL, f64::from(u.gpu) * PERCENT),
+                Reading::new(m::MEM_COPY_UTIL, f64::from(u.memory) * PERCENT),
             ]),
             Err(e) => out.failed("nvmlDeviceGetUtilizationRates", &e),
         }

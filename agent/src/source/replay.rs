@@ -147,7 +147,7 @@ impl GpuSource for ReplaySource {
             per_gpu
                 .entry(gpu)
                 .or_default()
-                .push(Reading { metric, value });
+                .push(Reading::new(metric, value));
             self.next += 1;
         }
         Ok(Capture {

@@ -75,30 +75,12 @@ impl GpuSource for SimSource {
         for g in 0..self.inventory.len() {
             let s = self.model.state_at(g, now_ms);
             let mut readings = vec![
-                Reading {
-                    metric: m::SM_CLOCK_MHZ,
-                    value: s.sm_clock_mhz.round(),
-                },
-                Reading {
-                    metric: m::POWER_W,
-                    value: s.power_w,
-                },
-                Reading {
-                    metric: m::TEMP_C,
-                    value: s.temp_c.round(),
-                },
-                Reading {
-                    metric: m::MEM_USED_BYTES,
-                    value: s.mem_used_bytes,
-                },
-                Reading {
-                    metric: m::MEM_CLOCK_MHZ,
-                    value: s.mem_clock_mhz,
-                },
-                Reading {
-                    metric: m::THROTTLE_REASONS,
-                    value: 0.0,
-                },
+                Reading::new(m::SM_CLOCK_MHZ, s.sm_clock_mhz.round()),
+                Reading::new(m::POWER_W, s.power_w),
+                Reading::new(m::TEMP_C, s.temp_c.round()),
+                Reading::new(m::MEM_USED_BYTES, s.mem_used_bytes),
+                Reading::new(m::MEM_CLOCK_MHZ, s.mem_clock_mhz),
+                Reading::new(m::THROTTLE_REASONS, 0.0),
             ];
             let window_ms = match prev {
                 Some(p) if now_ms > p => {
@@ -106,67 +88,25 @@ impl GpuSource for SimSource {
                     let a = w.mean;
                     self.energy_j[g] += a.power_w * (now_ms - p) as f64 / 1000.0;
                     readings.extend([
-                        Reading {
-                            metric: m::TENSOR_ACTIVE,
-                            value: a.tensor_active,
-                        },
-                        Reading {
-                            metric: m::SM_CLOCK_AVG_MHZ,
-                            value: a.sm_clock_mhz,
-                        },
-                        Reading {
-                            metric: m::SM_ACTIVE,
-                            value: a.sm_active,
-                        },
-                        Reading {
-                            metric: m::SM_OCCUPANCY,
-                            value: a.sm_occupancy,
-                        },
-                        Reading {
-                            metric: m::DRAM_ACTIVE,
-                            value: a.dram_active,
-                        },
-                        Reading {
-                            metric: m::FP16_ACTIVE,
-                            value: a.fp16_active,
-                        },
-                        Reading {
-                            metric: m::FP32_ACTIVE,
-                            value: a.fp32_active,
-                        },
-                        Reading {
-                            metric: m::FP64_ACTIVE,
-                            value: a.fp64_active,
-                        },
-                        Reading {
-                            metric: m::GPU_UTIL,
-                            value: a.sm_active.ceil().min(1.0),
-                        },
-                        Reading {
-                            metric: m::NVLINK_TX_BYTES_S,
-                            value: a.nvlink_tx_bytes_s,
-                        },
-                        Reading {
-                            metric: m::NVLINK_RX_BYTES_S,
-                            value: a.nvlink_rx_bytes_s,
-                        },
-                        Reading {
-                            metric: m::PCIE_TX_BYTES_S,
-                            value: a.pcie_tx_bytes_s,
-                        },
-                        Reading {
-                            metric: m::PCIE_RX_BYTES_S,
-                            value: a.pcie_rx_bytes_s,
-                        },
+                        Reading::new(m::TENSOR_ACTIVE, a.tensor_active),
+                        Reading::new(m::SM_CLOCK_AVG_MHZ, a.sm_clock_mhz),
+                        Reading::new(m::SM_ACTIVE, a.sm_active),
+                        Reading::new(m::SM_OCCUPANCY, a.sm_occupancy),
+                        Reading::new(m::DRAM_ACTIVE, a.dram_active),
+                        Reading::new(m::FP16_ACTIVE, a.fp16_active),
+                        Reading::new(m::FP32_ACTIVE, a.fp32_active),
+                        Reading::new(m::FP64_ACTIVE, a.fp64_active),
+                        Reading::new(m::GPU_UTIL, a.sm_active.ceil().min(1.0)),
+                        Reading::new(m::NVLINK_TX_BYTES_S, a.nvlink_tx_bytes_s),
+                        Reading::new(m::NVLINK_RX_BYTES_S, a.nvlink_rx_bytes_s),
+                        Reading::new(m::PCIE_TX_BYTES_S, a.pcie_tx_bytes_s),
+                        Reading::new(m::PCIE_RX_BYTES_S, a.pcie_rx_bytes_s),
                     ]);
                     u32::try_from(now_ms - p).unwrap_or(u32::MAX)
                 }
                 _ => 0,
             };
-            readings.push(Reading {
-                metric: m::ENERGY_J,
-                value: self.energy_j[g],
-            });
+            readings.push(Reading::new(m::ENERGY_J, self.energy_j[g]));
             gpus.push(GpuCapture {
                 gpu: g,
                 window_ms,
