@@ -218,3 +218,58 @@ async fn nvml_source_on_the_fake_library_feeds_ofu() {
     );
     collector.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_follow_the_policy_metric_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = flopwatch_tests::TestCollector::start_full(
+        dir.path(),
+        flopwatch_collector::auth::Auth::anonymous("default"),
+        vec!["power_w".into(), "dram_active".into()],
+    )
+    .await;
+    let fleet = FleetPlan::new(1, 2, 60_000);
+    let src = SimSource::new(&fleet, 0, SystemClock.now_ms(), 3);
+    let uuids = src.inventory_uuids();
+    let a = agent(
+        Box::new(src),
+        "policy-node",
+        &collector.url,
+        Duration::from_millis(100),
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    a.stop().await;
+    let mut q = collector.query().await;
+    let mut sent: Vec<&str> = Vec::new();
+    for m in CATALOG {
+        let s = q
+            .series(v1::SeriesRequest {
+                gpu_uuid: uuids[0].clone(),
+                metric: m.name.into(),
+                start_ms: 1,
+                end_ms: 0,
+                limit: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .series
+            .unwrap();
+        if !s.timestamps_ms.is_empty() {
+            sent.push(m.name);
+        }
+    }
+    sent.sort();
+    // The policy's set plus the OFU inputs, nothing else.
+    assert_eq!(
+        sent,
+        vec![
+            "dram_active",
+            "power_w",
+            "sm_clock_avg_mhz",
+            "sm_clock_mhz",
+            "tensor_active"
+        ]
+    );
+    collector.stop().await;
+}

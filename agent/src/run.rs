@@ -98,6 +98,7 @@ impl Agent {
             outbox.clone(),
             stats.clone(),
             shutdown_rx,
+            state.clone(),
         ));
         Self {
             outbox,
@@ -123,6 +124,26 @@ impl Agent {
     }
 }
 
+/// Keeps only the metric set the collector's policy names (a set chosen
+/// by `flopwatch select`), if it names one. The OFU inputs are always kept:
+/// without them the collector cannot compute OFU.
+fn apply_policy_metrics(
+    state: &watch::Receiver<ClientState>,
+    capture: &mut crate::source::Capture,
+) {
+    let s = state.borrow();
+    let Some(policy) = s.policy.as_ref().filter(|p| !p.metrics.is_empty()) else {
+        return;
+    };
+    for g in &mut capture.gpus {
+        g.readings.retain(|r| {
+            flopwatch_proto::metrics::OFU_INPUTS.contains(&r.metric)
+                || policy.metrics.iter().any(|m| m == r.metric)
+        });
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn sample_loop(
     mut source: Box<dyn GpuSource>,
     mut sampler: Box<dyn Sampler>,
@@ -131,6 +152,7 @@ async fn sample_loop(
     outbox: Arc<Outbox>,
     stats: Arc<AgentStats>,
     mut shutdown: watch::Receiver<bool>,
+    state: watch::Receiver<ClientState>,
 ) {
     let inventory = source.inventory().to_vec();
     let flush_ms = opts.flush_interval.as_millis() as i64;
@@ -182,6 +204,7 @@ async fn sample_loop(
                             .collect();
                     }
                 }
+                apply_policy_metrics(&state, &mut capture);
                 sampler.observe(&mut capture);
                 batcher.add(capture, &inventory);
             }

@@ -34,6 +34,11 @@ impl TestCollector {
 
     /// As `start`, with the given credentials.
     pub async fn start_with(dir: &Path, auth: Auth) -> Self {
+        Self::start_full(dir, auth, Vec::new()).await
+    }
+
+    /// As `start_with`, pushing `metrics` to agents in the policy.
+    pub async fn start_full(dir: &Path, auth: Auth, metrics: Vec<String>) -> Self {
         let cfg = CollectorConfig {
             data_dir: dir.to_path_buf(),
             anonymous_tenant: Some("default".into()),
@@ -44,7 +49,7 @@ impl TestCollector {
             &cfg,
             SpecTable::builtin(),
             auth,
-            Vec::new(),
+            metrics,
             Arc::new(TokioClock::new()),
         )
         .expect("collector opens");
