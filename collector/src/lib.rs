@@ -19,6 +19,7 @@ pub mod server;
 pub mod state;
 pub mod stats;
 pub mod store;
+pub mod tile;
 pub mod validate;
 
 pub use error::CollectorError;

@@ -206,11 +206,24 @@ fn demo_then_select_from_its_store() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let out = Command::new(bin())
-        .args(["demo", "--nodes", "1", "--gpus", "4", "--duration", "4s", "--data-dir"])
+        .args([
+            "demo",
+            "--nodes",
+            "1",
+            "--gpus",
+            "4",
+            "--duration",
+            "4s",
+            "--data-dir",
+        ])
         .arg(&data)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("summary"), "{text}");
     assert!(text.contains("llm-pretrain"), "{text}");
@@ -222,7 +235,11 @@ fn demo_then_select_from_its_store() {
         .arg(&selected)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let kept = summary["kept"].as_array().unwrap();
     assert!(!kept.is_empty());
@@ -234,7 +251,41 @@ fn demo_then_select_from_its_store() {
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    assert!(dropped.contains(&"mem_clock_mhz") && dropped.contains(&"fp64_active"), "{dropped:?}");
+    assert!(
+        dropped.contains(&"mem_clock_mhz") && dropped.contains(&"fp64_active"),
+        "{dropped:?}"
+    );
     let toml_text = std::fs::read_to_string(&selected).unwrap();
     assert!(toml_text.contains("metrics"), "{toml_text}");
+}
+
+#[test]
+fn tile_command_reports_overhead_and_adjusted_ofu() {
+    let out = Command::new(bin())
+        .args([
+            "tile",
+            "4096",
+            "4096",
+            "4096",
+            "--kernel",
+            "nvjet_sm90_hsh_256x160_64x4_2x1",
+            "--ofu",
+            "50%",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("overhead (eq. 2)      1.5625 %"), "{text}");
+    assert!(text.contains("adjusted OFU (eq. 8)  49.2308 %"), "{text}");
+    let bad = Command::new(bin())
+        .args(["tile", "1", "1", "1", "--tile", "128x0x64"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("128x0x64"));
 }

@@ -14,7 +14,9 @@ use flopwatch_collector::{auth::Auth, server};
 use flopwatch_config::{CollectorConfig, SpecTable};
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::metrics::CATALOG;
-use flopwatch_proto::v1::{self, agent_message, collector_message, ingest_client::IngestClient, AgentMessage};
+use flopwatch_proto::v1::{
+    self, agent_message, collector_message, ingest_client::IngestClient, AgentMessage,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -111,7 +113,15 @@ fn batch(node: &str, seq: u64, gpus: usize, metrics: usize, points: usize, t0: i
 }
 
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
-    let What::Ingest { streams, gpus, metrics, points, window, duration, data_dir } = a.what;
+    let What::Ingest {
+        streams,
+        gpus,
+        metrics,
+        points,
+        window,
+        duration,
+        data_dir,
+    } = a.what;
     let metrics = metrics.min(CATALOG.len());
     let duration = Duration::from_millis(crate::parse_ms(&duration)? as u64);
     let tmp = tempdir_path();
@@ -123,8 +133,15 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let clock = Arc::new(TokioClock::new());
-    let collector = server::open(&dir, &cfg, SpecTable::builtin(), Auth::anonymous("default"), Vec::new(), clock.clone())
-        .with_context(|| format!("opening {}", dir.display()))?;
+    let collector = server::open(
+        &dir,
+        &cfg,
+        SpecTable::builtin(),
+        Auth::anonymous("default"),
+        Vec::new(),
+        clock.clone(),
+    )
+    .with_context(|| format!("opening {}", dir.display()))?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -142,9 +159,14 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         let acked = acked.clone();
         tasks.push(tokio::spawn(async move {
             let node = format!("bench-{s:03}");
-            let mut client = IngestClient::connect(url).await?.max_decoding_message_size(64 << 20);
+            let mut client = IngestClient::connect(url)
+                .await?
+                .max_decoding_message_size(64 << 20);
             let (tx, rx) = mpsc::channel::<AgentMessage>(window + 2);
-            tx.send(AgentMessage { msg: Some(agent_message::Msg::Hello(hello(&node, gpus))) }).await?;
+            tx.send(AgentMessage {
+                msg: Some(agent_message::Msg::Hello(hello(&node, gpus))),
+            })
+            .await?;
             let mut inbound = client.stream(ReceiverStream::new(rx)).await?.into_inner();
             let _welcome = inbound.message().await?;
             let mut seq = 0u64;
@@ -154,14 +176,19 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
                     seq += 1;
                     let t0 = start_ms + (seq as i64) * (points as i64) * 100;
                     let b = batch(&node, seq, gpus, metrics, points, t0);
-                    tx.send(AgentMessage { msg: Some(agent_message::Msg::Batch(b)) }).await?;
+                    tx.send(AgentMessage {
+                        msg: Some(agent_message::Msg::Batch(b)),
+                    })
+                    .await?;
                     in_flight += 1;
                 }
                 if in_flight == 0 {
                     break;
                 }
                 match inbound.message().await? {
-                    Some(v1::CollectorMessage { msg: Some(collector_message::Msg::Ack(a)) }) => {
+                    Some(v1::CollectorMessage {
+                        msg: Some(collector_message::Msg::Ack(a)),
+                    }) => {
                         in_flight -= 1;
                         acked.fetch_add(a.accepted_samples, Ordering::Relaxed);
                     }

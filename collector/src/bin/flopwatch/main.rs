@@ -15,6 +15,7 @@ mod demo;
 mod query_cmd;
 mod select_store;
 mod table;
+mod tile_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -44,6 +45,8 @@ enum Command {
     EvalSampling(EvalArgs),
     /// Measure the collector (see docs/BENCHMARKS.md).
     Bench(bench::BenchArgs),
+    /// Tile-quantization overhead of a GEMM and the corrected OFU (OFU paper eq. 2-4, 8).
+    Tile(tile_cmd::TileArgs),
 }
 
 /// Arguments of `eval-sampling`.
@@ -93,6 +96,7 @@ fn main() -> std::process::ExitCode {
             init_tracing("warn");
             runtime().and_then(|rt| rt.block_on(bench::run(a)))
         }
+        Command::Tile(a) => tile_cmd::run(a),
         Command::EvalSampling(a) => Err(anyhow::anyhow!(
             "eval-sampling needs the adaptive sampler, which this version does not have yet (trace {}, json {})",
             a.trace.display(),

@@ -29,7 +29,10 @@ pub fn run(args: &SelectArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     let jobs = store.jobs(None)?;
     if jobs.is_empty() {
-        anyhow::bail!("{}: no jobs recorded; nothing to select from", dir.display());
+        anyhow::bail!(
+            "{}: no jobs recorded; nothing to select from",
+            dir.display()
+        );
     }
     for (tenant, j) in &jobs {
         let from = since.max(j.first_seen_ms);
