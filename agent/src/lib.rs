@@ -10,9 +10,11 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adaptive;
 pub mod batcher;
 pub mod client;
 pub mod clock;
+pub mod eval;
 pub mod identity;
 pub mod outbox;
 pub mod run;

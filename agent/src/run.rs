@@ -34,6 +34,8 @@ pub struct AgentOptions {
     pub job: Option<String>,
     /// Shutdown waits this long for acks.
     pub drain_timeout: Duration,
+    /// Metrics to keep (all when `None`); the OFU inputs are always kept.
+    pub metrics: Option<std::collections::HashSet<String>>,
 }
 
 /// Counters of the sampling loop.
@@ -205,6 +207,14 @@ async fn sample_loop(
                     }
                 }
                 apply_policy_metrics(&state, &mut capture);
+                if let Some(keep) = &opts.metrics {
+                    for g in &mut capture.gpus {
+                        g.readings.retain(|r| {
+                            flopwatch_proto::metrics::OFU_INPUTS.contains(&r.metric)
+                                || keep.contains(r.metric)
+                        });
+                    }
+                }
                 sampler.observe(&mut capture);
                 batcher.add(capture, &inventory);
             }

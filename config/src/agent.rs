@@ -71,6 +71,8 @@ pub struct AgentConfig {
     pub sim: SimSettings,
     /// `[spool]`.
     pub spool: SpoolConfig,
+    /// `[sampling]`.
+    pub sampling: crate::SamplingConfig,
 }
 
 impl Default for AgentConfig {
@@ -92,6 +94,7 @@ impl Default for AgentConfig {
             nvml: NvmlSettings::default(),
             sim: SimSettings::default(),
             spool: SpoolConfig::default(),
+            sampling: crate::SamplingConfig::default(),
         }
     }
 }
@@ -178,10 +181,12 @@ impl Validate for AgentConfig {
         "nvml",
         "sim",
         "spool",
+        "sampling",
     ];
 
     fn validate(&self) -> Result<(), ConfigError> {
         self.source_kind()?;
+        self.sampling.validate()?;
         if self.collectors.is_empty() {
             return Err(ConfigError::invalid(
                 "collectors",

@@ -13,6 +13,7 @@ mod agent;
 mod collector;
 mod error;
 mod load;
+mod sampling;
 mod specs;
 
 pub use agent::{AgentConfig, NvmlSettings, SimSettings, SourceKind, SpoolConfig};
@@ -21,4 +22,5 @@ pub use error::ConfigError;
 pub use load::{
     load_file, load_file_with, parse_str, relative_to, EnvSource, ProcessEnv, Validate,
 };
+pub use sampling::{MetricOverride, SamplingConfig};
 pub use specs::{GpuSpec, Precision, SpecTable, DEFAULT_SPEC_TABLE};

@@ -179,7 +179,7 @@ mod tests {
         let g = t.lookup("NVIDIA GB200").unwrap();
         assert_eq!(g.key, "gb200");
         let p = g.peak_tflops(Precision::Fp16).unwrap();
-        assert!((p - 2500.001_792).abs() < 1e-6, "{p}");
+        assert!((p - 2_500.001_792).abs() < 1e-6, "{p}");
         assert!((p - 2499.9).abs() < 0.11, "{p}");
     }
 

@@ -102,6 +102,7 @@ pub fn agent(source: Box<dyn GpuSource>, node: &str, url: &str, interval: Durati
             max_in_flight: 64,
             job: None,
             drain_timeout: Duration::from_secs(5),
+            metrics: None,
         },
         Arc::new(TokioClock::new()),
     )

@@ -60,10 +60,17 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     }
     let clock = Arc::new(TokioClock::new());
     let source = source::open(&kind, &cfg, clock.now_ms())?;
-    let sampler = FixedSampler::new(
-        cfg.interval,
-        (!metrics.is_empty()).then(|| metrics.into_iter().collect()),
-    );
+    let allow: Option<std::collections::HashSet<String>> =
+        (!metrics.is_empty()).then(|| metrics.into_iter().collect());
+    let sampler: Box<dyn flopwatch_agent::sampler::Sampler> = if cfg.sampling.adaptive {
+        let seed = flopwatch_proto::clock::SystemClock.now_ms() as u64;
+        Box::new(flopwatch_agent::adaptive::AdaptiveSampler::new(
+            &cfg.sampling,
+            seed,
+        ))
+    } else {
+        Box::new(FixedSampler::new(cfg.interval, None))
+    };
     let opts = AgentOptions {
         node: node_identity(&cfg.node_id, cfg.labels.clone()),
         collectors: cfg.collectors.clone(),
@@ -73,8 +80,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         max_in_flight: cfg.max_in_flight,
         job: cfg.job.clone(),
         drain_timeout: Duration::from_secs(5),
+        metrics: allow,
     };
-    let agent = Agent::start(source, Box::new(sampler), opts, clock);
+    let agent = Agent::start(source, sampler, opts, clock);
     let replay = matches!(kind, SourceKind::Replay(_));
     if replay {
         tokio::select! {

@@ -185,6 +185,7 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
                     max_in_flight: 64,
                     job: None,
                     drain_timeout: Duration::from_secs(5),
+                    metrics: None,
                 },
                 clock.clone(),
             )

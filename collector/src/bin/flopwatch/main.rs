@@ -41,23 +41,12 @@ enum Command {
     Query(query_cmd::QueryArgs),
     /// Select a non-redundant metric set from recorded data (Moneo §2.2).
     Select(flopwatch_selector::SelectArgs),
-    /// Compare adaptive with fixed-interval sampling on a trace.
-    EvalSampling(EvalArgs),
+    /// Compare adaptive with fixed-interval sampling on a trace (Moneo §2.3).
+    EvalSampling(flopwatch_agent::eval::EvalArgs),
     /// Measure the collector (see docs/BENCHMARKS.md).
     Bench(bench::BenchArgs),
     /// Tile-quantization overhead of a GEMM and the corrected OFU (OFU paper eq. 2-4, 8).
     Tile(tile_cmd::TileArgs),
-}
-
-/// Arguments of `eval-sampling`.
-#[derive(clap::Args)]
-struct EvalArgs {
-    /// Long-form CSV trace `timestamp_ms,gpu,metric,value`.
-    #[arg(long)]
-    trace: std::path::PathBuf,
-    /// Print JSON.
-    #[arg(long)]
-    json: bool,
 }
 
 fn init_tracing(default: &str) {
@@ -97,11 +86,12 @@ fn main() -> std::process::ExitCode {
             runtime().and_then(|rt| rt.block_on(bench::run(a)))
         }
         Command::Tile(a) => tile_cmd::run(a),
-        Command::EvalSampling(a) => Err(anyhow::anyhow!(
-            "eval-sampling needs the adaptive sampler, which this version does not have yet (trace {}, json {})",
-            a.trace.display(),
-            a.json
-        )),
+        Command::EvalSampling(a) => {
+            init_tracing("warn");
+            flopwatch_agent::eval::run(&a)
+                .map(|_| ())
+                .map_err(Into::into)
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
