@@ -104,6 +104,9 @@ struct Track {
     // Pending sample.
     sum_vw: f64,
     sum_w: u64,
+    // Tensor-activity-weighted sums, for the averaged SM clock (see emit).
+    sum_tvw: f64,
+    sum_tw: f64,
     peak: f64,
     last: f64,
     n: u32,
@@ -280,6 +283,8 @@ impl AdaptiveSampler {
                 low_reads: 0,
                 sum_vw: 0.0,
                 sum_w: 0,
+                sum_tvw: 0.0,
+                sum_tw: 0.0,
                 peak: f64::MIN,
                 last: 0.0,
                 n: 0,
@@ -316,6 +321,18 @@ impl Group {
             if t.agg == Aggregation::WindowMean && t.sum_w > 0 {
                 r.value = t.sum_vw / t.sum_w as f64;
             }
+            // OFU is tensor activity × clock (OFU eq. 1), and the two move
+            // against each other (compute phases run at a low clock,
+            // communication dips at a high one). Averaging them separately
+            // over a backed-off window would lose that correlation, so the
+            // averaged clock of an aggregated sample is weighted by tensor
+            // activity: mean(TPA) × this clock = mean(TPA × clock) over the
+            // sub-windows, and the collector's OFU equals the mean of the
+            // per-capture OFUs.
+            if t.metric == flopwatch_proto::metrics::SM_CLOCK_AVG_MHZ && t.n > 1 && t.sum_tw > 1e-12
+            {
+                r.value = t.sum_tvw / t.sum_tw;
+            }
             if t.n > 1 {
                 if t.agg != Aggregation::Counter && t.peak > f64::MIN {
                     r.peak = Some(t.peak);
@@ -327,6 +344,8 @@ impl Group {
             out.push(r);
             t.sum_vw = 0.0;
             t.sum_w = 0;
+            t.sum_tvw = 0.0;
+            t.sum_tw = 0.0;
             t.peak = f64::MIN;
             t.n = 0;
         }
@@ -436,6 +455,10 @@ impl Sampler for AdaptiveSampler {
         for gc in &mut capture.gpus {
             let readings = std::mem::take(&mut gc.readings);
             let w = u64::from(gc.window_ms);
+            let tpa_now = readings
+                .iter()
+                .find(|r| r.metric == flopwatch_proto::metrics::TENSOR_ACTIVE)
+                .map(|r| r.value.clamp(0.0, 1.0));
             let mut touched: Vec<(usize, &'static str)> = Vec::new();
             for r in readings {
                 let key = self.group_for(gc.gpu, r.metric, now);
@@ -452,6 +475,11 @@ impl Sampler for AdaptiveSampler {
                 // skipped (counter deltas); peaks only see reads made.
                 t.sum_vw += r.value * w as f64;
                 t.sum_w += w;
+                if let (Some(tpa), flopwatch_proto::metrics::SM_CLOCK_AVG_MHZ) = (tpa_now, r.metric)
+                {
+                    t.sum_tvw += tpa * r.value * w as f64;
+                    t.sum_tw += tpa * w as f64;
+                }
                 t.n += 1;
                 if read {
                     self.stats.reads += 1;
