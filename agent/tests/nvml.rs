@@ -181,3 +181,76 @@ fn a_missing_library_is_no_driver() {
         other => panic!("expected NoDriver, got {other:?}"),
     }
 }
+
+#[test]
+fn busy_gpus_report_their_compute_processes() {
+    let t1 = T0 + 2_000;
+    let (_guard, path) = driver("gpus=8,seed=1", t1);
+    let model = SimModel::new(&FleetPlan::new(1, 8, 30_000), 0, T0, 1);
+    let mut source = NvmlSource::open(Some(&path)).unwrap();
+    assert!(
+        source.last_pids().iter().all(|(_, pids)| pids.is_empty()),
+        "no PIDs before the first capture"
+    );
+    let c = source.capture(t1).unwrap();
+    let pids = source.last_pids();
+    assert_eq!(pids.len(), 8);
+    let mut busy = 0;
+    for (g, (uuid, gpu_pids)) in pids.iter().enumerate() {
+        assert_eq!(*uuid, model.uuid(g));
+        if model.plans[g].job.is_some() {
+            busy += 1;
+            assert_eq!(value(&c, g, m::COMPUTE_PROCESSES), Some(1.0), "gpu {g}");
+            assert_eq!(*gpu_pids, vec![10_000 + g as u32]);
+        } else {
+            assert_eq!(value(&c, g, m::COMPUTE_PROCESSES), Some(0.0), "gpu {g}");
+            assert!(gpu_pids.is_empty());
+        }
+        assert!(!source.mig_enabled(g), "the fake has no MIG");
+    }
+    assert!(busy > 0, "the simulated node runs at least one job");
+}
+
+#[test]
+fn an_xid_is_reported_once_as_an_event() {
+    let t1 = T0 + 1_000;
+    let (_guard, path) = driver("gpus=4,seed=1,xid=2:79@1500", t1);
+    let model = SimModel::new(&FleetPlan::new(1, 4, 30_000), 0, T0, 1);
+    let mut source = NvmlSource::open(Some(&path)).unwrap();
+    assert!(source.capture(t1).unwrap().events.is_empty(), "not yet");
+
+    let t2 = T0 + 2_000;
+    control::set_time_ms(t2).unwrap();
+    let c = source.capture(t2).unwrap();
+    assert_eq!(c.events.len(), 1, "{:?}", c.events);
+    let e = &c.events[0];
+    assert_eq!(e.gpu_uuid, model.uuid(2));
+    assert_eq!(e.kind, "xid");
+    assert_eq!(e.code, 79);
+    assert_eq!(e.ts_ms, t2);
+    assert!(e.detail.contains("79"), "{}", e.detail);
+
+    control::set_time_ms(t2 + 1_000).unwrap();
+    assert!(source.capture(t2 + 1_000).unwrap().events.is_empty());
+}
+
+#[test]
+fn without_event_support_captures_still_flow() {
+    let t1 = T0 + 1_000;
+    let (_guard, path) = driver("gpus=2,seed=1,events=0,xid=1:79@1100", t1);
+    let mut source = NvmlSource::open(Some(&path)).unwrap();
+    source.capture(t1).unwrap();
+    control::set_time_ms(t1 + 1_000).unwrap();
+    let c = source.capture(t1 + 1_000).unwrap();
+    assert!(c.events.is_empty());
+    assert_eq!(c.gpus.len(), 2);
+    assert!(value(&c, 0, m::POWER_W).is_some());
+}
+
+#[test]
+fn mig_mode_is_read_at_open() {
+    let (_guard, path) = driver("gpus=2,seed=1,mig=1", T0 + 1_000);
+    let source = NvmlSource::open(Some(&path)).unwrap();
+    assert!(source.mig_enabled(0) && source.mig_enabled(1));
+    assert!(!source.mig_enabled(2), "no such GPU");
+}

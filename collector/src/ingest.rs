@@ -41,12 +41,19 @@ const OUTBOX: usize = 64;
 #[derive(Clone)]
 pub struct IngestService {
     collector: Arc<Collector>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
 impl IngestService {
-    /// Serves `collector`.
-    pub fn new(collector: Arc<Collector>) -> Self {
-        Self { collector }
+    /// Serves `collector`; when `shutdown` turns true, every stream finishes
+    /// the batch it is committing, acks it, and ends with UNAVAILABLE so
+    /// agents move on (a graceful server shutdown would otherwise wait for
+    /// agents' never-ending streams).
+    pub fn new(collector: Arc<Collector>, shutdown: tokio::sync::watch::Receiver<bool>) -> Self {
+        Self {
+            collector,
+            shutdown,
+        }
     }
 
     /// As a tonic server, with the decoding limit above the batch limit so
@@ -61,6 +68,13 @@ impl IngestService {
 fn msg(m: collector_message::Msg) -> Result<CollectorMessage, Status> {
     Ok(CollectorMessage { msg: Some(m) })
 }
+
+/// A GPU's tensor activity, averaged clock and point clock in one batch.
+type OfuInputs<'a> = (
+    Option<&'a [flopwatch_proto::model::Point]>,
+    Option<&'a [flopwatch_proto::model::Point]>,
+    Option<&'a [flopwatch_proto::model::Point]>,
+);
 
 /// One agent's session.
 struct Session {
@@ -115,11 +129,22 @@ impl v1::ingest_server::Ingest for IngestService {
         let span =
             tracing::info_span!("agent", tenant = %session.tenant, agent = %session.agent.agent_id);
         let stats = self.collector.clone();
+        let mut shutdown = self.shutdown.clone();
         tokio::spawn(
             async move {
                 stats.stats.agents_connected.fetch_add(1, Ordering::Relaxed);
                 loop {
-                    let next = match inbound.message().await {
+                    let received = tokio::select! {
+                        m = inbound.message() => Some(m),
+                        _ = shutdown.wait_for(|stop| *stop) => None,
+                    };
+                    let Some(received) = received else {
+                        let _ = tx
+                            .send(Err(Status::unavailable("collector shutting down")))
+                            .await;
+                        break;
+                    };
+                    let next = match received {
                         Ok(Some(m)) => m,
                         Ok(None) => break,
                         Err(e) => {
@@ -387,7 +412,7 @@ impl Session {
                 self.jobs.insert(j.gpu_uuid.clone(), w);
             }
         }
-        let mut by_gpu: HashMap<&str, (Option<&[_]>, Option<&[_]>, Option<&[_]>)> = HashMap::new();
+        let mut by_gpu: HashMap<&str, OfuInputs<'_>> = HashMap::new();
         for s in &batch.series {
             let e = by_gpu.entry(s.gpu_uuid.as_str()).or_default();
             match s.metric.as_str() {

@@ -56,10 +56,16 @@ pub async fn serve(
         .map_err(|e| CollectorError::Setup(e.to_string()))?;
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(?addr, "collector serving");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        tracing::info!("shutting down: ending agent streams");
+        let _ = stop_tx.send(true);
+    };
     tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection)
-        .add_service(IngestService::new(collector.clone()).server())
+        .add_service(IngestService::new(collector.clone(), stop_rx).server())
         .add_service(QueryService::new(collector.clone()).server())
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await

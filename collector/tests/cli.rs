@@ -289,3 +289,26 @@ fn tile_command_reports_overhead_and_adjusted_ofu() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("128x0x64"));
 }
+
+#[test]
+fn sigterm_stops_a_collector_with_agents_connected() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut collector, url) = start_collector(&dir.path().join("data"));
+    let _agent = Proc(
+        Command::new(bin())
+            .args(["agent", "--config"])
+            .arg(example("agent.toml"))
+            .args(["--source", "sim", "--collector", &url])
+            .env("FLOPWATCH_SIM__GPUS", "1")
+            .env("FLOPWATCH_LOG", "error")
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(&collector, 15);
+    assert!(
+        wait_exit(&mut collector, Duration::from_secs(10)),
+        "collector exits on SIGTERM although an agent's stream is open"
+    );
+    assert!(collector.0.wait().unwrap().success());
+}

@@ -89,6 +89,8 @@ catalog! {
         "Corrected (single-bit) ECC errors, volatile count.";
     ENERGY_J = "energy_j", "J", Counter,
         "Total energy consumed since driver load.";
+    COMPUTE_PROCESSES = "compute_processes", "1", Point,
+        "Compute processes running on the GPU.";
 }
 
 /// Looks a metric up by name.

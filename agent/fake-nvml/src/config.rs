@@ -4,6 +4,10 @@
 //! (read when the state is first built, at `nvmlInit`) and from
 //! `flopwatchFakeNvmlConfigure` (in-process tests), e.g.
 //! `gpus=4,nodes=1,node=0,seed=3,start_ms=1700000000000,gpm=0`.
+//!
+//! XID errors are scheduled with `xid=GPU:CODE@MS` (an XID `CODE` on GPU
+//! `GPU`, `MS` milliseconds after the fleet start); several are separated by
+//! `;` or given by repeating the key: `xid=2:79@1500;0:13@2000,xid=1:48@0`.
 
 /// Name of the environment variable read at `nvmlInit`.
 pub const ENV_VAR: &str = "FLOPWATCH_FAKE_NVML";
@@ -33,6 +37,38 @@ pub struct FakeConfig {
     /// Processor-clock sample ring size per GPU (`ring`, default 100
     /// samples of 10 ms each: one second of history, like a driver buffer).
     pub ring: usize,
+    /// Whether the GPUs support NVML events (`events`, default 1): 0 makes
+    /// `nvmlDeviceGetSupportedEventTypes` answer `NOT_SUPPORTED`.
+    pub events: bool,
+    /// Whether MIG mode is enabled (`mig`, default 0, which answers
+    /// `nvmlDeviceGetMigMode` with `NOT_SUPPORTED` like a non-MIG GPU).
+    pub mig: bool,
+    /// Scheduled XID errors (`xid=GPU:CODE@MS`, repeatable, `;`-separated).
+    pub xids: Vec<XidSpec>,
+}
+
+/// One scheduled XID error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XidSpec {
+    /// GPU index on the node.
+    pub gpu: usize,
+    /// The XID (e.g. 79, "GPU has fallen off the bus").
+    pub code: u64,
+    /// When it happens, ms after the fleet start.
+    pub at_ms: i64,
+}
+
+impl XidSpec {
+    /// Parses `GPU:CODE@MS`.
+    fn parse(s: &str) -> Option<Self> {
+        let (gpu, rest) = s.trim().split_once(':')?;
+        let (code, at) = rest.split_once('@')?;
+        Some(Self {
+            gpu: gpu.trim().parse().ok()?,
+            code: code.trim().parse().ok()?,
+            at_ms: at.trim().parse().ok()?,
+        })
+    }
 }
 
 impl Default for FakeConfig {
@@ -47,6 +83,9 @@ impl Default for FakeConfig {
             gpm: true,
             driver: "550.54.15".to_string(),
             ring: 100,
+            events: true,
+            mig: false,
+            xids: Vec::new(),
         }
     }
 }
@@ -58,7 +97,7 @@ pub enum ConfigError {
     #[error("`{0}` is not key=value")]
     NotAPair(String),
     /// A key the fake does not know.
-    #[error("unknown key `{0}` (known: gpus, nodes, node, seed, start_ms, regress_after_ms, gpm, driver, ring)")]
+    #[error("unknown key `{0}` (known: gpus, nodes, node, seed, start_ms, regress_after_ms, gpm, driver, ring, events, mig, xid)")]
     UnknownKey(String),
     /// A value that does not parse or is out of range.
     #[error("bad value for `{key}`: `{value}` ({why})")]
@@ -91,6 +130,11 @@ impl FakeConfig {
                 v if (lo..=hi).contains(&v) => Ok(v as usize),
                 _ => Err(bad("out of range")),
             };
+            let flag = || match value {
+                "1" | "true" | "on" => Ok(true),
+                "0" | "false" | "off" => Ok(false),
+                _ => Err(bad("expected 0 or 1")),
+            };
             match key {
                 "gpus" => c.gpus = count(1, 64)?,
                 "nodes" => c.nodes = count(1, 100_000)?,
@@ -98,11 +142,13 @@ impl FakeConfig {
                 "seed" => c.seed = value.parse().map_err(|_| bad("not an unsigned integer"))?,
                 "start_ms" => c.start_ms = Some(int()?),
                 "regress_after_ms" => c.regress_after_ms = int()?,
-                "gpm" => {
-                    c.gpm = match value {
-                        "1" | "true" | "on" => true,
-                        "0" | "false" | "off" => false,
-                        _ => return Err(bad("expected 0 or 1")),
+                "gpm" => c.gpm = flag()?,
+                "events" => c.events = flag()?,
+                "mig" => c.mig = flag()?,
+                "xid" => {
+                    for one in value.split(';').map(str::trim).filter(|x| !x.is_empty()) {
+                        let xid = XidSpec::parse(one).ok_or_else(|| bad("expected GPU:CODE@MS"))?;
+                        c.xids.push(xid);
                     }
                 }
                 "driver" if !value.is_empty() && value.len() < 80 => c.driver = value.to_string(),
@@ -116,6 +162,13 @@ impl FakeConfig {
                 key: "node".to_string(),
                 value: c.node.to_string(),
                 why: "must be below `nodes`",
+            });
+        }
+        if let Some(x) = c.xids.iter().find(|x| x.gpu >= c.gpus) {
+            return Err(ConfigError::BadValue {
+                key: "xid".to_string(),
+                value: format!("{}:{}@{}", x.gpu, x.code, x.at_ms),
+                why: "GPU must be below `gpus`",
             });
         }
         Ok(c)
@@ -147,6 +200,39 @@ mod tests {
             }
         );
         assert_eq!(FakeConfig::parse("").unwrap(), FakeConfig::default());
+    }
+
+    #[test]
+    fn parses_xids_and_events() {
+        let c = FakeConfig::parse("xid=2:79@1500;0:13@-5,events=0,xid=1:48@0,mig=1").unwrap();
+        assert!(!c.events);
+        assert!(c.mig);
+        assert_eq!(
+            c.xids,
+            vec![
+                XidSpec {
+                    gpu: 2,
+                    code: 79,
+                    at_ms: 1500
+                },
+                XidSpec {
+                    gpu: 0,
+                    code: 13,
+                    at_ms: -5
+                },
+                XidSpec {
+                    gpu: 1,
+                    code: 48,
+                    at_ms: 0
+                },
+            ]
+        );
+        for bad in ["xid=2:79", "xid=a:1@2", "xid=8:79@1", "events=2"] {
+            assert!(
+                matches!(FakeConfig::parse(bad), Err(ConfigError::BadValue { .. })),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

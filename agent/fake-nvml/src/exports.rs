@@ -8,7 +8,7 @@
 //! arguments are either null (rejected with `NVML_ERROR_INVALID_ARGUMENT`)
 //! or valid for writes of the documented type, and string buffers are valid
 //! for `length` bytes. Device and GPM-sample handles are opaque integers the
-//! fake hands out; they are looked up, never dereferenced.
+//! fake hands out (as are event sets); they are looked up, never dereferenced.
 
 #![allow(non_snake_case)]
 
@@ -122,6 +122,7 @@ pub unsafe extern "C" fn nvmlErrorString(result: Ret) -> *const c_char {
         sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE => c"Insufficient Size",
         sys::nvmlReturn_enum_NVML_ERROR_MEMORY => c"Insufficient Memory",
         sys::nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH => c"Argument Version Mismatch",
+        sys::nvmlReturn_enum_NVML_ERROR_TIMEOUT => c"Timeout",
         _ => c"Unknown Error",
     };
     s.as_ptr()
@@ -580,6 +581,149 @@ fn metric_info(id: c_uint) -> (&'static CStr, &'static CStr, &'static CStr) {
         }
         _ => (c"UTIL", c"Utilization", c"%"),
     }
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v3`, with NVML's count query:
+/// `*infoCount` too small (or `infos` null) with processes running sets the
+/// count needed and returns `NVML_ERROR_INSUFFICIENT_SIZE`; no processes is
+/// `NVML_SUCCESS` with a count of 0. Otherwise fills the array and sets the
+/// count written.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: sys::nvmlDevice_t,
+    info_count: *mut c_uint,
+    infos: *mut sys::nvmlProcessInfo_t,
+) -> Ret {
+    run(|| {
+        if info_count.is_null() {
+            return Err(INVALID);
+        }
+        let procs = on_device(device, |f, g, now| Ok(f.processes(g, now)))?;
+        // SAFETY: checked non-null; valid per the module contract.
+        let capacity = unsafe { info_count.read() } as usize;
+        // SAFETY: as above.
+        unsafe { info_count.write(procs.len() as c_uint) };
+        if procs.is_empty() {
+            return Ok(());
+        }
+        if infos.is_null() || capacity < procs.len() {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (i, &(pid, used)) in procs.iter().enumerate() {
+            let info = sys::nvmlProcessInfo_t {
+                pid,
+                usedGpuMemory: used,
+                // Not a MIG device: NVML's "no value".
+                gpuInstanceId: 0xFFFF_FFFF,
+                computeInstanceId: 0xFFFF_FFFF,
+            };
+            // SAFETY: `infos` holds `capacity` elements and `i < procs.len() <= capacity`.
+            unsafe { infos.add(i).write(info) };
+        }
+        Ok(())
+    })
+}
+
+/// `nvmlDeviceGetMigMode`: `NOT_SUPPORTED` unless `mig=1`, then enabled
+/// (current and pending).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: sys::nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> Ret {
+    run(|| {
+        if current.is_null() || pending.is_null() {
+            return Err(INVALID);
+        }
+        let on = on_device(device, |f, _, _| {
+            if f.config.mig {
+                Ok(sys::NVML_DEVICE_MIG_ENABLE)
+            } else {
+                Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)
+            }
+        })?;
+        // SAFETY: both checked non-null; out-pointers per the module contract.
+        unsafe {
+            put(current, on)?;
+            put(pending, on)
+        }
+    })
+}
+
+/// `nvmlDeviceGetSupportedEventTypes`: XID and ECC events, unless `events=0`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: sys::nvmlDevice_t,
+    event_types: *mut c_ulonglong,
+) -> Ret {
+    run(|| {
+        let t = on_device(device, |f, _, _| f.supported_events())?;
+        // SAFETY: out-pointer per the module contract.
+        unsafe { put(event_types, t) }
+    })
+}
+
+/// `nvmlEventSetCreate`: an opaque handle, looked up, never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut sys::nvmlEventSet_t) -> Ret {
+    run(|| {
+        if set.is_null() {
+            return Err(INVALID);
+        }
+        let now = state::now_ms();
+        let h = state::with(|f| f.event_set_create(now))?;
+        // SAFETY: out-pointer per the module contract.
+        unsafe { put(set, std::ptr::without_provenance_mut(h)) }
+    })
+}
+
+/// `nvmlDeviceRegisterEvents`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+    device: sys::nvmlDevice_t,
+    event_types: c_ulonglong,
+    set: sys::nvmlEventSet_t,
+) -> Ret {
+    run(|| {
+        on_device(device, |f, g, _| {
+            f.register_events(g, event_types, set.addr())
+        })
+    })
+}
+
+/// `nvmlEventSetWait_v2`: never sleeps; no event is `NVML_ERROR_TIMEOUT`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: sys::nvmlEventSet_t,
+    data: *mut sys::nvmlEventData_t,
+    _timeout_ms: c_uint,
+) -> Ret {
+    run(|| {
+        if data.is_null() {
+            return Err(INVALID);
+        }
+        let now = state::now_ms();
+        let (event, handle) = state::with(|f| {
+            let e = f.event_wait(set.addr(), now)?;
+            Ok((e, f.handle_of(e.gpu)?))
+        })?;
+        let out = sys::nvmlEventData_t {
+            device: std::ptr::without_provenance_mut(handle),
+            eventType: event.event_type,
+            eventData: event.data,
+            gpuInstanceId: 0xFFFF_FFFF,
+            computeInstanceId: 0xFFFF_FFFF,
+        };
+        // SAFETY: out-pointer per the module contract.
+        unsafe { put(data, out) }
+    })
+}
+
+/// `nvmlEventSetFree`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetFree(set: sys::nvmlEventSet_t) -> Ret {
+    run(|| state::with(|f| f.event_set_free(set.addr())))
 }
 
 /// Test hook: replaces the simulated node with `spec` (the

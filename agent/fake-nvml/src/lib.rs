@@ -22,6 +22,16 @@
 //! * `nvmlDeviceGetSamples(PROCESSOR_CLK)` returns one sample per 10 ms
 //!   simulator tick from a bounded ring, so the mean of the new samples is
 //!   the window-average SM clock (OFU paper §IV-C);
+//! * `nvmlDeviceGetComputeRunningProcesses_v3`: a GPU running a job in the
+//!   simulator's plan has one process, PID `10000 + gpu index`, holding the
+//!   GPU's used memory; an idle GPU has none;
+//! * events: `nvmlEventSetCreate` / `nvmlDeviceRegisterEvents` /
+//!   `nvmlEventSetWait_v2` / `nvmlEventSetFree` deliver the XIDs scheduled
+//!   with `xid=GPU:CODE@MS` once the fake clock passes them (once per set,
+//!   only those after the set was created); `events=0` makes the GPUs
+//!   support no events;
+//! * `nvmlDeviceGetMigMode` is `NOT_SUPPORTED` (no MIG), or enabled with
+//!   `mig=1` (no MIG instances are modelled);
 //! * `gpm=0` models a pre-Hopper GPU: no GPM support.
 //!
 //! Configuration comes from `FLOPWATCH_FAKE_NVML` at init

@@ -22,6 +22,16 @@ const DEVICE_TAG: usize = 0x7e57_0000;
 const SAMPLE_TAG: usize = 0x6e50_0000;
 /// Most GPM samples alive at once (a leak in a caller hits this bound).
 const MAX_LIVE_SAMPLES: usize = 4096;
+/// Event set handles are `EVENT_SET_TAG + n`, looked up in a table.
+const EVENT_SET_TAG: usize = 0x5e70_0000;
+/// Most event sets alive at once.
+const MAX_EVENT_SETS: usize = 1024;
+/// PID of the one process of a busy GPU `g`: `PID_BASE + g`.
+pub(crate) const PID_BASE: u32 = 10_000;
+/// Event types the fake's GPUs support (nvml.h `nvmlEventType*`).
+pub(crate) const SUPPORTED_EVENTS: u64 = (sys::nvmlEventTypeXidCriticalError
+    | sys::nvmlEventTypeDoubleBitEccError
+    | sys::nvmlEventTypeSingleBitEccError) as u64;
 /// Memory the driver reserves on the device, bytes.
 const RESERVED_BYTES: u64 = 512 << 20;
 /// NVLink links on an H100 SXM.
@@ -99,6 +109,22 @@ pub(crate) fn configure(spec: &str) -> Result<(), ConfigError> {
         fake.init_count = old.init_count;
         fake.samples = old.samples.into_keys().map(|k| (k, None)).collect();
         fake.next_sample = old.next_sample;
+        // Sets stay valid handles, but their registrations named the old
+        // node's GPUs.
+        fake.event_sets = old
+            .event_sets
+            .into_iter()
+            .map(|(k, set)| {
+                (
+                    k,
+                    EventSet {
+                        created_ms: set.created_ms,
+                        ..EventSet::default()
+                    },
+                )
+            })
+            .collect();
+        fake.next_event_set = old.next_event_set;
     }
     *guard = Some(fake);
     Ok(())
@@ -126,6 +152,27 @@ struct EnergyMeter {
     mj: f64,
 }
 
+/// One `nvmlEventSet_t`: what is registered on it and what it delivered.
+#[derive(Debug, Clone, Default)]
+struct EventSet {
+    /// When the set was created (fake clock): earlier XIDs are not seen.
+    created_ms: i64,
+    /// Registered event-type mask per GPU.
+    registered: HashMap<usize, u64>,
+    /// Indices into `FakeConfig::xids` already queued on this set.
+    queued: Vec<usize>,
+    /// Events waiting to be delivered: (GPU, type, data).
+    queue: std::collections::VecDeque<(usize, u64, u64)>,
+}
+
+/// One delivered NVML event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EventOut {
+    pub gpu: usize,
+    pub event_type: u64,
+    pub data: u64,
+}
+
 /// PCI identity of a fake GPU.
 pub(crate) struct Pci {
     pub bus: u32,
@@ -143,6 +190,8 @@ pub(crate) struct Fake {
     samples: HashMap<usize, Option<Stamp>>,
     next_sample: usize,
     energy: Vec<EnergyMeter>,
+    event_sets: HashMap<usize, EventSet>,
+    next_event_set: usize,
 }
 
 impl Fake {
@@ -165,6 +214,8 @@ impl Fake {
             samples: HashMap::new(),
             next_sample: 0,
             energy,
+            event_sets: HashMap::new(),
+            next_event_set: 0,
         }
     }
 
@@ -334,6 +385,112 @@ impl Fake {
                 ((k as u64 + 1) * tick_us, value(&s))
             })
             .collect())
+    }
+
+    /// `nvmlDeviceGetComputeRunningProcesses_v3`: a GPU that runs a job
+    /// in the plan has one process, PID `PID_BASE + gpu`, holding the GPU's
+    /// used memory; an idle GPU has none. (pid, used bytes).
+    pub fn processes(&self, gpu: usize, now: i64) -> Vec<(u32, u64)> {
+        match self.model.plans.get(gpu) {
+            Some(plan) if plan.job.is_some() => {
+                vec![(PID_BASE + gpu as u32, self.memory(gpu, now).3)]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// `nvmlDeviceGetSupportedEventTypes`.
+    pub fn supported_events(&self) -> Result<u64, Ret> {
+        if self.config.events {
+            Ok(SUPPORTED_EVENTS)
+        } else {
+            Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)
+        }
+    }
+
+    /// `nvmlEventSetCreate`.
+    pub fn event_set_create(&mut self, now: i64) -> Result<usize, Ret> {
+        if self.event_sets.len() >= MAX_EVENT_SETS {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_MEMORY);
+        }
+        loop {
+            self.next_event_set = (self.next_event_set + 1) % 0x10_0000;
+            let handle = EVENT_SET_TAG + self.next_event_set;
+            if let std::collections::hash_map::Entry::Vacant(e) = self.event_sets.entry(handle) {
+                e.insert(EventSet {
+                    created_ms: now,
+                    ..EventSet::default()
+                });
+                return Ok(handle);
+            }
+        }
+    }
+
+    /// `nvmlEventSetFree`.
+    pub fn event_set_free(&mut self, handle: usize) -> Result<(), Ret> {
+        self.event_sets
+            .remove(&handle)
+            .map(|_| ())
+            .ok_or(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+    }
+
+    /// `nvmlDeviceRegisterEvents`: unsupported bits are `NOT_SUPPORTED`,
+    /// like the driver.
+    pub fn register_events(&mut self, gpu: usize, types: u64, handle: usize) -> Result<(), Ret> {
+        let supported = self.supported_events()?;
+        if types & !supported != 0 {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        }
+        let set = self
+            .event_sets
+            .get_mut(&handle)
+            .ok_or(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+        *set.registered.entry(gpu).or_insert(0) |= types;
+        Ok(())
+    }
+
+    /// `nvmlEventSetWait_v2`: queues every configured XID whose time (after
+    /// the fleet start) has passed on the fake clock, on a GPU registered
+    /// for XIDs, and not older than the set; then delivers the oldest
+    /// queued event, or `NVML_ERROR_TIMEOUT` at once (the fake never sleeps).
+    pub fn event_wait(&mut self, handle: usize, now: i64) -> Result<EventOut, Ret> {
+        let start = self.model.start_ms;
+        let xid_type = u64::from(sys::nvmlEventTypeXidCriticalError);
+        let set = self
+            .event_sets
+            .get_mut(&handle)
+            .ok_or(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+        let mut due: Vec<(usize, i64)> = self
+            .config
+            .xids
+            .iter()
+            .enumerate()
+            .filter(|(i, x)| {
+                let at = start + x.at_ms;
+                !set.queued.contains(i)
+                    && at <= now
+                    && at >= set.created_ms
+                    && set
+                        .registered
+                        .get(&x.gpu)
+                        .is_some_and(|t| t & xid_type != 0)
+            })
+            .map(|(i, x)| (i, start + x.at_ms))
+            .collect();
+        due.sort_by_key(|&(i, at)| (at, i));
+        for (i, _) in due {
+            let x = self.config.xids[i];
+            set.queued.push(i);
+            set.queue.push_back((x.gpu, xid_type, x.code));
+        }
+        match set.queue.pop_front() {
+            Some((gpu, event_type, data)) => Ok(EventOut {
+                gpu,
+                event_type,
+                data,
+            }),
+            None => Err(sys::nvmlReturn_enum_NVML_ERROR_TIMEOUT),
+        }
     }
 
     /// `nvmlGpmSampleAlloc`.
@@ -517,6 +674,49 @@ mod tests {
             Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND)
         );
         assert!(f.samples(0, 99, 0, 50_000).is_err());
+    }
+
+    #[test]
+    fn busy_gpus_have_one_process() {
+        let f = fake("start_ms=0");
+        for g in 0..f.model.gpu_count() {
+            let procs = f.processes(g, 5_000);
+            if f.model.plans[g].job.is_some() {
+                assert_eq!(procs.len(), 1);
+                assert_eq!(procs[0].0, PID_BASE + g as u32);
+            } else {
+                assert!(procs.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn xids_are_delivered_once_after_their_time() {
+        let mut f = fake("start_ms=0,xid=2:79@1500;3:13@1200");
+        let set = f.event_set_create(1_000).unwrap();
+        let xid = u64::from(sys::nvmlEventTypeXidCriticalError);
+        f.register_events(2, xid, set).unwrap();
+        assert_eq!(
+            f.event_wait(set, 1_400),
+            Err(sys::nvmlReturn_enum_NVML_ERROR_TIMEOUT)
+        );
+        assert_eq!(
+            f.event_wait(set, 2_000),
+            Ok(EventOut {
+                gpu: 2,
+                event_type: xid,
+                data: 79
+            }),
+            "GPU 3 is not registered"
+        );
+        assert!(f.event_wait(set, 3_000).is_err());
+        assert!(f.register_events(2, 1 << 40, set).is_err());
+        assert_eq!(f.event_set_free(set), Ok(()));
+        assert!(f.event_wait(set, 3_000).is_err());
+        let mut off = fake("events=0");
+        assert!(off.supported_events().is_err());
+        let set = off.event_set_create(0).unwrap();
+        assert!(off.register_events(0, xid, set).is_err());
     }
 
     #[test]

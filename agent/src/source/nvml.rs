@@ -14,6 +14,17 @@
 //!   samples the point clock stands in.
 //! * Power, temperature, memory, clocks, utilization rates, throttle
 //!   reasons, ECC and energy are plain reads.
+//! * **Compute processes** (`nvmlDeviceGetComputeRunningProcesses_v3`):
+//!   their count is `compute_processes` every capture, and their PIDs are
+//!   kept per GPU ([`NvmlSource::last_pids`]) for job attribution.
+//! * **Events**: at open, one NVML event set is created and every GPU that
+//!   supports them is registered for critical XID errors and double-bit ECC
+//!   errors (GPUs answering NotSupported are skipped). Each capture drains
+//!   the set without waiting (`nvmlEventSetWait_v2` with a 0 ms timeout,
+//!   until it times out) into [`Capture::events`]: kind `"xid"` with the XID
+//!   as code, or `"ecc_dbe"`.
+//! * **MIG mode** is read once at open; NotSupported (or a driver without
+//!   the call) means MIG is off. MIG instances are not enumerated yet.
 //!
 //! A counter the GPU does not support (or that fails) is skipped and logged
 //! once per GPU; it never fails the capture. A missing or broken driver is
@@ -28,15 +39,18 @@
 
 use super::{Capture, GpuCapture, GpuSource, Reading, SourceError};
 use flopwatch_proto::metrics as m;
+use flopwatch_proto::model::Event;
 use flopwatch_proto::model::GpuInfo;
+use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
     Clock, EccCounter, MemoryError, Sampling, TemperatureSensor,
 };
 use nvml_wrapper::enums::device::SampleValue;
+use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::gpm_metrics_get;
-use nvml_wrapper::{Device, GpmSample, Nvml};
+use nvml_wrapper::{Device, EventSet, GpmSample, Nvml};
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::path::Path;
@@ -46,6 +60,14 @@ use tracing::{debug, warn};
 /// Library names tried when no path is given: the versioned name every
 /// driver install has, then the development symlink nvml-wrapper defaults to.
 const DEFAULT_LIBRARIES: [&str; 2] = ["libnvidia-ml.so.1", "libnvidia-ml.so"];
+
+/// Event types registered on every GPU that supports them.
+const WATCHED_EVENTS: EventTypes =
+    EventTypes::CRITICAL_XID_ERROR.union(EventTypes::DOUBLE_BIT_ECC_ERROR);
+/// Most events taken from the set in one capture (a storm cannot stall it).
+const MAX_EVENTS_PER_CAPTURE: usize = 1024;
+/// `gpu` key of the log-once set for failures not tied to one GPU.
+const NODE: usize = usize::MAX;
 
 /// NVML's percent → fraction.
 const PERCENT: f64 = 0.01;
@@ -73,8 +95,10 @@ pub struct NvmlSource {
     gpus: Vec<Gpu>,
     inventory: Vec<GpuInfo>,
     last_ms: Option<i64>,
-    /// (GPU, call) pairs already logged as failing.
+    /// (GPU, call) pairs already logged as failing ([`NODE`] for the node).
     reported: HashSet<(usize, &'static str)>,
+    /// The event set every supporting GPU is registered on, if any.
+    events: Option<EventSet<'static>>,
 }
 
 /// Per-GPU state carried between captures.
@@ -85,6 +109,10 @@ struct Gpu {
     last_gpm: Option<GpmSample<'static>>,
     /// Timestamp (µs) of the newest processor-clock sample consumed.
     last_clock_us: Option<u64>,
+    /// PIDs of the compute processes seen at the last capture.
+    pids: Vec<u32>,
+    /// Whether MIG mode is enabled (read at open).
+    mig: bool,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -171,6 +199,20 @@ impl NvmlSource {
                 }
             };
             let gpm = device.gpm_support().unwrap_or(false);
+            let mig = match device.mig_mode() {
+                Ok(mode) => mode.current == 1,
+                Err(e) if unsupported(&e) => false,
+                Err(e) => {
+                    debug!(index, error = %e, "MIG mode unreadable; assuming off");
+                    false
+                }
+            };
+            if mig {
+                warn!(
+                    index,
+                    "MIG is enabled; MIG instances are not enumerated, counters are whole-GPU"
+                );
+            }
             inventory.push(GpuInfo {
                 index,
                 uuid,
@@ -192,16 +234,176 @@ impl NvmlSource {
                 gpm,
                 last_gpm: None,
                 last_clock_us: None,
+                pids: Vec::new(),
+                mig,
             });
         }
+        let mut reported = HashSet::new();
+        let events = event_set(nvml, &gpus, &mut reported);
         Ok(Self {
             nvml,
             gpus,
             inventory,
             last_ms: None,
-            reported: HashSet::new(),
+            reported,
+            events,
         })
     }
+
+    /// The PIDs of the compute processes each GPU ran at the last capture,
+    /// by GPU UUID, in inventory order (empty before the first capture, and
+    /// for GPUs whose process list could not be read).
+    pub fn last_pids(&self) -> Vec<(String, Vec<u32>)> {
+        self.inventory
+            .iter()
+            .zip(&self.gpus)
+            .map(|(info, gpu)| (info.uuid.clone(), gpu.pids.clone()))
+            .collect()
+    }
+
+    /// Whether MIG mode is enabled on inventory GPU `gpu` (false when the
+    /// GPU or driver does not support MIG).
+    pub fn mig_enabled(&self, gpu: usize) -> bool {
+        self.gpus.get(gpu).is_some_and(|g| g.mig)
+    }
+
+    /// Takes every pending event off the event set, without waiting.
+    fn drain_events(&mut self, now_ms: i64) -> Vec<Event> {
+        let mut out = Vec::new();
+        let Some(set) = &self.events else {
+            return out;
+        };
+        while out.len() < MAX_EVENTS_PER_CAPTURE {
+            let data = match set.wait(0) {
+                Ok(data) => data,
+                Err(NvmlError::Timeout) => break,
+                Err(e) => {
+                    log_failure(&mut self.reported, NODE, "nvmlEventSetWait_v2", &e);
+                    break;
+                }
+            };
+            let gpu_uuid = match data.device.uuid() {
+                Ok(u) => u,
+                Err(e) => {
+                    log_failure(&mut self.reported, NODE, "nvmlDeviceGetUUID(event)", &e);
+                    continue;
+                }
+            };
+            if data.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+                let (code, detail) = match data.event_data {
+                    Some(XidError::Value(x)) => (
+                        i64::try_from(x).unwrap_or(i64::MAX),
+                        format!("critical XID error {x}"),
+                    ),
+                    Some(XidError::Unknown) | None => {
+                        (999, "critical XID error (unknown XID)".to_string())
+                    }
+                };
+                out.push(Event {
+                    gpu_uuid,
+                    kind: "xid".to_string(),
+                    ts_ms: now_ms,
+                    code,
+                    detail,
+                });
+            } else if data.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+                out.push(Event {
+                    gpu_uuid,
+                    kind: "ecc_dbe".to_string(),
+                    ts_ms: now_ms,
+                    code: data.event_type.bits() as i64,
+                    detail: "double-bit (uncorrectable) ECC error".to_string(),
+                });
+            }
+        }
+        out
+    }
+}
+
+/// Creates the event set and registers every GPU that supports
+/// [`WATCHED_EVENTS`]; `None` when there is no set or no GPU registered.
+fn event_set(
+    nvml: &'static Nvml,
+    gpus: &[Gpu],
+    reported: &mut HashSet<(usize, &'static str)>,
+) -> Option<EventSet<'static>> {
+    let mut set = match nvml.create_event_set() {
+        Ok(set) => Some(set),
+        Err(e) => {
+            log_failure(reported, NODE, "nvmlEventSetCreate", &e);
+            return None;
+        }
+    };
+    let mut registered = 0;
+    for (index, gpu) in gpus.iter().enumerate() {
+        let wanted = match gpu.device.supported_event_types() {
+            Ok(types) => types & WATCHED_EVENTS,
+            Err(e) => {
+                log_failure(reported, index, "nvmlDeviceGetSupportedEventTypes", &e);
+                continue;
+            }
+        };
+        if wanted.is_empty() {
+            continue;
+        }
+        // A failed registration frees the set (nvml-wrapper's contract):
+        // start a new one for the remaining GPUs.
+        let current = match set.take() {
+            Some(s) => s,
+            None => match nvml.create_event_set() {
+                Ok(s) => s,
+                Err(e) => {
+                    log_failure(reported, NODE, "nvmlEventSetCreate", &e);
+                    return None;
+                }
+            },
+        };
+        match gpu.device.register_events(wanted, current) {
+            Ok(s) => {
+                set = Some(s);
+                registered += 1;
+            }
+            Err(e) => {
+                if registered > 0 {
+                    warn!(
+                        gpu = index,
+                        error = %e.error,
+                        "NVML event registration failed; earlier GPUs' events are lost"
+                    );
+                    registered = 0;
+                } else {
+                    log_failure(reported, index, "nvmlDeviceRegisterEvents", &e.error);
+                }
+            }
+        }
+    }
+    set.filter(|_| registered > 0)
+}
+
+/// Logs `call`'s failure on `gpu` once: NotSupported (and a driver lacking
+/// the function) at debug level, anything else as a warning.
+fn log_failure(
+    reported: &mut HashSet<(usize, &'static str)>,
+    gpu: usize,
+    call: &'static str,
+    e: &NvmlError,
+) {
+    if !reported.insert((gpu, call)) {
+        return;
+    }
+    if unsupported(e) {
+        debug!(gpu, call, error = %e, "not supported; skipping it");
+    } else {
+        warn!(gpu, call, error = %e, "NVML call failed; skipping it");
+    }
+}
+
+/// Whether `e` says the GPU or driver lacks the call (not a failure).
+fn unsupported(e: &NvmlError) -> bool {
+    matches!(
+        e,
+        NvmlError::NotSupported | NvmlError::FunctionNotFound | NvmlError::FailedToLoadSymbol(_)
+    )
 }
 
 impl GpuSource for NvmlSource {
@@ -233,11 +435,12 @@ impl GpuSource for NvmlSource {
                 readings: out.readings,
             });
         }
+        let events = self.drain_events(now_ms);
         Ok(Capture {
             ts_ms: now_ms,
             gpus,
             jobs: Vec::new(),
-            events: Vec::new(),
+            events,
         })
     }
 }
@@ -270,16 +473,7 @@ impl Out<'_> {
     }
 
     fn failed(&mut self, call: &'static str, e: &NvmlError) {
-        if !self.reported.insert((self.gpu, call)) {
-            return;
-        }
-        match e {
-            NvmlError::NotSupported => debug!(
-                gpu = self.gpu,
-                call, "not supported on this GPU; skipping it"
-            ),
-            _ => warn!(gpu = self.gpu, call, error = %e, "NVML read failed; skipping it"),
-        }
+        log_failure(self.reported, self.gpu, call, e);
     }
 }
 
@@ -370,6 +564,17 @@ fn read_gpu(nvml: &'static Nvml, gpu: &mut Gpu, windowed: bool, out: &mut Out<'_
         "nvmlDeviceGetTotalEnergyConsumption",
         d.total_energy_consumption().map(|mj| mj as f64 / 1000.0),
     );
+    match d.running_compute_processes() {
+        Ok(processes) => {
+            gpu.pids = processes.iter().map(|p| p.pid).collect();
+            out.readings
+                .push(Reading::new(m::COMPUTE_PROCESSES, processes.len() as f64));
+        }
+        Err(e) => {
+            gpu.pids.clear();
+            out.failed("nvmlDeviceGetComputeRunningProcesses_v3", &e);
+        }
+    }
 }
 
 /// Takes this capture's GPM sample and, when the previous one exists,

@@ -5,10 +5,13 @@ use super::{Cf, Engine, Put, StoreError};
 use std::collections::BTreeMap;
 use std::sync::RwLock;
 
+/// One column family's ordered keys.
+type Family = BTreeMap<Vec<u8>, Vec<u8>>;
+
 /// Ordered maps behind a lock.
 #[derive(Default)]
 pub struct MemEngine {
-    maps: RwLock<BTreeMap<Cf, BTreeMap<Vec<u8>, Vec<u8>>>>,
+    maps: RwLock<BTreeMap<Cf, Family>>,
 }
 
 impl MemEngine {

@@ -213,7 +213,7 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         let samples = Stats::get(&stats.samples_accepted);
         let rate = samples - last_samples;
         last_samples = samples;
-        if !tty && seconds % 10 != 0 {
+        if !tty && !seconds.is_multiple_of(10) {
             continue;
         }
         let jobs = q

@@ -71,7 +71,14 @@ fn main() -> std::process::ExitCode {
         }
         Command::Agent(a) => {
             init_tracing("info");
-            runtime().and_then(|rt| rt.block_on(agent_cmd::run(a)))
+            // One node agent does little work: a single-threaded runtime
+            // keeps its footprint small (captures run on the blocking pool).
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .max_blocking_threads(2)
+                .build()
+                .map_err(Into::into)
+                .and_then(|rt| rt.block_on(agent_cmd::run(a)))
         }
         Command::Query(a) => {
             init_tracing("warn");
