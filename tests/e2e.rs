@@ -13,22 +13,26 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tonic::transport::Channel;
 
+/// Every stored sample of one GPU metric.
+async fn series(q: &mut QueryClient<Channel>, gpu: &str, metric: &str) -> v1::Series {
+    q.series(v1::SeriesRequest {
+        gpu_uuid: gpu.into(),
+        metric: metric.into(),
+        start_ms: 1,
+        end_ms: 0,
+        limit: 0,
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .series
+    .unwrap()
+}
+
 /// The range a GPU's stored OFU covers: from the start of its first window
 /// to its last sample, read back from the stored tensor_active series.
 async fn covered(q: &mut QueryClient<Channel>, gpu: &str) -> (i64, i64) {
-    let s = q
-        .series(v1::SeriesRequest {
-            gpu_uuid: gpu.into(),
-            metric: "tensor_active".into(),
-            start_ms: 1,
-            end_ms: 0,
-            limit: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .series
-        .unwrap();
+    let s = series(q, gpu, "tensor_active").await;
     let first = s.timestamps_ms[0] - i64::from(s.window_ms[0]);
     (first, *s.timestamps_ms.last().unwrap())
 }
@@ -93,20 +97,7 @@ async fn count_all(q: &mut QueryClient<Channel>, models: &[(SimModel, Vec<String
     for (_, uuids) in models {
         for u in uuids {
             for m in CATALOG {
-                let s = q
-                    .series(v1::SeriesRequest {
-                        gpu_uuid: u.clone(),
-                        metric: m.name.into(),
-                        start_ms: 1,
-                        end_ms: 0,
-                        limit: 0,
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner()
-                    .series
-                    .unwrap();
-                n += s.timestamps_ms.len();
+                n += series(q, u, m.name).await.timestamps_ms.len();
             }
         }
     }
@@ -242,20 +233,11 @@ async fn agents_follow_the_policy_metric_set() {
     let mut q = collector.query().await;
     let mut sent: Vec<&str> = Vec::new();
     for m in CATALOG {
-        let s = q
-            .series(v1::SeriesRequest {
-                gpu_uuid: uuids[0].clone(),
-                metric: m.name.into(),
-                start_ms: 1,
-                end_ms: 0,
-                limit: 0,
-            })
+        if !series(&mut q, &uuids[0], m.name)
             .await
-            .unwrap()
-            .into_inner()
-            .series
-            .unwrap();
-        if !s.timestamps_ms.is_empty() {
+            .timestamps_ms
+            .is_empty()
+        {
             sent.push(m.name);
         }
     }

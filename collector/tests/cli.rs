@@ -50,6 +50,20 @@ fn start_collector(data: &Path) -> (Proc, String) {
     (Proc(child), format!("http://{addr}"))
 }
 
+/// `flopwatch agent` from the example config with the sim source.
+fn start_sim_agent(url: &str, gpus: u32, node_id: Option<&str>) -> Proc {
+    let mut cmd = Command::new(bin());
+    cmd.args(["agent", "--config"])
+        .arg(example("agent.toml"))
+        .args(["--source", "sim", "--collector", url])
+        .env("FLOPWATCH_SIM__GPUS", gpus.to_string())
+        .env("FLOPWATCH_LOG", "warn");
+    if let Some(n) = node_id {
+        cmd.env("FLOPWATCH_NODE_ID", n);
+    }
+    Proc(cmd.spawn().unwrap())
+}
+
 fn query(url: &str, args: &[&str]) -> serde_json::Value {
     let out = Command::new(bin())
         .args(["query"])
@@ -92,17 +106,7 @@ fn collector_agent_and_query_as_processes_and_kill_9_restart() {
     let data = dir.path().join("data");
     let (mut collector, url) = start_collector(&data);
 
-    let mut agent = Proc(
-        Command::new(bin())
-            .args(["agent", "--config"])
-            .arg(example("agent.toml"))
-            .args(["--source", "sim", "--collector", &url])
-            .env("FLOPWATCH_SIM__GPUS", "2")
-            .env("FLOPWATCH_NODE_ID", "proc-node")
-            .env("FLOPWATCH_LOG", "warn")
-            .spawn()
-            .unwrap(),
-    );
+    let mut agent = start_sim_agent(&url, 2, Some("proc-node"));
     std::thread::sleep(Duration::from_secs(3));
     // SIGTERM: the agent cuts its last batch and waits for its ack.
     signal(&agent, 15);
@@ -294,16 +298,7 @@ fn tile_command_reports_overhead_and_adjusted_ofu() {
 fn sigterm_stops_a_collector_with_agents_connected() {
     let dir = tempfile::tempdir().unwrap();
     let (mut collector, url) = start_collector(&dir.path().join("data"));
-    let _agent = Proc(
-        Command::new(bin())
-            .args(["agent", "--config"])
-            .arg(example("agent.toml"))
-            .args(["--source", "sim", "--collector", &url])
-            .env("FLOPWATCH_SIM__GPUS", "1")
-            .env("FLOPWATCH_LOG", "error")
-            .spawn()
-            .unwrap(),
-    );
+    let _agent = start_sim_agent(&url, 1, None);
     std::thread::sleep(Duration::from_millis(1500));
     signal(&collector, 15);
     assert!(
