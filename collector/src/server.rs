@@ -76,3 +76,41 @@ pub async fn serve(
         .map_err(|e| CollectorError::Setup(e.to_string()))??;
     Ok(())
 }
+
+/// A collector serving on an ephemeral loopback port in this process (the
+/// demo, the bench and tests).
+pub struct Loopback {
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), CollectorError>>,
+}
+
+impl Loopback {
+    /// Serves `collector` on `127.0.0.1:0`.
+    pub async fn start(collector: Arc<Collector>) -> Result<Self, CollectorError> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| CollectorError::Setup(format!("binding 127.0.0.1:0: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| CollectorError::Setup(e.to_string()))?;
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve(collector, listener, async move {
+            let _ = rx.await;
+        }));
+        Ok(Self {
+            url: format!("http://{addr}"),
+            stop,
+            task,
+        })
+    }
+
+    /// Ends agent streams, stops serving and flushes the store.
+    pub async fn stop(self) -> Result<(), CollectorError> {
+        let _ = self.stop.send(());
+        self.task
+            .await
+            .map_err(|e| CollectorError::Setup(e.to_string()))?
+    }
+}

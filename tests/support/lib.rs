@@ -12,8 +12,6 @@ use flopwatch_proto::v1::query_client::QueryClient;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 /// A collector serving on 127.0.0.1:0.
@@ -22,8 +20,7 @@ pub struct TestCollector {
     pub collector: Arc<Collector>,
     /// `http://127.0.0.1:PORT`.
     pub url: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), flopwatch_collector::CollectorError>>>,
+    server: server::Loopback,
 }
 
 impl TestCollector {
@@ -53,28 +50,17 @@ impl TestCollector {
             Arc::new(TokioClock::new()),
         )
         .expect("collector opens");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(server::serve(collector.clone(), listener, async move {
-            let _ = rx.await;
-        }));
+        let server = server::Loopback::start(collector.clone()).await.unwrap();
         Self {
             collector,
-            url,
-            stop: Some(tx),
-            task: Some(task),
+            url: server.url.clone(),
+            server,
         }
     }
 
     /// Stops serving and flushes the store.
-    pub async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.task.take() {
-            t.await.unwrap().unwrap();
-        }
+    pub async fn stop(self) {
+        self.server.stop().await.unwrap();
     }
 
     /// A query client.

@@ -142,12 +142,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         clock.clone(),
     )
     .with_context(|| format!("opening {}", dir.display()))?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(server::serve(collector.clone(), listener, async move {
-        let _ = stop_rx.await;
-    }));
+    let server = server::Loopback::start(collector.clone()).await?;
+    let url = server.url.clone();
 
     let acked = Arc::new(AtomicU64::new(0));
     let per_batch = (gpus * metrics * points) as u64;
@@ -204,8 +200,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     let elapsed = started.elapsed().as_secs_f64();
     let total = acked.load(Ordering::Relaxed);
-    let _ = stop_tx.send(());
-    server.await??;
+    server.stop().await?;
     let stats = &collector.stats;
     let commits = stats.batches_committed.load(Ordering::Relaxed).max(1);
     println!(

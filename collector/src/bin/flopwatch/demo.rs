@@ -153,13 +153,9 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         clock.clone(),
     )
     .with_context(|| format!("opening {}", data_dir.display()))?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
+    let server = server::Loopback::start(collector.clone()).await?;
+    let url = server.url.clone();
     println!("collector: {url}  (try: flopwatch query ofu --collector {url} --job llm-pretrain)");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(server::serve(collector.clone(), listener, async move {
-        let _ = stop_rx.await;
-    }));
 
     let start = clock.now_ms();
     let fleet = FleetPlan::new(a.nodes, a.gpus, regress_after);
@@ -310,8 +306,7 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
             );
         }
     }
-    let _ = stop_tx.send(());
-    server.await.context("collector task")??;
+    server.stop().await.context("collector")?;
     let disk = collector.store.engine().disk_bytes();
     let samples = Stats::get(&stats.samples_accepted);
     println!(
