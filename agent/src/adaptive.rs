@@ -6,50 +6,70 @@
 //! counters' floor). Every capture reads the *trigger group*
 //! (`sampling.trigger_metrics`, by default the OFU inputs `tensor_active`,
 //! `sm_clock_avg_mhz`, `sm_clock_mhz`) and checks it, so a change is caught
-//! within one or two minimum intervals. What is *sent* backs off: the trigger
-//! group on one shared schedule (so OFU is computable at every sent sample),
-//! every other metric on its own.
+//! at the capture that shows it. What is *sent* backs off: the trigger group
+//! on one shared schedule (so OFU is computable at every sent sample), every
+//! other metric on its own. A change seen in the trigger group snaps every
+//! group of that GPU (a workload change shows first in the OFU inputs);
+//! the other groups snap at their next read, which the snap makes due.
 //!
-//! **Which cost is saved.** Samples sent (and stored): one reading per
-//! metric per period instead of one per capture. Reads of the trigger group
-//! are never reduced. Other metrics only need reading during Moneo's
-//! ground-truth periods and at the send: [`AdaptiveSampler::reads_due`]
-//! says which, so a source that supports partial reads (NVML calls per
-//! field) can skip the rest; the stability check of a non-trigger metric
-//! only looks at reads inside its ground-truth periods, so its behaviour
-//! is the same whether the source skipped the other reads or not. The
-//! sources in this crate read everything every capture, so today only the
-//! samples are saved; `stats().reads` counts what a partial-read source
-//! would read.
+//! **Which cost is saved.** Two:
+//! * *Samples* sent and stored: one reading per metric per period instead of
+//!   one per capture. Always saved.
+//! * *Reads* (NVML calls): trigger metrics are read at every capture; any
+//!   other metric only inside its ground-truth periods, at its sends and at
+//!   the `align` cuts. [`Sampler::due`] (and [`AdaptiveSampler::reads_due`])
+//!   says which, before the capture; a source that honours the
+//!   [`ReadPlan`] skips the rest and reports a skipped window-mean metric,
+//!   when next read, as the mean over the whole span with `window_ms` set.
+//!   The stability check of a non-trigger metric only looks at reads that
+//!   were due, so its schedule is the same whether the source skipped the
+//!   other reads or not (extra reads still sharpen the sent peak).
+//!   `stats().reads` counts the readings the source delivered.
 //!
 //! **Nothing averaged is lost.** A sent sample of a window-mean metric
 //! (GPM / DCGM profiling fields) carries the time-weighted mean of every
-//! sub-window read since the previous send, its `window_ms` the total and
-//! `peak` the highest sub-window value: Σ value × window over sent samples
-//! equals Σ over captures, so TPA and the average clock over any window
-//! aligned to sends are exact. (What *is* lost is the covariance of TPA and
-//! clock inside one sent sample: OFU from the sent means is
-//! TPA̅ × f̅ / f_max rather than the mean of TPA × f / f_max; see the eval.)
-//! Point metrics carry the latest read and the highest read as `peak`;
-//! counters the latest.
+//! reading since the previous send, its `window_ms` the total and `peak` the
+//! highest reading: Σ value × window over sent samples equals Σ over
+//! captures, so TPA and the average clock over any window whose edges are
+//! sends are exact. Sends are therefore also cut at every multiple of
+//! `sampling.align` (60 s, unix time; the cut does not move the schedule):
+//! a sent window never straddles a 1-min, 10-min or 1-h bucket of the query
+//! grid, and OFU over such a bucket is exact up to one capture's window
+//! when capture times are not aligned. The averaged SM clock of an
+//! aggregated sample is weighted by tensor activity, so mean(TPA) × clock =
+//! mean(TPA × clock): OFU (eq. 1) from the sent means equals the mean of
+//! the per-capture OFUs, except for the clamp at f_max (a window that mixes
+//! clocks above and below f_max), which the agent does not know.
+//! Point metrics carry the latest read and the highest read as `peak`,
+//! counters the latest; `window_ms` is the span since the previous send.
 //!
 //! **Moneo §2.3, piece by piece.**
 //! * While stable, at each send the interval doubles plus a random jitter
 //!   (`sampling.jitter` × interval, from a seeded RNG).
-//! * "Not stable" (snap to the minimum, send what was pending): (a) the
-//!   peak differs from the collected peak by more than `change_threshold`
-//!   (10 %): a read above it, or the peak over the last `peak_window` below
-//!   it, or the level staying below it longer than any dip seen while
-//!   learning (×1.2, at least two reads) — this last rule catches drops in
-//!   one or two reads while a training step's short communication dips,
-//!   learned as normal, do not snap; (b) the density of reads within the
-//!   threshold of the peak over `peak_window` falls below
-//!   `density_threshold` × the density learned.
-//! * Ground truth: after a snap a metric stays at the minimum interval for
+//! * "Not stable" (snap to the minimum, send what was pending), either of
+//!   the paper's cases:
+//!   (a) the peak differs from the collected peak by ≥ `change_threshold`
+//!   (10 %). Each metric keeps a *reference peak*: the peak over the
+//!   trailing `peak_window` (5 s) when its last change was seen. When the
+//!   trailing peak moves ≥ 10 % away from it (scaled by the metric's noise
+//!   floor near zero), that is a change: the reference moves to the new
+//!   peak and the group snaps. Because the reference only moves at a
+//!   change, a slow drift is caught once its cumulative shift reaches 10 %
+//!   (a reference that followed every send would never see it). A drop is
+//!   also caught early, before the trailing peak moves: the level staying
+//!   below the learned peak longer than any dip seen while learning (×1.2,
+//!   at least two reads) — a training step's short communication dips,
+//!   learned as normal, do not snap. A fall of the trailing peak while the
+//!   group is still learning after such an early snap only moves the
+//!   reference.
+//!   (b) the density of reads within the threshold of the learned peak over
+//!   `peak_window` falls below `density_threshold` × the density learned.
+//! * Ground truth: after a snap a group stays at the minimum interval for
 //!   `peak_window` and learns its peak, density and longest dip. While
 //!   backed off, non-trigger metrics are read and checked in a ground-truth
 //!   period at the end of each interval of length
-//!   max(`peak_window`, `ground_truth_ratio` × interval).
+//!   max(`peak_window`, `ground_truth_ratio` × interval); trigger metrics
+//!   are checked at every capture.
 //! * Cap: the 5th percentile (`stable_percentile`) of the lengths of the
 //!   stable runs learned so far (time between snaps, the last 64, once 8
 //!   are known), never above `max_interval` (≤ 30 s).
@@ -57,7 +77,7 @@
 //! Time is injected: `now` is the capture's `ts_ms`; nothing reads the
 //! wall clock.
 
-use crate::sampler::Sampler;
+use crate::sampler::{ReadPlan, Sampler};
 use crate::source::{Capture, Reading};
 use flopwatch_config::SamplingConfig;
 use flopwatch_proto::metrics::{self, Aggregation};
@@ -72,12 +92,14 @@ const TRIGGER: &str = "";
 const RUNS_KEPT: usize = 64;
 const RUNS_NEEDED: usize = 8;
 
+type Key = (usize, &'static str);
+
 /// What the sampler has done, for reporting.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SamplerStats {
     /// Captures observed.
     pub captures: u64,
-    /// Readings a partial-read source would have had to read.
+    /// Readings the source delivered (read).
     pub reads: u64,
     /// Readings sent.
     pub samples: u64,
@@ -92,12 +114,27 @@ struct Learned {
     max_dip_ms: i64,
 }
 
+/// What a check found; ordered by severity.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+enum Change {
+    #[default]
+    None,
+    /// The trailing peak fell ≥ 10 % below the reference.
+    Fall,
+    /// Not stable: snap.
+    Snap,
+}
+
 #[derive(Debug, Clone)]
 struct Track {
     metric: &'static str,
     agg: Aggregation,
     floor: f64,
+    /// Checked reads in the trailing `peak_window`.
     ring: VecDeque<(i64, f64)>,
+    seen_since: Option<i64>,
+    /// Trailing peak at the last change (case (a)'s collected peak).
+    reference: Option<f64>,
     learn_since: i64,
     learned: Option<Learned>,
     low_reads: i64,
@@ -110,6 +147,8 @@ struct Track {
     peak: f64,
     last: f64,
     n: u32,
+    /// End of the last sent sample.
+    since: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -118,11 +157,16 @@ struct Group {
     min_ms: i64,
     max_ms: i64,
     interval_ms: i64,
+    /// Start of the current send period (the schedule).
     period_start: i64,
+    /// Time of the last send (a cut at an `align` boundary included).
+    last_emit: Option<i64>,
     run_start: i64,
     runs: VecDeque<i64>,
     tracks: Vec<Track>,
-    unstable: bool,
+    change: Change,
+    /// The GPU's trigger group snapped: snap at the next read.
+    follow: bool,
 }
 
 /// The adaptive sampler. See the module docs.
@@ -137,9 +181,10 @@ pub struct AdaptiveSampler {
     jitter: f64,
     gt_ratio: f64,
     percentile: f64,
+    align_ms: i64,
     triggers: Vec<String>,
     overrides: BTreeMap<String, (Option<i64>, Option<i64>)>,
-    groups: BTreeMap<(usize, &'static str), Group>,
+    groups: BTreeMap<Key, Group>,
     rng: SmallRng,
     stats: SamplerStats,
 }
@@ -174,6 +219,7 @@ impl AdaptiveSampler {
             jitter: cfg.jitter.max(0.0),
             gt_ratio: cfg.ground_truth_ratio.max(0.0),
             percentile: cfg.stable_percentile.clamp(0.0, 100.0),
+            align_ms: i64::try_from(cfg.align.as_millis()).unwrap_or(i64::MAX),
             triggers: cfg.trigger_metrics.clone(),
             overrides: cfg
                 .overrides
@@ -216,28 +262,33 @@ impl AdaptiveSampler {
     }
 
     /// Whether a source must read `metric` of `gpu` in the capture at
-    /// `now_ms`: always for trigger metrics, otherwise only inside the
-    /// ground-truth period or at the send (see the module docs).
+    /// `now_ms`: always for trigger metrics and metrics not seen yet,
+    /// otherwise only inside the ground-truth period, at a send, at an
+    /// `align` cut or after the trigger group snapped (see the module docs).
     pub fn reads_due(&self, gpu: usize, metric: &str, now_ms: i64) -> bool {
         if !self.adaptive || self.is_trigger(metric) {
             return true;
         }
-        match self
-            .groups
+        self.groups
             .iter()
             .find(|((g, k), _)| *g == gpu && *k == metric)
-        {
-            Some((_, g)) => self.in_ground_truth(g, now_ms) || g.due(now_ms, self.capture_ms),
-            None => true,
-        }
+            .is_none_or(|(_, g)| self.group_due(g, now_ms))
     }
 
     fn is_trigger(&self, metric: &str) -> bool {
         self.triggers.iter().any(|t| t == metric)
     }
 
+    fn group_due(&self, g: &Group, now: i64) -> bool {
+        g.trigger
+            || g.follow
+            || self.in_ground_truth(g, now)
+            || g.due(now, self.capture_ms)
+            || g.crosses(now, self.align_ms)
+    }
+
     fn in_ground_truth(&self, g: &Group, now: i64) -> bool {
-        if g.trigger || g.tracks.iter().any(|t| t.learned.is_none()) {
+        if g.trigger || g.learning() {
             return true;
         }
         let gt = self
@@ -246,7 +297,7 @@ impl AdaptiveSampler {
         now >= g.period_start + g.interval_ms - gt
     }
 
-    fn group_for(&mut self, gpu: usize, metric: &'static str, now: i64) -> (usize, &'static str) {
+    fn group_for(&mut self, gpu: usize, metric: &'static str, now: i64) -> Key {
         let trigger = self.is_trigger(metric);
         let key = (gpu, if trigger { TRIGGER } else { metric });
         let (min_ms, max_ms) = if trigger {
@@ -265,10 +316,12 @@ impl AdaptiveSampler {
             max_ms,
             interval_ms: min_ms,
             period_start: now,
+            last_emit: None,
             run_start: now,
             runs: VecDeque::new(),
             tracks: Vec::new(),
-            unstable: false,
+            change: Change::None,
+            follow: false,
         });
         if !g.tracks.iter().any(|t| t.metric == metric) {
             g.tracks.push(Track {
@@ -278,6 +331,8 @@ impl AdaptiveSampler {
                     .unwrap_or(Aggregation::Point),
                 floor: floor_for(metric),
                 ring: VecDeque::new(),
+                seen_since: None,
+                reference: None,
                 learn_since: now,
                 learned: None,
                 low_reads: 0,
@@ -288,6 +343,7 @@ impl AdaptiveSampler {
                 peak: f64::MIN,
                 last: 0.0,
                 n: 0,
+                since: None,
             });
         }
         key
@@ -307,20 +363,40 @@ impl AdaptiveSampler {
 }
 
 impl Group {
+    fn learning(&self) -> bool {
+        self.tracks.iter().any(|t| t.learned.is_none())
+    }
+
+    /// The send period is over.
     fn due(&self, now: i64, capture_ms: i64) -> bool {
         now - self.period_start >= self.interval_ms - capture_ms / 2
     }
 
-    /// Emits the pending sample of every track and resets it.
-    fn emit(&mut self, out: &mut Vec<Reading>) {
+    /// An `align` boundary lies between the last send and `now`.
+    fn crosses(&self, now: i64, align_ms: i64) -> bool {
+        align_ms > 0
+            && self
+                .last_emit
+                .is_some_and(|e| now.div_euclid(align_ms) > e.div_euclid(align_ms))
+    }
+
+    /// Emits the pending sample of every track and resets it; `cw` is the
+    /// capture's window.
+    fn emit(&mut self, now: i64, cw: u64, out: &mut Vec<Reading>) {
+        self.last_emit = Some(now);
         for t in &mut self.tracks {
             if t.n == 0 {
                 continue;
             }
             let mut r = Reading::new(t.metric, t.last);
-            if t.agg == Aggregation::WindowMean && t.sum_w > 0 {
+            let window = if t.agg == Aggregation::WindowMean && t.sum_w > 0 {
                 r.value = t.sum_vw / t.sum_w as f64;
-            }
+                t.sum_w
+            } else {
+                t.since
+                    .map(|s| u64::try_from(now - s).unwrap_or(0))
+                    .unwrap_or(t.sum_w)
+            };
             // OFU is tensor activity × clock (OFU eq. 1), and the two move
             // against each other (compute phases run at a low clock,
             // communication dips at a high one). Averaging them separately
@@ -328,18 +404,15 @@ impl Group {
             // averaged clock of an aggregated sample is weighted by tensor
             // activity: mean(TPA) × this clock = mean(TPA × clock) over the
             // sub-windows, and the collector's OFU equals the mean of the
-            // per-capture OFUs.
-            if t.metric == flopwatch_proto::metrics::SM_CLOCK_AVG_MHZ && t.n > 1 && t.sum_tw > 1e-12
-            {
+            // per-capture OFUs (up to the clamp at f_max).
+            if t.metric == metrics::SM_CLOCK_AVG_MHZ && t.n > 1 && t.sum_tw > 1e-12 {
                 r.value = t.sum_tvw / t.sum_tw;
             }
-            if t.n > 1 {
-                if t.agg != Aggregation::Counter && t.peak > f64::MIN {
-                    r.peak = Some(t.peak);
-                }
-                if t.sum_w > 0 {
-                    r.window_ms = Some(u32::try_from(t.sum_w).unwrap_or(u32::MAX));
-                }
+            if t.n > 1 && t.agg != Aggregation::Counter && t.peak > f64::MIN {
+                r.peak = Some(t.peak);
+            }
+            if window != cw && window > 0 {
+                r.window_ms = Some(u32::try_from(window).unwrap_or(u32::MAX));
             }
             out.push(r);
             t.sum_vw = 0.0;
@@ -348,18 +421,24 @@ impl Group {
             t.sum_tw = 0.0;
             t.peak = f64::MIN;
             t.n = 0;
+            t.since = Some(now);
         }
     }
 
     fn snap(&mut self, now: i64) {
-        self.runs.push_back(now - self.run_start);
-        if self.runs.len() > RUNS_KEPT {
-            self.runs.pop_front();
+        // Only a run that became stable (learned, backed off) is a stable
+        // run; a snap while still learning restarts the learning.
+        if !self.learning() {
+            self.runs.push_back(now - self.run_start);
+            if self.runs.len() > RUNS_KEPT {
+                self.runs.pop_front();
+            }
         }
         self.run_start = now;
         self.interval_ms = self.min_ms;
+        self.period_start = now;
+        self.follow = false;
         for t in &mut self.tracks {
-            t.ring.clear();
             t.learned = None;
             t.learn_since = now;
             t.low_reads = 0;
@@ -372,49 +451,80 @@ impl Track {
         peak.abs().max(self.floor)
     }
 
-    /// Adds a checked read; returns true when the metric is not stable.
-    fn check(&mut self, now: i64, v: f64, p: &Params) -> bool {
+    fn ring_peak(&self) -> f64 {
+        self.ring.iter().map(|x| x.1).fold(f64::MIN, f64::max)
+    }
+
+    /// Adds a checked read of one capture window.
+    fn check(&mut self, now: i64, v: f64, p: &Params) -> Change {
         self.ring.push_back((now, v));
         while self.ring.front().is_some_and(|f| f.0 <= now - p.window_ms) {
             self.ring.pop_front();
         }
+        let seen = *self.seen_since.get_or_insert(now);
+        // A window's worth of reads (90 %: capture times jitter).
+        let full = now - seen >= p.window_ms
+            && self.ring.len() as i64 * p.capture_ms * 10 >= p.window_ms * 9;
+        let peak = self.ring_peak();
+        let mut out = Change::None;
+        // (a) the trailing peak moved ≥ θ away from the reference peak.
+        match self.reference {
+            None if full => self.reference = Some(peak),
+            None => {}
+            Some(r) => {
+                let th = p.theta * self.scale(r);
+                if (full && (peak - r).abs() >= th) || (!full && v - r >= th) {
+                    self.reference = Some(peak);
+                    out = if peak > r { Change::Snap } else { Change::Fall };
+                }
+            }
+        }
         let Some(l) = self.learned else {
             if now - self.learn_since >= p.window_ms - p.capture_ms {
-                let peak = self.ring.iter().map(|x| x.1).fold(f64::MIN, f64::max);
-                let lo = peak - p.theta * self.scale(peak);
-                let (mut run, mut longest) = (0, 0);
-                for &(_, x) in &self.ring {
-                    run = if x < lo { run + 1 } else { 0 };
-                    longest = longest.max(run);
+                let xs: Vec<f64> = self
+                    .ring
+                    .iter()
+                    .filter(|x| x.0 >= self.learn_since)
+                    .map(|x| x.1)
+                    .collect();
+                if !xs.is_empty() {
+                    let peak = xs.iter().copied().fold(f64::MIN, f64::max);
+                    let lo = peak - p.theta * self.scale(peak);
+                    let (mut run, mut longest) = (0, 0);
+                    for &x in &xs {
+                        run = if x < lo { run + 1 } else { 0 };
+                        longest = longest.max(run);
+                    }
+                    self.learned = Some(Learned {
+                        peak,
+                        density: xs.iter().filter(|&&x| x >= lo).count() as f64 / xs.len() as f64,
+                        max_dip_ms: longest * p.capture_ms,
+                    });
                 }
-                self.learned = Some(Learned {
-                    peak,
-                    density: self.density(lo),
-                    max_dip_ms: longest * p.capture_ms,
-                });
             }
-            return false;
+            return out;
         };
-        let s = self.scale(l.peak);
-        let (hi, lo) = (l.peak + p.theta * s, l.peak - p.theta * s);
-        // (a) a read above the collected peak.
-        if v > hi {
-            return true;
-        }
-        // (a) the level stays below the peak longer than any learned dip.
-        self.low_reads = if v < lo { self.low_reads + 1 } else { 0 };
+        let lo = l.peak - p.theta * self.scale(l.peak);
+        // (a), early: the level stays below the peak longer than any
+        // learned dip.
+        // Window means only: a point read (the instantaneous clock, ±32 MHz
+        // of jitter) dips by chance; its drops are left to the trailing peak.
+        self.low_reads = if v < lo && self.agg == Aggregation::WindowMean {
+            self.low_reads + 1
+        } else {
+            0
+        };
         let allowed = (l.max_dip_ms as f64 * 1.2) as i64;
         if self.low_reads * p.capture_ms > allowed.max(p.capture_ms) {
-            return true;
+            return Change::Snap;
         }
-        if self.ring.len() as i64 >= p.window_ms / p.capture_ms {
-            // (a) the windowed peak fell; (b) the density near the peak fell.
-            let peak = self.ring.iter().map(|x| x.1).fold(f64::MIN, f64::max);
-            if peak < lo || self.density(lo) < p.density_threshold * l.density {
-                return true;
-            }
+        // (b) the density near the peak fell.
+        if self.ring.len() as i64 >= p.window_ms / p.capture_ms
+            && self.density(lo) < p.density_threshold * l.density
+        {
+            return Change::Snap;
         }
-        false
+        out
     }
 
     fn density(&self, lo: f64) -> f64 {
@@ -437,12 +547,30 @@ impl Sampler for AdaptiveSampler {
         Duration::from_millis(self.capture_ms as u64)
     }
 
+    fn intervals(&self) -> Vec<(usize, &'static str, u32)> {
+        AdaptiveSampler::intervals(self)
+    }
+
+    /// Everything not due per [`AdaptiveSampler::reads_due`] is skipped.
+    fn due(&self, at_ms: i64) -> ReadPlan {
+        if !self.adaptive {
+            return ReadPlan::all();
+        }
+        ReadPlan::skipping(
+            self.groups
+                .iter()
+                .filter(|(_, g)| !self.group_due(g, at_ms))
+                .flat_map(|((gpu, _), g)| g.tracks.iter().map(move |t| (*gpu, t.metric)))
+                .collect(),
+        )
+    }
+
     fn observe(&mut self, capture: &mut Capture) {
         self.stats.captures += 1;
         let now = capture.ts_ms;
+        let n: usize = capture.gpus.iter().map(|g| g.readings.len()).sum();
+        self.stats.reads += n as u64;
         if !self.adaptive {
-            let n: usize = capture.gpus.iter().map(|g| g.readings.len()).sum();
-            self.stats.reads += n as u64;
             self.stats.samples += n as u64;
             return;
         }
@@ -453,62 +581,86 @@ impl Sampler for AdaptiveSampler {
             capture_ms: self.capture_ms,
         };
         for gc in &mut capture.gpus {
+            let gpu = gc.gpu;
             let readings = std::mem::take(&mut gc.readings);
-            let w = u64::from(gc.window_ms);
+            let cw = u64::from(gc.window_ms);
+            // A read of about one capture window: checked. Longer windows
+            // (a partial-read source's catch-up read) only add to the mean.
+            let fine_ms = cw.max(self.capture_ms as u64) * 3 / 2;
+            // Decided before this capture changes any state, so the checks
+            // only see the reads the plan asked for.
+            let not_due: Vec<Key> = self
+                .groups
+                .iter()
+                .filter(|(k, g)| k.0 == gpu && !self.group_due(g, now))
+                .map(|(k, _)| *k)
+                .collect();
             let tpa_now = readings
                 .iter()
-                .find(|r| r.metric == flopwatch_proto::metrics::TENSOR_ACTIVE)
+                .find(|r| r.metric == metrics::TENSOR_ACTIVE)
                 .map(|r| r.value.clamp(0.0, 1.0));
-            let mut touched: Vec<(usize, &'static str)> = Vec::new();
+            let mut touched: Vec<Key> = Vec::new();
             for r in readings {
-                let key = self.group_for(gc.gpu, r.metric, now);
+                let key = self.group_for(gpu, r.metric, now);
                 if !touched.contains(&key) {
                     touched.push(key);
                 }
-                let g = &self.groups[&key];
-                let read = self.in_ground_truth(g, now) || g.due(now, self.capture_ms);
+                let checked = !not_due.contains(&key);
                 let g = self.groups.get_mut(&key).expect("group just inserted");
                 let Some(t) = g.tracks.iter_mut().find(|t| t.metric == r.metric) else {
                     continue;
                 };
-                // The mean of a window-mean metric is exact whatever was
-                // skipped (counter deltas); peaks only see reads made.
+                let w = r.window_ms.map_or(cw, u64::from);
                 t.sum_vw += r.value * w as f64;
                 t.sum_w += w;
-                if let (Some(tpa), flopwatch_proto::metrics::SM_CLOCK_AVG_MHZ) = (tpa_now, r.metric)
-                {
+                if let (Some(tpa), metrics::SM_CLOCK_AVG_MHZ) = (tpa_now, r.metric) {
                     t.sum_tvw += tpa * r.value * w as f64;
                     t.sum_tw += tpa * w as f64;
                 }
                 t.n += 1;
-                if read {
-                    self.stats.reads += 1;
-                    t.last = r.value;
-                    t.peak = t.peak.max(r.peak.unwrap_or(r.value));
-                    if t.check(now, r.value, &p) {
-                        g.unstable = true;
-                    }
-                } else if t.agg == Aggregation::WindowMean {
-                    t.last = r.value;
+                t.last = r.value;
+                t.peak = t.peak.max(r.peak.unwrap_or(r.value));
+                if checked && w <= fine_ms {
+                    let c = t.check(now, r.value, &p);
+                    g.change = g.change.max(c);
                 }
             }
-            for key in touched {
+            // The trigger group first, so that its snap reaches the others.
+            let mut keys: Vec<Key> = self.groups.keys().filter(|k| k.0 == gpu).copied().collect();
+            keys.sort_by_key(|k| k.1 != TRIGGER);
+            let mut trigger_snapped = false;
+            for key in keys {
                 let cap = self.cap(&self.groups[&key]);
-                let jitter: f64 = self.rng.random_range(0.0..=1.0) * self.jitter;
-                let g = self.groups.get_mut(&key).expect("touched group");
-                if g.unstable {
-                    g.unstable = false;
-                    g.emit(&mut gc.readings);
+                let g = self.groups.get_mut(&key).expect("listed group");
+                if !touched.contains(&key) {
+                    // Not read this capture: a trigger snap makes it due.
+                    g.follow |= trigger_snapped && !g.trigger;
+                    g.change = Change::None;
+                    continue;
+                }
+                let learning = g.learning();
+                let change = std::mem::take(&mut g.change);
+                // A fall of the trailing peak shows a drop one window late:
+                // a snap within that window has already answered it.
+                let snap = change == Change::Snap
+                    || (change == Change::Fall && now - g.run_start > self.window_ms)
+                    || g.follow
+                    || (trigger_snapped && !g.trigger);
+                if snap {
+                    g.emit(now, cw, &mut gc.readings);
                     g.snap(now);
-                    g.period_start = now;
                     self.stats.snaps += 1;
+                    trigger_snapped |= g.trigger;
                 } else if g.due(now, self.capture_ms) {
-                    g.emit(&mut gc.readings);
+                    g.emit(now, cw, &mut gc.readings);
                     g.period_start = now;
-                    if g.tracks.iter().all(|t| t.learned.is_some()) {
+                    if !learning {
+                        let jitter: f64 = self.rng.random_range(0.0..=1.0) * self.jitter;
                         let next = g.interval_ms as f64 * (2.0 + jitter);
                         g.interval_ms = (next as i64).clamp(g.min_ms, cap.max(g.min_ms));
                     }
+                } else if g.crosses(now, self.align_ms) {
+                    g.emit(now, cw, &mut gc.readings);
                 }
             }
             self.stats.samples += gc.readings.len() as u64;

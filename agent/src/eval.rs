@@ -9,28 +9,45 @@
 //! metrics instantaneous reads. It is first resampled to `--min-interval`
 //! (window means combine exactly, points keep the latest read).
 //!
+//! The adaptive run replays a source that honours the sampler's read plan
+//! ([`Sampler::due`]): before each capture it asks which readings are due,
+//! skips the rest, and reports a skipped window-mean metric at its next
+//! read as the mean over the whole span (`window_ms` set), as a
+//! counter-delta source would. The fixed runs read what they send.
+//!
 //! Scores (per run):
-//! * `reads`, `samples`: readings read (what a partial-read source reads,
-//!   see [`crate::adaptive`]) and sent.
+//! * `reads`, `samples`: readings read and sent.
 //! * A **change** is a shift by ≥ `change_threshold` (10 %) of a metric's
-//!   peak over the trailing `peak_window` (5 s), relative to the peak at the
-//!   previous change (or the first full window), with the metric's noise
-//!   floor for peaks near zero. `changes_*` and `delay_*` count the trigger
-//!   metrics; `*_all` every metric.
-//! * **Detected**: the schedule is at the metric's minimum interval at some
-//!   time from `peak_window` before the change (a drop is caught at the
-//!   level change, before the trailing peak moves) to 30 s after; the delay
-//!   is that time minus the change's, at least 0. For a fixed run the
-//!   schedule counts as "at its minimum" at each sample it sends.
+//!   *windowed peak* — the highest ground-truth value over the trailing
+//!   `peak_window` (5 s) — relative to the windowed peak at the previous
+//!   change (or at the first full window), with the metric's noise floor
+//!   for peaks near zero (0.05 for ratios, 50 MHz, 10 W, 2 °C), computed on
+//!   the resampled trace independently of any run. Its time is the first
+//!   capture whose windowed peak has moved. `changes_*` and `delay_*`
+//!   count the trigger metrics (read at every capture); `*_all` every
+//!   metric.
+//! * **Detected**: the run's schedule for that metric is at its minimum
+//!   interval at some capture from the change's *start* to 30 s after the
+//!   change. A rise starts at the change. A fall of the windowed peak is
+//!   only visible one window after the level dropped, so it starts
+//!   `peak_window` earlier (a sampler that snapped at the drop itself
+//!   detected it). The delay is the time of that capture minus the
+//!   change's, at least 0. For a fixed run the schedule counts as "at its
+//!   minimum" at each sample it sends; the same rule scores every run.
 //! * `peak_error_pct`: for each sent sample, |sent peak − true peak over the
 //!   sample's window| / true peak, time-weighted mean over samples and
 //!   metrics (a sample without `peak` offers its value).
 //! * `ofu_error_pp_1m` / `_10m`: largest |OFU from the sent samples − OFU
-//!   from the trace| in percentage points over tumbling 1-min / 10-min
-//!   windows from the trace's start (a trace shorter than a window counts
-//!   as one window). OFU eq. 1 with the clamp, f_max 1830 MHz (H100):
-//!   `tpa × min(clk, f_max) / f_max`, clk the window-averaged clock when the
-//!   trace has it; a sent sample's weight is spread over windows by overlap.
+//!   from the trace| in percentage points over the 1-min / 10-min windows
+//!   of the time grid (`[k·len, (k+1)·len)`, unix ms, as a query step grid
+//!   is) that lie wholly inside the trace (a trace shorter than one window
+//!   counts as one window). OFU eq. 1 with the clamp, f_max 1830 MHz
+//!   (H100): `tpa × min(clk, f_max) / f_max` per sample, clk the
+//!   window-averaged clock when the trace has it; a window's OFU is the
+//!   mean of its samples weighted by their overlap with the window (a sent
+//!   sample is taken as uniform over its own window). The adaptive sampler
+//!   cuts its sends at `sampling.align` (1 min) boundaries, so its samples
+//!   never straddle a window; a fixed run's may.
 
 use crate::adaptive::{floor_for, AdaptiveSampler};
 use crate::sampler::Sampler;
@@ -245,7 +262,6 @@ pub fn evaluate(
     }
     let base = resample(&raw, min_ms);
     let truth = series_of(&base);
-    let window_ms = cfg.peak_window.as_millis() as i64;
     let is_trigger = |m: &str| cfg.trigger_metrics.iter().any(|t| t == m);
 
     // Adaptive.
@@ -253,8 +269,35 @@ pub fn evaluate(
     let mut sent: Series = BTreeMap::new();
     let mut at_min: BTreeMap<Key, Vec<i64>> = BTreeMap::new();
     let mut plot = PlotData::default();
+    // The source honours the sampler's read plan: a skipped window-mean
+    // reading is folded into the next read of that metric (window_ms set to
+    // the whole span, as a counter-delta source reports it); a skipped
+    // point reading is simply not taken.
+    let mut carry: BTreeMap<Key, (f64, u64)> = BTreeMap::new();
     for c in &base {
+        let plan = sampler.due(c.ts_ms);
         let mut c = c.clone();
+        for g in &mut c.gpus {
+            let (gpu, w) = (g.gpu, u64::from(g.window_ms));
+            g.readings.retain_mut(|r| {
+                let mean = metrics::lookup(r.metric).map(|d| d.aggregation)
+                    == Some(Aggregation::WindowMean);
+                if !plan.wants(gpu, r.metric) {
+                    if mean {
+                        let e = carry.entry((gpu, r.metric)).or_default();
+                        e.0 += r.value * w as f64;
+                        e.1 += w;
+                    }
+                    return false;
+                }
+                if let Some((svw, sw)) = carry.remove(&(gpu, r.metric)).filter(|x| x.1 > 0) {
+                    let total = sw + w;
+                    r.value = (svw + r.value * w as f64) / total as f64;
+                    r.window_ms = Some(u32::try_from(total).unwrap_or(u32::MAX));
+                }
+                true
+            });
+        }
         sampler.observe(&mut c);
         push_sent(&mut sent, &c);
         for (gpu, metric, i) in sampler.intervals() {
@@ -268,7 +311,7 @@ pub fn evaluate(
         }
     }
     let st = sampler.stats();
-    let mut adaptive = score(&truth, &sent, &at_min, window_ms, cfg, &is_trigger);
+    let mut adaptive = score(&truth, &sent, &at_min, cfg, &is_trigger);
     adaptive.reads = st.reads;
     adaptive.samples = st.samples;
     for s in truth
@@ -289,7 +332,7 @@ pub fn evaluate(
             .iter()
             .map(|(k, v)| (*k, v.iter().map(|x| x.ts).collect()))
             .collect();
-        let mut r = score(&truth, &s, &marks, 0, cfg, &is_trigger);
+        let mut r = score(&truth, &s, &marks, cfg, &is_trigger);
         r.samples = s.values().map(|v| v.len() as u64).sum();
         r.reads = r.samples;
         r.interval_ms = interval as u64;
@@ -407,8 +450,9 @@ fn resample(caps: &[Capture], interval_ms: i64) -> Vec<Capture> {
     out
 }
 
-/// Changes in one ground-truth series: (time, ms).
-fn changes(s: &[Sent], window_ms: i64, theta: f64, floor: f64) -> Vec<i64> {
+/// Changes in one ground-truth series: (time, start), ms; see the module
+/// docs.
+fn changes(s: &[Sent], window_ms: i64, theta: f64, floor: f64) -> Vec<(i64, i64)> {
     let Some(t0) = s.first().map(|x| x.ts) else {
         return Vec::new();
     };
@@ -427,7 +471,7 @@ fn changes(s: &[Sent], window_ms: i64, theta: f64, floor: f64) -> Vec<i64> {
         match reference {
             None => reference = Some(p),
             Some(r) if (p - r).abs() >= theta * r.abs().max(floor) => {
-                out.push(x.ts);
+                out.push((x.ts, if p > r { x.ts } else { x.ts - window_ms }));
                 reference = Some(p);
             }
             _ => {}
@@ -448,7 +492,6 @@ fn score(
     truth: &Series,
     sent: &Series,
     at_min: &BTreeMap<Key, Vec<i64>>,
-    lookback_ms: i64,
     cfg: &SamplingConfig,
     is_trigger: &dyn Fn(&str) -> bool,
 ) -> RunReport {
@@ -457,8 +500,8 @@ fn score(
     let (mut delays, mut delays_all) = (Vec::new(), Vec::new());
     for (key, s) in truth {
         let marks = at_min.get(key).map(Vec::as_slice).unwrap_or(&[]);
-        for tc in changes(s, window_ms, cfg.change_threshold, floor_for(key.1)) {
-            let i = marks.partition_point(|&t| t < tc - lookback_ms);
+        for (tc, from) in changes(s, window_ms, cfg.change_threshold, floor_for(key.1)) {
+            let i = marks.partition_point(|&t| t < from);
             let hit = marks.get(i).filter(|&&t| t <= tc + 30_000);
             let trig = is_trigger(key.1);
             r.changes_total_all += 1;
@@ -541,14 +584,18 @@ fn ofu_error(truth: &Series, sent: &Series, len_ms: i64) -> f64 {
         let (Some(start), Some(end)) = (t.first().map(|x| x.0 - x.1), t.last().map(|x| x.0)) else {
             continue;
         };
-        let n = ((end - start) / len_ms).max(1);
-        let len = if (end - start) < len_ms {
-            end - start
+        // Whole grid windows [k·len, (k+1)·len) inside the trace; a trace
+        // shorter than one is one window.
+        let first = (start + len_ms - 1).div_euclid(len_ms);
+        let last = end.div_euclid(len_ms);
+        let windows: Vec<(i64, i64)> = if last > first {
+            (first..last)
+                .map(|k| (k * len_ms, (k + 1) * len_ms))
+                .collect()
         } else {
-            len_ms
+            vec![(start, end)]
         };
-        for k in 0..n {
-            let (a, b) = (start + k * len, start + (k + 1) * len);
+        for (a, b) in windows {
             let mean = |v: &[(i64, i64, f64)]| {
                 let (mut sum, mut w) = (0.0, 0.0);
                 for &(ts, win, o) in v {

@@ -4,10 +4,53 @@
 //! next capture and which readings of a capture to keep. [`FixedSampler`]
 //! reads everything at a fixed interval; the adaptive sampler (Moneo §2.3)
 //! implements the same trait.
+//!
+//! **Read savings.** Before a capture the loop may ask [`Sampler::due`]
+//! which readings the sampler needs; a source that reads fields one by one
+//! (NVML calls) can skip the others. A skipped window-mean metric must be
+//! reported, when next read, as the mean over everything since its previous
+//! read, with [`Reading::window_ms`](crate::source::Reading) set to that
+//! span (counter deltas give this for free). A source that ignores the plan
+//! and reads everything stays correct: the sampler then only saves samples.
 
 use crate::source::Capture;
 use std::collections::HashSet;
 use std::time::Duration;
+
+/// Which readings the next capture needs: everything except `skip`.
+/// Readings the sampler has never seen are always wanted, so a new metric
+/// or GPU is read at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadPlan {
+    /// (gpu, metric) pairs the sampler does not need, sorted.
+    skip: Vec<(usize, &'static str)>,
+}
+
+impl ReadPlan {
+    /// Read everything.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Everything except `skip`.
+    pub fn skipping(mut skip: Vec<(usize, &'static str)>) -> Self {
+        skip.sort_unstable();
+        skip.dedup();
+        Self { skip }
+    }
+
+    /// Whether `metric` of `gpu` should be read.
+    pub fn wants(&self, gpu: usize, metric: &str) -> bool {
+        self.skip
+            .binary_search_by(|&(g, m)| (g, m).cmp(&(gpu, metric)))
+            .is_err()
+    }
+
+    /// The pairs that may be skipped.
+    pub fn skipped(&self) -> &[(usize, &'static str)] {
+        &self.skip
+    }
+}
 
 /// Decides the schedule and what is kept.
 pub trait Sampler: Send {
@@ -16,6 +59,20 @@ pub trait Sampler: Send {
 
     /// Filters a capture in place: readings removed are not sent.
     fn observe(&mut self, capture: &mut Capture);
+
+    /// What the capture about to be taken at `at_ms` (unix ms) must read.
+    /// The default reads everything.
+    fn due(&self, at_ms: i64) -> ReadPlan {
+        let _ = at_ms;
+        ReadPlan::all()
+    }
+
+    /// Each metric's current interval, ms, as (GPU index, metric, ms), for
+    /// the collector and the agent's `/metrics`. Empty when the sampler has
+    /// one interval for everything.
+    fn intervals(&self) -> Vec<(usize, &'static str, u32)> {
+        Vec::new()
+    }
 }
 
 /// Fixed interval; optionally a metric allow-list.
@@ -23,12 +80,17 @@ pub trait Sampler: Send {
 pub struct FixedSampler {
     interval: Duration,
     metrics: Option<HashSet<String>>,
+    dropped: Vec<(usize, &'static str)>,
 }
 
 impl FixedSampler {
     /// Every `interval`, keeping `metrics` (all when `None`).
     pub fn new(interval: Duration, metrics: Option<HashSet<String>>) -> Self {
-        Self { interval, metrics }
+        Self {
+            interval,
+            metrics,
+            dropped: Vec::new(),
+        }
     }
 }
 
@@ -40,9 +102,24 @@ impl Sampler for FixedSampler {
     fn observe(&mut self, capture: &mut Capture) {
         if let Some(keep) = &self.metrics {
             for g in &mut capture.gpus {
-                g.readings.retain(|r| keep.contains(r.metric));
+                let gpu = g.gpu;
+                let dropped = &mut self.dropped;
+                g.readings.retain(|r| {
+                    let k = keep.contains(r.metric);
+                    if !k {
+                        if let Err(i) = dropped.binary_search(&(gpu, r.metric)) {
+                            dropped.insert(i, (gpu, r.metric));
+                        }
+                    }
+                    k
+                });
             }
         }
+    }
+
+    /// Metrics outside the allow-list need no read once seen.
+    fn due(&self, _at_ms: i64) -> ReadPlan {
+        ReadPlan::skipping(self.dropped.clone())
     }
 }
 
@@ -57,6 +134,7 @@ mod tests {
             Duration::from_millis(100),
             Some(["power_w".to_string()].into()),
         );
+        assert!(s.due(0).wants(0, "temp_c"));
         let mut c = Capture {
             gpus: vec![GpuCapture {
                 gpu: 0,
@@ -68,5 +146,9 @@ mod tests {
         s.observe(&mut c);
         assert_eq!(c.gpus[0].readings.len(), 1);
         assert_eq!(s.next_delay(), Duration::from_millis(100));
+        let plan = s.due(100);
+        assert!(!plan.wants(0, "temp_c"));
+        assert!(plan.wants(0, "power_w"));
+        assert!(plan.wants(1, "temp_c"));
     }
 }

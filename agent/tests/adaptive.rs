@@ -152,3 +152,173 @@ proptest! {
         let _ = all_tpa;
     }
 }
+
+/// Changes of a series as `eval` defines them: the trailing 5 s (50
+/// captures) peak moving ≥ 10 % from the peak at the previous change.
+/// Returns (capture index, rise).
+fn reference_changes(xs: &[f64]) -> Vec<(usize, bool)> {
+    let mut out = Vec::new();
+    let mut reference: Option<f64> = None;
+    for k in 50..xs.len() {
+        let p = xs[k + 1 - 50..=k].iter().copied().fold(f64::MIN, f64::max);
+        match reference {
+            None => reference = Some(p),
+            Some(r) if (p - r).abs() >= 0.1 * r.abs().max(0.05) => {
+                out.push((k, p > r));
+                reference = Some(p);
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn trigger_change_snaps_every_group_of_the_gpu() {
+    let mut s = AdaptiveSampler::new(&cfg(), 4);
+    drive(&mut s, 0, 1200, |k| (0.78 + 0.002 * wobble(k), 1352.0));
+    assert!(interval(&s, "power_w") > 1000);
+    assert!(interval(&s, "dram_active") > 1000);
+    drive(&mut s, 1200, 2, |_| (0.3, 1352.0));
+    assert_eq!(interval(&s, "tensor_active"), 100);
+    assert_eq!(interval(&s, "power_w"), 100);
+    assert_eq!(interval(&s, "dram_active"), 100);
+}
+
+#[test]
+fn read_plan_skips_backed_off_metrics_only() {
+    let mut s = AdaptiveSampler::new(&cfg(), 5);
+    assert!(s.due(0).wants(0, "power_w"));
+    let mut skipped = 0;
+    for k in 0..1200i64 {
+        let plan = s.due(k * 100);
+        assert!(plan.wants(0, "tensor_active"));
+        assert!(plan.wants(0, "sm_clock_avg_mhz"));
+        assert!(plan.wants(0, "sm_clock_mhz"));
+        assert!(plan.wants(1, "power_w"), "an unseen GPU is read");
+        skipped += u64::from(!plan.wants(0, "power_w"));
+        let mut c = capture(k * 100, 0.78, 1352.0, 700.0);
+        c.gpus[0].readings.retain(|r| plan.wants(0, r.metric));
+        s.observe(&mut c);
+    }
+    assert!(skipped > 600, "power_w skipped {skipped} of 1200");
+    assert!(s.stats().reads < 5 * 1200 - 600);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// A slow drift is caught each time its windowed peak has moved 10 %
+    /// from the peak at the previous change (not from the last send).
+    #[test]
+    fn slow_drift_caught_at_each_ten_percent(seed in 0u64..1000, level in 0.2f64..0.6, up in any::<bool>(), per_min in 0.04f64..0.15) {
+        let n = 3000usize;
+        let slope = if up { per_min } else { -per_min } / 600.0;
+        let xs: Vec<f64> = (0..n)
+            .map(|k| level * (1.0 + slope * k as f64) + 0.001 * wobble(k as i64))
+            .collect();
+        let changes = reference_changes(&xs);
+        prop_assume!(!changes.is_empty());
+        let mut s = AdaptiveSampler::new(&cfg(), seed);
+        let mut at_min = Vec::with_capacity(n);
+        let mut longest = 0;
+        for (k, &x) in xs.iter().enumerate() {
+            let mut c = capture(k as i64 * 100, x, 1352.0, 500.0);
+            s.observe(&mut c);
+            let i = interval(&s, "tensor_active");
+            at_min.push(i <= 100);
+            longest = longest.max(i);
+        }
+        prop_assert!(longest >= 3000, "never backed off: {longest}");
+        for (k, rise) in changes {
+            let from = if rise { k } else { k.saturating_sub(50) };
+            let to = (k + 2).min(n - 1);
+            prop_assert!(at_min[from..=to].iter().any(|&m| m), "change at capture {k} (rise {rise}) not caught");
+        }
+    }
+
+    /// Sends are cut at every minute: no sent window straddles one, and
+    /// OFU over each minute from the sent samples equals the mean of the
+    /// per-capture OFUs (clock below f_max).
+    #[test]
+    fn minute_windows_exact(seed in 0u64..1000, levels in proptest::collection::vec((0.05f64..0.95, 1000f64..1800.0), 4..40)) {
+        let mut s = AdaptiveSampler::new(&cfg(), seed);
+        let n = 3600i64;
+        let seg = n / levels.len() as i64 + 1;
+        let at = |k: i64| {
+            let (t, c) = levels[(k / seg) as usize];
+            (t + 0.002 * wobble(k), c + 5.0 * wobble(k + 1))
+        };
+        let mut truth = [0.0f64; 7];
+        let mut sent_tpa: Vec<(i64, u32, f64)> = Vec::new();
+        let mut sent_clk: Vec<(i64, u32, f64)> = Vec::new();
+        for k in 1..=n {
+            let (tpa, clk) = at(k);
+            let ts = k * 100;
+            truth[((ts - 1) / 60_000) as usize] += tpa * clk / 1830.0 / 600.0;
+            let mut c = capture(ts, tpa, clk, 500.0);
+            s.observe(&mut c);
+            for r in &c.gpus[0].readings {
+                let w = r.window_ms.unwrap_or(100);
+                match r.metric {
+                    "tensor_active" => sent_tpa.push((ts, w, r.value)),
+                    "sm_clock_avg_mhz" => sent_clk.push((ts, w, r.value)),
+                    _ => {}
+                }
+            }
+        }
+        prop_assert_eq!(sent_tpa.len(), sent_clk.len());
+        let mut ofu = [0.0f64; 7];
+        for (a, b) in sent_tpa.iter().zip(&sent_clk) {
+            prop_assert_eq!((a.0, a.1), (b.0, b.1));
+            let (ts, w) = (a.0, i64::from(a.1));
+            let minute = (ts - 1) / 60_000;
+            prop_assert!(ts - w >= minute * 60_000 || ts <= 60_000, "sample ({ts}, {w}) straddles a minute");
+            ofu[minute as usize] += a.2 * b.2 / 1830.0 * w as f64 / 60_000.0;
+        }
+        for m in 1..6 {
+            prop_assert!((ofu[m] - truth[m]).abs() < 1e-9, "minute {m}: sent {} vs true {}", ofu[m], truth[m]);
+        }
+    }
+
+    /// A source that honours the read plan (skipped window means reported
+    /// at the next read over the whole span) loses no window mean.
+    #[test]
+    fn partial_reads_keep_window_means(seed in 0u64..1000, vals in proptest::collection::vec(0.37f64..0.43, 1200..2400)) {
+        let mut s = AdaptiveSampler::new(&cfg(), seed);
+        let (mut carry_vw, mut carry_w) = (0.0, 0u64);
+        let (mut sent_vw, mut sent_w) = (0.0, 0u64);
+        for (k, v) in vals.iter().enumerate() {
+            let dram = if k % 23 == 0 { *v } else { 0.4 };
+            let ts = k as i64 * 100;
+            let plan = s.due(ts);
+            let mut c = capture(ts, 0.7, 1400.0, 400.0);
+            let g = &mut c.gpus[0];
+            g.readings.retain(|r| r.metric != "dram_active");
+            if plan.wants(0, "dram_active") {
+                let mut r = Reading::new("dram_active", (carry_vw + dram * 100.0) / (carry_w + 100) as f64);
+                if carry_w > 0 {
+                    r.window_ms = Some(u32::try_from(carry_w + 100).unwrap());
+                }
+                g.readings.push(r);
+                (carry_vw, carry_w) = (0.0, 0);
+            } else {
+                carry_vw += dram * 100.0;
+                carry_w += 100;
+            }
+            s.observe(&mut c);
+            for r in &c.gpus[0].readings {
+                if r.metric == "dram_active" {
+                    let w = r.window_ms.unwrap_or(100);
+                    sent_vw += r.value * f64::from(w);
+                    sent_w += u64::from(w);
+                }
+            }
+        }
+        let n = vals.len() as u64;
+        prop_assert!(s.stats().reads < 5 * n - n / 4, "reads {} of {}", s.stats().reads, 5 * n);
+        let covered: f64 = vals.iter().enumerate().take((sent_w / 100) as usize)
+            .map(|(k, v)| if k % 23 == 0 { *v } else { 0.4 } * 100.0).sum();
+        prop_assert!((sent_vw - covered).abs() < 1e-6 * sent_w.max(1) as f64, "{sent_vw} vs {covered}");
+    }
+}
