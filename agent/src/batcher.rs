@@ -81,7 +81,7 @@ impl Batcher {
             jobs: self.jobs.values().cloned().collect(),
             events: std::mem::take(&mut self.events),
             sent_at_ms: now_ms,
-            from_spool: false,
+            ..Batch::default()
         }
     }
 }

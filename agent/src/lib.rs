@@ -11,14 +11,17 @@
 #![forbid(unsafe_code)]
 
 pub mod adaptive;
+pub mod attribution;
 pub mod batcher;
 pub mod client;
 pub mod clock;
 pub mod eval;
 pub mod identity;
+pub mod metrics_http;
 pub mod outbox;
 pub mod run;
 pub mod sampler;
 pub mod source;
+pub mod telemetry;
 
 pub use run::{Agent, AgentOptions};

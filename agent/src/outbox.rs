@@ -198,6 +198,17 @@ impl Outbox {
         self.notify.notify_one();
     }
 
+    /// Encoded bytes of the batches held (sent or not): what the agent
+    /// would lose if it died now.
+    pub fn pending_bytes(&self) -> u64 {
+        use prost::Message;
+        self.lock()
+            .entries
+            .iter()
+            .map(|e| e.batch.encoded_len() as u64)
+            .sum()
+    }
+
     /// Batches held (sent or not).
     pub fn len(&self) -> usize {
         self.lock().entries.len()

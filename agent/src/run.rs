@@ -2,13 +2,14 @@
 //! client loop (outbox → collector), joined by the bounded [`Outbox`].
 //! Capture runs on a blocking thread, since NVML calls block.
 
+use crate::attribution::{Attribution, AttributionOptions, AttributionStats};
 use crate::batcher::Batcher;
 use crate::client::{self, ClientOptions, ClientState};
 use crate::outbox::Outbox;
 use crate::sampler::Sampler;
 use crate::source::{GpuSource, SourceError};
 use flopwatch_proto::clock::Clock;
-use flopwatch_proto::model::{Hello, JobAssignment, NodeIdentity};
+use flopwatch_proto::model::{Hello, NodeIdentity};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +48,9 @@ pub struct AgentStats {
     pub samples: AtomicU64,
     /// Captures that failed.
     pub capture_errors: AtomicU64,
+    /// Each metric's current sampling interval when the last batch was cut:
+    /// (GPU UUID, metric, ms).
+    pub intervals: std::sync::Mutex<Vec<(String, &'static str, u32)>>,
 }
 
 /// A running agent.
@@ -57,19 +61,36 @@ pub struct Agent {
     pub stats: Arc<AgentStats>,
     /// Connection state.
     pub state: watch::Receiver<ClientState>,
+    /// Job attribution counters.
+    pub attribution: Arc<AttributionStats>,
     shutdown: watch::Sender<bool>,
     sampling: tokio::task::JoinHandle<()>,
     client: tokio::task::JoinHandle<()>,
 }
 
 impl Agent {
-    /// Starts sampling `source` and streaming to the collectors.
+    /// Starts sampling `source` and streaming to the collectors, with job
+    /// attribution off (the source's own jobs, then `opts.job`).
     pub fn start(
         source: Box<dyn GpuSource>,
         sampler: Box<dyn Sampler>,
         opts: AgentOptions,
         clock: Arc<dyn Clock>,
     ) -> Self {
+        Self::start_with_attribution(source, sampler, opts, AttributionOptions::disabled(), clock)
+    }
+
+    /// [`Agent::start`] with job attribution per `attribution`
+    /// ([`crate::attribution`]); `opts.job` stays the last fallback.
+    pub fn start_with_attribution(
+        source: Box<dyn GpuSource>,
+        sampler: Box<dyn Sampler>,
+        opts: AgentOptions,
+        attribution: AttributionOptions,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let attribution = Attribution::new(attribution, opts.job.clone());
+        let attribution_stats = attribution.stats();
         let outbox = Arc::new(Outbox::new(opts.max_in_flight));
         let stats = Arc::new(AgentStats::default());
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -96,6 +117,7 @@ impl Agent {
             source,
             sampler,
             opts,
+            attribution,
             clock,
             outbox.clone(),
             stats.clone(),
@@ -106,6 +128,7 @@ impl Agent {
             outbox,
             stats,
             state,
+            attribution: attribution_stats,
             shutdown,
             sampling,
             client,
@@ -145,11 +168,44 @@ fn apply_policy_metrics(
     }
 }
 
+/// Adds the sampler's current intervals and the outbox's backlog to a
+/// batch (the collector exports them), and keeps the intervals for the
+/// agent's own `/metrics`.
+fn annotate(
+    b: &mut flopwatch_proto::model::Batch,
+    sampler: &dyn Sampler,
+    inventory: &[flopwatch_proto::model::GpuInfo],
+    outbox: &Outbox,
+    stats: &AgentStats,
+) {
+    let intervals: Vec<(String, &'static str, u32)> = sampler
+        .intervals()
+        .into_iter()
+        .filter_map(|(gpu, metric, ms)| Some((inventory.get(gpu)?.uuid.clone(), metric, ms)))
+        .collect();
+    b.intervals = intervals
+        .iter()
+        .map(
+            |(uuid, metric, ms)| flopwatch_proto::model::SamplingInterval {
+                gpu_uuid: uuid.clone(),
+                metric: metric.to_string(),
+                interval_ms: *ms,
+            },
+        )
+        .collect();
+    b.pending_bytes = outbox.pending_bytes();
+    b.pending_batches = outbox.len() as u32;
+    if let Ok(mut v) = stats.intervals.lock() {
+        *v = intervals;
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn sample_loop(
     mut source: Box<dyn GpuSource>,
     mut sampler: Box<dyn Sampler>,
     opts: AgentOptions,
+    mut attribution: Attribution,
     clock: Arc<dyn Clock>,
     outbox: Arc<Outbox>,
     stats: Arc<AgentStats>,
@@ -194,18 +250,11 @@ async fn sample_loop(
         match r {
             Ok(mut capture) => {
                 stats.captures.fetch_add(1, Ordering::Relaxed);
-                if capture.jobs.is_empty() {
-                    if let Some(job) = &opts.job {
-                        capture.jobs = inventory
-                            .iter()
-                            .map(|g| JobAssignment {
-                                gpu_uuid: g.uuid.clone(),
-                                job_id: job.clone(),
-                                ..Default::default()
-                            })
-                            .collect();
-                    }
-                }
+                // Lookups run in the background at most every refresh
+                // interval; every capture carries the latest owners, then
+                // the source's jobs, then the `job` label.
+                attribution.tick(now, &inventory, || source.processes());
+                attribution.apply(now, &mut capture, &inventory);
                 apply_policy_metrics(&state, &mut capture);
                 if let Some(keep) = &opts.metrics {
                     for g in &mut capture.gpus {
@@ -234,7 +283,8 @@ async fn sample_loop(
             stats
                 .samples
                 .fetch_add(batcher.len() as u64, Ordering::Relaxed);
-            let b = batcher.cut(&inventory, &opts.node.node_id, &opts.node.boot_id, now);
+            let mut b = batcher.cut(&inventory, &opts.node.node_id, &opts.node.boot_id, now);
+            annotate(&mut b, sampler.as_ref(), &inventory, &outbox, &stats);
             outbox.push(b.into());
             last_flush = now;
         }

@@ -17,7 +17,9 @@
 //! window bounds what the collector holds per stream.
 
 use crate::auth::bearer;
-use crate::ofu::ofu;
+use crate::events::EventRecord;
+use crate::live::{BatchOfu, BatchView};
+use crate::ofu::{ofu, Mean};
 use crate::state::Collector;
 use crate::store::{AgentKey, CommitSet, GpuRecord, JobRecord, NodeRecord, OfuSample};
 use crate::validate::{validate, Rules};
@@ -297,6 +299,7 @@ impl Session {
     }
 
     async fn batch(&mut self, wire: v1::Batch) -> Result<CollectorMessage, Status> {
+        let arrived = std::time::Instant::now();
         let seq = wire.seq;
         let size = wire.encoded_len();
         if seq == 0 {
@@ -365,16 +368,27 @@ impl Session {
         for (r, n) in &rejected {
             self.c.stats.reject(*r, *n);
         }
-        let set = self.commit_set(&batch, now);
+        let (set, batch_ofu) = self.commit_set(&batch, now);
         let accepted = batch.sample_count() as u64;
         let ofu_n: usize = set.ofu.iter().map(|(_, _, s)| s.len()).sum();
         let gpus = set.gpus.clone();
+        let events = set.events.clone();
         self.commit(set).await?;
         self.c.remember_gpus(&self.tenant, &gpus);
+        for e in &events {
+            match e.kind.as_str() {
+                "regression" | "straggler" => {
+                    warn!(kind = %e.kind, job = %e.job_id, gpu = %e.gpu_uuid, "{}", e.detail)
+                }
+                _ => info!(kind = %e.kind, gpu = %e.gpu_uuid, code = e.value, "agent event"),
+            }
+        }
+        self.record_live(&batch, &batch_ofu, now);
         let s = &self.c.stats;
         s.samples_accepted.fetch_add(accepted, Ordering::Relaxed);
         s.ofu_samples.fetch_add(ofu_n as u64, Ordering::Relaxed);
         s.batches_acked.fetch_add(1, Ordering::Relaxed);
+        s.ack_latency.observe(arrived.elapsed().as_secs_f64());
         msg(collector_message::Msg::Ack(v1::Ack {
             seq,
             accepted_samples: accepted,
@@ -389,8 +403,42 @@ impl Session {
         }))
     }
 
-    /// Samples, OFU, job attribution and metadata of a validated batch.
-    fn commit_set(&mut self, batch: &Batch, now: i64) -> CommitSet {
+    /// Updates the live view (and the remote-write queue) after a commit.
+    fn record_live(&self, batch: &Batch, batch_ofu: &HashMap<String, BatchOfu>, now: i64) {
+        let gpus: Vec<(&str, u32, &str)> = self
+            .hello
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.as_str(), g.index, g.model.as_str()))
+            .collect();
+        self.c.live.record(
+            &BatchView {
+                tenant: &self.tenant,
+                agent_id: &self.agent.agent_id,
+                node_id: &self.hello.node.node_id,
+                hostname: &self.hello.node.hostname,
+                gpus,
+                jobs: &self.jobs,
+                ofu: batch_ofu,
+                series: &batch.series,
+                intervals: &batch.intervals,
+                pending: (batch.pending_bytes, batch.pending_batches),
+            },
+            now,
+        );
+        if let Some(q) = &self.c.remote {
+            for g in self.c.live.gpus(now) {
+                if g.tenant == self.tenant && self.gpus.contains(&g.uuid) {
+                    let ts = batch_ofu.get(&g.uuid).map(|o| o.ts_ms);
+                    q.push_gpu(&g, ts, &self.c.stats);
+                }
+            }
+        }
+    }
+
+    /// Samples, OFU, job attribution, events and metadata of a validated
+    /// batch, and each GPU's OFU over the batch.
+    fn commit_set(&mut self, batch: &Batch, now: i64) -> (CommitSet, HashMap<String, BatchOfu>) {
         let mut set = CommitSet {
             agent: Some(self.agent.clone()),
             seq: batch.seq,
@@ -412,6 +460,7 @@ impl Session {
                 self.jobs.insert(j.gpu_uuid.clone(), w);
             }
         }
+        let mut batch_ofu = HashMap::new();
         let mut by_gpu: HashMap<&str, OfuInputs<'_>> = HashMap::new();
         for s in &batch.series {
             let e = by_gpu.entry(s.gpu_uuid.as_str()).or_default();
@@ -453,7 +502,47 @@ impl Session {
                     })
                 })
                 .collect();
+            let mut mean = Mean::default();
+            for x in &samples {
+                mean.add(x.ofu, x.tensor_active, x.sm_clock_mhz, x.window_ms);
+            }
+            if let (Some(o), Some(last)) = (mean.mean(), samples.iter().map(|x| x.ts_ms).max()) {
+                batch_ofu.insert(
+                    gpu.to_string(),
+                    BatchOfu {
+                        ofu: o,
+                        tensor_active: mean.tensor_active(),
+                        sm_clock_mhz: mean.sm_clock_mhz(),
+                        ts_ms: last,
+                    },
+                );
+            }
+            if let Some(j) = &job {
+                set.events.extend(self.c.events.observe(
+                    &self.tenant,
+                    &self.hello.node.node_id,
+                    j,
+                    gpu,
+                    &samples,
+                ));
+            }
             set.ofu.push((gpu.to_string(), job, samples));
+        }
+        for e in &batch.events {
+            set.events.push(EventRecord {
+                kind: e.kind.clone(),
+                ts_ms: e.ts_ms,
+                job_id: self
+                    .jobs
+                    .get(&e.gpu_uuid)
+                    .map(|j| j.job_id.clone())
+                    .unwrap_or_default(),
+                gpu_uuid: e.gpu_uuid.clone(),
+                node_id: self.hello.node.node_id.clone(),
+                value: e.code as f64,
+                baseline: 0.0,
+                detail: e.detail.clone(),
+            });
         }
         for uuid in &self.gpus {
             let Some(mut g) = self.c.gpu(&self.tenant, uuid) else {
@@ -497,6 +586,6 @@ impl Session {
             labels: self.hello.node.labels.clone(),
         });
         set.series = batch.series.clone();
-        set
+        (set, batch_ofu)
     }
 }

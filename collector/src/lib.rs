@@ -12,9 +12,13 @@
 pub mod auth;
 pub mod codec;
 pub mod error;
+pub mod events;
+pub mod exporter;
 pub mod ingest;
+pub mod live;
 pub mod ofu;
 pub mod query;
+pub mod remote_write;
 pub mod server;
 pub mod state;
 pub mod stats;

@@ -357,4 +357,61 @@ impl v1::query_server::Query for QueryService {
             .collect();
         Ok(Response::new(v1::JobList { jobs }))
     }
+
+    async fn list_events(
+        &self,
+        request: Request<v1::EventsRequest>,
+    ) -> Result<Response<v1::EventList>, Status> {
+        let scope = self.scope(&request)?;
+        let r = request.into_inner();
+        let end = if r.end_ms <= 0 {
+            self.c.clock.now_ms() + 1
+        } else {
+            r.end_ms
+        };
+        let limit = if r.limit == 0 { 1000 } else { r.limit as usize };
+        let tenants: BTreeSet<String> = match &scope {
+            Scope::Tenant(t) => [t.clone()].into(),
+            Scope::All => self
+                .c
+                .store
+                .nodes(None)
+                .map_err(CollectorError::from)?
+                .into_iter()
+                .map(|(t, _)| t)
+                .collect(),
+        };
+        let mut events = Vec::new();
+        for t in tenants {
+            for e in self
+                .c
+                .store
+                .events(&t, r.start_ms, end, usize::MAX)
+                .map_err(CollectorError::from)?
+            {
+                if (!r.kind.is_empty() && e.kind != r.kind)
+                    || (!r.job_id.is_empty() && e.job_id != r.job_id)
+                {
+                    continue;
+                }
+                events.push(v1::EventEntry {
+                    kind: e.kind,
+                    timestamp_ms: e.ts_ms,
+                    tenant: t.clone(),
+                    job_id: e.job_id,
+                    gpu_uuid: e.gpu_uuid,
+                    node_id: e.node_id,
+                    value: e.value,
+                    baseline: e.baseline,
+                    detail: e.detail,
+                });
+            }
+        }
+        events.sort_by_key(|e| e.timestamp_ms);
+        // The newest `limit`, oldest first.
+        if events.len() > limit {
+            events.drain(..events.len() - limit);
+        }
+        Ok(Response::new(v1::EventList { events }))
+    }
 }

@@ -35,11 +35,13 @@ pub fn open(
     )
 }
 
-/// Serves ingest, query, health and reflection on `listener` until
-/// `shutdown` resolves, then flushes the store.
+/// Serves ingest, query, health and reflection on `listener`, and
+/// `/metrics` on `metrics` when given, until `shutdown` resolves; then
+/// flushes the store. Runs remote write when configured.
 pub async fn serve(
     collector: Arc<Collector>,
     listener: TcpListener,
+    metrics: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), CollectorError> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
@@ -57,6 +59,30 @@ pub async fn serve(
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(?addr, "collector serving");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let metrics_task = metrics.map(|l| {
+        tracing::info!(addr = ?l.local_addr().ok(), "serving /metrics");
+        let registry = Arc::new(crate::exporter::registry(collector.clone()));
+        let mut stop = stop_rx.clone();
+        tokio::spawn(flopwatch_agent::metrics_http::serve(
+            l,
+            registry,
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+            },
+        ))
+    });
+    let remote_task = match (&collector.settings.remote_write, &collector.remote) {
+        (Some(cfg), Some(queue)) => {
+            tracing::info!(url = %cfg.url, "remote write on");
+            Some(tokio::spawn(crate::remote_write::run(
+                cfg.clone(),
+                queue.clone(),
+                collector.clone(),
+                stop_rx.clone(),
+            )))
+        }
+        _ => None,
+    };
     let shutdown = async move {
         shutdown.await;
         tracing::info!("shutting down: ending agent streams");
@@ -70,6 +96,12 @@ pub async fn serve(
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
         .map_err(|e| CollectorError::Setup(e.to_string()))?;
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
+    if let Some(t) = remote_task {
+        let _ = t.await;
+    }
     let store = collector.store.clone();
     tokio::task::spawn_blocking(move || store.engine().flush())
         .await
@@ -82,6 +114,8 @@ pub async fn serve(
 pub struct Loopback {
     /// `http://127.0.0.1:PORT`.
     pub url: String,
+    /// `http://127.0.0.1:PORT/metrics`.
+    pub metrics_url: String,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<Result<(), CollectorError>>,
 }
@@ -95,12 +129,19 @@ impl Loopback {
         let addr = listener
             .local_addr()
             .map_err(|e| CollectorError::Setup(e.to_string()))?;
+        let metrics = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| CollectorError::Setup(format!("binding 127.0.0.1:0: {e}")))?;
+        let metrics_addr = metrics
+            .local_addr()
+            .map_err(|e| CollectorError::Setup(e.to_string()))?;
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(serve(collector, listener, async move {
+        let task = tokio::spawn(serve(collector, listener, Some(metrics), async move {
             let _ = rx.await;
         }));
         Ok(Self {
             url: format!("http://{addr}"),
+            metrics_url: format!("http://{metrics_addr}/metrics"),
             stop,
             task,
         })

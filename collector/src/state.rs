@@ -2,9 +2,12 @@
 //! counters, and a cache of GPU records for OFU lookups.
 
 use crate::auth::Auth;
+use crate::events::{AnalysisSettings, Analyzer};
+use crate::live::Live;
+use crate::remote_write::RemoteQueue;
 use crate::stats::Stats;
 use crate::store::{GpuRecord, Store};
-use flopwatch_config::{CollectorConfig, GpuSpec, Precision, SpecTable};
+use flopwatch_config::{CollectorConfig, GpuSpec, Precision, RemoteWriteConfig, SpecTable};
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::model::Policy;
 use std::collections::HashMap;
@@ -23,6 +26,10 @@ pub struct Settings {
     pub max_batch_bytes: u32,
     /// Policy sent to agents.
     pub policy: Policy,
+    /// Regression and straggler detection.
+    pub analysis: AnalysisSettings,
+    /// Remote write, when configured.
+    pub remote_write: Option<RemoteWriteConfig>,
 }
 
 impl Settings {
@@ -46,6 +53,15 @@ impl Settings {
                 flush_interval_ms: ms(c.policy.flush_interval) as u32,
                 ..Policy::default()
             },
+            analysis: AnalysisSettings {
+                window_ms: ms(c.analysis.window),
+                baseline_windows: c.analysis.baseline_windows,
+                regression_factor: c.analysis.regression_factor,
+                confirm_windows: c.analysis.confirm_windows,
+                straggler_threshold: c.analysis.straggler_threshold,
+                min_ofu: c.analysis.min_ofu,
+            },
+            remote_write: c.remote_write.clone(),
         }
     }
 }
@@ -73,6 +89,12 @@ pub struct Collector {
     pub stats: Stats,
     /// Time.
     pub clock: Arc<dyn Clock>,
+    /// Latest state per GPU and agent (`/metrics`, remote write).
+    pub live: Live,
+    /// Regression and straggler detection.
+    pub events: Analyzer,
+    /// Points waiting for remote write, when configured.
+    pub remote: Option<Arc<RemoteQueue>>,
     gpus: RwLock<HashMap<(String, String), GpuRecord>>,
 }
 
@@ -94,9 +116,19 @@ impl Collector {
             store,
             specs,
             auth,
-            settings,
+            settings: settings.clone(),
             stats: Stats::default(),
             clock,
+            live: Live::default(),
+            events: Analyzer::new(settings.analysis.clone()),
+            remote: settings.remote_write.as_ref().map(|rw| {
+                let metrics = if rw.metrics.is_empty() {
+                    settings.policy.metrics.clone()
+                } else {
+                    rw.metrics.clone()
+                };
+                Arc::new(RemoteQueue::new(rw.max_queue_samples, metrics))
+            }),
             gpus: RwLock::new(gpus),
         }))
     }

@@ -1,11 +1,12 @@
-//! The collector's own counters (exported on `/metrics` by the ecosystem
-//! work; read directly by the demo).
+//! The collector's own counters (exported on `/metrics` by
+//! [`crate::exporter`]; read directly by the demo).
 
 use crate::validate::Reason;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 /// Counters, all monotonic except `agents_connected`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Stats {
     /// Samples stored.
     pub samples_accepted: AtomicU64,
@@ -24,6 +25,35 @@ pub struct Stats {
     pub commit_micros: AtomicU64,
     /// Batches committed to storage.
     pub batches_committed: AtomicU64,
+    /// Seconds from a batch's arrival to its acknowledgement.
+    pub ack_latency: Histogram,
+    /// Samples pushed to the remote-write endpoint.
+    pub remote_write_samples: AtomicU64,
+    /// Remote-write requests that failed (each is retried).
+    pub remote_write_failures: AtomicU64,
+    /// Samples dropped because the remote-write queue was full.
+    pub remote_write_dropped: AtomicU64,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self {
+            samples_accepted: AtomicU64::new(0),
+            batches_acked: AtomicU64::new(0),
+            batches_duplicate: AtomicU64::new(0),
+            batches_rejected: AtomicU64::new(0),
+            ofu_samples: AtomicU64::new(0),
+            agents_connected: AtomicI64::new(0),
+            rejected: Default::default(),
+            commit_micros: AtomicU64::new(0),
+            batches_committed: AtomicU64::new(0),
+            // 100 µs … ~3.3 s.
+            ack_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            remote_write_samples: AtomicU64::new(0),
+            remote_write_failures: AtomicU64::new(0),
+            remote_write_dropped: AtomicU64::new(0),
+        }
+    }
 }
 
 impl Stats {

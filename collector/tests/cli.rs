@@ -32,7 +32,13 @@ fn start_collector(data: &Path) -> (Proc, String) {
     let mut child = Command::new(bin())
         .args(["collector", "--config"])
         .arg(example("collector.toml"))
-        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
         .arg(data)
         .env("FLOPWATCH_LOG", "warn")
         .stdout(Stdio::piped())
@@ -203,6 +209,60 @@ fn agent_without_driver_fails_clearly() {
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// The demo's regressing job (`finetune`, 2.5× slower after
+/// --regress-after) and its straggling GPU (in `llm-pretrain`) show up as
+/// events.
+#[test]
+fn demo_raises_regression_and_straggler_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(bin())
+        .args([
+            "demo",
+            "--nodes",
+            "2",
+            "--gpus",
+            "4",
+            "--duration",
+            "14s",
+            "--regress-after",
+            "7s",
+            "--analysis-window",
+            "1s",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let events = text
+        .split("\nevents (")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{text}"));
+    let lines: Vec<&str> = events.lines().collect();
+    let regressions: Vec<&&str> = lines.iter().filter(|l| l.contains("regression")).collect();
+    assert_eq!(regressions.len(), 1, "{events}");
+    assert!(regressions[0].contains("finetune"), "{events}");
+    // Raised after the regression starts (7 s), within a few windows.
+    let t: i64 = regressions[0]
+        .trim()
+        .trim_start_matches("t=")
+        .split('s')
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!((7..=11).contains(&t), "regression at {t} s: {events}");
+    let stragglers: Vec<&&str> = lines.iter().filter(|l| l.contains("straggler")).collect();
+    assert_eq!(stragglers.len(), 1, "{events}");
+    assert!(stragglers[0].contains("llm-pretrain"), "{events}");
 }
 
 #[test]

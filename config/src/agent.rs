@@ -41,6 +41,8 @@ pub struct AgentConfig {
     pub node_id: String,
     /// Collector URLs (`http://host:port` or `https://…`).
     pub collectors: Vec<String>,
+    /// HTTP address of the agent's own `/metrics`; empty turns it off.
+    pub metrics_listen: String,
     /// Bearer token for the collectors.
     pub token: Option<String>,
     /// File holding the bearer token (Kubernetes Secret mount).
@@ -73,6 +75,8 @@ pub struct AgentConfig {
     pub spool: SpoolConfig,
     /// `[sampling]`.
     pub sampling: crate::SamplingConfig,
+    /// `[attribution]`.
+    pub attribution: AttributionSettings,
 }
 
 impl Default for AgentConfig {
@@ -80,6 +84,7 @@ impl Default for AgentConfig {
         Self {
             node_id: String::new(),
             collectors: vec!["http://127.0.0.1:7070".to_string()],
+            metrics_listen: "127.0.0.1:9401".to_string(),
             token: None,
             token_file: None,
             source: "nvml".to_string(),
@@ -95,6 +100,7 @@ impl Default for AgentConfig {
             sim: SimSettings::default(),
             spool: SpoolConfig::default(),
             sampling: crate::SamplingConfig::default(),
+            attribution: AttributionSettings::default(),
         }
     }
 }
@@ -136,6 +142,71 @@ impl Default for SimSettings {
     }
 }
 
+/// `[attribution]`: which job each GPU runs, found without touching the
+/// job: the kubelet's pod-resources socket (GPU → pod), the cgroup of each
+/// GPU process (`<proc_root>/<pid>/cgroup` → pod, Slurm job or container),
+/// a per-GPU mapping directory, then the `job` label.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AttributionSettings {
+    /// Attribution on; `false` leaves only the source's own jobs and `job`.
+    pub enabled: bool,
+    /// Where the node's processes are listed (`/host/proc` in a pod).
+    pub proc_root: PathBuf,
+    /// The kubelet pod-resources socket; an empty path turns the lookup
+    /// off. A socket that does not exist is skipped quietly.
+    pub pod_resources_socket: PathBuf,
+    /// dcgm-exporter-style mapping directory: a file per GPU, named by its
+    /// index or UUID, whose first line is the HPC job id.
+    pub mapping_dir: Option<PathBuf>,
+    /// Attribution is looked up at most this often, not every capture.
+    #[serde(with = "humantime_serde")]
+    pub refresh_interval: Duration,
+}
+
+impl Default for AttributionSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            proc_root: PathBuf::from("/proc"),
+            pod_resources_socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
+            mapping_dir: None,
+            refresh_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+impl AttributionSettings {
+    /// Checks values; errors name the key (`attribution.<key>`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.enabled && self.proc_root.as_os_str().is_empty() {
+            return Err(ConfigError::invalid(
+                "attribution.proc_root",
+                "must not be empty",
+            ));
+        }
+        if self.refresh_interval < Duration::from_millis(100)
+            || self.refresh_interval > Duration::from_secs(3600)
+        {
+            return Err(ConfigError::invalid(
+                "attribution.refresh_interval",
+                "must lie between 100ms and 1h",
+            ));
+        }
+        if self
+            .mapping_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            return Err(ConfigError::invalid(
+                "attribution.mapping_dir",
+                "must not be empty (leave it out instead)",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// `[spool]`: batches kept on disk while no collector acknowledges them.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -168,6 +239,7 @@ impl Validate for AgentConfig {
     const KEYS: &'static [&'static str] = &[
         "node_id",
         "collectors",
+        "metrics_listen",
         "token",
         "token_file",
         "source",
@@ -182,11 +254,21 @@ impl Validate for AgentConfig {
         "sim",
         "spool",
         "sampling",
+        "attribution",
     ];
 
     fn validate(&self) -> Result<(), ConfigError> {
         self.source_kind()?;
+        if !self.metrics_listen.is_empty()
+            && self.metrics_listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(ConfigError::invalid(
+                "metrics_listen",
+                "must be an address such as 127.0.0.1:9401, or empty to turn /metrics off",
+            ));
+        }
         self.sampling.validate()?;
+        self.attribution.validate()?;
         if self.collectors.is_empty() {
             return Err(ConfigError::invalid(
                 "collectors",
@@ -235,5 +317,80 @@ impl Validate for AgentConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{parse_str, ConfigError};
+    use std::path::Path;
+
+    #[test]
+    fn attribution_defaults_and_overrides() {
+        let a: AgentConfig = parse_str("source = \"sim\"\n", Path::new("a.toml")).unwrap();
+        assert_eq!(a.attribution, AttributionSettings::default());
+        assert!(a.attribution.enabled);
+        assert_eq!(a.attribution.proc_root, Path::new("/proc"));
+        assert_eq!(
+            a.attribution.pod_resources_socket,
+            Path::new("/var/lib/kubelet/pod-resources/kubelet.sock")
+        );
+        assert_eq!(a.attribution.mapping_dir, None);
+        assert_eq!(a.attribution.refresh_interval, Duration::from_secs(10));
+
+        let a: AgentConfig = parse_str(
+            "[attribution]\nenabled = false\nproc_root = \"/host/proc\"\n\
+             pod_resources_socket = \"\"\nmapping_dir = \"/run/hpc-jobs\"\n\
+             refresh_interval = \"30s\"\n",
+            Path::new("a.toml"),
+        )
+        .unwrap();
+        assert!(!a.attribution.enabled);
+        assert_eq!(a.attribution.proc_root, Path::new("/host/proc"));
+        assert!(a.attribution.pod_resources_socket.as_os_str().is_empty());
+        assert_eq!(
+            a.attribution.mapping_dir.as_deref(),
+            Some(Path::new("/run/hpc-jobs"))
+        );
+        assert_eq!(a.attribution.refresh_interval, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn attribution_errors_name_the_key() {
+        for (text, key) in [
+            (
+                "[attribution]\nrefresh_interval = \"10ms\"\n",
+                "attribution.refresh_interval",
+            ),
+            ("[attribution]\nproc_root = \"\"\n", "attribution.proc_root"),
+            (
+                "[attribution]\nmapping_dir = \"\"\n",
+                "attribution.mapping_dir",
+            ),
+        ] {
+            let e = parse_str::<AgentConfig>(text, Path::new("a.toml")).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Invalid { key: k, .. } if k == key),
+                "{text}: {e}"
+            );
+        }
+        let e = parse_str::<AgentConfig>("[attribution]\nprocroot = \"/p\"\n", Path::new("a.toml"))
+            .unwrap_err();
+        assert!(e.to_string().contains("procroot"), "{e}");
+    }
+
+    #[test]
+    fn attribution_is_overridable_from_the_environment() {
+        let env = vec![(
+            "FLOPWATCH_ATTRIBUTION__PROC_ROOT".to_string(),
+            "/host/proc".to_string(),
+        )];
+        let path =
+            std::env::temp_dir().join(format!("flopwatch-config-attr-{}.toml", std::process::id()));
+        std::fs::write(&path, "source = \"sim\"\n").unwrap();
+        let a: Result<AgentConfig, _> = crate::load_file_with(&path, &env);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(a.unwrap().attribution.proc_root, Path::new("/host/proc"));
     }
 }

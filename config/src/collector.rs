@@ -12,6 +12,9 @@ use std::time::Duration;
 pub struct CollectorConfig {
     /// gRPC listen address (ingest and query).
     pub listen: SocketAddr,
+    /// HTTP address of `/metrics` (Prometheus). The page covers every
+    /// tenant: keep it on loopback or a provider-only network.
+    pub metrics_listen: SocketAddr,
     /// RocksDB directory.
     pub data_dir: PathBuf,
     /// Name reported to agents; defaults to the hostname.
@@ -38,12 +41,90 @@ pub struct CollectorConfig {
     pub tenants: Vec<TenantConfig>,
     /// Provider (admin) query tokens, SHA-256 hex: read every tenant.
     pub admin_tokens_sha256: Vec<String>,
+    /// Regression and straggler detection.
+    pub analysis: AnalysisConfig,
+    /// Optional Prometheus remote write of OFU and selected counters.
+    pub remote_write: Option<RemoteWriteConfig>,
+}
+
+/// `[analysis]`: events derived at ingest (OFU §VI-A regressions,
+/// stragglers).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AnalysisConfig {
+    /// Window over which a job's OFU is averaged before comparison.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// Closed windows in a job's trailing baseline (its median).
+    pub baseline_windows: usize,
+    /// A job regresses when its baseline is this many times its window OFU
+    /// ...
+    pub regression_factor: f64,
+    /// ... for this many consecutive windows.
+    pub confirm_windows: u32,
+    /// A GPU straggles when its tensor activity is below the job's median
+    /// by more than this fraction of the median.
+    pub straggler_threshold: f64,
+    /// Baselines and medians below this OFU are too idle to judge.
+    pub min_ofu: f64,
+}
+
+impl Default for AnalysisConfig {
+    fn default() -> Self {
+        Self {
+            window: Duration::from_secs(60),
+            baseline_windows: 10,
+            regression_factor: 2.0,
+            confirm_windows: 3,
+            straggler_threshold: 0.25,
+            min_ofu: 0.05,
+        }
+    }
+}
+
+/// `[remote_write]`: push OFU and selected counters to a Prometheus
+/// remote-write endpoint (Prometheus, Mimir, Thanos, VictoriaMetrics).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RemoteWriteConfig {
+    /// Endpoint, e.g. `http://prometheus:9090/api/v1/write`.
+    pub url: String,
+    /// How often queued samples are sent.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Samples queued at most; past it the oldest are dropped and counted.
+    pub max_queue_samples: usize,
+    /// Samples in one request at most.
+    pub max_samples_per_request: usize,
+    /// Request timeout.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Bearer token sent as `Authorization`.
+    pub bearer_token: Option<String>,
+    /// Counters pushed besides OFU, tensor activity and SM clock (default:
+    /// the policy's selected set, or none).
+    pub metrics: Vec<String>,
+}
+
+impl Default for RemoteWriteConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            interval: Duration::from_secs(5),
+            max_queue_samples: 1_000_000,
+            max_samples_per_request: 10_000,
+            timeout: Duration::from_secs(10),
+            bearer_token: None,
+            metrics: Vec::new(),
+        }
+    }
 }
 
 impl Default for CollectorConfig {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:7070".parse().expect("literal address"),
+            metrics_listen: "127.0.0.1:9400".parse().expect("literal address"),
             data_dir: PathBuf::from("/var/lib/flopwatch"),
             collector_id: String::new(),
             gpu_specs: None,
@@ -55,6 +136,8 @@ impl Default for CollectorConfig {
             anonymous_tenant: None,
             tenants: Vec::new(),
             admin_tokens_sha256: Vec::new(),
+            analysis: AnalysisConfig::default(),
+            remote_write: None,
         }
     }
 }
@@ -126,6 +209,7 @@ fn check_hash(key: &str, h: &str) -> Result<(), ConfigError> {
 impl Validate for CollectorConfig {
     const KEYS: &'static [&'static str] = &[
         "listen",
+        "metrics_listen",
         "data_dir",
         "collector_id",
         "gpu_specs",
@@ -136,6 +220,8 @@ impl Validate for CollectorConfig {
         "policy",
         "anonymous_tenant",
         "admin_tokens_sha256",
+        "analysis",
+        "remote_write",
     ];
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -166,6 +252,64 @@ impl Validate for CollectorConfig {
                 "policy.flush_interval",
                 "must be positive",
             ));
+        }
+        let a = &self.analysis;
+        if a.window < Duration::from_secs(1) {
+            return Err(ConfigError::invalid(
+                "analysis.window",
+                "must be at least 1s",
+            ));
+        }
+        if !(a.regression_factor > 1.0 && a.regression_factor.is_finite()) {
+            return Err(ConfigError::invalid(
+                "analysis.regression_factor",
+                "must be a number above 1 (the OFU paper's case is 2.5)",
+            ));
+        }
+        if !(0.0..1.0).contains(&a.straggler_threshold) {
+            return Err(ConfigError::invalid(
+                "analysis.straggler_threshold",
+                "must lie in [0, 1)",
+            ));
+        }
+        if !(0.0..=1.0).contains(&a.min_ofu) {
+            return Err(ConfigError::invalid(
+                "analysis.min_ofu",
+                "must lie in [0, 1]",
+            ));
+        }
+        if a.confirm_windows == 0 {
+            return Err(ConfigError::invalid(
+                "analysis.confirm_windows",
+                "must be at least 1",
+            ));
+        }
+        if a.baseline_windows < 3 {
+            return Err(ConfigError::invalid(
+                "analysis.baseline_windows",
+                "must be at least 3",
+            ));
+        }
+        if let Some(rw) = &self.remote_write {
+            if !(rw.url.starts_with("http://") || rw.url.starts_with("https://")) {
+                return Err(ConfigError::invalid(
+                    "remote_write.url",
+                    "must be an http:// or https:// URL",
+                ));
+            }
+            if rw.interval.is_zero() || rw.timeout.is_zero() {
+                return Err(ConfigError::invalid(
+                    "remote_write.interval",
+                    "interval and timeout must be positive",
+                ));
+            }
+            if rw.max_samples_per_request == 0 || rw.max_queue_samples < rw.max_samples_per_request
+            {
+                return Err(ConfigError::invalid(
+                    "remote_write.max_queue_samples",
+                    "must be at least max_samples_per_request, which must be positive",
+                ));
+            }
         }
         if self.retention < Duration::from_secs(3600) {
             return Err(ConfigError::invalid("retention", "must be at least 1h"));

@@ -17,7 +17,9 @@ mod sampling;
 mod specs;
 
 pub use agent::{AgentConfig, NvmlSettings, SimSettings, SourceKind, SpoolConfig};
-pub use collector::{CollectorConfig, PolicyConfig, QueryToken, TenantConfig};
+pub use collector::{
+    AnalysisConfig, CollectorConfig, PolicyConfig, QueryToken, RemoteWriteConfig, TenantConfig,
+};
 pub use error::ConfigError;
 pub use load::{
     load_file, load_file_with, parse_str, relative_to, EnvSource, ProcessEnv, Validate,

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs what building flopwatch needs beyond a Rust toolchain:
-# libclang (RocksDB's bindings are generated with bindgen) and a C++
-# compiler (RocksDB is compiled from source). Idempotent; quiet when
-# everything is present.
+# Installs what building and testing flopwatch needs beyond a Rust
+# toolchain: libclang (RocksDB's bindings are generated with bindgen), a C++
+# compiler (RocksDB is compiled from source), and Prometheus with promtool
+# (the tests scrape flopwatch with a real Prometheus). Idempotent; quiet
+# when everything is present.
 set -euo pipefail
 
 need=()
@@ -13,6 +14,7 @@ have_libclang() {
 have_libclang || need+=(libclang-dev)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
 command -v make >/dev/null 2>&1 || need+=(make)
+command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "flopwatch setup: installing ${need[*]}" >&2

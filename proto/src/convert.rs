@@ -3,7 +3,8 @@
 //! the collector's validation so that good samples of a batch survive.
 
 use crate::model::{
-    Batch, Event, GpuInfo, Hello, JobAssignment, NodeIdentity, Point, Policy, SeriesBatch,
+    Batch, Event, GpuInfo, Hello, JobAssignment, NodeIdentity, Point, Policy, SamplingInterval,
+    SeriesBatch,
 };
 use crate::v1;
 
@@ -242,6 +243,17 @@ impl TryFrom<v1::Batch> for Batch {
             events: b.events.into_iter().map(Into::into).collect(),
             sent_at_ms: b.sent_at_ms,
             from_spool: b.from_spool,
+            intervals: b
+                .intervals
+                .into_iter()
+                .map(|i| SamplingInterval {
+                    gpu_uuid: i.gpu_uuid,
+                    metric: i.metric,
+                    interval_ms: i.interval_ms,
+                })
+                .collect(),
+            pending_bytes: b.pending_bytes,
+            pending_batches: b.pending_batches,
         })
     }
 }
@@ -257,6 +269,17 @@ impl From<Batch> for v1::Batch {
             events: b.events.into_iter().map(Into::into).collect(),
             sent_at_ms: b.sent_at_ms,
             from_spool: b.from_spool,
+            intervals: b
+                .intervals
+                .into_iter()
+                .map(|i| v1::SamplingInterval {
+                    gpu_uuid: i.gpu_uuid,
+                    metric: i.metric,
+                    interval_ms: i.interval_ms,
+                })
+                .collect(),
+            pending_bytes: b.pending_bytes,
+            pending_batches: b.pending_batches,
         }
     }
 }
@@ -317,6 +340,13 @@ mod tests {
                     },
                 ],
             }],
+            intervals: vec![SamplingInterval {
+                gpu_uuid: "GPU-1".into(),
+                metric: "tensor_active".into(),
+                interval_ms: 1600,
+            }],
+            pending_bytes: 4096,
+            pending_batches: 2,
             ..Default::default()
         };
         let wire: v1::Batch = b.clone().into();

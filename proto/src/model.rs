@@ -148,6 +148,23 @@ pub struct Batch {
     pub sent_at_ms: i64,
     /// Whether the batch came from the spool.
     pub from_spool: bool,
+    /// Each metric's current sampling interval.
+    pub intervals: Vec<SamplingInterval>,
+    /// Bytes waiting in the agent for an acknowledgement.
+    pub pending_bytes: u64,
+    /// Batches waiting in the agent for an acknowledgement.
+    pub pending_batches: u32,
+}
+
+/// One metric's current sampling interval on one GPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SamplingInterval {
+    /// GPU.
+    pub gpu_uuid: String,
+    /// Catalog name.
+    pub metric: String,
+    /// Interval, ms.
+    pub interval_ms: u32,
 }
 
 impl Batch {

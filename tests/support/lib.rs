@@ -20,6 +20,8 @@ pub struct TestCollector {
     pub collector: Arc<Collector>,
     /// `http://127.0.0.1:PORT`.
     pub url: String,
+    /// `http://127.0.0.1:PORT/metrics`.
+    pub metrics_url: String,
     server: server::Loopback,
 }
 
@@ -41,9 +43,15 @@ impl TestCollector {
             anonymous_tenant: Some("default".into()),
             ..Default::default()
         };
+        Self::start_config(&cfg, auth, metrics).await
+    }
+
+    /// From a full configuration (its `data_dir`).
+    pub async fn start_config(cfg: &CollectorConfig, auth: Auth, metrics: Vec<String>) -> Self {
+        let dir = &cfg.data_dir;
         let collector = server::open(
             dir,
-            &cfg,
+            cfg,
             SpecTable::builtin(),
             auth,
             metrics,
@@ -54,6 +62,7 @@ impl TestCollector {
         Self {
             collector,
             url: server.url.clone(),
+            metrics_url: server.metrics_url.clone(),
             server,
         }
     }

@@ -38,16 +38,20 @@ impl FleetPlan {
     /// the fleet, `gemm-bench` (steady GEMM), `inference` (bursts and idle
     /// gaps), `finetune` (training that regresses 2.5× midway), and a few
     /// idle GPUs. Small fleets still get every job where they have room.
+    /// In a fleet of at least 6 GPUs, the second `llm-pretrain` GPU is a
+    /// straggler: it reaches 60 % of its peers' tensor activity (a GPU
+    /// held back by, say, thermal throttling).
     pub fn gpu(&self, node: usize, gpu: usize) -> GpuPlan {
         let total = (self.nodes * self.gpus).max(1);
         let flat = node * self.gpus + gpu;
         // Fraction of the fleet before this GPU decides its job.
         let pos = flat as f64 / total as f64;
+        let straggler = flat == 1 && total >= 6;
         let (job, workload) = if pos < 0.5 {
             (
                 "llm-pretrain",
                 Workload::Training {
-                    tensor_active: 0.62,
+                    tensor_active: if straggler { 0.62 * 0.6 } else { 0.62 },
                     step_ms: 1200,
                     comm_ms: 180,
                 },

@@ -112,6 +112,13 @@ pub trait GpuSource: Send {
     /// Reads every GPU once. Window-mean metrics cover the time since the
     /// previous capture; point metrics are read at `now_ms`.
     fn capture(&mut self, now_ms: i64) -> Result<Capture, SourceError>;
+
+    /// The compute processes seen at the last capture, as (inventory
+    /// index, PID) pairs, for job attribution ([`crate::attribution`]).
+    /// Sources that do not see processes return none.
+    fn processes(&self) -> Vec<(usize, u32)> {
+        Vec::new()
+    }
 }
 
 /// Opens the source a config names. `start_ms` anchors the simulator.

@@ -16,7 +16,8 @@
 //!   reasons, ECC and energy are plain reads.
 //! * **Compute processes** (`nvmlDeviceGetComputeRunningProcesses_v3`):
 //!   their count is `compute_processes` every capture, and their PIDs are
-//!   kept per GPU ([`NvmlSource::last_pids`]) for job attribution.
+//!   kept per GPU ([`NvmlSource::last_pids`], [`GpuSource::processes`]) for
+//!   job attribution ([`crate::attribution`]).
 //! * **Events**: at open, one NVML event set is created and every GPU that
 //!   supports them is registered for critical XID errors and double-bit ECC
 //!   errors (GPUs answering NotSupported are skipped). Each capture drains
@@ -442,6 +443,14 @@ impl GpuSource for NvmlSource {
             jobs: Vec::new(),
             events,
         })
+    }
+
+    fn processes(&self) -> Vec<(usize, u32)> {
+        self.gpus
+            .iter()
+            .enumerate()
+            .flat_map(|(g, gpu)| gpu.pids.iter().map(move |&pid| (g, pid)))
+            .collect()
     }
 }
 

@@ -3,6 +3,12 @@
 //! Window-mean metrics are the simulator's exact means since the previous
 //! capture (as GPM would report them); point metrics are the state at the
 //! capture instant, so the SM clock shows the OFU paper's ±32 MHz jitter.
+//!
+//! With [`SimSource::with_pids`] a GPU that runs a job also reports one
+//! compute process, PID `base + gpu index` (the fake NVML library's
+//! convention with base 10 000), so job attribution can be exercised
+//! against a fake `/proc` tree. Off by default: on a real host those PIDs
+//! belong to unrelated processes.
 
 use super::{Capture, GpuCapture, GpuSource, Reading, SourceError};
 use flopwatch_proto::metrics as m;
@@ -15,6 +21,7 @@ pub struct SimSource {
     inventory: Vec<GpuInfo>,
     last_ms: Option<i64>,
     energy_j: Vec<f64>,
+    pid_base: Option<u32>,
 }
 
 impl SimSource {
@@ -46,7 +53,15 @@ impl SimSource {
             inventory,
             last_ms: None,
             energy_j: vec![0.0; n],
+            pid_base: None,
         }
+    }
+
+    /// Reports a compute process, PID `base + gpu`, on every GPU that runs
+    /// a job (see the module docs).
+    pub fn with_pids(mut self, base: u32) -> Self {
+        self.pid_base = Some(base);
+        self
     }
 
     /// The underlying model (ground truth for tests).
@@ -67,6 +82,19 @@ impl GpuSource for SimSource {
 
     fn inventory(&self) -> &[GpuInfo] {
         &self.inventory
+    }
+
+    fn processes(&self) -> Vec<(usize, u32)> {
+        let Some(base) = self.pid_base else {
+            return Vec::new();
+        };
+        self.model
+            .plans
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.job.is_some())
+            .map(|(g, _)| (g, base.saturating_add(g as u32)))
+            .collect()
     }
 
     fn capture(&mut self, now_ms: i64) -> Result<Capture, SourceError> {

@@ -3,6 +3,7 @@
 use super::keys::{self, get_str, put_str};
 use super::{Cf, Engine, Put, StoreError};
 use crate::codec::Block;
+use crate::events::EventRecord;
 use flopwatch_proto::model::{Point, SeriesBatch};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::sync::Arc;
@@ -11,6 +12,7 @@ const META_AGENT: u8 = b'a';
 const META_NODE: u8 = b'n';
 const META_GPU: u8 = b'g';
 const META_JOB: u8 = b'j';
+const META_EVENT: u8 = b'e';
 
 /// Identifies an agent's sequence-number space.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -130,6 +132,8 @@ pub struct CommitSet {
     pub gpus: Vec<GpuRecord>,
     /// Job records to upsert.
     pub jobs: Vec<JobRecord>,
+    /// Events (derived and reported) to record.
+    pub events: Vec<EventRecord>,
 }
 
 /// Raw samples read back.
@@ -155,6 +159,16 @@ fn corrupt(cf: Cf, message: impl ToString) -> StoreError {
         cf: cf.name(),
         message: message.to_string(),
     }
+}
+
+/// `e` · tenant · ts · kind · job · gpu: time-ordered within a tenant.
+fn event_key(tenant: &str, e: &EventRecord) -> Vec<u8> {
+    let mut k = keys::meta_key(META_EVENT, &[tenant]);
+    keys::put_ts(&mut k, e.ts_ms);
+    for p in [&e.kind, &e.job_id, &e.gpu_uuid] {
+        keys::put_str(&mut k, p);
+    }
+    k
 }
 
 fn json<T: Serialize>(v: &T) -> Vec<u8> {
@@ -247,6 +261,9 @@ impl Store {
                 keys::meta_key(META_JOB, &[tenant, &j.job_id, &j.gpu_uuid]),
                 json(j),
             ));
+        }
+        for e in &set.events {
+            puts.push((Cf::Meta, event_key(tenant, e), json(e)));
         }
         if let Some(a) = &set.agent {
             puts.push((
@@ -407,6 +424,27 @@ impl Store {
     /// Job-on-GPU records of `tenant` (every tenant when `None`).
     pub fn jobs(&self, tenant: Option<&str>) -> Result<Vec<(String, JobRecord)>, StoreError> {
         self.meta_list(META_JOB, tenant)
+    }
+
+    /// Events of `tenant` with `start_ms <= ts < end_ms`, oldest first, at
+    /// most `limit`.
+    pub fn events(
+        &self,
+        tenant: &str,
+        start_ms: i64,
+        end_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        let base = keys::meta_key(META_EVENT, &[tenant]);
+        let (mut from, mut to) = (base.clone(), base);
+        keys::put_ts(&mut from, start_ms);
+        keys::put_ts(&mut to, end_ms);
+        let mut raw = Vec::new();
+        self.engine.scan(Cf::Meta, &from, &to, &mut |_, v| {
+            raw.push(v.to_vec());
+            raw.len() < limit
+        })?;
+        raw.iter().map(|v| from_json(v)).collect()
     }
 
     /// One GPU's record.

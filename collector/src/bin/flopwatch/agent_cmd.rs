@@ -24,12 +24,18 @@ pub struct AgentArgs {
     /// Override `collectors` (repeatable).
     #[arg(long = "collector")]
     collectors: Vec<String>,
+    /// Override `metrics_listen` (empty: no /metrics).
+    #[arg(long)]
+    metrics_listen: Option<String>,
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let mut cfg: AgentConfig = load_file(&args.config)?;
     if let Some(s) = args.source {
         cfg.source = s;
+    }
+    if let Some(m) = args.metrics_listen {
+        cfg.metrics_listen = m;
     }
     if !args.collectors.is_empty() {
         cfg.collectors = args.collectors;
@@ -82,7 +88,30 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         drain_timeout: Duration::from_secs(5),
         metrics: allow,
     };
-    let agent = Agent::start(source, sampler, opts, clock);
+    let attribution = flopwatch_agent::attribution::AttributionOptions::from_settings(&cfg);
+    let agent = Agent::start_with_attribution(source, sampler, opts, attribution, clock);
+    let (metrics_stop, metrics_rx) = tokio::sync::oneshot::channel::<()>();
+    let metrics_task = match cfg.metrics_listen.parse::<std::net::SocketAddr>() {
+        Ok(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                tracing::info!(addr = ?l.local_addr().ok(), "serving /metrics");
+                let registry = Arc::new(flopwatch_agent::telemetry::registry(&agent));
+                Some(tokio::spawn(flopwatch_agent::metrics_http::serve(
+                    l,
+                    registry,
+                    async move {
+                        let _ = metrics_rx.await;
+                    },
+                )))
+            }
+            // Monitoring goes on without the agent's own page.
+            Err(e) => {
+                tracing::error!(%addr, error = %e, "cannot serve /metrics (metrics_listen)");
+                None
+            }
+        },
+        Err(_) => None,
+    };
     let replay = matches!(kind, SourceKind::Replay(_));
     if replay {
         tokio::select! {
@@ -94,6 +123,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     }
     let stats = agent.outbox.clone();
     agent.stop().await;
+    let _ = metrics_stop.send(());
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
     let acked = stats
         .stats
         .acked_samples

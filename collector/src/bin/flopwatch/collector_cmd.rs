@@ -19,6 +19,9 @@ pub struct CollectorArgs {
     /// Override `data_dir`.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Override `metrics_listen`.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// Reads the metric set a `metrics_file` names (`metrics = [...]`).
@@ -45,6 +48,9 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
     if let Some(d) = args.data_dir {
         cfg.data_dir = d;
     }
+    if let Some(m) = args.metrics_listen {
+        cfg.metrics_listen = m;
+    }
     let specs = match &cfg.gpu_specs {
         Some(p) => SpecTable::load(&flopwatch_config::relative_to(&args.config, p))?,
         None => SpecTable::builtin(),
@@ -65,9 +71,13 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
-    // The bound address, for scripts that ask for port 0.
+    let metrics = tokio::net::TcpListener::bind(cfg.metrics_listen)
+        .await
+        .with_context(|| format!("binding metrics_listen {}", cfg.metrics_listen))?;
+    // The bound address, for scripts that ask for port 0 (the metrics
+    // address is logged).
     println!("listening on {}", listener.local_addr()?);
-    server::serve(collector, listener, shutdown_signal()).await?;
+    server::serve(collector, listener, Some(metrics), shutdown_signal()).await?;
     Ok(())
 }
 

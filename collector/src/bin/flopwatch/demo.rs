@@ -43,6 +43,9 @@ pub struct DemoArgs {
     /// When the regressing job slows down (default: half the duration).
     #[arg(long)]
     regress_after: Option<String>,
+    /// Window over which regressions and stragglers are judged.
+    #[arg(long, default_value = "5s")]
+    analysis_window: String,
 }
 
 struct Row {
@@ -141,6 +144,15 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
     let cfg = CollectorConfig {
         data_dir: data_dir.clone(),
         anonymous_tenant: Some("default".into()),
+        // A short run: judge regressions and stragglers over short windows.
+        analysis: flopwatch_config::AnalysisConfig {
+            window: Duration::from_millis(
+                parse_ms(&a.analysis_window)
+                    .context("--analysis-window")?
+                    .max(1000) as u64,
+            ),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let clock = Arc::new(TokioClock::new());
@@ -156,6 +168,10 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
     let server = server::Loopback::start(collector.clone()).await?;
     let url = server.url.clone();
     println!("collector: {url}  (try: flopwatch query ofu --collector {url} --job llm-pretrain)");
+    println!(
+        "metrics:   {}  (try: flopwatch top --collector {url})",
+        server.metrics_url
+    );
 
     let start = clock.now_ms();
     let fleet = FleetPlan::new(a.nodes, a.gpus, regress_after);
@@ -257,6 +273,25 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         render("node", &node_rows, &mut out);
         out.push('\n');
         render("", &fleet_rows, &mut out);
+        let recent = q
+            .list_events(v1::EventsRequest {
+                limit: 5,
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_inner().events)
+            .unwrap_or_default();
+        if !recent.is_empty() {
+            out.push_str("\nrecent events\n");
+            for e in &recent {
+                out.push_str(&format!(
+                    "  t={:>3}s  {:<10} {}\n",
+                    (e.timestamp_ms - start) / 1000,
+                    e.kind,
+                    e.detail
+                ));
+            }
+        }
         print!("{out}");
         let _ = std::io::stdout().flush();
     }
@@ -305,6 +340,21 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
                 a.gpus
             );
         }
+    }
+    let events = q
+        .list_events(v1::EventsRequest::default())
+        .await
+        .map(|r| r.into_inner().events)
+        .unwrap_or_default();
+    println!("\nevents ({})", events.len());
+    for e in &events {
+        println!(
+            "  t={:>3}s  {:<10} {:<14} {}",
+            (e.timestamp_ms - start) / 1000,
+            e.kind,
+            e.job_id,
+            e.detail
+        );
     }
     server.stop().await.context("collector")?;
     let disk = collector.store.engine().disk_bytes();

@@ -16,6 +16,7 @@ mod query_cmd;
 mod select_store;
 mod table;
 mod tile_cmd;
+mod top;
 
 use clap::{Parser, Subcommand};
 
@@ -47,6 +48,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Tile-quantization overhead of a GEMM and the corrected OFU (OFU paper eq. 2-4, 8).
     Tile(tile_cmd::TileArgs),
+    /// Live terminal view of nodes, GPUs and jobs with OFU bars.
+    Top(top::TopArgs),
 }
 
 fn init_tracing(default: &str) {
@@ -93,6 +96,11 @@ fn main() -> std::process::ExitCode {
             runtime().and_then(|rt| rt.block_on(bench::run(a)))
         }
         Command::Tile(a) => tile_cmd::run(a),
+        Command::Top(a) => {
+            // Log lines would tear the full-screen view: errors only.
+            init_tracing("error");
+            runtime().and_then(|rt| rt.block_on(top::run(a)))
+        }
         Command::EvalSampling(a) => {
             init_tracing("warn");
             flopwatch_agent::eval::run(&a)

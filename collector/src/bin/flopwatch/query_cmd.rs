@@ -57,6 +57,21 @@ enum What {
     Gpus,
     /// Jobs seen.
     Jobs,
+    /// Regressions, stragglers and agent-reported events (XID, ECC).
+    Events {
+        /// How far back, e.g. 1h.
+        #[arg(long, default_value = "1h")]
+        since: String,
+        /// Only this kind: regression, straggler, xid, ecc_dbe, ...
+        #[arg(long)]
+        kind: Option<String>,
+        /// Only this job.
+        #[arg(long)]
+        job: Option<String>,
+        /// At most this many (the newest).
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+    },
     /// Raw samples of one GPU metric.
     Series {
         /// GPU UUID.
@@ -224,6 +239,46 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
                         j.tenant,
                         j.gpu_uuids.len(),
                         j.node_ids.join(",")
+                    );
+                }
+            }
+        }
+        What::Events {
+            since,
+            kind,
+            job,
+            limit,
+        } => {
+            let r = c
+                .list_events(v1::EventsRequest {
+                    start_ms: now - parse_ms(&since)?,
+                    end_ms: 0,
+                    kind: kind.unwrap_or_default(),
+                    job_id: job.unwrap_or_default(),
+                    limit,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            if args.json {
+                let v: Vec<_> = r
+                    .events
+                    .iter()
+                    .map(|e| {
+                        json!({"kind": e.kind, "timestamp_ms": e.timestamp_ms, "tenant": e.tenant,
+                               "job_id": e.job_id, "gpu_uuid": e.gpu_uuid, "node_id": e.node_id,
+                               "value": e.value, "baseline": e.baseline, "detail": e.detail})
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for e in r.events {
+                    println!(
+                        "{:>6}s ago  {:<10} {:<10} {}",
+                        (now - e.timestamp_ms) / 1000,
+                        e.kind,
+                        e.tenant,
+                        e.detail
                     );
                 }
             }

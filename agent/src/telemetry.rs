@@ -1,0 +1,161 @@
+//! The agent's own `/metrics`: what it samples and how often, what it has
+//! sent, what waits for an acknowledgement, and job attribution.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `flopwatch_agent_sample_interval_seconds` | gauge | `UUID`, `metric` |
+//! | `flopwatch_agent_captures_total`, `…_capture_errors_total`, `…_samples_total` | counter | |
+//! | `flopwatch_agent_outbox_batches`, `flopwatch_agent_pending_bytes` | gauge | |
+//! | `flopwatch_agent_acked_batches_total`, `…_acked_samples_total`, `…_rejected_batches_total`, `…_dropped_batches_total`, `…_dropped_samples_total` | counter | |
+//! | `flopwatch_agent_connected` | gauge 0/1 | |
+//! | `flopwatch_agent_attribution_refreshes_total` | counter | |
+
+use crate::attribution::AttributionStats;
+use crate::client::ClientState;
+use crate::outbox::Outbox;
+use crate::run::{Agent, AgentStats};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// The registry served on the agent's `/metrics`.
+pub fn registry(agent: &Agent) -> Registry {
+    let mut r = Registry::default();
+    r.register_collector(Box::new(AgentExporter {
+        stats: agent.stats.clone(),
+        outbox: agent.outbox.clone(),
+        state: agent.state.clone(),
+        attribution: agent.attribution.clone(),
+    }));
+    r
+}
+
+struct AgentExporter {
+    stats: Arc<AgentStats>,
+    outbox: Arc<Outbox>,
+    state: watch::Receiver<ClientState>,
+    attribution: Arc<AttributionStats>,
+}
+
+impl std::fmt::Debug for AgentExporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentExporter").finish_non_exhaustive()
+    }
+}
+
+fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, c: &AtomicU64) -> std::fmt::Result {
+    ConstCounter::new(c.load(Ordering::Relaxed)).encode(enc.encode_descriptor(
+        name,
+        help,
+        None,
+        MetricType::Counter,
+    )?)
+}
+
+fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> std::fmt::Result {
+    ConstGauge::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+impl prometheus_client::collector::Collector for AgentExporter {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let intervals = self
+            .stats
+            .intervals
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default();
+        {
+            let mut m = enc.encode_descriptor(
+                "flopwatch_agent_sample_interval_seconds",
+                "Current sampling interval of a metric on a GPU (adaptive sampling backs off per metric).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (uuid, metric, ms) in &intervals {
+                let labels = [("UUID", uuid.as_str()), ("metric", *metric)];
+                ConstGauge::new(f64::from(*ms) / 1000.0).encode(m.encode_family(&labels)?)?;
+            }
+        }
+        let s = &self.stats;
+        counter(
+            &mut enc,
+            "flopwatch_agent_captures",
+            "Captures (reads of every GPU) taken.",
+            &s.captures,
+        )?;
+        counter(
+            &mut enc,
+            "flopwatch_agent_capture_errors",
+            "Captures that failed.",
+            &s.capture_errors,
+        )?;
+        counter(
+            &mut enc,
+            "flopwatch_agent_samples",
+            "Samples handed to the outbox.",
+            &s.samples,
+        )?;
+        gauge(
+            &mut enc,
+            "flopwatch_agent_outbox_batches",
+            "Batches held until acknowledged.",
+            self.outbox.len() as f64,
+        )?;
+        gauge(
+            &mut enc,
+            "flopwatch_agent_pending_bytes",
+            "Encoded bytes of the batches held until acknowledged.",
+            self.outbox.pending_bytes() as f64,
+        )?;
+        let o = &self.outbox.stats;
+        counter(
+            &mut enc,
+            "flopwatch_agent_acked_batches",
+            "Batches acknowledged by a collector.",
+            &o.acked_batches,
+        )?;
+        counter(
+            &mut enc,
+            "flopwatch_agent_acked_samples",
+            "Samples acknowledged by a collector.",
+            &o.acked_samples,
+        )?;
+        counter(
+            &mut enc,
+            "flopwatch_agent_rejected_batches",
+            "Batches a collector refused.",
+            &o.rejected_batches,
+        )?;
+        counter(
+            &mut enc,
+            "flopwatch_agent_dropped_batches",
+            "Batches dropped because the outbox was full.",
+            &o.dropped_batches,
+        )?;
+        counter(
+            &mut enc,
+            "flopwatch_agent_dropped_samples",
+            "Samples dropped because the outbox was full.",
+            &o.dropped_samples,
+        )?;
+        let connected = self.state.borrow().connected_to.is_some();
+        gauge(
+            &mut enc,
+            "flopwatch_agent_connected",
+            "1 while a collector stream is open.",
+            if connected { 1.0 } else { 0.0 },
+        )?;
+        counter(
+            &mut enc,
+            "flopwatch_agent_attribution_refreshes",
+            "Job attribution refreshes.",
+            &self.attribution.refreshes,
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,410 @@
+//! Fleet events derived at ingest: OFU regressions (OFU paper §VI-A) and
+//! stragglers (Moneo §1), next to the events agents report (XID, ECC).
+//!
+//! Each job's OFU is cut into windows of `analysis.window` by sample time.
+//! Per window and GPU the window-weighted mean OFU and tensor activity are
+//! kept; a job's window OFU is the mean over its GPUs (eq. 11 with equal
+//! windows). A window closes once a sample of the job arrives two windows
+//! later (one window of grace for other nodes' batches). On close:
+//!
+//! * **regression**: for `confirm_windows` windows in a row, the window's
+//!   OFU times `regression_factor` is at or below the job's trailing
+//!   baseline — the median of its last `baseline_windows` closed windows (at
+//!   least 3), with the baseline at least `min_ofu`. Requiring consecutive
+//!   windows keeps an inference service's idle gaps from counting. Raised
+//!   once, at the end of the confirming window; re-armed when the job's OFU
+//!   is back above baseline ÷ factor.
+//! * **straggler**: in a job of at least 3 GPUs, a GPU whose tensor activity
+//!   is below the job's median by more than `straggler_threshold` (a
+//!   fraction of the median), with the median at least `min_ofu`. Raised
+//!   once per GPU; re-armed when it is back within the threshold.
+//!
+//! Events are stored with the batch that raised them, logged, counted on
+//! `/metrics` and listed by the `ListEvents` query.
+
+use crate::store::OfuSample;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+
+/// Analysis settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnalysisSettings {
+    /// Window length, ms.
+    pub window_ms: i64,
+    /// Closed windows in the trailing baseline.
+    pub baseline_windows: usize,
+    /// A job regresses when baseline ≥ factor × window OFU.
+    pub regression_factor: f64,
+    /// ... for this many consecutive windows.
+    pub confirm_windows: u32,
+    /// A GPU straggles below median × (1 − threshold).
+    pub straggler_threshold: f64,
+    /// Baselines and medians below this are too idle to judge.
+    pub min_ofu: f64,
+}
+
+impl Default for AnalysisSettings {
+    fn default() -> Self {
+        Self {
+            window_ms: 60_000,
+            baseline_windows: 10,
+            regression_factor: 2.0,
+            confirm_windows: 3,
+            straggler_threshold: 0.25,
+            min_ofu: 0.05,
+        }
+    }
+}
+
+/// A stored event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    /// `regression`, `straggler`, or an agent's kind (`xid`, `ecc_dbe`, …).
+    pub kind: String,
+    /// When, unix ms (the end of the window for derived events).
+    pub ts_ms: i64,
+    /// Job, when known.
+    #[serde(default)]
+    pub job_id: String,
+    /// GPU, when the event is about one.
+    #[serde(default)]
+    pub gpu_uuid: String,
+    /// Node, when known.
+    #[serde(default)]
+    pub node_id: String,
+    /// The observed value (window OFU, GPU tensor activity, XID code).
+    #[serde(default)]
+    pub value: f64,
+    /// What it is compared with (baseline OFU, job median).
+    #[serde(default)]
+    pub baseline: f64,
+    /// Human-readable detail.
+    #[serde(default)]
+    pub detail: String,
+}
+
+/// Events raised so far, per tenant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EventCounts {
+    /// Regressions.
+    pub regressions: u64,
+    /// Stragglers.
+    pub stragglers: u64,
+}
+
+#[derive(Debug, Default)]
+struct GpuAcc {
+    node_id: String,
+    ofu_w: f64,
+    tensor_w: f64,
+    w: f64,
+}
+
+#[derive(Debug, Default)]
+struct JobTrack {
+    open: BTreeMap<i64, HashMap<String, GpuAcc>>,
+    history: VecDeque<f64>,
+    regressed: bool,
+    /// Consecutive windows below baseline ÷ factor.
+    low: u32,
+    straggling: HashSet<String>,
+    /// Highest closed window index.
+    closed: Option<i64>,
+}
+
+/// The per-job analysis state.
+#[derive(Debug, Default)]
+pub struct Analyzer {
+    settings: AnalysisSettings,
+    jobs: Mutex<HashMap<(String, String), JobTrack>>,
+    counts: Mutex<BTreeMap<String, EventCounts>>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+impl Analyzer {
+    /// An analyzer with `settings`.
+    pub fn new(settings: AnalysisSettings) -> Self {
+        Self {
+            settings,
+            ..Default::default()
+        }
+    }
+
+    /// Events raised so far, per tenant.
+    pub fn counts(&self) -> BTreeMap<String, EventCounts> {
+        self.counts.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    /// Folds one GPU's OFU samples of `job` in; returns the events raised
+    /// by windows this closes.
+    pub fn observe(
+        &self,
+        tenant: &str,
+        node_id: &str,
+        job_id: &str,
+        gpu: &str,
+        samples: &[OfuSample],
+    ) -> Vec<EventRecord> {
+        let w = self.settings.window_ms.max(1);
+        let Ok(mut jobs) = self.jobs.lock() else {
+            return Vec::new();
+        };
+        let track = jobs
+            .entry((tenant.to_string(), job_id.to_string()))
+            .or_default();
+        let mut newest = i64::MIN;
+        for s in samples {
+            if !s.ofu.is_finite() || !s.tensor_active.is_finite() {
+                continue;
+            }
+            // A sample's timestamp ends its window: (t - 1) / w places a
+            // sample ending exactly on a boundary in the window it covers.
+            let idx = (s.ts_ms - 1).div_euclid(w);
+            newest = newest.max(idx);
+            // A window already closed takes no late samples.
+            if track.closed.is_none_or(|c| idx > c) {
+                let weight = f64::from(s.window_ms.max(1));
+                let acc = track
+                    .open
+                    .entry(idx)
+                    .or_default()
+                    .entry(gpu.to_string())
+                    .or_default();
+                acc.node_id = node_id.to_string();
+                acc.ofu_w += s.ofu * weight;
+                acc.tensor_w += s.tensor_active * weight;
+                acc.w += weight;
+            }
+        }
+        let mut events = Vec::new();
+        while let Some((&idx, _)) = track.open.iter().next() {
+            if idx + 2 > newest {
+                break;
+            }
+            let Some(window) = track.open.remove(&idx) else {
+                break;
+            };
+            track.closed = Some(idx);
+            events.extend(self.close(track, job_id, (idx + 1) * w, window));
+        }
+        drop(jobs);
+        if !events.is_empty() {
+            if let Ok(mut c) = self.counts.lock() {
+                let e = c.entry(tenant.to_string()).or_default();
+                for ev in &events {
+                    match ev.kind.as_str() {
+                        "regression" => e.regressions += 1,
+                        "straggler" => e.stragglers += 1,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        events
+    }
+
+    fn close(
+        &self,
+        track: &mut JobTrack,
+        job_id: &str,
+        end_ms: i64,
+        window: HashMap<String, GpuAcc>,
+    ) -> Vec<EventRecord> {
+        let s = &self.settings;
+        let mut events = Vec::new();
+        let per_gpu: Vec<(&String, &GpuAcc)> = window.iter().filter(|(_, a)| a.w > 0.0).collect();
+        if per_gpu.is_empty() {
+            return events;
+        }
+        let job_ofu =
+            per_gpu.iter().map(|(_, a)| a.ofu_w / a.w).sum::<f64>() / per_gpu.len() as f64;
+        if track.history.len() >= 3 {
+            let baseline = median(&mut track.history.iter().copied().collect::<Vec<_>>());
+            let low = job_ofu * s.regression_factor <= baseline;
+            track.low = if low { track.low + 1 } else { 0 };
+            if baseline >= s.min_ofu {
+                if !track.regressed && low && track.low >= s.confirm_windows.max(1) {
+                    track.regressed = true;
+                    events.push(EventRecord {
+                        kind: "regression".into(),
+                        ts_ms: end_ms,
+                        job_id: job_id.to_string(),
+                        gpu_uuid: String::new(),
+                        node_id: String::new(),
+                        value: job_ofu,
+                        baseline,
+                        detail: if job_ofu > 1e-4 {
+                            format!(
+                                "job {job_id}: OFU {:.1}% is {:.2}× below its baseline {:.1}%",
+                                job_ofu * 100.0,
+                                baseline / job_ofu,
+                                baseline * 100.0
+                            )
+                        } else {
+                            format!(
+                                "job {job_id}: OFU fell to 0 from its baseline {:.1}%",
+                                baseline * 100.0
+                            )
+                        },
+                    });
+                } else if track.regressed && job_ofu * s.regression_factor > baseline {
+                    track.regressed = false;
+                }
+            }
+        }
+        track.history.push_back(job_ofu);
+        while track.history.len() > s.baseline_windows.max(3) {
+            track.history.pop_front();
+        }
+        if per_gpu.len() >= 3 {
+            let mut t: Vec<f64> = per_gpu.iter().map(|(_, a)| a.tensor_w / a.w).collect();
+            let med = median(&mut t);
+            if med >= s.min_ofu {
+                let floor = med * (1.0 - s.straggler_threshold);
+                for (gpu, a) in &per_gpu {
+                    let v = a.tensor_w / a.w;
+                    if v < floor {
+                        if track.straggling.insert((*gpu).clone()) {
+                            events.push(EventRecord {
+                                kind: "straggler".into(),
+                                ts_ms: end_ms,
+                                job_id: job_id.to_string(),
+                                gpu_uuid: (*gpu).clone(),
+                                node_id: a.node_id.clone(),
+                                value: v,
+                                baseline: med,
+                                detail: format!(
+                                    "GPU {gpu} on {}: tensor activity {:.1}% vs job median {:.1}%",
+                                    a.node_id,
+                                    v * 100.0,
+                                    med * 100.0
+                                ),
+                            });
+                        }
+                    } else {
+                        track.straggling.remove(*gpu);
+                    }
+                }
+            }
+        }
+        events
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples(from_ms: i64, to_ms: i64, ofu: f64, tensor: f64) -> Vec<OfuSample> {
+        (from_ms / 100..to_ms / 100)
+            .map(|i| OfuSample {
+                ts_ms: i * 100 + 100,
+                ofu,
+                tensor_active: tensor,
+                sm_clock_mhz: 1830.0,
+                window_ms: 100,
+            })
+            .collect()
+    }
+
+    fn settings() -> AnalysisSettings {
+        AnalysisSettings {
+            window_ms: 1_000,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_2_5x_drop_is_one_regression_and_a_1_8x_drop_is_none() {
+        for (factor, expected) in [(2.5, 1), (1.8, 0)] {
+            let a = Analyzer::new(settings());
+            let mut events = Vec::new();
+            for sec in 0..20 {
+                let ofu = if sec < 10 { 0.5 } else { 0.5 / factor };
+                let s = samples(sec * 1000, sec * 1000 + 1000, ofu, ofu);
+                events.extend(a.observe("t", "n", "job", "GPU-0", &s));
+            }
+            let reg: Vec<_> = events.iter().filter(|e| e.kind == "regression").collect();
+            assert_eq!(reg.len(), expected, "factor {factor}: {events:?}");
+            if let Some(e) = reg.first() {
+                assert_eq!(
+                    e.ts_ms, 13_000,
+                    "the third regressed window in a row ends at 13 s"
+                );
+                assert!((e.baseline - 0.5).abs() < 1e-9);
+                assert_eq!(a.counts()["t"].regressions, 1);
+            }
+        }
+    }
+
+    #[test]
+    fn a_slow_gpu_is_one_straggler_event() {
+        let a = Analyzer::new(settings());
+        let mut events = Vec::new();
+        for sec in 0..6 {
+            for (g, t) in [
+                ("GPU-0", 0.6),
+                ("GPU-1", 0.62),
+                ("GPU-2", 0.3),
+                ("GPU-3", 0.61),
+            ] {
+                let s = samples(sec * 1000, sec * 1000 + 1000, t * 0.9, t);
+                events.extend(a.observe("t", "n", "job", g, &s));
+            }
+        }
+        let st: Vec<_> = events.iter().filter(|e| e.kind == "straggler").collect();
+        assert_eq!(st.len(), 1, "{events:?}");
+        assert_eq!(st[0].gpu_uuid, "GPU-2");
+        assert!((st[0].baseline - 0.605).abs() < 1e-9);
+        assert!(events.iter().all(|e| e.kind != "regression"));
+    }
+
+    #[test]
+    fn short_idle_gaps_are_not_regressions() {
+        let a = Analyzer::new(settings());
+        let mut events = Vec::new();
+        for sec in 0..30 {
+            // 3 s of work, 2 s idle, as an inference service.
+            let ofu = if sec % 5 < 3 { 0.35 } else { 0.0 };
+            events.extend(a.observe(
+                "t",
+                "n",
+                "job",
+                "GPU-0",
+                &samples(sec * 1000, sec * 1000 + 1000, ofu, ofu),
+            ));
+        }
+        assert!(events.is_empty(), "{events:?}");
+    }
+
+    #[test]
+    fn idle_jobs_raise_nothing() {
+        let a = Analyzer::new(settings());
+        let mut n = 0;
+        for sec in 0..20 {
+            let ofu = if sec < 10 { 0.02 } else { 0.001 };
+            n += a
+                .observe(
+                    "t",
+                    "n",
+                    "job",
+                    "GPU-0",
+                    &samples(sec * 1000, sec * 1000 + 1000, ofu, ofu),
+                )
+                .len();
+        }
+        assert_eq!(n, 0);
+    }
+}

@@ -1,0 +1,329 @@
+//! The latest state of every GPU and agent, in memory, for `/metrics` and
+//! remote write: each GPU's OFU over the last batch (eq. 11 over the
+//! batch's windows), the last value of each counter, each metric's current
+//! sampling interval, and each agent's pending (unacknowledged) data.
+//!
+//! Entries not refreshed for [`STALE_MS`] are left out of snapshots, the way
+//! Prometheus marks a series stale: a GPU whose agent went away stops being
+//! exported instead of repeating its last value forever.
+
+use flopwatch_proto::model::{SamplingInterval, SeriesBatch};
+use flopwatch_proto::v1::JobAssignment;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::RwLock;
+
+/// Entries older than this are not exported, ms.
+pub const STALE_MS: i64 = 5 * 60 * 1000;
+
+/// One GPU, as last seen.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuLive {
+    /// Tenant.
+    pub tenant: String,
+    /// GPU UUID.
+    pub uuid: String,
+    /// Index on its node.
+    pub index: u32,
+    /// Product name.
+    pub model: String,
+    /// Node id.
+    pub node_id: String,
+    /// Node hostname.
+    pub hostname: String,
+    /// Job attribution, when known.
+    pub job: Option<JobAssignment>,
+    /// OFU over the last batch (fraction), when its inputs were present.
+    pub ofu: Option<f64>,
+    /// Tensor activity over the last batch.
+    pub tensor_active: f64,
+    /// SM clock over the last batch, MHz.
+    pub sm_clock_mhz: f64,
+    /// End of the last batch's newest sample, unix ms.
+    pub ts_ms: i64,
+    /// Last value of each metric with its timestamp.
+    pub counters: BTreeMap<String, (i64, f64)>,
+    /// Each metric's current sampling interval, ms.
+    pub intervals: BTreeMap<String, u32>,
+    /// When this entry was refreshed (collector clock), unix ms.
+    pub seen_ms: i64,
+}
+
+/// One agent, as last seen.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentLive {
+    /// Tenant.
+    pub tenant: String,
+    /// Agent id.
+    pub agent_id: String,
+    /// Node hostname.
+    pub hostname: String,
+    /// Bytes waiting in the agent for an acknowledgement.
+    pub pending_bytes: u64,
+    /// Batches waiting in the agent for an acknowledgement.
+    pub pending_batches: u32,
+    /// When this entry was refreshed (collector clock), unix ms.
+    pub seen_ms: i64,
+}
+
+/// OFU of one GPU over one batch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchOfu {
+    /// Window-weighted mean OFU.
+    pub ofu: f64,
+    /// Window-weighted mean tensor activity.
+    pub tensor_active: f64,
+    /// Mean SM clock, MHz.
+    pub sm_clock_mhz: f64,
+    /// Newest sample's timestamp.
+    pub ts_ms: i64,
+}
+
+/// What one committed batch tells about its node.
+pub struct BatchView<'a> {
+    /// Tenant.
+    pub tenant: &'a str,
+    /// Agent id.
+    pub agent_id: &'a str,
+    /// Node id.
+    pub node_id: &'a str,
+    /// Hostname.
+    pub hostname: &'a str,
+    /// The node's GPUs: uuid, index, model.
+    pub gpus: Vec<(&'a str, u32, &'a str)>,
+    /// Job attribution by GPU.
+    pub jobs: &'a HashMap<String, JobAssignment>,
+    /// Per-GPU OFU of the batch.
+    pub ofu: &'a HashMap<String, BatchOfu>,
+    /// The batch's samples.
+    pub series: &'a [SeriesBatch],
+    /// The agent's sampling intervals.
+    pub intervals: &'a [SamplingInterval],
+    /// Pending bytes and batches in the agent.
+    pub pending: (u64, u32),
+}
+
+/// The in-memory live view.
+#[derive(Debug, Default)]
+pub struct Live {
+    gpus: RwLock<HashMap<(String, String), GpuLive>>,
+    agents: RwLock<HashMap<(String, String), AgentLive>>,
+}
+
+impl Live {
+    /// Folds a committed batch in, at collector time `now_ms`.
+    pub fn record(&self, b: &BatchView<'_>, now_ms: i64) {
+        if let Ok(mut agents) = self.agents.write() {
+            agents.insert(
+                (b.tenant.to_string(), b.agent_id.to_string()),
+                AgentLive {
+                    tenant: b.tenant.to_string(),
+                    agent_id: b.agent_id.to_string(),
+                    hostname: b.hostname.to_string(),
+                    pending_bytes: b.pending.0,
+                    pending_batches: b.pending.1,
+                    seen_ms: now_ms,
+                },
+            );
+        }
+        let Ok(mut gpus) = self.gpus.write() else {
+            return;
+        };
+        for (uuid, index, model) in &b.gpus {
+            let e = gpus
+                .entry((b.tenant.to_string(), uuid.to_string()))
+                .or_default();
+            e.tenant = b.tenant.to_string();
+            e.uuid = uuid.to_string();
+            e.index = *index;
+            e.model = model.to_string();
+            e.node_id = b.node_id.to_string();
+            e.hostname = b.hostname.to_string();
+            e.job = b.jobs.get(*uuid).filter(|j| !j.job_id.is_empty()).cloned();
+            if let Some(o) = b.ofu.get(*uuid) {
+                e.ofu = Some(o.ofu);
+                e.tensor_active = o.tensor_active;
+                e.sm_clock_mhz = o.sm_clock_mhz;
+                e.ts_ms = e.ts_ms.max(o.ts_ms);
+            }
+            e.seen_ms = now_ms;
+        }
+        for s in b.series {
+            let (Some(last), Some(e)) = (
+                s.points.last(),
+                gpus.get_mut(&(b.tenant.to_string(), s.gpu_uuid.clone())),
+            ) else {
+                continue;
+            };
+            e.counters
+                .insert(s.metric.clone(), (last.ts_ms, last.value));
+            e.ts_ms = e.ts_ms.max(last.ts_ms);
+        }
+        for i in b.intervals {
+            if let Some(e) = gpus.get_mut(&(b.tenant.to_string(), i.gpu_uuid.clone())) {
+                e.intervals.insert(i.metric.clone(), i.interval_ms);
+            }
+        }
+    }
+
+    /// GPUs refreshed within [`STALE_MS`] of `now_ms`, ordered by tenant,
+    /// hostname and index.
+    pub fn gpus(&self, now_ms: i64) -> Vec<GpuLive> {
+        let mut v: Vec<GpuLive> = self
+            .gpus
+            .read()
+            .map(|m| {
+                m.values()
+                    .filter(|g| now_ms - g.seen_ms <= STALE_MS)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by(|a, b| {
+            (&a.tenant, &a.hostname, a.index, &a.uuid).cmp(&(
+                &b.tenant,
+                &b.hostname,
+                b.index,
+                &b.uuid,
+            ))
+        });
+        v
+    }
+
+    /// Agents refreshed within [`STALE_MS`] of `now_ms`.
+    pub fn agents(&self, now_ms: i64) -> Vec<AgentLive> {
+        let mut v: Vec<AgentLive> = self
+            .agents
+            .read()
+            .map(|m| {
+                m.values()
+                    .filter(|a| now_ms - a.seen_ms <= STALE_MS)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by(|a, b| (&a.tenant, &a.agent_id).cmp(&(&b.tenant, &b.agent_id)));
+        v
+    }
+}
+
+/// Mean OFU of groups of GPUs (a node, a job): every GPU weighs the same,
+/// as in OFU eq. 11 over equal windows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GroupOfu {
+    /// Mean OFU.
+    pub ofu: f64,
+    /// GPUs with an OFU value.
+    pub gpus: u32,
+}
+
+/// Groups `gpus` by `key` (GPUs for which `key` is `None` are skipped) and
+/// averages their OFU.
+pub fn group_ofu<K: Ord + Clone>(
+    gpus: &[GpuLive],
+    key: impl Fn(&GpuLive) -> Option<K>,
+) -> BTreeMap<K, GroupOfu> {
+    let mut out: BTreeMap<K, GroupOfu> = BTreeMap::new();
+    for g in gpus {
+        let (Some(k), Some(o)) = (key(g), g.ofu) else {
+            continue;
+        };
+        let e = out.entry(k).or_default();
+        e.ofu += o;
+        e.gpus += 1;
+    }
+    for e in out.values_mut() {
+        e.ofu /= f64::from(e.gpus.max(1));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flopwatch_proto::model::Point;
+
+    fn view<'a>(
+        jobs: &'a HashMap<String, JobAssignment>,
+        ofu: &'a HashMap<String, BatchOfu>,
+        series: &'a [SeriesBatch],
+        intervals: &'a [SamplingInterval],
+    ) -> BatchView<'a> {
+        BatchView {
+            tenant: "t",
+            agent_id: "n1",
+            node_id: "n1",
+            hostname: "host1",
+            gpus: vec![("GPU-a", 0, "H100"), ("GPU-b", 1, "H100")],
+            jobs,
+            ofu,
+            series,
+            intervals,
+            pending: (100, 1),
+        }
+    }
+
+    #[test]
+    fn records_ofu_counters_intervals_and_goes_stale() {
+        let live = Live::default();
+        let mut jobs = HashMap::new();
+        jobs.insert(
+            "GPU-a".to_string(),
+            JobAssignment {
+                gpu_uuid: "GPU-a".into(),
+                job_id: "train".into(),
+                ..Default::default()
+            },
+        );
+        let mut ofu = HashMap::new();
+        for (g, o) in [("GPU-a", 0.4), ("GPU-b", 0.2)] {
+            ofu.insert(
+                g.to_string(),
+                BatchOfu {
+                    ofu: o,
+                    tensor_active: o,
+                    sm_clock_mhz: 1830.0,
+                    ts_ms: 1_000,
+                },
+            );
+        }
+        let series = vec![SeriesBatch {
+            gpu_uuid: "GPU-b".into(),
+            metric: "power_w".into(),
+            points: vec![
+                Point {
+                    ts_ms: 900,
+                    value: 300.0,
+                    peak: None,
+                    window_ms: None,
+                },
+                Point {
+                    ts_ms: 1_000,
+                    value: 310.0,
+                    peak: None,
+                    window_ms: None,
+                },
+            ],
+        }];
+        let intervals = vec![SamplingInterval {
+            gpu_uuid: "GPU-b".into(),
+            metric: "power_w".into(),
+            interval_ms: 800,
+        }];
+        live.record(&view(&jobs, &ofu, &series, &intervals), 10_000);
+        let g = live.gpus(10_000);
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[0].job.as_ref().map(|j| j.job_id.as_str()), Some("train"));
+        assert_eq!(g[1].job, None);
+        assert_eq!(g[1].counters["power_w"], (1_000, 310.0));
+        assert_eq!(g[1].intervals["power_w"], 800);
+        let nodes = group_ofu(&g, |g| Some(g.node_id.clone()));
+        assert!((nodes["n1"].ofu - 0.3).abs() < 1e-12);
+        assert_eq!(nodes["n1"].gpus, 2);
+        let jobs = group_ofu(&g, |g| g.job.as_ref().map(|j| j.job_id.clone()));
+        assert_eq!(jobs.len(), 1);
+        assert!((jobs["train"].ofu - 0.4).abs() < 1e-12);
+        assert_eq!(live.agents(10_000)[0].pending_bytes, 100);
+        assert!(live.gpus(10_000 + STALE_MS + 1).is_empty());
+        assert!(live.agents(10_000 + STALE_MS + 1).is_empty());
+    }
+}

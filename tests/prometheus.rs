@@ -1,0 +1,352 @@
+//! A real Prometheus (Debian package `prometheus`, installed by
+//! deploy/dev/setup.sh) scrapes the collector's and an agent's `/metrics`
+//! and receives the collector's remote write; `promtool check metrics`
+//! lints both pages; the Grafana dashboard's queries name only metrics
+//! Prometheus really got.
+
+use flopwatch_agent::adaptive::AdaptiveSampler;
+use flopwatch_agent::clock::TokioClock;
+use flopwatch_agent::source::sim::SimSource;
+use flopwatch_agent::{Agent, AgentOptions};
+use flopwatch_collector::auth::Auth;
+use flopwatch_config::{CollectorConfig, RemoteWriteConfig, SamplingConfig};
+use flopwatch_proto::clock::Clock;
+use flopwatch_proto::model::NodeIdentity;
+use flopwatch_proto::v1::{ofu_request, OfuRequest};
+use flopwatch_sim::FleetPlan;
+use flopwatch_tests::TestCollector;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn tool(name: &str) -> String {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        found,
+        "`{name}` not found: run ./deploy/dev/setup.sh (installs Debian's prometheus package)"
+    );
+    name.to_string()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn host_port(url: &str) -> String {
+    url.trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .to_string()
+}
+
+async fn query(http: &reqwest::Client, prom: &str, q: &str) -> Vec<Value> {
+    let r: Value = match http
+        .get(format!("{prom}/api/v1/query"))
+        .query(&[("query", q)])
+        .send()
+        .await
+    {
+        Ok(r) => serde_json::from_str(&r.text().await.unwrap_or_default()).unwrap_or(Value::Null),
+        Err(_) => return Vec::new(),
+    };
+    r["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+fn value(v: &Value) -> f64 {
+    v["value"][1]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// promtool's findings on a page, less the two it makes about
+/// dcgm-exporter's own label names (`UUID`, `modelName`), which flopwatch
+/// keeps on purpose so that dashboards written for dcgm-exporter work.
+fn promtool_findings(page: &str) -> Vec<String> {
+    use std::io::Write;
+    let mut child = Command::new(tool("promtool"))
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(page.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter(|l| !l.ends_with("label names should be written in 'snake_case' not 'camelCase'"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every `flopwatch_*` name in the dashboard's PromQL.
+fn dashboard_names() -> BTreeSet<String> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/grafana/flopwatch.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let json: Value = serde_json::from_str(&text).unwrap();
+    let mut exprs = Vec::new();
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    match (k.as_str(), x) {
+                        ("expr" | "query" | "definition", Value::String(s)) => out.push(s.clone()),
+                        _ => walk(x, out),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    walk(&json, &mut exprs);
+    let mut names = BTreeSet::new();
+    for e in exprs {
+        let mut rest = e.as_str();
+        while let Some(i) = rest.find("flopwatch_") {
+            let tail = &rest[i..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            names.insert(tail[..end].to_string());
+            rest = &tail[end..];
+        }
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
+    let prometheus = tool("prometheus");
+    let dir = tempfile::tempdir().unwrap();
+    let prom_port = free_port();
+    let prom = format!("http://127.0.0.1:{prom_port}");
+    let cfg = CollectorConfig {
+        data_dir: dir.path().join("data"),
+        anonymous_tenant: Some("default".into()),
+        remote_write: Some(RemoteWriteConfig {
+            url: format!("{prom}/api/v1/write"),
+            interval: Duration::from_millis(500),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let collector = TestCollector::start_config(&cfg, Auth::anonymous("default"), Vec::new()).await;
+
+    // One simulated node of 4 GPUs, adaptive sampling, its own /metrics.
+    let clock = Arc::new(TokioClock::new());
+    let fleet = FleetPlan::new(1, 4, 3_600_000);
+    let sampling = SamplingConfig {
+        adaptive: true,
+        ..Default::default()
+    };
+    let agent = Agent::start(
+        Box::new(SimSource::new(&fleet, 0, clock.now_ms(), 7)),
+        Box::new(AdaptiveSampler::new(&sampling, 7)),
+        AgentOptions {
+            node: NodeIdentity {
+                node_id: "node-a".into(),
+                hostname: "node-a".into(),
+                boot_id: "boot".into(),
+                labels: Default::default(),
+            },
+            collectors: vec![collector.url.clone()],
+            token: None,
+            flush_interval: Duration::from_millis(500),
+            max_batch_samples: 50_000,
+            max_in_flight: 64,
+            job: None,
+            drain_timeout: Duration::from_secs(5),
+            metrics: None,
+        },
+        clock.clone(),
+    );
+    let agent_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let agent_addr = agent_listener.local_addr().unwrap();
+    let (agent_stop, agent_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let agent_http = tokio::spawn(flopwatch_agent::metrics_http::serve(
+        agent_listener,
+        Arc::new(flopwatch_agent::telemetry::registry(&agent)),
+        async move {
+            let _ = agent_stop_rx.await;
+        },
+    ));
+
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  \
+             - job_name: flopwatch-collector\n    honor_labels: true\n    static_configs:\n      - targets: [\"{}\"]\n  \
+             - job_name: flopwatch-agent\n    honor_labels: true\n    static_configs:\n      - targets: [\"{agent_addr}\"]\n",
+            host_port(&collector.metrics_url)
+        ),
+    )
+    .unwrap();
+    let _prom = Proc(
+        Command::new(prometheus)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .arg("--web.enable-remote-write-receiver")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let started = clock.now_ms();
+
+    // Wait for: both targets up, the collector's four GPUs scraped, the
+    // agent's per-metric intervals scraped, and the four GPUs' OFU written
+    // remotely (remote-written series carry no `instance` label).
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let checks = [
+        "up{job=\"flopwatch-collector\"} == 1",
+        "up{job=\"flopwatch-agent\"} == 1",
+        "flopwatch_ofu{instance!=\"\"}",
+        "flopwatch_agent_sample_interval_seconds",
+        "flopwatch_ofu{instance=\"\"}",
+    ];
+    loop {
+        let mut ok = true;
+        for (i, q) in checks.iter().enumerate() {
+            let n = query(&http, &prom, q).await.len();
+            let want = if i >= 2 && *q != "flopwatch_agent_sample_interval_seconds" {
+                4
+            } else {
+                1
+            };
+            ok &= n >= want;
+        }
+        if ok {
+            break;
+        }
+        assert!(Instant::now() < deadline, "Prometheus never saw everything");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Let a few more batches arrive, then compare.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    agent.stop().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let end = clock.now_ms();
+
+    // Remote-written OFU against the collector's own answer, per GPU, over
+    // the whole run: both are means of per-batch OFU.
+    let span = (end - started) / 1000 + 5;
+    let rw = query(
+        &http,
+        &prom,
+        &format!("avg_over_time(flopwatch_ofu{{instance=\"\"}}[{span}s])"),
+    )
+    .await;
+    assert_eq!(rw.len(), 4, "{rw:?}");
+    let mut q = collector.query().await;
+    for s in &rw {
+        let uuid = s["metric"]["UUID"].as_str().unwrap().to_string();
+        assert_eq!(s["metric"]["hostname"], "node-a");
+        assert_eq!(s["metric"]["tenant"], "default");
+        let ours = q
+            .ofu(OfuRequest {
+                scope: Some(ofu_request::Scope::GpuUuid(uuid.clone())),
+                start_ms: started - 60_000,
+                end_ms: end + 1,
+                step_ms: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .summary
+            .unwrap();
+        let theirs = value(s);
+        assert!(
+            (theirs - ours.mean).abs() < 0.02,
+            "GPU {uuid}: remote-written mean {theirs} vs collector {}",
+            ours.mean
+        );
+    }
+    let sent =
+        flopwatch_collector::stats::Stats::get(&collector.collector.stats.remote_write_samples);
+    assert!(sent > 0);
+    assert_eq!(
+        flopwatch_collector::stats::Stats::get(&collector.collector.stats.remote_write_dropped),
+        0
+    );
+
+    // promtool on both pages, as curl gets them (Prometheus text format).
+    for url in [
+        collector.metrics_url.clone(),
+        format!("http://{agent_addr}/metrics"),
+    ] {
+        let page = http.get(&url).send().await.unwrap().text().await.unwrap();
+        assert!(page.contains("flopwatch_"), "{url}: {page}");
+        let findings = promtool_findings(&page);
+        assert!(findings.is_empty(), "{url}: promtool: {findings:#?}");
+    }
+
+    // Every metric the dashboard queries exists in what Prometheus got.
+    let names: BTreeSet<String> = {
+        let text = http
+            .get(format!("{prom}/api/v1/label/__name__/values"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let r: Value = serde_json::from_str(&text).unwrap();
+        r["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect()
+    };
+    let missing: Vec<String> = dashboard_names()
+        .into_iter()
+        .filter(|n| !names.contains(n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "dashboard names unknown metrics: {missing:?}"
+    );
+
+    let _ = agent_stop.send(());
+    let _ = agent_http.await;
+    collector.stop().await;
+}
