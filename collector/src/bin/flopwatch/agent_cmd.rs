@@ -91,8 +91,17 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let attribution = flopwatch_agent::attribution::AttributionOptions::from_settings(&cfg);
     let agent = Agent::start_with_attribution(source, sampler, opts, attribution, clock);
     let (metrics_stop, metrics_rx) = tokio::sync::oneshot::channel::<()>();
-    let metrics_task = match cfg.metrics_listen.parse::<std::net::SocketAddr>() {
-        Ok(addr) => match tokio::net::TcpListener::bind(addr).await {
+    let metrics_addr = if cfg.metrics_listen.is_empty() {
+        None
+    } else {
+        Some(
+            cfg.metrics_listen
+                .parse::<std::net::SocketAddr>()
+                .with_context(|| format!("metrics_listen `{}`", cfg.metrics_listen))?,
+        )
+    };
+    let metrics_task = match metrics_addr {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => {
                 tracing::info!(addr = ?l.local_addr().ok(), "serving /metrics");
                 let registry = Arc::new(flopwatch_agent::telemetry::registry(&agent));
@@ -110,7 +119,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                 None
             }
         },
-        Err(_) => None,
+        None => None,
     };
     let replay = matches!(kind, SourceKind::Replay(_));
     if replay {
