@@ -7,11 +7,9 @@
 use flopwatch_agent::adaptive::AdaptiveSampler;
 use flopwatch_agent::clock::TokioClock;
 use flopwatch_agent::source::sim::SimSource;
-use flopwatch_agent::{Agent, AgentOptions};
 use flopwatch_collector::auth::Auth;
 use flopwatch_config::{CollectorConfig, RemoteWriteConfig, SamplingConfig};
 use flopwatch_proto::clock::Clock;
-use flopwatch_proto::model::NodeIdentity;
 use flopwatch_proto::v1::{ofu_request, OfuRequest};
 use flopwatch_sim::FleetPlan;
 use flopwatch_tests::TestCollector;
@@ -172,26 +170,11 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
         adaptive: true,
         ..Default::default()
     };
-    let agent = Agent::start(
+    let agent = flopwatch_tests::agent_with(
         Box::new(SimSource::new(&fleet, 0, clock.now_ms(), 7)),
         Box::new(AdaptiveSampler::new(&sampling, 7)),
-        AgentOptions {
-            node: NodeIdentity {
-                node_id: "node-a".into(),
-                hostname: "node-a".into(),
-                boot_id: "boot".into(),
-                labels: Default::default(),
-            },
-            collectors: vec![collector.url.clone()],
-            token: None,
-            flush_interval: Duration::from_millis(500),
-            max_batch_samples: 50_000,
-            max_in_flight: 64,
-            job: None,
-            drain_timeout: Duration::from_secs(5),
-            metrics: None,
-        },
-        clock.clone(),
+        "node-a",
+        &collector.url,
     );
     let agent_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let agent_addr = agent_listener.local_addr().unwrap();

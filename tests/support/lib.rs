@@ -80,9 +80,24 @@ impl TestCollector {
 
 /// Starts an agent over `source` sending to `url` every `interval`.
 pub fn agent(source: Box<dyn GpuSource>, node: &str, url: &str, interval: Duration) -> Agent {
-    Agent::start(
+    agent_with(
         source,
         Box::new(FixedSampler::new(interval, None)),
+        node,
+        url,
+    )
+}
+
+/// Starts an agent over `source` with `sampler`, flushing every 500 ms.
+pub fn agent_with(
+    source: Box<dyn GpuSource>,
+    sampler: Box<dyn flopwatch_agent::sampler::Sampler>,
+    node: &str,
+    url: &str,
+) -> Agent {
+    Agent::start(
+        source,
+        sampler,
         AgentOptions {
             node: NodeIdentity {
                 node_id: node.to_string(),
