@@ -7,27 +7,11 @@ use flopwatch_proto::clock::{Clock, SystemClock};
 use flopwatch_proto::metrics::CATALOG;
 use flopwatch_proto::v1::{self, ofu_request, query_client::QueryClient};
 use flopwatch_sim::{FleetPlan, SimModel};
-use flopwatch_tests::{agent, TestCollector};
+use flopwatch_tests::{agent, series, TestCollector};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tonic::transport::Channel;
-
-/// Every stored sample of one GPU metric.
-async fn series(q: &mut QueryClient<Channel>, gpu: &str, metric: &str) -> v1::Series {
-    q.series(v1::SeriesRequest {
-        gpu_uuid: gpu.into(),
-        metric: metric.into(),
-        start_ms: 1,
-        end_ms: 0,
-        limit: 0,
-    })
-    .await
-    .unwrap()
-    .into_inner()
-    .series
-    .unwrap()
-}
 
 /// The range a GPU's stored OFU covers: from the start of its first window
 /// to its last sample, read back from the stored tensor_active series.

@@ -1,6 +1,14 @@
 //! The agent's side of the Ingest stream: connect, Hello, Welcome, send
 //! batches from the [`Outbox`], apply Acks and Rejects, reconnect with
-//! backoff on any failure, trying each configured collector in turn.
+//! backoff on any failure.
+//!
+//! Collectors are tried in the node's rendezvous order
+//! ([`crate::placement`]): the home collector first, then the next when a
+//! stream fails, when a connection cannot be made, or when batches on the
+//! wire get no acknowledgement for [`ACK_TIMEOUT`]. While away from home
+//! the client checks home every [`HOME_PROBE`] (a gRPC health check) and
+//! goes back once it answers, after the batches on the wire are acknowledged (so a batch is
+//! not sent to two collectors when it can be helped).
 
 use crate::outbox::Outbox;
 use flopwatch_proto::model::{Hello, Policy};
@@ -8,6 +16,7 @@ use flopwatch_proto::v1::{self, agent_message, collector_message, AgentMessage};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
@@ -15,11 +24,21 @@ use tracing::{debug, info, warn};
 
 /// Unacknowledged batches allowed on the wire.
 pub const WINDOW: usize = 8;
+/// Batches on the wire with no answer for this long: the collector is
+/// treated as dead and the next one is tried.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(4);
+/// How often a client away from its home collector checks whether home is
+/// back.
+pub const HOME_PROBE: Duration = Duration::from_secs(2);
+/// HTTP/2 keepalive: a silent connection is declared dead after about
+/// interval + timeout.
+const KEEPALIVE: Duration = Duration::from_secs(2);
 
 /// How the client connects.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    /// Collector URLs, in preference order.
+    /// Collector URLs (their order is decided by rendezvous hashing of the
+    /// node id).
     pub collectors: Vec<String>,
     /// Bearer token.
     pub token: Option<String>,
@@ -27,6 +46,9 @@ pub struct ClientOptions {
     pub hello: Hello,
     /// How long a shutdown waits for outstanding acks.
     pub drain_timeout: Duration,
+    /// Most batches put on the wire per second (a spool backlog drains at
+    /// this rate); `None`: no limit beyond the window.
+    pub max_batches_per_second: Option<u32>,
 }
 
 /// What the client learned from collectors.
@@ -38,44 +60,81 @@ pub struct ClientState {
     pub tenant: String,
     /// Last policy received.
     pub policy: Option<Policy>,
+    /// Streams opened (the first included).
+    pub connections: u64,
+    /// Times the client moved to another collector than its home.
+    pub failovers: u64,
 }
 
 enum End {
     Shutdown,
-    Failed(String),
+    /// The stream failed; `welcomed` tells whether it got as far as a
+    /// Welcome.
+    Failed {
+        why: String,
+        welcomed: bool,
+    },
+    /// Home answers again.
+    Home,
 }
 
 /// Runs until the outbox is closed and drained, or, once it is closed,
 /// until the drain timeout passes.
 pub async fn run(opts: ClientOptions, outbox: Arc<Outbox>, state: watch::Sender<ClientState>) {
+    let order = crate::placement::order(&opts.hello.node.node_id, &opts.collectors);
+    if order.is_empty() {
+        warn!("no collector configured; nothing is sent");
+        return;
+    }
+    info!(home = %opts.collectors[order[0]], "home collector (rendezvous hashing)");
     let mut backoff = Duration::from_millis(100);
     let mut i = 0usize;
-    let mut deadline: Option<tokio::time::Instant> = None;
+    let mut failed_in_row = 0usize;
+    let mut deadline: Option<Instant> = None;
     loop {
         if outbox.is_closed() {
             if outbox.is_empty() {
                 return;
             }
-            let d =
-                *deadline.get_or_insert_with(|| tokio::time::Instant::now() + opts.drain_timeout);
-            if tokio::time::Instant::now() >= d {
+            let d = *deadline.get_or_insert_with(|| Instant::now() + opts.drain_timeout);
+            if Instant::now() >= d {
                 warn!(
                     batches = outbox.len(),
-                    "shutdown: unacknowledged batches left"
+                    "shutdown: unacknowledged batches left (kept in the spool if there is one)"
                 );
                 return;
             }
         }
-        let url = &opts.collectors[i % opts.collectors.len()];
-        match session(&opts, url, &outbox, &state, &mut deadline).await {
+        let pos = i % order.len();
+        let url = &opts.collectors[order[pos]];
+        let home = (pos != 0).then(|| opts.collectors[order[0]].as_str());
+        match session(&opts, url, home, &outbox, &state, &mut deadline).await {
             End::Shutdown => return,
-            End::Failed(why) => {
+            End::Home => {
                 state.send_modify(|s| s.connected_to = None);
-                debug!(collector = %url, %why, "stream ended");
+                info!(collector = %opts.collectors[order[0]], "home collector is back");
+                i = 0;
+                failed_in_row = 0;
+                backoff = Duration::from_millis(100);
+                continue;
+            }
+            End::Failed { why, welcomed } => {
+                state.send_modify(|s| s.connected_to = None);
+                if welcomed {
+                    warn!(collector = %url, %why, "stream ended; trying the next collector");
+                    failed_in_row = 0;
+                    backoff = Duration::from_millis(100);
+                } else {
+                    debug!(collector = %url, %why, "cannot stream");
+                    failed_in_row += 1;
+                }
             }
         }
         i += 1;
-        if i.is_multiple_of(opts.collectors.len()) {
+        if failed_in_row >= order.len() {
+            // Every collector refused: wait, then start again from home.
+            failed_in_row = 0;
+            i = 0;
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
@@ -87,23 +146,75 @@ async fn connect(url: &str) -> Result<Channel, String> {
         .map_err(|e| e.to_string())?
         .connect_timeout(Duration::from_secs(3))
         .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(KEEPALIVE)
+        .keep_alive_timeout(KEEPALIVE)
+        .keep_alive_while_idle(true)
         .connect()
         .await
         .map_err(|e| e.to_string())
 }
 
+/// `grpc.health.v1.HealthCheckRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct HealthCheckRequest {
+    #[prost(string, tag = "1")]
+    service: String,
+}
+
+/// `grpc.health.v1.HealthCheckResponse` (`status` 1 is SERVING).
+#[derive(Clone, PartialEq, prost::Message)]
+struct HealthCheckResponse {
+    #[prost(int32, tag = "1")]
+    status: i32,
+}
+
+/// Whether the collector at `url` answers its gRPC health check for the
+/// Ingest service within a second (an open port alone is not enough: a
+/// stalled process still completes TCP handshakes).
+async fn answers(url: &str) -> bool {
+    let probe = async {
+        let channel = connect(url).await.ok()?;
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.ok()?;
+        let path =
+            tonic::codegen::http::uri::PathAndQuery::from_static("/grpc.health.v1.Health/Check");
+        let codec = tonic_prost::ProstCodec::<HealthCheckRequest, HealthCheckResponse>::default();
+        let reply = grpc
+            .unary(
+                tonic::Request::new(HealthCheckRequest {
+                    service: "flopwatch.v1.Ingest".to_string(),
+                }),
+                path,
+                codec,
+            )
+            .await
+            .ok()?;
+        Some(reply.into_inner().status == 1)
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), probe).await,
+        Ok(Some(true))
+    )
+}
+
+fn failed(why: impl Into<String>) -> End {
+    End::Failed {
+        why: why.into(),
+        welcomed: false,
+    }
+}
+
 async fn session(
     opts: &ClientOptions,
     url: &str,
+    home: Option<&str>,
     outbox: &Outbox,
     state: &watch::Sender<ClientState>,
-    drain_deadline: &mut Option<tokio::time::Instant>,
+    drain_deadline: &mut Option<Instant>,
 ) -> End {
     let channel = match connect(url).await {
         Ok(c) => c,
-        Err(e) => return End::Failed(format!("connect: {e}")),
+        Err(e) => return failed(format!("connect: {e}")),
     };
     let mut client =
         v1::ingest_client::IngestClient::new(channel).max_decoding_message_size(16 << 20);
@@ -116,7 +227,7 @@ async fn session(
         .await
         .is_err()
     {
-        return End::Failed("stream closed".into());
+        return failed("stream closed");
     }
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     if let Some(t) = &opts.token {
@@ -124,19 +235,20 @@ async fn session(
             Ok(v) => {
                 request.metadata_mut().insert("authorization", v);
             }
-            Err(_) => return End::Failed("token is not valid header text".into()),
+            Err(_) => return failed("token is not valid header text"),
         }
     }
     let mut inbound = match client.stream(request).await {
         Ok(r) => r.into_inner(),
-        Err(s) => return End::Failed(format!("{}: {}", s.code(), s.message())),
+        Err(s) => return failed(format!("{}: {}", s.code(), s.message())),
     };
-    let welcome = match inbound.message().await {
-        Ok(Some(v1::CollectorMessage {
+    let welcome = match tokio::time::timeout(ACK_TIMEOUT, inbound.message()).await {
+        Ok(Ok(Some(v1::CollectorMessage {
             msg: Some(collector_message::Msg::Welcome(w)),
-        })) => w,
-        Ok(_) => return End::Failed("collector did not send a Welcome".into()),
-        Err(s) => return End::Failed(format!("{}: {}", s.code(), s.message())),
+        }))) => w,
+        Ok(Ok(_)) => return failed("collector did not send a Welcome"),
+        Ok(Err(s)) => return failed(format!("{}: {}", s.code(), s.message())),
+        Err(_) => return failed("no Welcome in time"),
     };
     info!(collector = %url, id = %welcome.collector_id, acked = welcome.acked_seq, tenant = %welcome.tenant, "connected");
     outbox.welcome(welcome.acked_seq);
@@ -144,52 +256,112 @@ async fn session(
         s.connected_to = Some(url.to_string());
         s.tenant = welcome.tenant.clone();
         s.policy = welcome.policy.clone().map(Into::into);
+        s.connections += 1;
+        if home.is_some() {
+            s.failovers += 1;
+        }
     });
+    let end = |why: &str| End::Failed {
+        why: why.to_string(),
+        welcomed: true,
+    };
+    // Sending budget (token bucket, refilled at the rate limit).
+    let rate = opts.max_batches_per_second.map(|r| f64::from(r.max(1)));
+    let mut tokens = WINDOW as f64;
+    let mut refilled = Instant::now();
+    let mut last_answer = Instant::now();
+    let mut next_probe = Instant::now() + HOME_PROBE;
+    let mut going_home: Option<Instant> = None;
     loop {
         if outbox.is_closed() {
             if outbox.is_empty() {
                 return End::Shutdown;
             }
-            let d = *drain_deadline
-                .get_or_insert_with(|| tokio::time::Instant::now() + opts.drain_timeout);
-            if tokio::time::Instant::now() >= d {
+            let d = *drain_deadline.get_or_insert_with(|| Instant::now() + opts.drain_timeout);
+            if Instant::now() >= d {
                 warn!(
                     batches = outbox.len(),
-                    "shutdown: unacknowledged batches left"
+                    "shutdown: unacknowledged batches left (kept in the spool if there is one)"
                 );
                 return End::Shutdown;
             }
         }
-        for b in outbox.next_to_send(WINDOW) {
-            if tx
-                .send(AgentMessage {
-                    msg: Some(agent_message::Msg::Batch(b)),
-                })
-                .await
-                .is_err()
-            {
-                return End::Failed("send failed".into());
+        let in_flight = outbox.in_flight();
+        if let Some(since) = going_home {
+            if in_flight == 0 || since.elapsed() > ACK_TIMEOUT {
+                return End::Home;
+            }
+        }
+        if in_flight == 0 {
+            last_answer = Instant::now();
+        } else if last_answer.elapsed() > ACK_TIMEOUT {
+            return end("no acknowledgement in time");
+        }
+        if let Some(r) = rate {
+            let now = Instant::now();
+            tokens = (tokens + now.duration_since(refilled).as_secs_f64() * r).min(WINDOW as f64);
+            refilled = now;
+        }
+        let budget = if going_home.is_some() {
+            0
+        } else if rate.is_some() {
+            (tokens as usize).min(WINDOW)
+        } else {
+            WINDOW
+        };
+        if budget > 0 {
+            let room = WINDOW.saturating_sub(in_flight).min(budget);
+            let batches = if room > 0 {
+                outbox.next_to_send(in_flight + room)
+            } else {
+                Vec::new()
+            };
+            tokens -= batches.len() as f64;
+            for b in batches {
+                if tx
+                    .send(AgentMessage {
+                        msg: Some(agent_message::Msg::Batch(b)),
+                    })
+                    .await
+                    .is_err()
+                {
+                    return end("send failed");
+                }
+            }
+        }
+        if let Some(h) = home {
+            if going_home.is_none() && Instant::now() >= next_probe {
+                next_probe = Instant::now() + HOME_PROBE;
+                if answers(h).await {
+                    going_home = Some(Instant::now());
+                    continue;
+                }
             }
         }
         tokio::select! {
             m = inbound.message() => match m {
-                Ok(Some(v1::CollectorMessage { msg: Some(m) })) => match m {
-                    collector_message::Msg::Ack(a) => outbox.ack(a.seq),
-                    collector_message::Msg::Reject(r) => {
-                        warn!(seq = r.seq, code = r.code, reason = %r.reason, message = %r.message, "batch rejected");
-                        outbox.reject(r.seq);
+                Ok(Some(v1::CollectorMessage { msg: Some(m) })) => {
+                    last_answer = Instant::now();
+                    match m {
+                        collector_message::Msg::Ack(a) => outbox.ack(a.seq),
+                        collector_message::Msg::Reject(r) => {
+                            warn!(seq = r.seq, code = r.code, reason = %r.reason, message = %r.message, "batch rejected");
+                            outbox.reject(r.seq);
+                        }
+                        collector_message::Msg::Policy(p) => {
+                            state.send_modify(|s| s.policy = Some(p.into()));
+                        }
+                        collector_message::Msg::Welcome(_) => {}
                     }
-                    collector_message::Msg::Policy(p) => {
-                        state.send_modify(|s| s.policy = Some(p.into()));
-                    }
-                    collector_message::Msg::Welcome(_) => {}
-                },
+                }
                 Ok(Some(_)) => {}
-                Ok(None) => return End::Failed("collector closed the stream".into()),
-                Err(s) => return End::Failed(format!("{}: {}", s.code(), s.message())),
+                Ok(None) => return end("collector closed the stream"),
+                Err(s) => return end(&format!("{}: {}", s.code(), s.message())),
             },
             _ = outbox.notified() => {}
-            _ = tokio::time::sleep(Duration::from_millis(250)), if drain_deadline.is_some() => {}
+            // Wakes for the drain deadline, the rate limit, the ack
+            // timeout and the home probe.
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }
 }

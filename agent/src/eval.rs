@@ -50,7 +50,7 @@
 //!   never straddle a window; a fixed run's may.
 
 use crate::adaptive::{floor_for, AdaptiveSampler};
-use crate::sampler::Sampler;
+use crate::sampler::{PlanCarry, Sampler};
 use crate::source::replay::ReplaySource;
 use crate::source::{Capture, GpuCapture, GpuSource, Reading, SourceError};
 use flopwatch_config::SamplingConfig;
@@ -269,35 +269,12 @@ pub fn evaluate(
     let mut sent: Series = BTreeMap::new();
     let mut at_min: BTreeMap<Key, Vec<i64>> = BTreeMap::new();
     let mut plot = PlotData::default();
-    // The source honours the sampler's read plan: a skipped window-mean
-    // reading is folded into the next read of that metric (window_ms set to
-    // the whole span, as a counter-delta source reports it); a skipped
-    // point reading is simply not taken.
-    let mut carry: BTreeMap<Key, (f64, u64)> = BTreeMap::new();
+    // The source honours the sampler's read plan (`PlanCarry`).
+    let mut carry = PlanCarry::default();
     for c in &base {
         let plan = sampler.due(c.ts_ms);
         let mut c = c.clone();
-        for g in &mut c.gpus {
-            let (gpu, w) = (g.gpu, u64::from(g.window_ms));
-            g.readings.retain_mut(|r| {
-                let mean = metrics::lookup(r.metric).map(|d| d.aggregation)
-                    == Some(Aggregation::WindowMean);
-                if !plan.wants(gpu, r.metric) {
-                    if mean {
-                        let e = carry.entry((gpu, r.metric)).or_default();
-                        e.0 += r.value * w as f64;
-                        e.1 += w;
-                    }
-                    return false;
-                }
-                if let Some((svw, sw)) = carry.remove(&(gpu, r.metric)).filter(|x| x.1 > 0) {
-                    let total = sw + w;
-                    r.value = (svw + r.value * w as f64) / total as f64;
-                    r.window_ms = Some(u32::try_from(total).unwrap_or(u32::MAX));
-                }
-                true
-            });
-        }
+        carry.apply(&plan, &mut c);
         sampler.observe(&mut c);
         push_sent(&mut sent, &c);
         for (gpu, metric, i) in sampler.intervals() {

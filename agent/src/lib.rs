@@ -4,9 +4,9 @@
 //! without touching workloads, keeps what the [`sampler::Sampler`] selects,
 //! groups samples into batches ([`batcher`]) and streams them over gRPC
 //! ([`client`]) to a collector, which acknowledges each batch once it is
-//! durable. Unacknowledged batches wait in a bounded [`outbox`] and are
-//! resent after a reconnect, so a collector restart loses nothing that was
-//! acked.
+//! durable. Unacknowledged batches wait in a bounded [`outbox`] and, when
+//! configured, an on-disk [`spool`]; they are resent after a reconnect, to
+//! the next collector in the node's [`placement`] order when one dies.
 
 #![forbid(unsafe_code)]
 
@@ -18,10 +18,13 @@ pub mod clock;
 pub mod eval;
 pub mod identity;
 pub mod metrics_http;
+pub mod mfu;
 pub mod outbox;
+pub mod placement;
 pub mod run;
 pub mod sampler;
 pub mod source;
+pub mod spool;
 pub mod telemetry;
 
-pub use run::{Agent, AgentOptions};
+pub use run::{Agent, AgentOptions, DeliveryOptions};

@@ -1,19 +1,27 @@
 //! Batches waiting to be sent or acknowledged, bounded.
 //!
-//! A batch gets its sequence number when it is first put on the wire, from
-//! a counter that starts above the collector's acked number (Welcome): an
-//! agent restarted on the same boot continues the sequence instead of
-//! colliding with what the collector already holds. A sent batch keeps its
-//! number for every resend, so the collector can drop replays.
-//!
+//! Without a spool, a batch gets its sequence number when it is first put
+//! on the wire, from a counter that starts above the collector's acked
+//! number (Welcome): an agent restarted on the same boot continues the
+//! sequence instead of colliding with what the collector already holds.
 //! When full, the oldest *unsent* batch is dropped and counted; batches
 //! already on the wire are kept until acknowledged or rejected.
+//!
+//! With a [`Spool`], every batch is numbered and written to disk when it is
+//! pushed (write-ahead); memory holds at most `capacity` of them and the
+//! rest are read back from the spool, in order, as room frees up. Numbers
+//! survive restarts, so a resend is always recognised as a replay.
+//!
+//! Either way a sent batch keeps its number for every resend, so the
+//! collector can drop replays, and batches go out in number order.
 
+use crate::spool::{Spool, SpoolStats, SyncJob};
 use flopwatch_proto::v1;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
+use tracing::warn;
 
 struct Entry {
     batch: v1::Batch,
@@ -24,6 +32,10 @@ struct Entry {
 struct Inner {
     entries: VecDeque<Entry>,
     next_seq: u64,
+    spool: Option<Spool>,
+    /// With a spool: every batch numbered up to this one is in `entries`
+    /// or acknowledged; those above wait on disk.
+    mem_upto: u64,
 }
 
 /// Counters of the outbox.
@@ -63,10 +75,61 @@ impl Outbox {
             inner: Mutex::new(Inner {
                 entries: VecDeque::new(),
                 next_seq: 1,
+                spool: None,
+                mem_upto: 0,
             }),
             capacity: capacity.max(1),
             notify: Notify::new(),
             stats: OutboxStats::default(),
+        }
+    }
+
+    /// Holds at most `capacity` batches in memory, every batch on disk in
+    /// `spool` until acknowledged; what the spool kept from an earlier run
+    /// is sent first.
+    pub fn with_spool(capacity: usize, spool: Spool) -> Self {
+        let o = Self::new(capacity);
+        {
+            let mut inner = o.lock();
+            inner.mem_upto = spool.acked();
+            inner.next_seq = spool.next_seq();
+            inner.spool = Some(spool);
+        }
+        o
+    }
+
+    /// The spool's counters, when there is a spool.
+    pub fn spool_stats(&self) -> Option<Arc<SpoolStats>> {
+        self.lock().spool.as_ref().map(|s| s.stats())
+    }
+
+    /// The fsync of the spool, to run off the lock (`None` without one).
+    pub fn spool_sync_job(&self) -> Option<SyncJob> {
+        self.lock().spool.as_ref().map(|s| s.prepare_sync())
+    }
+
+    /// Fills memory from the spool, in order.
+    fn refill(&self, inner: &mut Inner) {
+        let room = self.capacity.saturating_sub(inner.entries.len());
+        let after = inner.mem_upto;
+        let Some(spool) = inner.spool.as_mut() else {
+            return;
+        };
+        if room == 0 || after >= spool.last_seq() {
+            return;
+        }
+        let read = spool.read_after(after, room);
+        if read.is_empty() {
+            // Unreadable: skip that segment (counted as an I/O error).
+            inner.mem_upto = inner.mem_upto.max(spool.segment_end_after(after));
+            return;
+        }
+        for b in read {
+            inner.mem_upto = b.seq;
+            inner.entries.push_back(Entry {
+                batch: b,
+                sent: false,
+            });
         }
     }
 
@@ -76,10 +139,33 @@ impl Outbox {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues a batch (unnumbered).
-    pub fn push(&self, batch: v1::Batch) {
+    /// Queues a batch (unnumbered; numbered and written ahead with a
+    /// spool).
+    pub fn push(&self, mut batch: v1::Batch) {
         {
             let mut inner = self.lock();
+            let inner = &mut *inner;
+            if let Some(spool) = inner.spool.as_mut() {
+                // Nothing waits on disk: this batch is next in line.
+                let in_order = spool.count_after(inner.mem_upto) == 0;
+                let written = spool.append(&mut batch);
+                inner.next_seq = spool.next_seq();
+                match written {
+                    Ok(()) => {
+                        if in_order && inner.entries.len() < self.capacity {
+                            inner.mem_upto = batch.seq;
+                            inner.entries.push_back(Entry { batch, sent: false });
+                        }
+                        // Otherwise it waits on disk for its turn.
+                        self.notify.notify_one();
+                        return;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, seq = batch.seq, "cannot write the spool; batch kept in memory only");
+                        inner.mem_upto = inner.mem_upto.max(batch.seq);
+                    }
+                }
+            }
             while inner.entries.len() >= self.capacity {
                 match inner.entries.iter().position(|e| !e.sent) {
                     Some(i) => {
@@ -129,22 +215,46 @@ impl Outbox {
     /// the rest for resending, continues numbering above `acked`.
     pub fn welcome(&self, acked: u64) {
         let mut inner = self.lock();
+        let inner = &mut *inner;
+        let spooled = inner.spool.is_some();
         let before = inner.entries.len();
-        inner.entries.retain(|e| !(e.sent && e.batch.seq <= acked));
+        let mut durable_samples = 0;
+        inner.entries.retain(|e| {
+            // With a spool every held batch is numbered: one at or below
+            // the collector's number is durable there (sent in an earlier
+            // run, or to this collector before a failover).
+            let durable = (e.sent || (spooled && e.batch.seq != 0)) && e.batch.seq <= acked;
+            if durable {
+                durable_samples += samples(&e.batch);
+            }
+            !durable
+        });
         let durable = (before - inner.entries.len()) as u64;
         self.stats
             .acked_batches
             .fetch_add(durable, Ordering::Relaxed);
+        self.stats
+            .acked_samples
+            .fetch_add(durable_samples, Ordering::Relaxed);
         for e in inner.entries.iter_mut() {
             e.sent = false;
         }
         inner.next_seq = inner.next_seq.max(acked + 1);
+        if let Some(spool) = inner.spool.as_mut() {
+            spool.reserve_below(acked + 1);
+            inner.next_seq = spool.next_seq();
+            if inner.entries.front().is_none_or(|e| e.batch.seq > acked) {
+                spool.ack(acked.min(spool.last_seq()));
+            }
+            inner.mem_upto = inner.mem_upto.max(acked.min(spool.last_seq()));
+        }
     }
 
     /// The next batches to put on the wire, keeping at most `window`
     /// unacknowledged; numbers them if new.
     pub fn next_to_send(&self, window: usize) -> Vec<v1::Batch> {
         let mut inner = self.lock();
+        self.refill(&mut inner);
         let mut in_flight = inner.entries.iter().filter(|e| e.sent).count();
         let mut out = Vec::new();
         let mut next_seq = inner.next_seq;
@@ -179,6 +289,16 @@ impl Outbox {
             self.stats.acked_batches.fetch_add(1, Ordering::Relaxed);
             self.stats.acked_samples.fetch_add(n, Ordering::Relaxed);
         }
+        // The spool may forget everything below the oldest batch still
+        // waiting.
+        let keep_from = inner.entries.front().map(|e| e.batch.seq);
+        if let Some(spool) = inner.spool.as_mut() {
+            let upto = match keep_from {
+                Some(s) if s != 0 => (s - 1).min(seq),
+                _ => seq,
+            };
+            spool.ack(upto.min(spool.last_seq()));
+        }
         drop(inner);
         self.notify.notify_one();
     }
@@ -193,6 +313,16 @@ impl Outbox {
         {
             inner.entries.remove(i);
             self.stats.rejected_batches.fetch_add(1, Ordering::Relaxed);
+            // The collector consumed the number: the spool may forget it
+            // once nothing older waits.
+            let keep_from = inner.entries.front().map(|e| e.batch.seq);
+            if let Some(spool) = inner.spool.as_mut() {
+                let upto = match keep_from {
+                    Some(s) if s != 0 => s - 1,
+                    _ => seq.max(spool.acked()),
+                };
+                spool.ack(upto.min(seq).min(spool.last_seq()));
+            }
         }
         drop(inner);
         self.notify.notify_one();
@@ -202,16 +332,43 @@ impl Outbox {
     /// would lose if it died now.
     pub fn pending_bytes(&self) -> u64 {
         use prost::Message;
-        self.lock()
+        let inner = self.lock();
+        let mem: u64 = inner
             .entries
             .iter()
             .map(|e| e.batch.encoded_len() as u64)
-            .sum()
+            .sum();
+        match &inner.spool {
+            // What is on disk is not lost by a crash; report the larger.
+            Some(s) => mem.max(s.bytes()),
+            None => mem,
+        }
     }
 
-    /// Batches held (sent or not).
+    /// Batches held (sent or not), on disk included.
     pub fn len(&self) -> usize {
-        self.lock().entries.len()
+        let inner = self.lock();
+        let disk = inner
+            .spool
+            .as_ref()
+            .map(|s| s.count_after(inner.mem_upto))
+            .unwrap_or(0);
+        inner.entries.len() + disk as usize
+    }
+
+    /// Batches on the wire, not yet acknowledged.
+    pub fn in_flight(&self) -> usize {
+        self.lock().entries.iter().filter(|e| e.sent).count()
+    }
+
+    /// Unsent batches in memory or on disk.
+    pub fn has_unsent(&self) -> bool {
+        let inner = self.lock();
+        inner.entries.iter().any(|e| !e.sent)
+            || inner
+                .spool
+                .as_ref()
+                .is_some_and(|s| s.last_seq() > inner.mem_upto)
     }
 
     /// True when nothing is held.
@@ -252,6 +409,116 @@ mod tests {
         o.welcome(43);
         assert!(o.is_empty());
         assert_eq!(o.stats.acked_batches.load(Ordering::Relaxed), 2);
+    }
+
+    fn spooled(dir: &std::path::Path, capacity: usize) -> Outbox {
+        let spool = Spool::open(
+            &crate::spool::SpoolOptions {
+                dir: dir.to_path_buf(),
+                max_bytes: 1 << 20,
+                fsync_interval: std::time::Duration::from_secs(1),
+            },
+            Arc::new(SpoolStats::default()),
+        )
+        .unwrap();
+        Outbox::with_spool(capacity, spool)
+    }
+
+    #[test]
+    fn spooled_batches_beyond_memory_are_read_back_in_order() {
+        let d = tempfile::tempdir().unwrap();
+        let o = spooled(d.path(), 2);
+        for _ in 0..5 {
+            o.push(batch(1));
+        }
+        assert_eq!(o.len(), 5, "two in memory, three on disk");
+        o.welcome(0);
+        let sent: Vec<u64> = o.next_to_send(8).iter().map(|b| b.seq).collect();
+        assert_eq!(sent, vec![1, 2]);
+        o.ack(2);
+        let sent: Vec<u64> = o.next_to_send(8).iter().map(|b| b.seq).collect();
+        assert_eq!(sent, vec![3, 4]);
+        o.ack(4);
+        assert_eq!(o.next_to_send(8)[0].seq, 5);
+        o.ack(5);
+        assert!(o.is_empty());
+        assert_eq!(o.stats.acked_samples.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn a_restarted_agent_resends_unacked_batches_with_their_numbers() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let o = spooled(d.path(), 8);
+            for _ in 0..4 {
+                o.push(batch(1));
+            }
+            o.welcome(0);
+            assert_eq!(o.next_to_send(8).len(), 4);
+            o.ack(2);
+            // Dies here (no fsync of the state: the spool still says 0).
+        }
+        let o = spooled(d.path(), 8);
+        assert_eq!(o.len(), 4);
+        // The collector knows 1..2 are durable: they are not resent.
+        o.welcome(2);
+        o.push(batch(1));
+        let sent: Vec<u64> = o.next_to_send(8).iter().map(|b| b.seq).collect();
+        assert_eq!(sent, vec![3, 4, 5], "old numbers kept, new ones above");
+        o.ack(5);
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn a_new_run_numbers_above_the_last_and_sends_the_old_backlog_first() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let o = spooled(d.path(), 8);
+            for _ in 0..3 {
+                o.push(batch(1));
+            }
+        }
+        let spool = Spool::open(
+            &crate::spool::SpoolOptions {
+                dir: d.path().to_path_buf(),
+                max_bytes: 1 << 20,
+                fsync_interval: std::time::Duration::from_secs(1),
+            },
+            Arc::new(SpoolStats::default()),
+        )
+        .unwrap();
+        let mut spool = spool;
+        spool.reserve_below(1_000_000);
+        let o = Outbox::with_spool(8, spool);
+        o.push(batch(1));
+        o.push(batch(1));
+        assert_eq!(o.len(), 5);
+        o.welcome(0);
+        let sent: Vec<u64> = o.next_to_send(8).iter().map(|b| b.seq).collect();
+        assert_eq!(sent, vec![1, 2, 3, 1_000_000, 1_000_001]);
+        o.ack(1_000_001);
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn failover_to_a_collector_that_knows_less_resends_only_unacked() {
+        let d = tempfile::tempdir().unwrap();
+        let o = spooled(d.path(), 8);
+        for _ in 0..6 {
+            o.push(batch(1));
+        }
+        o.welcome(0);
+        o.next_to_send(8);
+        o.ack(3);
+        // Home dies with 4..6 unacknowledged; the next collector has
+        // older numbers of this agent only.
+        o.welcome(1);
+        let sent: Vec<u64> = o.next_to_send(8).iter().map(|b| b.seq).collect();
+        assert_eq!(sent, vec![4, 5, 6]);
+        // Home is back and had committed 4 and 5 before dying.
+        o.welcome(5);
+        let sent: Vec<u64> = o.next_to_send(8).iter().map(|b| b.seq).collect();
+        assert_eq!(sent, vec![6]);
     }
 
     #[test]

@@ -39,6 +39,15 @@ pub struct AgentOptions {
     pub metrics: Option<std::collections::HashSet<String>>,
 }
 
+/// Delivery guarantees beyond the in-memory outbox.
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryOptions {
+    /// Write every batch ahead to this on-disk spool.
+    pub spool: Option<crate::spool::SpoolOptions>,
+    /// Most batches sent per second (the spool's drain rate).
+    pub max_batches_per_second: Option<u32>,
+}
+
 /// Counters of the sampling loop.
 #[derive(Debug, Default)]
 pub struct AgentStats {
@@ -48,6 +57,8 @@ pub struct AgentStats {
     pub samples: AtomicU64,
     /// Captures that failed.
     pub capture_errors: AtomicU64,
+    /// Readings the sampler's read plans let the source skip.
+    pub reads_skipped: AtomicU64,
     /// Each metric's current sampling interval when the last batch was cut:
     /// (GPU UUID, metric, ms).
     pub intervals: std::sync::Mutex<Vec<(String, &'static str, u32)>>,
@@ -89,9 +100,60 @@ impl Agent {
         attribution: AttributionOptions,
         clock: Arc<dyn Clock>,
     ) -> Self {
+        let outbox = Arc::new(Outbox::new(opts.max_in_flight));
+        Self::start_with_outbox(source, sampler, opts, attribution, clock, outbox, None)
+    }
+
+    /// [`Agent::start_with_attribution`] with a spool and a send rate
+    /// ([`DeliveryOptions`]); fails when the spool cannot be opened.
+    pub fn start_with_delivery(
+        source: Box<dyn GpuSource>,
+        sampler: Box<dyn Sampler>,
+        opts: AgentOptions,
+        attribution: AttributionOptions,
+        clock: Arc<dyn Clock>,
+        delivery: DeliveryOptions,
+    ) -> std::io::Result<Self> {
+        let outbox = match &delivery.spool {
+            Some(so) => {
+                let mut spool =
+                    crate::spool::Spool::open(so, Arc::new(crate::spool::SpoolStats::default()))?;
+                // Numbers of this run start above any an earlier run on
+                // this boot can have used, even one whose spool is gone (a
+                // recreated pod): 1000 per millisecond of wall clock.
+                spool.reserve_below(
+                    u64::try_from(clock.now_ms())
+                        .unwrap_or(0)
+                        .saturating_mul(1000),
+                );
+                let outbox = Arc::new(Outbox::with_spool(opts.max_in_flight, spool));
+                tokio::spawn(sync_spool(outbox.clone(), so.fsync_interval));
+                outbox
+            }
+            None => Arc::new(Outbox::new(opts.max_in_flight)),
+        };
+        Ok(Self::start_with_outbox(
+            source,
+            sampler,
+            opts,
+            attribution,
+            clock,
+            outbox,
+            delivery.max_batches_per_second,
+        ))
+    }
+
+    fn start_with_outbox(
+        source: Box<dyn GpuSource>,
+        sampler: Box<dyn Sampler>,
+        opts: AgentOptions,
+        attribution: AttributionOptions,
+        clock: Arc<dyn Clock>,
+        outbox: Arc<Outbox>,
+        max_batches_per_second: Option<u32>,
+    ) -> Self {
         let attribution = Attribution::new(attribution, opts.job.clone());
         let attribution_stats = attribution.stats();
-        let outbox = Arc::new(Outbox::new(opts.max_in_flight));
         let stats = Arc::new(AgentStats::default());
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (state_tx, state) = watch::channel(ClientState::default());
@@ -102,6 +164,11 @@ impl Agent {
             gpus: source.inventory().to_vec(),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             metrics: Vec::new(),
+            devices: source
+                .devices()
+                .iter()
+                .map(|d| crate::source::qualify(d, &opts.node.node_id))
+                .collect(),
         };
         let client = tokio::spawn(client::run(
             ClientOptions {
@@ -109,6 +176,7 @@ impl Agent {
                 token: opts.token.clone(),
                 hello,
                 drain_timeout: opts.drain_timeout,
+                max_batches_per_second,
             },
             outbox.clone(),
             state_tx,
@@ -141,11 +209,46 @@ impl Agent {
         let _ = self.shutdown.send(true);
         let _ = self.sampling.await;
         let _ = self.client.await;
+        if let Some(job) = self.outbox.spool_sync_job() {
+            match tokio::task::spawn_blocking(move || job.run()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(error = %e, "final spool fsync failed"),
+                Err(e) => warn!(error = %e, "final spool fsync failed"),
+            }
+        }
     }
 
     /// True once the sampling loop ended by itself (a finished replay).
     pub fn sampling_finished(&self) -> bool {
         self.sampling.is_finished()
+    }
+}
+
+/// fsyncs the spool every `every` (off the outbox's lock), while the
+/// outbox is alive.
+async fn sync_spool(outbox: Arc<Outbox>, every: Duration) {
+    let weak = Arc::downgrade(&outbox);
+    drop(outbox);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(o) = weak.upgrade() else { return };
+        let Some(job) = o.spool_sync_job() else {
+            return;
+        };
+        let stats = o.spool_stats();
+        drop(o);
+        match tokio::task::spawn_blocking(move || job.run()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                if let Some(s) = stats {
+                    s.io_errors.fetch_add(1, Ordering::Relaxed);
+                }
+                warn!(error = %e, "spool fsync failed");
+            }
+            Err(_) => return,
+        }
     }
 }
 
@@ -213,10 +316,15 @@ async fn sample_loop(
     state: watch::Receiver<ClientState>,
 ) {
     let inventory = source.inventory().to_vec();
+    // GPUs, then node devices (InfiniBand ports, NUMA nodes, the host):
+    // series are keyed by GPU UUID or qualified device id alike.
+    let owners = crate::source::series_owners(source.as_ref(), &opts.node.node_id);
     let flush_ms = opts.flush_interval.as_millis() as i64;
     let mut batcher = Batcher::default();
     let mut last_flush = clock.now_ms();
     let mut errors_logged = 0u32;
+    // Jobs' own MFU reports ride on the next batch (crate::mfu).
+    let mut mfu = crate::mfu::MfuInbox::new(attribution.options().mfu_dir.clone());
     info!(source = source.name(), gpus = inventory.len(), "sampling");
     let mut next = tokio::time::Instant::now();
     loop {
@@ -234,12 +342,18 @@ async fn sample_loop(
             break;
         }
         let now = clock.now_ms();
+        // Only what the sampler needs is read (Sampler::due).
+        let plan = sampler.due(now);
+        stats
+            .reads_skipped
+            .fetch_add(plan.skipped().len() as u64, Ordering::Relaxed);
         let result = tokio::task::spawn_blocking(move || {
-            let r = source.capture(now);
-            (source, r)
+            let r = source.capture_planned(now, &plan);
+            mfu.scan(now);
+            (source, mfu, r)
         })
         .await;
-        let (s, r) = match result {
+        let (s, m, r) = match result {
             Ok(v) => v,
             Err(e) => {
                 warn!(error = %e, "capture task failed; stopping");
@@ -247,6 +361,8 @@ async fn sample_loop(
             }
         };
         source = s;
+        mfu = m;
+        mfu.push(source.mfu_reports(now));
         match r {
             Ok(mut capture) => {
                 stats.captures.fetch_add(1, Ordering::Relaxed);
@@ -265,7 +381,7 @@ async fn sample_loop(
                     }
                 }
                 sampler.observe(&mut capture);
-                batcher.add(capture, &inventory);
+                batcher.add(capture, &owners);
             }
             Err(SourceError::Exhausted) => {
                 info!("source exhausted");
@@ -283,8 +399,9 @@ async fn sample_loop(
             stats
                 .samples
                 .fetch_add(batcher.len() as u64, Ordering::Relaxed);
-            let mut b = batcher.cut(&inventory, &opts.node.node_id, &opts.node.boot_id, now);
-            annotate(&mut b, sampler.as_ref(), &inventory, &outbox, &stats);
+            let mut b = batcher.cut(&owners, &opts.node.node_id, &opts.node.boot_id, now);
+            annotate(&mut b, sampler.as_ref(), &owners, &outbox, &stats);
+            b.mfu_reports = mfu.take();
             outbox.push(b.into());
             last_flush = now;
         }
@@ -296,7 +413,7 @@ async fn sample_loop(
         let now = clock.now_ms();
         outbox.push(
             batcher
-                .cut(&inventory, &opts.node.node_id, &opts.node.boot_id, now)
+                .cut(&owners, &opts.node.node_id, &opts.node.boot_id, now)
                 .into(),
         );
     }

@@ -14,7 +14,8 @@
 //! and reads everything stays correct: the sampler then only saves samples.
 
 use crate::source::Capture;
-use std::collections::HashSet;
+use flopwatch_proto::metrics::{self, Aggregation};
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 /// Which readings the next capture needs: everything except `skip`.
@@ -49,6 +50,52 @@ impl ReadPlan {
     /// The pairs that may be skipped.
     pub fn skipped(&self) -> &[(usize, &'static str)] {
         &self.skip
+    }
+}
+
+/// Applies a [`ReadPlan`] to a source that reads everything anyway (the
+/// simulator, a replayed trace), so that what reaches the sampler is what a
+/// field-by-field source would have read: readings the plan skips are
+/// dropped, and a skipped window-mean reading is folded into the next read
+/// of that metric, whose value becomes the mean over the whole span and
+/// whose `window_ms` spans it (as a counter-delta source reports it). A
+/// skipped point reading is simply not taken.
+#[derive(Debug, Default)]
+pub struct PlanCarry {
+    /// (gpu, metric) → (Σ value × window, Σ window) of skipped windows.
+    carry: HashMap<(usize, &'static str), (f64, u64)>,
+}
+
+impl PlanCarry {
+    /// Applies `plan` to `capture` in place; returns how many readings the
+    /// plan skipped.
+    pub fn apply(&mut self, plan: &ReadPlan, capture: &mut Capture) -> u64 {
+        let mut skipped = 0u64;
+        for g in &mut capture.gpus {
+            let (gpu, cw) = (g.gpu, g.window_ms);
+            let carry = &mut self.carry;
+            g.readings.retain_mut(|r| {
+                let mean = metrics::lookup(r.metric).map(|d| d.aggregation)
+                    == Some(Aggregation::WindowMean);
+                let w = u64::from(r.window_ms.unwrap_or(cw));
+                if !plan.wants(gpu, r.metric) {
+                    skipped += 1;
+                    if mean {
+                        let e = carry.entry((gpu, r.metric)).or_default();
+                        e.0 += r.value * w as f64;
+                        e.1 += w;
+                    }
+                    return false;
+                }
+                if let Some((svw, sw)) = carry.remove(&(gpu, r.metric)).filter(|x| x.1 > 0) {
+                    let total = sw + w;
+                    r.value = (svw + r.value * w as f64) / total as f64;
+                    r.window_ms = Some(u32::try_from(total).unwrap_or(u32::MAX));
+                }
+                true
+            });
+        }
+        skipped
     }
 }
 
@@ -127,6 +174,53 @@ impl Sampler for FixedSampler {
 mod tests {
     use super::*;
     use crate::source::{GpuCapture, Reading};
+
+    fn capture(ts_ms: i64, window_ms: u32, readings: Vec<Reading>) -> Capture {
+        Capture {
+            ts_ms,
+            gpus: vec![GpuCapture {
+                gpu: 0,
+                window_ms,
+                readings,
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn carry_folds_skipped_window_means_into_the_next_read() {
+        let mut carry = PlanCarry::default();
+        let skip = ReadPlan::skipping(vec![(0, metrics::SM_ACTIVE), (0, metrics::POWER_W)]);
+        let mut c = capture(
+            100,
+            100,
+            vec![
+                Reading::new(metrics::SM_ACTIVE, 0.2),
+                Reading::new(metrics::POWER_W, 300.0),
+                Reading::new(metrics::TENSOR_ACTIVE, 0.5),
+            ],
+        );
+        assert_eq!(carry.apply(&skip, &mut c), 2);
+        assert_eq!(
+            c.gpus[0].readings,
+            vec![Reading::new(metrics::TENSOR_ACTIVE, 0.5)]
+        );
+        let mut c = capture(
+            400,
+            300,
+            vec![
+                Reading::new(metrics::SM_ACTIVE, 0.6),
+                Reading::new(metrics::POWER_W, 200.0),
+            ],
+        );
+        assert_eq!(carry.apply(&ReadPlan::all(), &mut c), 0);
+        let sm = c.gpus[0].readings[0];
+        // (0.2 × 100 + 0.6 × 300) / 400: the exact mean over both windows.
+        assert!((sm.value - 0.5).abs() < 1e-12);
+        assert_eq!(sm.window_ms, Some(400));
+        // A point reading is not averaged: the skipped read never happened.
+        assert_eq!(c.gpus[0].readings[1], Reading::new(metrics::POWER_W, 200.0));
+    }
 
     #[test]
     fn allow_list_filters_readings() {

@@ -4,10 +4,13 @@
 //! | metric | type | labels |
 //! |---|---|---|
 //! | `flopwatch_agent_sample_interval_seconds` | gauge | `UUID`, `metric` |
-//! | `flopwatch_agent_captures_total`, `…_capture_errors_total`, `…_samples_total` | counter | |
+//! | `flopwatch_agent_captures_total`, `…_capture_errors_total`, `…_samples_total`, `…_reads_skipped_total` | counter | |
 //! | `flopwatch_agent_outbox_batches`, `flopwatch_agent_pending_bytes` | gauge | |
 //! | `flopwatch_agent_acked_batches_total`, `…_acked_samples_total`, `…_rejected_batches_total`, `…_dropped_batches_total`, `…_dropped_samples_total` | counter | |
 //! | `flopwatch_agent_connected` | gauge 0/1 | |
+//! | `flopwatch_agent_connections_total`, `…_failovers_total` | counter | |
+//! | `flopwatch_agent_spool_bytes` | gauge | |
+//! | `flopwatch_agent_spool_written_batches_total`, `…_spool_dropped_batches_total`, `…_spool_dropped_bytes_total`, `…_spool_bad_records_total`, `…_spool_io_errors_total` | counter | |
 //! | `flopwatch_agent_attribution_refreshes_total` | counter | |
 
 use crate::attribution::AttributionStats;
@@ -100,6 +103,12 @@ impl prometheus_client::collector::Collector for AgentExporter {
             "Samples handed to the outbox.",
             &s.samples,
         )?;
+        counter(
+            &mut enc,
+            "flopwatch_agent_reads_skipped",
+            "Readings the adaptive sampler's read plans let the source skip (no driver call).",
+            &s.reads_skipped,
+        )?;
         gauge(
             &mut enc,
             "flopwatch_agent_outbox_batches",
@@ -150,6 +159,61 @@ impl prometheus_client::collector::Collector for AgentExporter {
             "1 while a collector stream is open.",
             if connected { 1.0 } else { 0.0 },
         )?;
+        {
+            let st = self.state.borrow();
+            let (conns, fails) = (st.connections, st.failovers);
+            drop(st);
+            ConstCounter::new(conns).encode(enc.encode_descriptor(
+                "flopwatch_agent_connections",
+                "Collector streams opened.",
+                None,
+                MetricType::Counter,
+            )?)?;
+            ConstCounter::new(fails).encode(enc.encode_descriptor(
+                "flopwatch_agent_failovers",
+                "Streams opened to a collector other than the node's home.",
+                None,
+                MetricType::Counter,
+            )?)?;
+        }
+        if let Some(sp) = self.outbox.spool_stats() {
+            gauge(
+                &mut enc,
+                "flopwatch_agent_spool_bytes",
+                "Bytes in the on-disk spool.",
+                sp.bytes.load(Ordering::Relaxed) as f64,
+            )?;
+            counter(
+                &mut enc,
+                "flopwatch_agent_spool_written_batches",
+                "Batches written to the spool.",
+                &sp.written_batches,
+            )?;
+            counter(
+                &mut enc,
+                "flopwatch_agent_spool_dropped_batches",
+                "Unacknowledged batches dropped because the spool was full (spool.max_bytes).",
+                &sp.dropped_batches,
+            )?;
+            counter(
+                &mut enc,
+                "flopwatch_agent_spool_dropped_bytes",
+                "Bytes dropped because the spool was full.",
+                &sp.dropped_bytes,
+            )?;
+            counter(
+                &mut enc,
+                "flopwatch_agent_spool_bad_records",
+                "Truncated or corrupt spool records set aside at startup.",
+                &sp.bad_records,
+            )?;
+            counter(
+                &mut enc,
+                "flopwatch_agent_spool_io_errors",
+                "Spool write, read or fsync failures.",
+                &sp.io_errors,
+            )?;
+        }
         counter(
             &mut enc,
             "flopwatch_agent_attribution_refreshes",

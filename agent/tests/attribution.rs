@@ -48,6 +48,7 @@ fn opts(proc_root: &Path) -> AttributionOptions {
         proc_root: proc_root.to_path_buf(),
         pod_resources_socket: None,
         mapping_dir: None,
+        mfu_dir: None,
         refresh_interval: Duration::from_secs(10),
     }
 }
@@ -775,6 +776,7 @@ fn options_follow_the_config_file() {
             proc_root: "/host/proc".into(),
             pod_resources_socket: None,
             mapping_dir: Some("/run/hpc".into()),
+            mfu_dir: None,
             refresh_interval: Duration::from_secs(5),
         }
     );

@@ -254,3 +254,75 @@ fn mig_mode_is_read_at_open() {
     assert!(source.mig_enabled(0) && source.mig_enabled(1));
     assert!(!source.mig_enabled(2), "no such GPU");
 }
+
+/// Without GPM, NVLink throughput comes from the NVLink data counters
+/// (field values, link 0 × links up) and PCIe from the driver's 20 ms
+/// throughput sample; link state and error counters come on every GPU.
+#[test]
+fn without_gpm_nvlink_and_pcie_come_from_field_values_and_counters() {
+    let t1 = T0 + 4_000;
+    let (_guard, path) = driver("gpus=8,seed=1,gpm=0,nvlinks=12,nvlink_replays=3", t1);
+    let model = SimModel::new(&FleetPlan::new(1, 8, 30_000), 0, T0, 1);
+    let mut source = NvmlSource::open(Some(&path)).unwrap();
+    let first = source.capture(t1).unwrap();
+    assert!(
+        value(&first, 0, m::NVLINK_TX_BYTES_S).is_none(),
+        "no window yet"
+    );
+    let t2 = t1 + 1_000;
+    control::set_time_ms(t2).unwrap();
+    let c = source.capture(t2).unwrap();
+    for g in 0..8 {
+        let truth = model.window(g, t1, t2).mean;
+        for (metric, want) in [
+            (m::NVLINK_TX_BYTES_S, truth.nvlink_tx_bytes_s),
+            (m::NVLINK_RX_BYTES_S, truth.nvlink_rx_bytes_s),
+        ] {
+            let got = value(&c, g, metric).unwrap_or_else(|| panic!("gpu {g} lacks {metric}"));
+            // Whole KiB per link: at most 13 KiB off over one second.
+            assert!(
+                (got - want).abs() < 1e-5 * want + 14.0 * 1024.0,
+                "gpu {g} {metric}: {got} vs {want}"
+            );
+        }
+        let pcie = model.window(g, t2 - 20, t2).mean;
+        for (metric, want) in [
+            (m::PCIE_TX_BYTES_S, pcie.pcie_tx_bytes_s),
+            (m::PCIE_RX_BYTES_S, pcie.pcie_rx_bytes_s),
+        ] {
+            let got = value(&c, g, metric).unwrap();
+            assert!(
+                (got - want).abs() <= 1024.0,
+                "gpu {g} {metric}: {got} vs {want}"
+            );
+        }
+        assert_eq!(value(&c, g, m::NVLINK_LINKS_ACTIVE), Some(12.0));
+        assert_eq!(value(&c, g, m::NVLINK_ERRORS_TOTAL), Some(36.0));
+        assert_eq!(value(&c, g, m::PCIE_REPLAY_TOTAL), Some(0.0));
+    }
+    // The all-reduce of the data-parallel GPUs shows on NVLink.
+    let busy = (0..8)
+        .map(|g| value(&c, g, m::NVLINK_TX_BYTES_S).unwrap())
+        .fold(0.0, f64::max);
+    assert!(busy > 1e10, "{busy}");
+}
+
+#[test]
+fn with_gpm_link_state_comes_alongside_gpm_throughput() {
+    let t1 = T0 + 5_000;
+    let (_guard, path) = driver("gpus=2,seed=1,nvlinks=18", t1);
+    let mut source = NvmlSource::open(Some(&path)).unwrap();
+    source.capture(t1).unwrap();
+    control::set_time_ms(t1 + 500).unwrap();
+    let c = source.capture(t1 + 500).unwrap();
+    for g in 0..2 {
+        let n = c.gpus[g]
+            .readings
+            .iter()
+            .filter(|r| r.metric == m::NVLINK_TX_BYTES_S)
+            .count();
+        assert_eq!(n, 1, "one NVLink rate, from GPM");
+        assert_eq!(value(&c, g, m::NVLINK_LINKS_ACTIVE), Some(18.0));
+        assert_eq!(value(&c, g, m::NVLINK_ERRORS_TOTAL), Some(0.0));
+    }
+}

@@ -19,6 +19,15 @@
 //!   fraction of the median), with the median at least `min_ofu`. Raised
 //!   once per GPU; re-armed when it is back within the threshold.
 //!
+//! * **mfu** / **mfu_mismatch** (OFU paper §V-C): a job's own MFU report
+//!   ([`crate::mfu`]) waits until the windows it covers have closed, then is
+//!   compared with the job's OFU over them (the mean of those windows' job
+//!   OFU); the comparison is stored as an `mfu` event (value: reported MFU,
+//!   baseline: measured OFU). When the two differ by more than
+//!   `mfu_tolerance` (absolute), with either at least `min_ofu`, an
+//!   `mfu_mismatch` event flags a suspected FLOPs miscalculation, with the
+//!   ratio. Raised once; re-armed by a report within the tolerance.
+//!
 //! Events are stored with the batch that raised them, logged, counted on
 //! `/metrics` and listed by the `ListEvents` query.
 
@@ -42,6 +51,8 @@ pub struct AnalysisSettings {
     pub straggler_threshold: f64,
     /// Baselines and medians below this are too idle to judge.
     pub min_ofu: f64,
+    /// A reported MFU this far (absolute) from the measured OFU is flagged.
+    pub mfu_tolerance: f64,
 }
 
 impl Default for AnalysisSettings {
@@ -53,6 +64,7 @@ impl Default for AnalysisSettings {
             confirm_windows: 3,
             straggler_threshold: 0.25,
             min_ofu: 0.05,
+            mfu_tolerance: 0.10,
         }
     }
 }
@@ -91,6 +103,8 @@ pub struct EventCounts {
     pub regressions: u64,
     /// Stragglers.
     pub stragglers: u64,
+    /// Reported MFU far from the measured OFU.
+    pub mfu_mismatches: u64,
 }
 
 #[derive(Debug, Default)]
@@ -111,6 +125,25 @@ struct JobTrack {
     straggling: HashSet<String>,
     /// Highest closed window index.
     closed: Option<i64>,
+    /// Closed windows' job OFU by window index, the newest
+    /// [`RECENT_WINDOWS`], for MFU comparisons.
+    recent: VecDeque<(i64, f64)>,
+    /// MFU reports waiting for the windows they cover to close.
+    pending_mfu: Vec<PendingMfu>,
+    /// An `mfu_mismatch` is raised and not yet re-armed.
+    mfu_flagged: bool,
+}
+
+/// Closed windows kept per job for MFU comparisons.
+const RECENT_WINDOWS: usize = 240;
+/// Reports kept waiting per job; the oldest go first.
+const MAX_PENDING_MFU: usize = 64;
+
+#[derive(Debug, Clone, Copy)]
+struct PendingMfu {
+    start_ms: i64,
+    end_ms: i64,
+    mfu: f64,
 }
 
 /// The per-job analysis state.
@@ -198,20 +231,140 @@ impl Analyzer {
             };
             track.closed = Some(idx);
             events.extend(self.close(track, job_id, (idx + 1) * w, window));
+            events.extend(self.compare_mfu(track, job_id));
         }
         drop(jobs);
+        self.count(tenant, &events);
+        events
+    }
+
+    /// Takes a job's own MFU (fraction, already checked by
+    /// [`crate::mfu::reported_mfu`]) for `[start_ms, end_ms)`; `start_ms`
+    /// 0 means one window before `end_ms`. Returns the events of a
+    /// comparison that can already be made.
+    pub fn report_mfu(
+        &self,
+        tenant: &str,
+        job_id: &str,
+        start_ms: i64,
+        end_ms: i64,
+        mfu: f64,
+    ) -> Vec<EventRecord> {
+        let w = self.settings.window_ms.max(1);
+        let start_ms = if start_ms > 0 && start_ms < end_ms {
+            start_ms
+        } else {
+            end_ms - w
+        };
+        let events = {
+            let Ok(mut jobs) = self.jobs.lock() else {
+                return Vec::new();
+            };
+            let track = jobs
+                .entry((tenant.to_string(), job_id.to_string()))
+                .or_default();
+            if track.pending_mfu.len() >= MAX_PENDING_MFU {
+                track.pending_mfu.remove(0);
+            }
+            track.pending_mfu.push(PendingMfu {
+                start_ms,
+                end_ms,
+                mfu,
+            });
+            self.compare_mfu(track, job_id)
+        };
+        self.count(tenant, &events);
+        events
+    }
+
+    fn count(&self, tenant: &str, events: &[EventRecord]) {
         if !events.is_empty() {
             if let Ok(mut c) = self.counts.lock() {
                 let e = c.entry(tenant.to_string()).or_default();
-                for ev in &events {
+                for ev in events {
                     match ev.kind.as_str() {
                         "regression" => e.regressions += 1,
                         "straggler" => e.stragglers += 1,
+                        "mfu_mismatch" => e.mfu_mismatches += 1,
                         _ => {}
                     }
                 }
             }
         }
+    }
+
+    /// Compares every pending MFU report whose windows have all closed with
+    /// the job's OFU over those windows.
+    fn compare_mfu(&self, track: &mut JobTrack, job_id: &str) -> Vec<EventRecord> {
+        let s = &self.settings;
+        let w = s.window_ms.max(1);
+        let Some(closed) = track.closed else {
+            return Vec::new();
+        };
+        let mut events = Vec::new();
+        let mut keep = Vec::new();
+        for r in std::mem::take(&mut track.pending_mfu) {
+            // Window indices covering [start, end), as samples are placed.
+            let (first, last) = ((r.start_ms).div_euclid(w), (r.end_ms - 1).div_euclid(w));
+            if last > closed {
+                keep.push(r);
+                continue;
+            }
+            let covered: Vec<f64> = track
+                .recent
+                .iter()
+                .filter(|(i, _)| (first..=last).contains(i))
+                .map(|(_, o)| *o)
+                .collect();
+            if covered.is_empty() {
+                // Nothing measured over the report's period: no comparison.
+                continue;
+            }
+            let ofu = covered.iter().sum::<f64>() / covered.len() as f64;
+            let ratio = if ofu > 1e-9 {
+                r.mfu / ofu
+            } else {
+                f64::INFINITY
+            };
+            let event = |kind: &str, detail: String| EventRecord {
+                kind: kind.into(),
+                ts_ms: r.end_ms,
+                job_id: job_id.to_string(),
+                gpu_uuid: String::new(),
+                node_id: String::new(),
+                value: r.mfu,
+                baseline: ofu,
+                detail,
+            };
+            events.push(event(
+                "mfu",
+                format!(
+                    "job {job_id}: reported MFU {:.2}% vs measured OFU {:.2}% over {} window(s)",
+                    r.mfu * 100.0,
+                    ofu * 100.0,
+                    covered.len()
+                ),
+            ));
+            let off = (r.mfu - ofu).abs() > s.mfu_tolerance && r.mfu.max(ofu) >= s.min_ofu;
+            if off && !track.mfu_flagged {
+                track.mfu_flagged = true;
+                events.push(event(
+                    "mfu_mismatch",
+                    format!(
+                        "job {job_id}: reported MFU {:.2}% is {:.2}× the measured OFU {:.2}% \
+                         (|Δ| {:.1} pp > {:.1} pp): suspected FLOPs miscalculation",
+                        r.mfu * 100.0,
+                        ratio,
+                        ofu * 100.0,
+                        (r.mfu - ofu).abs() * 100.0,
+                        s.mfu_tolerance * 100.0
+                    ),
+                ));
+            } else if !off {
+                track.mfu_flagged = false;
+            }
+        }
+        track.pending_mfu = keep;
         events
     }
 
@@ -265,6 +418,12 @@ impl Analyzer {
             }
         }
         track.history.push_back(job_ofu);
+        if let Some(idx) = track.closed {
+            track.recent.push_back((idx, job_ofu));
+            while track.recent.len() > RECENT_WINDOWS {
+                track.recent.pop_front();
+            }
+        }
         while track.history.len() > s.baseline_windows.max(3) {
             track.history.pop_front();
         }
@@ -406,5 +565,80 @@ mod tests {
                 .len();
         }
         assert_eq!(n, 0);
+    }
+
+    #[test]
+    fn an_mfu_twice_the_ofu_is_flagged_once_and_a_fair_one_re_arms() {
+        let a = Analyzer::new(settings());
+        let mut events = Vec::new();
+        // The job runs at OFU 25.58 % (the paper's MoE job) on two GPUs.
+        let feed = |a: &Analyzer, sec: i64, events: &mut Vec<EventRecord>| {
+            for g in ["GPU-0", "GPU-1"] {
+                let s = samples(sec * 1000, sec * 1000 + 1000, 0.2558, 0.3);
+                events.extend(a.observe("t", "n", "moe", g, &s));
+            }
+        };
+        for sec in 0..4 {
+            feed(&a, sec, &mut events);
+        }
+        // Windows 0 and 1 are closed (samples of window 3 have arrived).
+        // A report over [0, 2 s) is compared at once; one over [2, 4 s)
+        // waits for windows 2 and 3.
+        events.extend(a.report_mfu("t", "moe", 1, 2_000, 0.5427));
+        let early = a.report_mfu("t", "moe", 2_000, 4_000, 0.5427);
+        assert!(early.is_empty(), "{early:?}");
+        let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["mfu", "mfu_mismatch"], "{events:?}");
+        let m = &events[1];
+        assert_eq!(m.job_id, "moe");
+        assert!((m.value - 0.5427).abs() < 1e-12);
+        assert!((m.baseline - 0.2558).abs() < 1e-9);
+        assert!(m.detail.contains("2.12×"), "{}", m.detail);
+        assert_eq!(a.counts()["t"].mfu_mismatches, 1);
+        // Windows 2 and 3 close: the second report is compared, still off,
+        // but the mismatch is not raised again.
+        let mut later = Vec::new();
+        for sec in 4..6 {
+            feed(&a, sec, &mut later);
+        }
+        let kinds: Vec<&str> = later.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["mfu"], "{later:?}");
+        // A fair report (tile overhead: OFU a little above MFU) re-arms;
+        // the next inflated one is flagged again.
+        let fair = a.report_mfu("t", "moe", 3_000, 4_000, 0.245);
+        assert_eq!(fair.len(), 1);
+        assert_eq!(fair[0].kind, "mfu");
+        let again = a.report_mfu("t", "moe", 3_000, 4_000, 0.5427);
+        assert_eq!(again.len(), 2, "{again:?}");
+        assert_eq!(a.counts()["t"].mfu_mismatches, 2);
+    }
+
+    #[test]
+    fn an_mfu_report_with_no_measured_window_compares_nothing() {
+        let a = Analyzer::new(settings());
+        for sec in 10..14 {
+            a.observe(
+                "t",
+                "n",
+                "job",
+                "GPU-0",
+                &samples(sec * 1000, sec * 1000 + 1000, 0.3, 0.3),
+            );
+        }
+        // Before the job's first sample: nothing to compare with.
+        assert!(a.report_mfu("t", "job", 1_000, 5_000, 0.9).is_empty());
+        // An idle job reporting a tiny MFU is not judged.
+        let idle = Analyzer::new(settings());
+        for sec in 0..4 {
+            idle.observe(
+                "t",
+                "n",
+                "job",
+                "GPU-0",
+                &samples(sec * 1000, sec * 1000 + 1000, 0.001, 0.001),
+            );
+        }
+        let ev = idle.report_mfu("t", "job", 1, 2_000, 0.04);
+        assert_eq!(ev.iter().filter(|e| e.kind == "mfu_mismatch").count(), 0);
     }
 }

@@ -15,19 +15,27 @@
 //! | `flopwatch_node_ofu` | gauge | `tenant`, `node`, `hostname` |
 //! | `flopwatch_job_ofu`, `flopwatch_job_gpus` | gauge | `tenant`, `job_id` |
 //! | `flopwatch_sampling_interval_seconds` | gauge | GPU labels + `metric` |
+//! | `flopwatch_device_metric` | gauge, last value of a node device's counter | device labels + `metric` |
+//! | `flopwatch_device_sampling_interval_seconds` | gauge | device labels + `metric` |
 //! | `flopwatch_agent_spool_bytes`, `flopwatch_agent_pending_batches` | gauge | `tenant`, `agent`, `hostname` |
 //! | `flopwatch_agents_connected` | gauge | |
 //! | `flopwatch_ingest_samples_total`, `flopwatch_ingest_batches_total`, `flopwatch_ingest_duplicate_batches_total`, `flopwatch_ingest_rejected_batches_total`, `flopwatch_ofu_samples_total` | counter | |
 //! | `flopwatch_ingest_rejected_samples_total` | counter | `reason` |
 //! | `flopwatch_ack_latency_seconds` | histogram | |
-//! | `flopwatch_regressions_total`, `flopwatch_stragglers_total` | counter | `tenant` |
+//! | `flopwatch_regressions_total`, `flopwatch_stragglers_total`, `flopwatch_mfu_mismatches_total` | counter | `tenant` |
 //! | `flopwatch_remote_write_samples_total`, `…_failures_total`, `…_dropped_samples_total` | counter | |
 //!
 //! GPU labels: `gpu` (index), `UUID`, `modelName`, `hostname`, `node`,
 //! `tenant`, and `job_id`, `pod`, `namespace`, `container`, `hpc_job` when the
 //! agent attributes the GPU.
+//!
+//! Device labels (InfiniBand ports, NUMA nodes, the host; docs/COUNTERS.md):
+//! `kind` (`ib_port`, `numa_node`, `host`), `device` (name on the node:
+//! `mlx5_0:1`, `0`, `host`), `device_id` (the series key), `hostname`,
+//! `node`, `tenant`. Device counters are not GPU counters: they never
+//! enter OFU, GPU gauges or GPU counts.
 
-use crate::live::{group_ofu, GpuLive};
+use crate::live::{group_ofu, DeviceLive, GpuLive};
 use crate::state::Collector;
 use crate::stats::Stats;
 use crate::validate::Reason;
@@ -86,6 +94,18 @@ pub fn gpu_labels(g: &GpuLive) -> Labels {
         }
     }
     l
+}
+
+/// The labels of one node device's series.
+pub fn device_labels(d: &DeviceLive) -> Labels {
+    vec![
+        ("kind".into(), d.kind.clone()),
+        ("device".into(), d.name.clone()),
+        ("device_id".into(), d.id.clone()),
+        ("hostname".into(), d.hostname.clone()),
+        ("node".into(), d.node_id.clone()),
+        ("tenant".into(), d.tenant.clone()),
+    ]
 }
 
 fn with(mut l: Labels, k: &str, v: &str) -> Labels {
@@ -171,6 +191,28 @@ impl prometheus_client::collector::Collector for Exporter {
                 g.intervals
                     .iter()
                     .map(|(m, ms)| (with(gpu_labels(g), "metric", m), f64::from(*ms) / 1000.0))
+            }),
+        )?;
+        let devices = c.live.devices(now);
+        gauges(
+            &mut enc,
+            "flopwatch_device_metric",
+            "Last value of a node device's counter (InfiniBand port, NUMA node, host; the policy's selected set, else every counter received).",
+            devices.iter().flat_map(|d| {
+                d.counters
+                    .iter()
+                    .filter(|(m, _)| selected.is_empty() || selected.contains(m))
+                    .map(|(m, (_, v))| (with(device_labels(d), "metric", m), *v))
+            }),
+        )?;
+        gauges(
+            &mut enc,
+            "flopwatch_device_sampling_interval_seconds",
+            "Current sampling interval of a metric on a node device, as its agent last reported.",
+            devices.iter().flat_map(|d| {
+                d.intervals
+                    .iter()
+                    .map(|(m, ms)| (with(device_labels(d), "metric", m), f64::from(*ms) / 1000.0))
             }),
         )?;
         let nodes = group_ofu(&gpus, |g| {
@@ -315,6 +357,14 @@ impl prometheus_client::collector::Collector for Exporter {
             events
                 .iter()
                 .map(|(t, n)| (vec![("tenant".to_string(), t.clone())], n.stragglers)),
+        )?;
+        counter(
+            &mut enc,
+            "flopwatch_mfu_mismatches",
+            "Jobs flagged for a reported MFU far from their measured OFU (suspected FLOPs miscalculation, OFU paper §V-C).",
+            events
+                .iter()
+                .map(|(t, n)| (vec![("tenant".to_string(), t.clone())], n.mfu_mismatches)),
         )?;
         counter(
             &mut enc,

@@ -85,6 +85,8 @@ struct Session {
     agent: AgentKey,
     hello: Hello,
     gpus: HashSet<String>,
+    /// Ids of the node's devices (InfiniBand ports, NUMA nodes, the host).
+    devices: HashSet<String>,
     acked: u64,
     jobs: HashMap<String, v1::JobAssignment>,
 }
@@ -180,6 +182,22 @@ impl Session {
         if hello.gpus.len() > 1024 {
             return Err(Status::invalid_argument("more than 1024 GPUs in Hello"));
         }
+        if hello.devices.len() > 4096 {
+            return Err(Status::invalid_argument("more than 4096 devices in Hello"));
+        }
+        for d in &hello.devices {
+            if d.id.is_empty()
+                || d.id.len() > crate::validate::MAX_ID_LEN
+                || hello.gpus.iter().any(|g| g.uuid == d.id)
+            {
+                return Err(Status::invalid_argument(format!(
+                    "device id `{}` empty, too long or a GPU's UUID",
+                    d.id.chars()
+                        .take(crate::validate::MAX_ID_LEN)
+                        .collect::<String>()
+                )));
+            }
+        }
         let agent = AgentKey {
             tenant: tenant.clone(),
             agent_id: hello.agent_id.clone(),
@@ -241,6 +259,7 @@ impl Session {
         info!(tenant = %tenant, agent = %agent.agent_id, gpus = gpus.len(), acked, "agent connected");
         Ok(Self {
             gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
+            devices: hello.devices.iter().map(|d| d.id.clone()).collect(),
             c,
             tenant,
             agent,
@@ -363,6 +382,7 @@ impl Session {
             max_future_ms: self.c.settings.max_future_ms,
             oldest_ms: now.saturating_sub(self.c.settings.retention_ms),
             gpus: &self.gpus,
+            devices: &self.devices,
         };
         let rejected = validate(&mut batch, &rules);
         for (r, n) in &rejected {
@@ -418,6 +438,7 @@ impl Session {
                 node_id: &self.hello.node.node_id,
                 hostname: &self.hello.node.hostname,
                 gpus,
+                devices: &self.hello.devices,
                 jobs: &self.jobs,
                 ofu: batch_ofu,
                 series: &batch.series,
@@ -431,6 +452,35 @@ impl Session {
                 if g.tenant == self.tenant && self.gpus.contains(&g.uuid) {
                     let ts = batch_ofu.get(&g.uuid).map(|o| o.ts_ms);
                     q.push_gpu(&g, ts, &self.c.stats);
+                }
+            }
+        }
+    }
+
+    /// The batch's MFU reports, checked against the spec of a GPU of this
+    /// node that runs the job (any GPU of the node otherwise), into the
+    /// analyzer's MFU cross-check ([`crate::mfu`]). A bad report is logged
+    /// and skipped; it costs the batch nothing else.
+    fn mfu_reports(&self, batch: &Batch, set: &mut CommitSet) {
+        for r in &batch.mfu_reports {
+            let on_job = self
+                .gpus
+                .iter()
+                .find(|g| self.jobs.get(*g).is_some_and(|j| j.job_id == r.job_id));
+            let record = on_job
+                .or_else(|| self.gpus.iter().min())
+                .and_then(|g| self.c.gpu(&self.tenant, g));
+            let spec = record.as_ref().and_then(|g| self.c.spec(g));
+            match crate::mfu::reported_mfu(r, spec) {
+                Ok(mfu) => set.events.extend(self.c.events.report_mfu(
+                    &self.tenant,
+                    &r.job_id,
+                    r.start_ms,
+                    r.ts_ms,
+                    mfu,
+                )),
+                Err(e) => {
+                    tracing::warn!(agent = %self.agent.agent_id, error = %e, "MFU report skipped")
                 }
             }
         }
@@ -528,6 +578,7 @@ impl Session {
             }
             set.ofu.push((gpu.to_string(), job, samples));
         }
+        self.mfu_reports(batch, &mut set);
         for e in &batch.events {
             set.events.push(EventRecord {
                 kind: e.kind.clone(),

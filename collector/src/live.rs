@@ -7,7 +7,7 @@
 //! Prometheus marks a series stale: a GPU whose agent went away stops being
 //! exported instead of repeating its last value forever.
 
-use flopwatch_proto::model::{SamplingInterval, SeriesBatch};
+use flopwatch_proto::model::{DeviceInfo, SamplingInterval, SeriesBatch};
 use flopwatch_proto::v1::JobAssignment;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::RwLock;
@@ -40,6 +40,29 @@ pub struct GpuLive {
     pub sm_clock_mhz: f64,
     /// End of the last batch's newest sample, unix ms.
     pub ts_ms: i64,
+    /// Last value of each metric with its timestamp.
+    pub counters: BTreeMap<String, (i64, f64)>,
+    /// Each metric's current sampling interval, ms.
+    pub intervals: BTreeMap<String, u32>,
+    /// When this entry was refreshed (collector clock), unix ms.
+    pub seen_ms: i64,
+}
+
+/// One node device (InfiniBand port, NUMA node, host), as last seen.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceLive {
+    /// Tenant.
+    pub tenant: String,
+    /// Series key (`ib:mlx5_0:1@node-3`).
+    pub id: String,
+    /// Kind (`ib_port`, `numa_node`, `host`).
+    pub kind: String,
+    /// Name on the node (`mlx5_0:1`, `0`, `host`).
+    pub name: String,
+    /// Node id.
+    pub node_id: String,
+    /// Node hostname.
+    pub hostname: String,
     /// Last value of each metric with its timestamp.
     pub counters: BTreeMap<String, (i64, f64)>,
     /// Each metric's current sampling interval, ms.
@@ -90,6 +113,8 @@ pub struct BatchView<'a> {
     pub hostname: &'a str,
     /// The node's GPUs: uuid, index, model.
     pub gpus: Vec<(&'a str, u32, &'a str)>,
+    /// The node's devices (InfiniBand ports, NUMA nodes, the host).
+    pub devices: &'a [DeviceInfo],
     /// Job attribution by GPU.
     pub jobs: &'a HashMap<String, JobAssignment>,
     /// Per-GPU OFU of the batch.
@@ -107,6 +132,7 @@ pub struct BatchView<'a> {
 pub struct Live {
     gpus: RwLock<HashMap<(String, String), GpuLive>>,
     agents: RwLock<HashMap<(String, String), AgentLive>>,
+    devices: RwLock<HashMap<(String, String), DeviceLive>>,
 }
 
 impl Live {
@@ -125,6 +151,7 @@ impl Live {
                 },
             );
         }
+        self.record_devices(b, now_ms);
         let Ok(mut gpus) = self.gpus.write() else {
             return;
         };
@@ -163,6 +190,73 @@ impl Live {
                 e.intervals.insert(i.metric.clone(), i.interval_ms);
             }
         }
+    }
+
+    fn record_devices(&self, b: &BatchView<'_>, now_ms: i64) {
+        if b.devices.is_empty() {
+            return;
+        }
+        let Ok(mut devices) = self.devices.write() else {
+            return;
+        };
+        for d in b.devices {
+            let e = devices
+                .entry((b.tenant.to_string(), d.id.clone()))
+                .or_default();
+            e.tenant = b.tenant.to_string();
+            e.id = d.id.clone();
+            e.kind = d.kind.clone();
+            e.name = d.name.clone();
+            e.node_id = b.node_id.to_string();
+            e.hostname = b.hostname.to_string();
+            e.seen_ms = now_ms;
+        }
+        for s in b.series {
+            let (Some(last), Some(e)) = (
+                s.points.last(),
+                devices.get_mut(&(b.tenant.to_string(), s.gpu_uuid.clone())),
+            ) else {
+                continue;
+            };
+            e.counters
+                .insert(s.metric.clone(), (last.ts_ms, last.value));
+        }
+        for i in b.intervals {
+            if let Some(e) = devices.get_mut(&(b.tenant.to_string(), i.gpu_uuid.clone())) {
+                e.intervals.insert(i.metric.clone(), i.interval_ms);
+            }
+        }
+    }
+
+    /// Devices refreshed within [`STALE_MS`] of `now_ms`, ordered by
+    /// tenant, hostname and id.
+    pub fn devices(&self, now_ms: i64) -> Vec<DeviceLive> {
+        let mut v: Vec<DeviceLive> = self
+            .devices
+            .read()
+            .map(|m| {
+                m.values()
+                    .filter(|d| now_ms - d.seen_ms <= STALE_MS)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by(|a, b| (&a.tenant, &a.hostname, &a.id).cmp(&(&b.tenant, &b.hostname, &b.id)));
+        v
+    }
+
+    /// The tenants that have a device with this id (stale ones included:
+    /// its stored series stay queryable), for series queries.
+    pub fn device_tenants(&self, id: &str) -> Vec<String> {
+        self.devices
+            .read()
+            .map(|m| {
+                m.keys()
+                    .filter(|(_, d)| d == id)
+                    .map(|(t, _)| t.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// GPUs refreshed within [`STALE_MS`] of `now_ms`, ordered by tenant,
@@ -254,6 +348,7 @@ mod tests {
             node_id: "n1",
             hostname: "host1",
             gpus: vec![("GPU-a", 0, "H100"), ("GPU-b", 1, "H100")],
+            devices: &[],
             jobs,
             ofu,
             series,
@@ -323,7 +418,41 @@ mod tests {
         assert_eq!(jobs.len(), 1);
         assert!((jobs["train"].ofu - 0.4).abs() < 1e-12);
         assert_eq!(live.agents(10_000)[0].pending_bytes, 100);
+        assert!(live.devices(10_000).is_empty());
         assert!(live.gpus(10_000 + STALE_MS + 1).is_empty());
         assert!(live.agents(10_000 + STALE_MS + 1).is_empty());
+    }
+
+    #[test]
+    fn devices_keep_their_counters_apart_from_gpus() {
+        let live = Live::default();
+        let (jobs, ofu) = (HashMap::new(), HashMap::new());
+        let devices = vec![DeviceInfo {
+            id: "ib:mlx5_0:1@n1".into(),
+            kind: "ib_port".into(),
+            name: "mlx5_0:1".into(),
+        }];
+        let series = vec![SeriesBatch {
+            gpu_uuid: "ib:mlx5_0:1@n1".into(),
+            metric: "ib_rx_bytes_s".into(),
+            points: vec![Point {
+                ts_ms: 900,
+                value: 4.2e10,
+                peak: None,
+                window_ms: Some(100),
+            }],
+        }];
+        let mut v = view(&jobs, &ofu, &series, &[]);
+        v.devices = &devices;
+        live.record(&v, 10_000);
+        let d = live.devices(10_000);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].kind, "ib_port");
+        assert_eq!(d[0].hostname, "host1");
+        assert_eq!(d[0].counters["ib_rx_bytes_s"], (900, 4.2e10));
+        assert!(live.gpus(10_000).iter().all(|g| g.counters.is_empty()));
+        assert_eq!(live.device_tenants("ib:mlx5_0:1@n1"), vec!["t".to_string()]);
+        assert!(live.devices(10_000 + STALE_MS + 1).is_empty());
+        assert_eq!(live.device_tenants("ib:mlx5_0:1@n1").len(), 1);
     }
 }

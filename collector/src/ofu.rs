@@ -61,6 +61,30 @@ impl Mean {
         self.count += 1;
     }
 
+    /// A mean from stored aggregates (a rollup bucket): sample count,
+    /// total weight, weighted sums of OFU, tensor activity and SM clock,
+    /// smallest and largest OFU.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_parts(
+        count: u64,
+        weight: f64,
+        sum: f64,
+        tpa_sum: f64,
+        clk_sum: f64,
+        min: f64,
+        max: f64,
+    ) -> Self {
+        Self {
+            sum,
+            weight,
+            count,
+            min,
+            max,
+            tpa_sum,
+            clk_sum,
+        }
+    }
+
     /// Merges another mean.
     pub fn merge(&mut self, o: &Mean) {
         if o.count == 0 {

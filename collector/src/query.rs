@@ -4,7 +4,7 @@
 use crate::auth::{bearer, Scope};
 use crate::ofu::{quantile, Mean};
 use crate::state::Collector;
-use crate::store::GpuRecord;
+use crate::store::{GpuRecord, OfuPiece};
 use crate::CollectorError;
 use flopwatch_proto::v1::{self, ofu_request};
 use std::collections::{BTreeMap, BTreeSet};
@@ -74,20 +74,44 @@ fn compute(
     let mut per_gpu = Vec::with_capacity(targets.len());
     let mut buckets: BTreeMap<i64, (Mean, BTreeSet<usize>)> = BTreeMap::new();
     let (mut peak, mut achieved) = (0.0, 0.0);
+    // The scope's OFU per time bucket (eq. 11 over its GPUs), for the
+    // percentiles over time: the step, or one minute without one.
+    let time_step = if step > 0 { step } else { 60_000 };
+    let mut over_time: BTreeMap<i64, Mean> = BTreeMap::new();
     for (i, t) in targets.iter().enumerate() {
         let mut m = Mean::default();
-        c.store.ofu(
+        // Sealed hours and minutes that fit one time bucket come from the
+        // rollups (crate::store::Store::ofu_pieces), the rest as samples.
+        c.store.ofu_pieces(
             &t.tenant,
             &t.gpu.uuid,
             start,
             end,
             t.job.as_deref(),
-            &mut |s| {
-                m.add(s.ofu, s.tensor_active, s.sm_clock_mhz, s.window_ms);
+            Some(time_step),
+            &mut |piece| {
+                let (ts, part) = match piece {
+                    OfuPiece::Sample(s) => {
+                        let mut p = Mean::default();
+                        p.add(s.ofu, s.tensor_active, s.sm_clock_mhz, s.window_ms);
+                        (s.ts_ms, p)
+                    }
+                    OfuPiece::Agg { ts_ms, agg: a, .. } => (
+                        ts_ms,
+                        Mean::from_parts(
+                            a.count, a.weight, a.sum, a.tpa_sum, a.clk_sum, a.min, a.max,
+                        ),
+                    ),
+                };
+                m.merge(&part);
+                over_time
+                    .entry(start + (ts - start) / time_step * time_step)
+                    .or_default()
+                    .merge(&part);
                 if step > 0 {
-                    let b = start + (s.ts_ms - start) / step * step;
+                    let b = start + (ts - start) / step * step;
                     let e = buckets.entry(b).or_default();
-                    e.0.add(s.ofu, s.tensor_active, s.sm_clock_mhz, s.window_ms);
+                    e.0.merge(&part);
                     e.1.insert(i);
                 }
             },
@@ -101,7 +125,10 @@ fn compute(
         total.merge(&m);
     }
     let gpus = per_gpu.len() as u32;
+    let mut in_time: Vec<f64> = over_time.values().filter_map(Mean::mean).collect();
     let summary = v1::OfuSummary {
+        p50_over_time: quantile(&mut in_time.clone(), 0.5).unwrap_or(0.0),
+        p10_over_time: quantile(&mut in_time, 0.1).unwrap_or(0.0),
         mean: total.mean().unwrap_or(0.0),
         min: if total.count > 0 { total.min() } else { 0.0 },
         max: if total.count > 0 { total.max() } else { 0.0 },
@@ -225,13 +252,21 @@ impl v1::query_server::Query for QueryService {
         let scope = self.scope(&request)?;
         let req = request.into_inner();
         let (start, end) = self.range(req.start_ms, req.end_ms)?;
-        let Some((tenant, _)) = self
+        let gpu_tenant = self
             .c
             .all_gpus()
             .into_iter()
             .find(|(t, g)| scope.allows(t) && g.uuid == req.gpu_uuid)
-        else {
-            return Err(CollectorError::NotFound("no such GPU".into()).into());
+            .map(|(t, _)| t);
+        // A node device's series (docs/COUNTERS.md) is keyed like a GPU's.
+        let Some(tenant) = gpu_tenant.or_else(|| {
+            self.c
+                .live
+                .device_tenants(&req.gpu_uuid)
+                .into_iter()
+                .find(|t| scope.allows(t))
+        }) else {
+            return Err(CollectorError::NotFound("no such GPU or device".into()).into());
         };
         let limit = if req.limit == 0 {
             100_000

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
 
 /// Opens the RocksDB store under `dir` and builds a collector.
 pub fn open(
@@ -25,7 +26,12 @@ pub fn open(
     clock: Arc<dyn Clock>,
 ) -> Result<Arc<Collector>, CollectorError> {
     let engine = RocksEngine::open(dir)?;
-    let store = Store::new(Arc::new(engine), config.sync_wal);
+    let store = Store::new(Arc::new(engine), config.sync_wal)
+        .with_retention(crate::store::Retention::from_config(config, clock.clone()))
+        .with_compaction(
+            config.storage.compaction_interval,
+            config.storage.seal_delay,
+        );
     Collector::new(
         store,
         specs,
@@ -44,6 +50,33 @@ pub async fn serve(
     metrics: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), CollectorError> {
+    serve_cluster(collector, listener, metrics, &[], shutdown).await
+}
+
+/// [`serve`] as a member of a cluster: queries are answered for the whole
+/// fleet by fanning out to `peers` (the other collectors' query URLs, see
+/// [`crate::fanout`]); with no peers, exactly [`serve`].
+///
+/// On `shutdown` (SIGTERM) the collector stops accepting connections, each
+/// agent stream finishes and acknowledges the batch it is committing and
+/// ends with UNAVAILABLE (agents move to another collector), in-flight
+/// queries complete, and the store is flushed before returning.
+pub async fn serve_cluster(
+    collector: Arc<Collector>,
+    listener: TcpListener,
+    metrics: Option<TcpListener>,
+    peers: &[String],
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), CollectorError> {
+    let fanout = if peers.is_empty() {
+        None
+    } else {
+        tracing::info!(peers = peers.len(), "queries fan out to the cluster");
+        Some(crate::fanout::FanoutQuery::new(
+            QueryService::new(collector.clone()),
+            peers,
+        )?)
+    };
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<flopwatch_proto::v1::ingest_server::IngestServer<IngestService>>()
@@ -83,17 +116,48 @@ pub async fn serve(
         }
         _ => None,
     };
+    let compactor = tokio::spawn(crate::store::run_compactor(
+        collector.store.clone(),
+        collector.clock.clone(),
+        stop_rx.clone(),
+    ));
+    let (fatal_tx, fatal_rx) = tokio::sync::oneshot::channel::<String>();
+    let watchdog = tokio::spawn(storage_watchdog(collector.clone(), fatal_tx));
+    let fatal = Arc::new(std::sync::Mutex::new(None::<String>));
+    let fatal_seen = fatal.clone();
     let shutdown = async move {
-        shutdown.await;
+        tokio::select! {
+            _ = shutdown => {}
+            Ok(why) = fatal_rx => {
+                tracing::error!(%why, "storage unwritable: stopping so the service manager restarts the collector");
+                if let Ok(mut f) = fatal_seen.lock() {
+                    *f = Some(why);
+                }
+            }
+        }
         tracing::info!("shutting down: ending agent streams");
         let _ = stop_tx.send(true);
     };
-    tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection)
-        .add_service(IngestService::new(collector.clone(), stop_rx).server())
-        .add_service(QueryService::new(collector.clone()).server())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .add_service(IngestService::new(collector.clone(), stop_rx).server());
+    let router = match fanout {
+        Some(f) => router.add_service(f.server()),
+        None => router.add_service(QueryService::new(collector.clone()).server()),
+    };
+    router
+        .serve_with_incoming_shutdown(
+            // No Nagle delay: a multi-segment reply (a query's points)
+            // would otherwise wait for the client's delayed ACK (~40 ms).
+            TcpListenerStream::new(listener).map(|s| {
+                if let Ok(s) = &s {
+                    let _ = s.set_nodelay(true);
+                }
+                s
+            }),
+            shutdown,
+        )
         .await
         .map_err(|e| CollectorError::Setup(e.to_string()))?;
     if let Some(t) = metrics_task {
@@ -102,11 +166,63 @@ pub async fn serve(
     if let Some(t) = remote_task {
         let _ = t.await;
     }
+    let _ = compactor.await;
+    watchdog.abort();
+    if let Some(why) = fatal.lock().ok().and_then(|mut f| f.take()) {
+        return Err(CollectorError::Setup(format!("storage unwritable: {why}")));
+    }
     let store = collector.store.clone();
     tokio::task::spawn_blocking(move || store.engine().flush())
         .await
         .map_err(|e| CollectorError::Setup(e.to_string()))??;
     Ok(())
+}
+
+/// How often the watchdog writes its probe.
+const PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+/// Failed probes in a row after which the collector stops.
+const PROBE_FAILURES: u32 = 3;
+
+/// Probes the store with a small durable write every [`PROBE_EVERY`]. A
+/// RocksDB write error (a full disk, an I/O error) is sticky: every later
+/// write fails even once space is back. After [`PROBE_FAILURES`] failures
+/// in a row the collector stops with an error, and its service manager
+/// (systemd `Restart=on-failure`, Kubernetes) starts it again: the reopened
+/// store replays its write-ahead log and takes writes again once there is
+/// space. Meanwhile ingest answers UNAVAILABLE (retryable) and acks
+/// nothing, so agents keep their batches.
+async fn storage_watchdog(collector: Arc<Collector>, fatal: tokio::sync::oneshot::Sender<String>) {
+    let mut failures = 0u32;
+    let mut tick = tokio::time::interval(PROBE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let store = collector.store.clone();
+        let now = collector.clock.now_ms();
+        let r = tokio::task::spawn_blocking(move || {
+            store.engine().write(
+                vec![(
+                    crate::store::Cf::Meta,
+                    b"~watchdog".to_vec(),
+                    now.to_be_bytes().to_vec(),
+                )],
+                false,
+            )
+        })
+        .await;
+        match r {
+            Ok(Ok(())) => failures = 0,
+            Ok(Err(e)) => {
+                failures += 1;
+                tracing::warn!(error = %e, failures, "storage probe failed");
+                if failures >= PROBE_FAILURES {
+                    let _ = fatal.send(e.to_string());
+                    return;
+                }
+            }
+            Err(_) => return,
+        }
+    }
 }
 
 /// A collector serving on an ephemeral loopback port in this process (the

@@ -60,6 +60,7 @@ impl Settings {
                 confirm_windows: c.analysis.confirm_windows,
                 straggler_threshold: c.analysis.straggler_threshold,
                 min_ofu: c.analysis.min_ofu,
+                mfu_tolerance: c.analysis.mfu_tolerance,
             },
             remote_write: c.remote_write.clone(),
         }

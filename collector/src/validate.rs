@@ -72,6 +72,9 @@ pub struct Rules<'a> {
     pub oldest_ms: i64,
     /// GPUs of the agent's inventory.
     pub gpus: &'a HashSet<String>,
+    /// Ids of the agent's node devices (InfiniBand ports, NUMA nodes, the
+    /// host): their series are accepted like a GPU's; jobs are not.
+    pub devices: &'a HashSet<String>,
 }
 
 /// Drops invalid samples from `batch` in place; returns counts by reason.
@@ -92,7 +95,7 @@ pub fn validate(batch: &mut Batch, rules: &Rules<'_>) -> BTreeMap<Reason, u64> {
             drop_all(n, Reason::UnknownMetric, &mut rejected);
             return false;
         };
-        if !rules.gpus.contains(&s.gpu_uuid) {
+        if !rules.gpus.contains(&s.gpu_uuid) && !rules.devices.contains(&s.gpu_uuid) {
             drop_all(n, Reason::UnknownGpu, &mut rejected);
             return false;
         }
@@ -160,11 +163,13 @@ mod tests {
     #[test]
     fn drops_each_bad_sample_and_keeps_the_rest() {
         let gpus: HashSet<String> = ["GPU-1".to_string()].into();
+        let devices: HashSet<String> = ["ib:mlx5_0:1@n1".to_string()].into();
         let rules = Rules {
             now_ms: 1_000_000,
             max_future_ms: 600_000,
             oldest_ms: 10_000,
             gpus: &gpus,
+            devices: &devices,
         };
         let mut b = Batch {
             seq: 1,
@@ -187,6 +192,8 @@ mod tests {
                 s("GPU-9", "power_w", &[(100_000, 1.0), (100_100, 1.0)]),
                 s("GPU-1", "power_w", &[(100_000, 300.0)]),
                 s("GPU-1", &"x".repeat(200), &[(100_000, 1.0)]),
+                s("ib:mlx5_0:1@n1", "ib_rx_bytes_s", &[(100_000, 4e10)]),
+                s("ib:mlx5_9:1@n1", "ib_rx_bytes_s", &[(100_000, 4e10)]),
             ],
             ..Default::default()
         };
@@ -197,11 +204,12 @@ mod tests {
         assert_eq!(r.get(&Reason::FutureTimestamp), Some(&1));
         assert_eq!(r.get(&Reason::OutOfRange), Some(&1));
         assert_eq!(r.get(&Reason::UnknownMetric), Some(&1));
-        assert_eq!(r.get(&Reason::UnknownGpu), Some(&2));
+        assert_eq!(r.get(&Reason::UnknownGpu), Some(&3));
         assert_eq!(r.get(&Reason::StringTooLong), Some(&1));
-        assert_eq!(b.series.len(), 2);
+        assert_eq!(b.series.len(), 3);
+        assert_eq!(b.series[2].gpu_uuid, "ib:mlx5_0:1@n1");
         let kept: Vec<i64> = b.series[0].points.iter().map(|p| p.ts_ms).collect();
         assert_eq!(kept, vec![100_000, 100_100, 100_300]);
-        assert_eq!(b.sample_count(), 4);
+        assert_eq!(b.sample_count(), 5);
     }
 }

@@ -29,7 +29,12 @@ impl Drop for Proc {
 }
 
 fn start_collector(data: &Path) -> (Proc, String) {
+    start_collector_env(data, &[])
+}
+
+fn start_collector_env(data: &Path, env: &[(&str, &str)]) -> (Proc, String) {
     let mut child = Command::new(bin())
+        .envs(env.iter().copied())
         .args(["collector", "--config"])
         .arg(example("collector.toml"))
         .args([
@@ -58,7 +63,12 @@ fn start_collector(data: &Path) -> (Proc, String) {
 
 /// `flopwatch agent` from the example config with the sim source.
 fn start_sim_agent(url: &str, gpus: u32, node_id: Option<&str>) -> Proc {
+    start_sim_agent_env(url, gpus, node_id, &[])
+}
+
+fn start_sim_agent_env(url: &str, gpus: u32, node_id: Option<&str>, env: &[(&str, &str)]) -> Proc {
     let mut cmd = Command::new(bin());
+    cmd.envs(env.iter().copied());
     cmd.args(["agent", "--config"])
         .arg(example("agent.toml"))
         .args(["--source", "sim", "--collector", url])
@@ -166,6 +176,83 @@ fn collector_agent_and_query_as_processes_and_kill_9_restart() {
     assert_eq!(tensor_after["values"].as_array().unwrap().len(), tensor_n);
 }
 
+/// `query jobs` / `query job` against processes: per-job OFU (eq. 11)
+/// agrees with `query ofu --job`, the straggler shows in the spread across
+/// GPUs, and an MFU report a job drops into the agent's `mfu_dir` reaches
+/// the collector's cross-check.
+#[test]
+fn job_queries_and_an_mfu_file_through_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let mfu_dir = dir.path().join("mfu");
+    std::fs::create_dir(&mfu_dir).unwrap();
+    let (_collector, url) = start_collector_env(
+        &dir.path().join("data"),
+        &[("FLOPWATCH_ANALYSIS__WINDOW", "1s")],
+    );
+    let _agent = start_sim_agent_env(
+        &url,
+        8,
+        Some("job-node"),
+        &[("FLOPWATCH_ATTRIBUTION__MFU_DIR", mfu_dir.to_str().unwrap())],
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    // gemm-bench runs a steady GEMM well below 99 %: a job claiming 99 %
+    // MFU has miscounted its FLOPs. The report covers the second before
+    // the file's modification time.
+    let tmp = mfu_dir.join(".gemm.tmp");
+    std::fs::write(&tmp, r#"{"job_id": "gemm-bench", "mfu": 0.99}"#).unwrap();
+    std::fs::rename(&tmp, mfu_dir.join("gemm-bench.json")).unwrap();
+    // The agent scans every 5 s; windows close two windows late.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let flagged = loop {
+        let ev = query(&url, &["events", "--kind", "mfu_mismatch", "--since", "1h"]);
+        if let Some(e) = ev.as_array().and_then(|a| a.first()).cloned() {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "no mfu_mismatch event");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(flagged["job_id"], "gemm-bench");
+    assert_eq!(flagged["value"], 0.99);
+    let measured = flagged["baseline"].as_f64().unwrap();
+    assert!(measured > 0.3 && measured < 0.89, "{flagged}");
+
+    let jobs = query(&url, &["jobs", "--since", "1h"]);
+    let jobs = jobs.as_array().unwrap();
+    let find = |id: &str| {
+        jobs.iter()
+            .find(|j| j["job_id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {jobs:?}"))
+            .clone()
+    };
+    let llm = find("llm-pretrain");
+    assert_eq!(llm["gpus"], 3);
+    // GPU 1 straggles at 60 % of its peers: the 10th percentile across
+    // GPUs sits well under the median.
+    let (p50, p10) = (
+        llm["p50_gpu"].as_f64().unwrap(),
+        llm["p10_gpu"].as_f64().unwrap(),
+    );
+    assert!(p10 < 0.8 * p50, "{llm}");
+    assert!(llm["p10_time"].as_f64().unwrap() <= llm["p50_time"].as_f64().unwrap());
+    let gemm = find("gemm-bench");
+    assert_eq!(gemm["reported_mfu"], 0.99);
+    assert_eq!(gemm["mfu_mismatches"], 1);
+
+    let one = query(
+        &url,
+        &["job", "llm-pretrain", "--since", "1h", "--step", "1s"],
+    );
+    let points = one["points"].as_array().unwrap();
+    assert!(points.len() >= 3, "{one}");
+    assert!(points.iter().all(|p| p["gpus"].as_u64().unwrap() <= 3));
+    let ofu = query(&url, &["ofu", "--job", "llm-pretrain", "--since", "1h"]);
+    // Same job, same range start: the same samples (the agent keeps
+    // sending between the two queries, so allow a little drift).
+    let (a, b) = (one["ofu"].as_f64().unwrap(), ofu["ofu"].as_f64().unwrap());
+    assert!((a - b).abs() < 0.02, "{a} vs {b}");
+}
+
 #[test]
 fn bad_config_names_file_and_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -263,6 +350,23 @@ fn demo_raises_regression_and_straggler_events() {
     let stragglers: Vec<&&str> = lines.iter().filter(|l| l.contains("straggler")).collect();
     assert_eq!(stragglers.len(), 1, "{events}");
     assert!(stragglers[0].contains("llm-pretrain"), "{events}");
+    // moe-train reports an MFU 2.12× its true OFU (OFU paper §V-C):
+    // flagged; llm-pretrain reports honestly: compared, not flagged.
+    let mismatches: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.contains("mfu_mismatch"))
+        .collect();
+    assert_eq!(mismatches.len(), 1, "{events}");
+    assert!(mismatches[0].contains("moe-train"), "{events}");
+    assert!(
+        mismatches[0].contains("suspected FLOPs miscalculation"),
+        "{events}"
+    );
+    let compared: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.contains(" mfu ") && l.contains("llm-pretrain"))
+        .collect();
+    assert!(!compared.is_empty(), "{events}");
 }
 
 #[test]

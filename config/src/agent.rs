@@ -77,6 +77,8 @@ pub struct AgentConfig {
     pub sampling: crate::SamplingConfig,
     /// `[attribution]`.
     pub attribution: AttributionSettings,
+    /// `[host]`.
+    pub host: HostSettings,
 }
 
 impl Default for AgentConfig {
@@ -101,7 +103,48 @@ impl Default for AgentConfig {
             spool: SpoolConfig::default(),
             sampling: crate::SamplingConfig::default(),
             attribution: AttributionSettings::default(),
+            host: HostSettings::default(),
         }
+    }
+}
+
+/// `[host]`: node-level counters next to the GPUs' (docs/COUNTERS.md):
+/// InfiniBand ports from sysfs, CPU and memory per NUMA node and host from
+/// `/proc` and `/sys`. With `source = "sim"` the simulator supplies them.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HostSettings {
+    /// Read InfiniBand port counters.
+    pub infiniband: bool,
+    /// Read CPU and memory counters per NUMA node and for the host.
+    pub cpu_memory: bool,
+    /// Where sysfs is mounted (`/host/sys` in a pod).
+    pub sys_root: PathBuf,
+    /// Where procfs is mounted (`/host/proc` in a pod).
+    pub proc_root: PathBuf,
+}
+
+impl Default for HostSettings {
+    fn default() -> Self {
+        Self {
+            infiniband: true,
+            cpu_memory: true,
+            sys_root: PathBuf::from("/sys"),
+            proc_root: PathBuf::from("/proc"),
+        }
+    }
+}
+
+impl HostSettings {
+    /// Checks values; errors name the key (`host.<key>`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if (self.infiniband || self.cpu_memory) && self.sys_root.as_os_str().is_empty() {
+            return Err(ConfigError::invalid("host.sys_root", "must not be empty"));
+        }
+        if self.cpu_memory && self.proc_root.as_os_str().is_empty() {
+            return Err(ConfigError::invalid("host.proc_root", "must not be empty"));
+        }
+        Ok(())
     }
 }
 
@@ -128,6 +171,8 @@ pub struct SimSettings {
     /// When the regressing job slows down, after the agent starts.
     #[serde(with = "humantime_serde")]
     pub regress_after: Duration,
+    /// Simulate the node's InfiniBand ports, NUMA nodes and host too.
+    pub node_counters: bool,
 }
 
 impl Default for SimSettings {
@@ -138,6 +183,7 @@ impl Default for SimSettings {
             gpus: 8,
             seed: 1,
             regress_after: Duration::from_secs(30),
+            node_counters: false,
         }
     }
 }
@@ -159,6 +205,10 @@ pub struct AttributionSettings {
     /// dcgm-exporter-style mapping directory: a file per GPU, named by its
     /// index or UUID, whose first line is the HPC job id.
     pub mapping_dir: Option<PathBuf>,
+    /// Directory where jobs drop their own MFU reports (one JSON file per
+    /// job, see docs/CONFIG.md), forwarded to the collector for the MFU
+    /// cross-check. Unset: not read.
+    pub mfu_dir: Option<PathBuf>,
     /// Attribution is looked up at most this often, not every capture.
     #[serde(with = "humantime_serde")]
     pub refresh_interval: Duration,
@@ -171,6 +221,7 @@ impl Default for AttributionSettings {
             proc_root: PathBuf::from("/proc"),
             pod_resources_socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
             mapping_dir: None,
+            mfu_dir: None,
             refresh_interval: Duration::from_secs(10),
         }
     }
@@ -191,6 +242,16 @@ impl AttributionSettings {
             return Err(ConfigError::invalid(
                 "attribution.refresh_interval",
                 "must lie between 100ms and 1h",
+            ));
+        }
+        if self
+            .mfu_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            return Err(ConfigError::invalid(
+                "attribution.mfu_dir",
+                "must not be empty (leave it out instead)",
             ));
         }
         if self
@@ -215,6 +276,12 @@ pub struct SpoolConfig {
     pub dir: Option<PathBuf>,
     /// Size cap; the oldest batches are dropped (and counted) past it.
     pub max_bytes: u64,
+    /// How often the spool is fsynced: what a power loss can take on top
+    /// of the batch being assembled.
+    #[serde(with = "humantime_serde")]
+    pub fsync_interval: Duration,
+    /// Most batches sent per second while a backlog drains.
+    pub drain_rate: u32,
 }
 
 impl Default for SpoolConfig {
@@ -222,7 +289,39 @@ impl Default for SpoolConfig {
         Self {
             dir: None,
             max_bytes: 256 * 1024 * 1024,
+            fsync_interval: Duration::from_secs(1),
+            drain_rate: 50,
         }
+    }
+}
+
+impl SpoolConfig {
+    /// Checks values; errors name the key (`spool.<key>`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
+            return Err(ConfigError::invalid(
+                "spool.dir",
+                "must not be empty (leave it out instead)",
+            ));
+        }
+        if self.max_bytes < 64 * 1024 {
+            return Err(ConfigError::invalid(
+                "spool.max_bytes",
+                "must be at least 65536",
+            ));
+        }
+        if self.fsync_interval < Duration::from_millis(10)
+            || self.fsync_interval > Duration::from_secs(60)
+        {
+            return Err(ConfigError::invalid(
+                "spool.fsync_interval",
+                "must lie between 10ms and 60s",
+            ));
+        }
+        if self.drain_rate == 0 {
+            return Err(ConfigError::invalid("spool.drain_rate", "must be positive"));
+        }
+        Ok(())
     }
 }
 
@@ -255,6 +354,7 @@ impl Validate for AgentConfig {
         "spool",
         "sampling",
         "attribution",
+        "host",
     ];
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -269,6 +369,8 @@ impl Validate for AgentConfig {
         }
         self.sampling.validate()?;
         self.attribution.validate()?;
+        self.host.validate()?;
+        self.spool.validate()?;
         if self.collectors.is_empty() {
             return Err(ConfigError::invalid(
                 "collectors",
@@ -378,6 +480,36 @@ mod tests {
         let e = parse_str::<AgentConfig>("[attribution]\nprocroot = \"/p\"\n", Path::new("a.toml"))
             .unwrap_err();
         assert!(e.to_string().contains("procroot"), "{e}");
+    }
+
+    #[test]
+    fn spool_defaults_and_errors_name_the_key() {
+        let a: AgentConfig = parse_str("source = \"sim\"\n", Path::new("a.toml")).unwrap();
+        assert_eq!(a.spool, SpoolConfig::default());
+        assert_eq!(a.spool.fsync_interval, Duration::from_secs(1));
+        assert_eq!(a.spool.drain_rate, 50);
+        let a: AgentConfig = parse_str(
+            "[spool]\ndir = \"/var/spool/fw\"\nfsync_interval = \"200ms\"\ndrain_rate = 10\n",
+            Path::new("a.toml"),
+        )
+        .unwrap();
+        assert_eq!(a.spool.fsync_interval, Duration::from_millis(200));
+        assert_eq!(a.spool.drain_rate, 10);
+        for (text, key) in [
+            (
+                "[spool]\nfsync_interval = \"1ms\"\n",
+                "spool.fsync_interval",
+            ),
+            ("[spool]\ndrain_rate = 0\n", "spool.drain_rate"),
+            ("[spool]\nmax_bytes = 10\n", "spool.max_bytes"),
+            ("[spool]\ndir = \"\"\n", "spool.dir"),
+        ] {
+            let e = parse_str::<AgentConfig>(text, Path::new("a.toml")).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Invalid { key: k, .. } if k == key),
+                "{text}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use crate::{ConfigError, Validate};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -32,6 +33,8 @@ pub struct CollectorConfig {
     /// Data older than this is deleted and never returned.
     #[serde(with = "humantime_serde")]
     pub retention: Duration,
+    /// Per-tenant retention overriding `retention`.
+    pub tenant_retention: BTreeMap<String, TenantRetention>,
     /// Sampling policy pushed to agents.
     pub policy: PolicyConfig,
     /// Tenant used for connections without credentials; unset means
@@ -45,6 +48,43 @@ pub struct CollectorConfig {
     pub analysis: AnalysisConfig,
     /// Optional Prometheus remote write of OFU and selected counters.
     pub remote_write: Option<RemoteWriteConfig>,
+    /// Query URLs of the other collectors of a cluster: a query sent to
+    /// this one is answered for the whole fleet (fan-out). Empty: this
+    /// collector answers for its own data only.
+    pub peers: Vec<String>,
+    /// Background compaction of the head into hourly chunks.
+    pub storage: StorageConfig,
+}
+
+/// `[tenant_retention.<tenant>]`: one tenant's retention.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantRetention {
+    /// Data of this tenant older than this is deleted and never returned.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+}
+
+/// `[storage]`: compaction of acknowledged batches into hourly chunks.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// How often the compactor looks for sealed hours.
+    #[serde(with = "humantime_serde")]
+    pub compaction_interval: Duration,
+    /// An hour is sealed (compacted) this long after it ends, so batches
+    /// still in flight land in the head first.
+    #[serde(with = "humantime_serde")]
+    pub seal_delay: Duration,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            compaction_interval: Duration::from_secs(60),
+            seal_delay: Duration::from_secs(300),
+        }
+    }
 }
 
 /// `[analysis]`: events derived at ingest (OFU §VI-A regressions,
@@ -67,6 +107,9 @@ pub struct AnalysisConfig {
     pub straggler_threshold: f64,
     /// Baselines and medians below this OFU are too idle to judge.
     pub min_ofu: f64,
+    /// A job's reported MFU this far (absolute fraction) from its measured
+    /// OFU is flagged as a suspected FLOPs miscalculation (OFU §V-C).
+    pub mfu_tolerance: f64,
 }
 
 impl Default for AnalysisConfig {
@@ -78,6 +121,7 @@ impl Default for AnalysisConfig {
             confirm_windows: 3,
             straggler_threshold: 0.25,
             min_ofu: 0.05,
+            mfu_tolerance: 0.10,
         }
     }
 }
@@ -132,12 +176,15 @@ impl Default for CollectorConfig {
             max_batch_bytes: 4 * 1024 * 1024,
             sync_wal: false,
             retention: Duration::from_secs(30 * 24 * 3600),
+            tenant_retention: BTreeMap::new(),
             policy: PolicyConfig::default(),
             anonymous_tenant: None,
             tenants: Vec::new(),
             admin_tokens_sha256: Vec::new(),
             analysis: AnalysisConfig::default(),
             remote_write: None,
+            peers: Vec::new(),
+            storage: StorageConfig::default(),
         }
     }
 }
@@ -217,16 +264,27 @@ impl Validate for CollectorConfig {
         "max_batch_bytes",
         "sync_wal",
         "retention",
+        "tenant_retention",
         "policy",
         "anonymous_tenant",
         "admin_tokens_sha256",
         "analysis",
         "remote_write",
+        "peers",
+        "storage",
     ];
 
     fn validate(&self) -> Result<(), ConfigError> {
         if self.data_dir.as_os_str().is_empty() {
             return Err(ConfigError::invalid("data_dir", "must not be empty"));
+        }
+        for (i, p) in self.peers.iter().enumerate() {
+            if !(p.starts_with("http://") || p.starts_with("https://")) {
+                return Err(ConfigError::invalid(
+                    &format!("peers[{i}]"),
+                    format!("`{p}` must start with http:// or https://"),
+                ));
+            }
         }
         if self.max_batch_bytes < 1024 {
             return Err(ConfigError::invalid(
@@ -272,6 +330,12 @@ impl Validate for CollectorConfig {
                 "must lie in [0, 1)",
             ));
         }
+        if !(a.mfu_tolerance > 0.0 && a.mfu_tolerance <= 1.0) {
+            return Err(ConfigError::invalid(
+                "analysis.mfu_tolerance",
+                "must lie in (0, 1] (a fraction: 0.10 is 10 percentage points)",
+            ));
+        }
         if !(0.0..=1.0).contains(&a.min_ofu) {
             return Err(ConfigError::invalid(
                 "analysis.min_ofu",
@@ -311,8 +375,22 @@ impl Validate for CollectorConfig {
                 ));
             }
         }
+        if self.storage.compaction_interval < Duration::from_secs(1) {
+            return Err(ConfigError::invalid(
+                "storage.compaction_interval",
+                "must be at least 1s",
+            ));
+        }
         if self.retention < Duration::from_secs(3600) {
             return Err(ConfigError::invalid("retention", "must be at least 1h"));
+        }
+        for (t, r) in &self.tenant_retention {
+            if r.retention < Duration::from_secs(3600) {
+                return Err(ConfigError::invalid(
+                    &format!("tenant_retention.{t}.retention"),
+                    "must be at least 1h",
+                ));
+            }
         }
         let mut names = std::collections::BTreeSet::new();
         for (i, t) in self.tenants.iter().enumerate() {

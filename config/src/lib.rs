@@ -16,9 +16,10 @@ mod load;
 mod sampling;
 mod specs;
 
-pub use agent::{AgentConfig, NvmlSettings, SimSettings, SourceKind, SpoolConfig};
+pub use agent::{AgentConfig, HostSettings, NvmlSettings, SimSettings, SourceKind, SpoolConfig};
 pub use collector::{
-    AnalysisConfig, CollectorConfig, PolicyConfig, QueryToken, RemoteWriteConfig, TenantConfig,
+    AnalysisConfig, CollectorConfig, PolicyConfig, QueryToken, RemoteWriteConfig, StorageConfig,
+    TenantConfig, TenantRetention,
 };
 pub use error::ConfigError;
 pub use load::{

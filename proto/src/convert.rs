@@ -3,8 +3,8 @@
 //! the collector's validation so that good samples of a batch survive.
 
 use crate::model::{
-    Batch, Event, GpuInfo, Hello, JobAssignment, NodeIdentity, Point, Policy, SamplingInterval,
-    SeriesBatch,
+    Batch, DeviceInfo, Event, GpuInfo, Hello, JobAssignment, MfuReport, NodeIdentity, Point,
+    Policy, SamplingInterval, SeriesBatch,
 };
 use crate::v1;
 
@@ -90,6 +90,15 @@ impl TryFrom<v1::Hello> for Hello {
             gpus: h.gpus.into_iter().map(GpuInfo::from).collect(),
             agent_version: h.agent_version,
             metrics: h.metrics,
+            devices: h
+                .devices
+                .into_iter()
+                .map(|d| DeviceInfo {
+                    id: d.id,
+                    kind: d.kind,
+                    name: d.name,
+                })
+                .collect(),
         })
     }
 }
@@ -109,6 +118,15 @@ impl From<Hello> for v1::Hello {
             agent_version: h.agent_version,
             protocol_version: 1,
             metrics: h.metrics,
+            devices: h
+                .devices
+                .into_iter()
+                .map(|d| v1::DeviceInfo {
+                    id: d.id,
+                    kind: d.kind,
+                    name: d.name,
+                })
+                .collect(),
         }
     }
 }
@@ -254,7 +272,34 @@ impl TryFrom<v1::Batch> for Batch {
                 .collect(),
             pending_bytes: b.pending_bytes,
             pending_batches: b.pending_batches,
+            mfu_reports: b.mfu_reports.into_iter().map(Into::into).collect(),
         })
+    }
+}
+
+impl From<v1::MfuReport> for MfuReport {
+    fn from(r: v1::MfuReport) -> Self {
+        let mut tflops: Vec<(String, f64)> = r.tflops_by_precision.into_iter().collect();
+        tflops.sort_by(|a, b| a.0.cmp(&b.0));
+        Self {
+            job_id: r.job_id,
+            ts_ms: r.timestamp_ms,
+            start_ms: r.start_ms,
+            mfu: r.mfu,
+            tflops_by_precision: tflops,
+        }
+    }
+}
+
+impl From<MfuReport> for v1::MfuReport {
+    fn from(r: MfuReport) -> Self {
+        Self {
+            job_id: r.job_id,
+            timestamp_ms: r.ts_ms,
+            start_ms: r.start_ms,
+            mfu: r.mfu,
+            tflops_by_precision: r.tflops_by_precision.into_iter().collect(),
+        }
     }
 }
 
@@ -280,6 +325,7 @@ impl From<Batch> for v1::Batch {
                 .collect(),
             pending_bytes: b.pending_bytes,
             pending_batches: b.pending_batches,
+            mfu_reports: b.mfu_reports.into_iter().map(Into::into).collect(),
         }
     }
 }
@@ -347,6 +393,13 @@ mod tests {
             }],
             pending_bytes: 4096,
             pending_batches: 2,
+            mfu_reports: vec![MfuReport {
+                job_id: "moe".into(),
+                ts_ms: 5,
+                start_ms: 1,
+                mfu: Some(0.5427),
+                tflops_by_precision: vec![("bf16".into(), 300.0), ("fp8".into(), 120.0)],
+            }],
             ..Default::default()
         };
         let wire: v1::Batch = b.clone().into();

@@ -91,6 +91,34 @@ catalog! {
         "Total energy consumed since driver load.";
     COMPUTE_PROCESSES = "compute_processes", "1", Point,
         "Compute processes running on the GPU.";
+    NVLINK_LINKS_ACTIVE = "nvlink_links_active", "1", Point,
+        "NVLink links of the GPU that are up (NVML link state).";
+    NVLINK_ERRORS_TOTAL = "nvlink_errors_total", "1", Counter,
+        "NVLink replay, recovery and CRC errors summed over the GPU's links (NVML error counters).";
+    PCIE_REPLAY_TOTAL = "pcie_replay_total", "1", Counter,
+        "PCIe replay counter of the GPU (NVML).";
+    IB_TX_BYTES_S = "ib_tx_bytes_s", "By/s", WindowMean,
+        "InfiniBand port transmit throughput (sysfs port_xmit_data, 4-byte words, over the window).";
+    IB_RX_BYTES_S = "ib_rx_bytes_s", "By/s", WindowMean,
+        "InfiniBand port receive throughput (sysfs port_rcv_data, 4-byte words, over the window).";
+    IB_TX_DISCARDS_TOTAL = "ib_tx_discards_total", "1", Counter,
+        "Packets an InfiniBand port discarded on transmit (port_xmit_discards), since the agent started.";
+    IB_RX_DISCARDS_TOTAL = "ib_rx_discards_total", "1", Counter,
+        "Packets an InfiniBand port dropped on receive for lack of buffers (hw_counters/out_of_buffer), since the agent started.";
+    IB_RX_ERRORS_TOTAL = "ib_rx_errors_total", "1", Counter,
+        "Malformed packets an InfiniBand port received (port_rcv_errors), since the agent started.";
+    IB_LINK_ERRORS_TOTAL = "ib_link_errors_total", "1", Counter,
+        "InfiniBand link errors (symbol_error + link_error_recovery + link_downed), since the agent started.";
+    IB_PORT_ACTIVE = "ib_port_active", "1", Point,
+        "1 when the InfiniBand port's state is ACTIVE and its physical link is up, else 0.";
+    IB_LINK_RATE_GBPS = "ib_link_rate_gbps", "Gb/s", Point,
+        "Negotiated InfiniBand link rate (sysfs rate).";
+    HOST_CPU_UTIL = "host_cpu_util", "ratio", WindowMean,
+        "Fraction of CPU time not idle or waiting on I/O, over the window, per NUMA node or host (/proc/stat).";
+    HOST_CPU_FREQ_MHZ = "host_cpu_freq_mhz", "MHz", Point,
+        "Mean current frequency of the CPUs of a NUMA node or the host (cpufreq scaling_cur_freq).";
+    HOST_MEM_AVAILABLE_BYTES = "host_mem_available_bytes", "By", Point,
+        "Memory available for new work: MemAvailable of /proc/meminfo for the host, MemFree of the node's meminfo for a NUMA node.";
 }
 
 /// Looks a metric up by name.

@@ -57,7 +57,31 @@ pub struct Hello {
     pub agent_version: String,
     /// Metrics the agent collects.
     pub metrics: Vec<String>,
+    /// Node-level devices (InfiniBand ports, NUMA nodes, the host).
+    pub devices: Vec<DeviceInfo>,
 }
+
+/// A node-level device that is not a GPU: an InfiniBand port, a NUMA node,
+/// the host. Its series are keyed by [`DeviceInfo::id`] where GPU series
+/// use the GPU UUID (`SeriesBatch::gpu_uuid`), so sampling, batching,
+/// storage and queries treat both alike; OFU and GPU counts ignore devices.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DeviceInfo {
+    /// Series key, unique in the tenant: `<local>@<node_id>`, e.g.
+    /// `ib:mlx5_0:1@node-3`.
+    pub id: String,
+    /// Kind: [`DEVICE_IB_PORT`], [`DEVICE_NUMA_NODE`] or [`DEVICE_HOST`].
+    pub kind: String,
+    /// Name on the node: `mlx5_0:1`, `0`, the hostname.
+    pub name: String,
+}
+
+/// [`DeviceInfo::kind`] of an InfiniBand port.
+pub const DEVICE_IB_PORT: &str = "ib_port";
+/// [`DeviceInfo::kind`] of a NUMA node.
+pub const DEVICE_NUMA_NODE: &str = "numa_node";
+/// [`DeviceInfo::kind`] of the host as a whole.
+pub const DEVICE_HOST: &str = "host";
 
 /// One sample of one series.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -154,6 +178,23 @@ pub struct Batch {
     pub pending_bytes: u64,
     /// Batches waiting in the agent for an acknowledgement.
     pub pending_batches: u32,
+    /// MFU reported by the node's jobs.
+    pub mfu_reports: Vec<MfuReport>,
+}
+
+/// A job's own MFU as it reported it (OFU paper §V-C cross-check).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MfuReport {
+    /// Job.
+    pub job_id: String,
+    /// When reported, unix ms: the end of the period covered.
+    pub ts_ms: i64,
+    /// Start of the period; 0: the analysis window before `ts_ms`.
+    pub start_ms: i64,
+    /// The job's MFU, fraction 0..1 (eq. 10).
+    pub mfu: Option<f64>,
+    /// Achieved TFLOP/s per GPU at each precision, sorted by precision.
+    pub tflops_by_precision: Vec<(String, f64)>,
 }
 
 /// One metric's current sampling interval on one GPU.

@@ -117,3 +117,23 @@ pub fn agent_with(
         Arc::new(TokioClock::new()),
     )
 }
+
+/// Every stored sample of one series (a GPU's or a node device's metric).
+pub async fn series(
+    q: &mut QueryClient<Channel>,
+    id: &str,
+    metric: &str,
+) -> flopwatch_proto::v1::Series {
+    q.series(flopwatch_proto::v1::SeriesRequest {
+        gpu_uuid: id.into(),
+        metric: metric.into(),
+        start_ms: 1,
+        end_ms: 0,
+        limit: 0,
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .series
+    .unwrap()
+}

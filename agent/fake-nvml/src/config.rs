@@ -45,7 +45,16 @@ pub struct FakeConfig {
     pub mig: bool,
     /// Scheduled XID errors (`xid=GPU:CODE@MS`, repeatable, `;`-separated).
     pub xids: Vec<XidSpec>,
+    /// NVLink links up per GPU (`nvlinks`, 0..=18, default 18 as on an
+    /// H100 SXM): links `0..nvlinks` are active, the rest inactive.
+    pub nvlinks: u32,
+    /// Replay errors counted on each active NVLink link (`nvlink_replays`,
+    /// default 0).
+    pub nvlink_replays: u64,
 }
+
+/// NVLink links an NVML device exposes (`NVML_NVLINK_MAX_LINKS`).
+pub const MAX_NVLINKS: u32 = 18;
 
 /// One scheduled XID error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +95,8 @@ impl Default for FakeConfig {
             events: true,
             mig: false,
             xids: Vec::new(),
+            nvlinks: MAX_NVLINKS,
+            nvlink_replays: 0,
         }
     }
 }
@@ -97,7 +108,7 @@ pub enum ConfigError {
     #[error("`{0}` is not key=value")]
     NotAPair(String),
     /// A key the fake does not know.
-    #[error("unknown key `{0}` (known: gpus, nodes, node, seed, start_ms, regress_after_ms, gpm, driver, ring, events, mig, xid)")]
+    #[error("unknown key `{0}` (known: gpus, nodes, node, seed, start_ms, regress_after_ms, gpm, driver, ring, events, mig, xid, nvlinks, nvlink_replays)")]
     UnknownKey(String),
     /// A value that does not parse or is out of range.
     #[error("bad value for `{key}`: `{value}` ({why})")]
@@ -154,6 +165,10 @@ impl FakeConfig {
                 "driver" if !value.is_empty() && value.len() < 80 => c.driver = value.to_string(),
                 "driver" => return Err(bad("empty or longer than 79 bytes")),
                 "ring" => c.ring = count(1, 100_000)?,
+                "nvlinks" => c.nvlinks = count(0, i64::from(MAX_NVLINKS))? as u32,
+                "nvlink_replays" => {
+                    c.nvlink_replays = value.parse().map_err(|_| bad("not an unsigned integer"))?
+                }
                 _ => return Err(ConfigError::UnknownKey(key.to_string())),
             }
         }
@@ -182,7 +197,7 @@ mod tests {
     #[test]
     fn parses_every_key_and_defaults_the_rest() {
         let c = FakeConfig::parse(
-            " gpus=4, nodes=2,node=1,seed=3,start_ms=-5,gpm=0,driver=535.1,ring=7 ",
+            " gpus=4, nodes=2,node=1,seed=3,start_ms=-5,gpm=0,driver=535.1,ring=7,nvlinks=12,nvlink_replays=3 ",
         )
         .unwrap();
         assert_eq!(
@@ -196,6 +211,8 @@ mod tests {
                 gpm: false,
                 driver: "535.1".to_string(),
                 ring: 7,
+                nvlinks: 12,
+                nvlink_replays: 3,
                 ..FakeConfig::default()
             }
         );

@@ -751,3 +751,116 @@ pub unsafe extern "C" fn flopwatchFakeNvmlConfigure(spec: *const c_char) -> c_in
 pub unsafe extern "C" fn flopwatchFakeNvmlSetTimeMs(ms: i64) {
     state::set_time_ms(ms);
 }
+
+/// `nvmlDeviceGetFieldValues`: the NVLink data counters
+/// (`NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX`, KiB). `scopeId` `UINT_MAX`
+/// asks for the sum over all links, any other value for that link (the
+/// simulated traffic is spread evenly over the active links). Other fields
+/// answer `NOT_SUPPORTED` in their own `nvmlReturn`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: sys::nvmlDevice_t,
+    values_count: c_int,
+    values: *mut sys::nvmlFieldValue_t,
+) -> Ret {
+    run(|| {
+        let n = usize::try_from(values_count).map_err(|_| INVALID)?;
+        if values.is_null() && n > 0 {
+            return Err(INVALID);
+        }
+        let (counters, links, now) = on_device(device, |f, g, now| {
+            Ok((f.nvlink_kib(g, now), f.config.nvlinks, now))
+        })?;
+        for i in 0..n {
+            // SAFETY: `values` is valid for `values_count` elements per the
+            // NVML contract, and `i` is below it.
+            let v = unsafe { &mut *values.add(i) };
+            v.timestamp = now.saturating_mul(1000);
+            v.latencyUsec = 0;
+            let total = match v.fieldId {
+                sys::field_id::NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX => counters.map(|c| c.0),
+                sys::field_id::NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX => counters.map(|c| c.1),
+                _ => {
+                    v.nvmlReturn = sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+                    continue;
+                }
+            };
+            let value = match total {
+                None => None,
+                Some(t) if v.scopeId == c_uint::MAX => Some(t),
+                Some(t) if v.scopeId < links => Some(t / u64::from(links)),
+                Some(_) => None,
+            };
+            match value {
+                Some(x) => {
+                    v.valueType = sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+                    v.value = sys::nvmlValue_t { ullVal: x };
+                    v.nvmlReturn = SUCCESS;
+                }
+                None => v.nvmlReturn = sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `nvmlDeviceGetPcieThroughput`, KiB/s.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
+    device: sys::nvmlDevice_t,
+    counter: sys::nvmlPcieUtilCounter_t,
+    value: *mut c_uint,
+) -> Ret {
+    run(|| {
+        let v = on_device(device, |f, g, now| f.pcie_kib_s(g, counter, now))?;
+        // SAFETY: out-pointer per the module contract.
+        unsafe { put(value, v) }
+    })
+}
+
+/// `nvmlDeviceGetPcieReplayCounter`: no replays on the simulated link.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
+    device: sys::nvmlDevice_t,
+    value: *mut c_uint,
+) -> Ret {
+    run(|| {
+        on_device(device, |_, _, _| Ok(()))?;
+        // SAFETY: out-pointer per the module contract.
+        unsafe { put(value, 0) }
+    })
+}
+
+/// `nvmlDeviceGetNvLinkState`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    device: sys::nvmlDevice_t,
+    link: c_uint,
+    is_active: *mut sys::nvmlEnableState_t,
+) -> Ret {
+    run(|| {
+        let on = on_device(device, |f, _, _| f.nvlink_active(link))?;
+        let state = if on {
+            sys::nvmlEnableState_enum_NVML_FEATURE_ENABLED
+        } else {
+            sys::nvmlEnableState_enum_NVML_FEATURE_DISABLED
+        };
+        // SAFETY: out-pointer per the module contract.
+        unsafe { put(is_active, state) }
+    })
+}
+
+/// `nvmlDeviceGetNvLinkErrorCounter`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
+    device: sys::nvmlDevice_t,
+    link: c_uint,
+    counter: sys::nvmlNvLinkErrorCounter_t,
+    counter_value: *mut c_ulonglong,
+) -> Ret {
+    run(|| {
+        let n = on_device(device, |f, _, _| f.nvlink_errors(link, counter))?;
+        // SAFETY: out-pointer per the module contract.
+        unsafe { put(counter_value, n) }
+    })
+}

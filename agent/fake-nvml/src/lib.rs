@@ -32,7 +32,16 @@
 //!   support no events;
 //! * `nvmlDeviceGetMigMode` is `NOT_SUPPORTED` (no MIG), or enabled with
 //!   `mig=1` (no MIG instances are modelled);
-//! * `gpm=0` models a pre-Hopper GPU: no GPM support.
+//! * `gpm=0` models a pre-Hopper GPU: no GPM support;
+//! * NVLink and PCIe without GPM: `nvmlDeviceGetFieldValues` answers
+//!   `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX` with the integral (KiB) of
+//!   the simulated NVLink throughput, per link (`scopeId` = link, traffic
+//!   spread evenly) or summed (`scopeId` = `UINT_MAX`);
+//!   `nvmlDeviceGetPcieThroughput` is the simulated PCIe rate over the
+//!   last 20 ms in KiB/s; `nvmlDeviceGetNvLinkState` has links
+//!   `0..nvlinks` (default 18) active; `nvmlDeviceGetNvLinkErrorCounter`
+//!   counts `nvlink_replays` replays per active link and nothing else;
+//!   `nvmlDeviceGetPcieReplayCounter` is 0.
 //!
 //! Configuration comes from `FLOPWATCH_FAKE_NVML` at init
 //! ([`config::FakeConfig`]) or, in tests, from the exported

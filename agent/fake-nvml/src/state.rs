@@ -190,6 +190,9 @@ pub(crate) struct Fake {
     samples: HashMap<usize, Option<Stamp>>,
     next_sample: usize,
     energy: Vec<EnergyMeter>,
+    /// NVLink data counters, bytes since the driver loaded, integrated up
+    /// to `t_ms`: (t_ms, tx, rx) per GPU.
+    nvlink: Vec<(i64, f64, f64)>,
     event_sets: HashMap<usize, EventSet>,
     next_event_set: usize,
 }
@@ -207,6 +210,7 @@ impl Fake {
             };
             config.gpus
         ];
+        let nvlink = vec![(now_ms, 0.0, 0.0); config.gpus];
         Self {
             config,
             model,
@@ -214,6 +218,7 @@ impl Fake {
             samples: HashMap::new(),
             next_sample: 0,
             energy,
+            nvlink,
             event_sets: HashMap::new(),
             next_event_set: 0,
         }
@@ -345,6 +350,68 @@ impl Fake {
             };
         }
         self.energy[gpu].mj as u64
+    }
+
+    /// NVLink data counters (`NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX`),
+    /// KiB since the driver loaded, summed over the active links: the
+    /// integral of the simulated NVLink throughput. `None` when no link is
+    /// up.
+    pub fn nvlink_kib(&mut self, gpu: usize, now: i64) -> Option<(u64, u64)> {
+        let (t, tx, rx) = self.nvlink[gpu];
+        if now > t {
+            let from = t.max(now - ENERGY_EXACT_MS);
+            let w = self.model.window(gpu, from, now).mean;
+            let secs = (now - t) as f64 / 1000.0;
+            self.nvlink[gpu] = (
+                now,
+                tx + w.nvlink_tx_bytes_s.max(0.0) * secs,
+                rx + w.nvlink_rx_bytes_s.max(0.0) * secs,
+            );
+        }
+        let (_, tx, rx) = self.nvlink[gpu];
+        (self.config.nvlinks > 0).then(|| ((tx / 1024.0) as u64, (rx / 1024.0) as u64))
+    }
+
+    /// `nvmlDeviceGetNvLinkState`: links below `nvlinks` are active.
+    pub fn nvlink_active(&self, link: u32) -> Result<bool, Ret> {
+        if link >= crate::config::MAX_NVLINKS {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        Ok(link < self.config.nvlinks)
+    }
+
+    /// `nvmlDeviceGetNvLinkErrorCounter`: `nvlink_replays` replay errors
+    /// on every active link, no other errors.
+    pub fn nvlink_errors(
+        &self,
+        link: u32,
+        counter: sys::nvmlNvLinkErrorCounter_t,
+    ) -> Result<u64, Ret> {
+        let active = self.nvlink_active(link)?;
+        Ok(
+            if active && counter == sys::nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_REPLAY {
+                self.config.nvlink_replays
+            } else {
+                0
+            },
+        )
+    }
+
+    /// `nvmlDeviceGetPcieThroughput`: KiB/s over the last 20 ms, as the
+    /// driver samples it.
+    pub fn pcie_kib_s(
+        &self,
+        gpu: usize,
+        counter: sys::nvmlPcieUtilCounter_t,
+        now: i64,
+    ) -> Result<u32, Ret> {
+        let w = self.model.window(gpu, now - 20, now).mean;
+        let bytes = match counter {
+            sys::nvmlPcieUtilCounter_enum_NVML_PCIE_UTIL_TX_BYTES => w.pcie_tx_bytes_s,
+            sys::nvmlPcieUtilCounter_enum_NVML_PCIE_UTIL_RX_BYTES => w.pcie_rx_bytes_s,
+            _ => return Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+        };
+        Ok((bytes / 1024.0).clamp(0.0, f64::from(u32::MAX)) as u32)
     }
 
     /// `nvmlDeviceGetSamples`: one sample per completed 10 ms tick, stamped

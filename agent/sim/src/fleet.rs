@@ -34,8 +34,9 @@ impl FleetPlan {
 
     /// The plan for GPU `gpu` of node `node`.
     ///
-    /// Jobs: `llm-pretrain` (data-parallel training) on the first half of
-    /// the fleet, `gemm-bench` (steady GEMM), `inference` (bursts and idle
+    /// Jobs: `llm-pretrain` (data-parallel training) on the first 3/8 of
+    /// the fleet, `moe-train` (mixture-of-experts training with all-to-all
+    /// bursts) on the next 1/8, `gemm-bench` (steady GEMM), `inference` (bursts and idle
     /// gaps), `finetune` (training that regresses 2.5× midway), and a few
     /// idle GPUs. Small fleets still get every job where they have room.
     /// In a fleet of at least 6 GPUs, the second `llm-pretrain` GPU is a
@@ -47,13 +48,24 @@ impl FleetPlan {
         // Fraction of the fleet before this GPU decides its job.
         let pos = flat as f64 / total as f64;
         let straggler = flat == 1 && total >= 6;
-        let (job, workload) = if pos < 0.5 {
+        let (job, workload) = if pos < 0.375 {
             (
                 "llm-pretrain",
                 Workload::Training {
                     tensor_active: if straggler { 0.62 * 0.6 } else { 0.62 },
                     step_ms: 1200,
                     comm_ms: 180,
+                },
+            )
+        } else if pos < 0.5 {
+            (
+                "moe-train",
+                Workload::Moe {
+                    tensor_active: 0.45,
+                    step_ms: 1600,
+                    comm_ms: 100,
+                    a2a_period_ms: 500,
+                    a2a_ms: 100,
                 },
             )
         } else if pos < 0.625 {
@@ -188,7 +200,13 @@ mod tests {
             .collect();
         assert_eq!(
             jobs.into_iter().collect::<Vec<_>>(),
-            vec!["finetune", "gemm-bench", "inference", "llm-pretrain"]
+            vec![
+                "finetune",
+                "gemm-bench",
+                "inference",
+                "llm-pretrain",
+                "moe-train"
+            ]
         );
     }
 
@@ -227,6 +245,43 @@ mod tests {
             before / after > 2.3 && before / after < 2.7,
             "{before} {after}"
         );
+    }
+
+    #[test]
+    fn moe_bursts_and_all_reduce_show_on_infiniband() {
+        let f = FleetPlan::new(4, 8, 60_000);
+        let m = SimModel::new(&f, 1, 0, 2);
+        let job = |g: usize| m.plans[g].job.clone().unwrap_or_default();
+        let moe = (0..8).find(|&g| job(g) == "moe-train").unwrap();
+        let dp = (0..8).find(|&g| job(g) == "llm-pretrain").unwrap();
+        let rates = |g: usize| -> Vec<f64> {
+            (0..150)
+                .map(|i| m.window(g, i * 100, (i + 1) * 100).mean.ib_rx_bytes_s)
+                .collect()
+        };
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let moe_rates = rates(moe);
+        let peak = moe_rates.iter().cloned().fold(0.0, f64::max);
+        // Bursts near line rate, a quiet median between them.
+        assert!(peak > 0.8 * crate::IB_ALL_TO_ALL_BYTES_S, "{peak}");
+        assert!(peak > 20.0 * median(moe_rates.clone()), "{moe_rates:?}");
+        // Three exchanges per 1.6 s step: about 28 in 15 s.
+        let bursts = moe_rates
+            .windows(2)
+            .filter(|w| w[0] < 0.6 * peak && w[1] >= 0.6 * peak)
+            .count();
+        assert!((20..=30).contains(&bursts), "{bursts}");
+        // Data-parallel: all-reduce traffic once per 1.2 s step.
+        let dp_rates = rates(dp);
+        let dp_peak = dp_rates.iter().cloned().fold(0.0, f64::max);
+        assert!(dp_peak > 0.8 * crate::IB_ALL_REDUCE_BYTES_S, "{dp_peak}");
+        assert!(dp_peak < crate::IB_ALL_TO_ALL_BYTES_S);
+        // An idle GPU's NIC is quiet.
+        let idle = SimModel::new(&f, 3, 0, 2);
+        assert!(idle.window(7, 0, 10_000).mean.ib_rx_bytes_s < 2e6);
     }
 
     #[test]

@@ -6,7 +6,11 @@
 //!
 //! * steady GEMM (high, flat tensor activity),
 //! * periodic training steps with communication phases (compute at high
-//!   tensor activity, short all-reduce dips with NVLink traffic),
+//!   tensor activity, short all-reduce dips with NVLink and InfiniBand
+//!   traffic),
+//! * mixture-of-experts training whose all-to-all token exchanges send
+//!   short bursts near the InfiniBand line rate (Moneo §4.2: MoE needs
+//!   more than 100 GB/s of InfiniBand per node),
 //! * idle gaps (an inference service with bursts and pauses),
 //! * a job whose efficiency regresses midway (OFU paper §VI-A: 2.5×),
 //! * SM clock jitter like the OFU paper's 1352 ± 32 MHz under sustained
@@ -26,6 +30,7 @@ mod workload;
 
 pub use fleet::{FleetPlan, GpuPlan, SimModel};
 pub use workload::Workload;
+pub use workload::{IB_ALL_REDUCE_BYTES_S, IB_ALL_TO_ALL_BYTES_S};
 
 /// Resolution of the simulation, in milliseconds.
 pub const TICK_MS: i64 = 10;
@@ -66,6 +71,11 @@ pub struct GpuState {
     pub pcie_rx_bytes_s: f64,
     /// Memory clock in MHz.
     pub mem_clock_mhz: f64,
+    /// InfiniBand transmit of the GPU's NIC (one 400 Gb/s port per GPU,
+    /// rail-optimized like a DGX H100), bytes/s.
+    pub ib_tx_bytes_s: f64,
+    /// InfiniBand receive of the GPU's NIC, bytes/s.
+    pub ib_rx_bytes_s: f64,
 }
 
 impl GpuState {
@@ -86,6 +96,8 @@ impl GpuState {
         self.pcie_tx_bytes_s += o.pcie_tx_bytes_s * w;
         self.pcie_rx_bytes_s += o.pcie_rx_bytes_s * w;
         self.mem_clock_mhz += o.mem_clock_mhz * w;
+        self.ib_tx_bytes_s += o.ib_tx_bytes_s * w;
+        self.ib_rx_bytes_s += o.ib_rx_bytes_s * w;
     }
 }
 

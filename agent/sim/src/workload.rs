@@ -32,6 +32,22 @@ pub enum Workload {
         /// Idle gap, ms.
         off_ms: i64,
     },
+    /// Mixture-of-experts training: compute interleaved with all-to-all
+    /// token exchanges (dispatch and combine of the expert layers) that
+    /// burst over NVLink and InfiniBand, then a gradient all-reduce at the
+    /// end of each step.
+    Moe {
+        /// Tensor activity during compute.
+        tensor_active: f64,
+        /// Step period, ms.
+        step_ms: i64,
+        /// All-reduce at the end of each step, ms.
+        comm_ms: i64,
+        /// Period of the all-to-all exchanges within a step, ms.
+        a2a_period_ms: i64,
+        /// Length of one all-to-all exchange, ms.
+        a2a_ms: i64,
+    },
     /// Training whose efficiency drops by `factor` after `after_ms`
     /// (OFU §VI-A saw 2.5×).
     Regressing {
@@ -48,11 +64,26 @@ pub enum Workload {
     },
 }
 
+/// InfiniBand traffic of one GPU's NIC during a data-parallel all-reduce
+/// (its share of the inter-node ring), bytes/s each way.
+pub const IB_ALL_REDUCE_BYTES_S: f64 = 22e9;
+/// InfiniBand traffic of one GPU's NIC during an MoE all-to-all: close to
+/// the 50 GB/s line rate of a 400 Gb/s (NDR) port, bytes/s each way.
+pub const IB_ALL_TO_ALL_BYTES_S: f64 = 46e9;
+
+/// Which collective a GPU is in at one tick.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Comm {
+    None,
+    AllReduce,
+    AllToAll,
+}
+
 /// Phase of a workload at one tick, before noise and clocks.
 struct Phase {
     tensor: f64,
     busy: f64,
-    comm: bool,
+    comm: Comm,
 }
 
 impl Workload {
@@ -63,13 +94,13 @@ impl Workload {
                 Phase {
                     tensor: tensor * 0.06,
                     busy: 0.35,
-                    comm: true,
+                    comm: Comm::AllReduce,
                 }
             } else {
                 Phase {
                     tensor,
                     busy: 0.97,
-                    comm: false,
+                    comm: Comm::None,
                 }
             }
         };
@@ -77,12 +108,12 @@ impl Workload {
             Workload::Idle => Phase {
                 tensor: 0.0,
                 busy: 0.0,
-                comm: false,
+                comm: Comm::None,
             },
             Workload::SteadyGemm { tensor_active } => Phase {
                 tensor: tensor_active,
                 busy: 0.99,
-                comm: false,
+                comm: Comm::None,
             },
             Workload::Training {
                 tensor_active,
@@ -99,14 +130,34 @@ impl Workload {
                     Phase {
                         tensor: tensor_active,
                         busy: 0.9,
-                        comm: false,
+                        comm: Comm::None,
                     }
                 } else {
                     Phase {
                         tensor: 0.0,
                         busy: 0.0,
-                        comm: false,
+                        comm: Comm::None,
                     }
+                }
+            }
+            Workload::Moe {
+                tensor_active,
+                step_ms,
+                comm_ms,
+                a2a_period_ms,
+                a2a_ms,
+            } => {
+                let pos = rel_ms.rem_euclid(step_ms.max(TICK_MS));
+                if pos < step_ms - comm_ms
+                    && pos.rem_euclid(a2a_period_ms.max(TICK_MS)) >= a2a_period_ms - a2a_ms
+                {
+                    Phase {
+                        tensor: tensor_active * 0.1,
+                        busy: 0.5,
+                        comm: Comm::AllToAll,
+                    }
+                } else {
+                    training(tensor_active, step_ms, comm_ms)
                 }
             }
             Workload::Regressing {
@@ -147,13 +198,19 @@ impl Workload {
         let sm_clock = (clk_target + jitter * normal(h ^ 2)).clamp(210.0, max_clk);
         let busy = p.busy;
         let power = 70.0 + (model.power_limit_w - 70.0) * (0.25 * busy + 0.7 * load).min(1.0);
-        let nvlink = if p.comm { 180e9 } else { 2e9 * busy };
+        let (nvlink, ib) = match p.comm {
+            Comm::AllReduce => (180e9, IB_ALL_REDUCE_BYTES_S),
+            Comm::AllToAll => (140e9, IB_ALL_TO_ALL_BYTES_S),
+            // Data loading and checkpoints trickle over the NIC.
+            Comm::None => (2e9 * busy, 1e6 + 40e6 * busy),
+        };
         GpuState {
             tensor_active: tensor,
             sm_clock_mhz: sm_clock,
             sm_active: (busy * (0.98 + 0.02 * unit(h ^ 3))).min(1.0),
             sm_occupancy: busy * 0.42,
-            dram_active: (0.08 + 0.45 * tensor + if p.comm { 0.2 } else { 0.0 }).min(1.0)
+            dram_active: (0.08 + 0.45 * tensor + if p.comm != Comm::None { 0.2 } else { 0.0 })
+                .min(1.0)
                 * busy.max(0.02),
             fp16_active: 0.03 * busy,
             fp32_active: 0.08 * busy,
@@ -170,6 +227,8 @@ impl Workload {
             pcie_tx_bytes_s: 1.5e9 * busy + 2e6,
             pcie_rx_bytes_s: 3.0e9 * busy + 2e6,
             mem_clock_mhz: model.max_mem_clock_mhz as f64,
+            ib_tx_bytes_s: ib * (1.0 + 0.02 * normal(h ^ 7)).max(0.0),
+            ib_rx_bytes_s: ib * (1.0 + 0.02 * normal(h ^ 8)).max(0.0),
         }
     }
 }

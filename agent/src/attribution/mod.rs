@@ -61,6 +61,9 @@ pub struct AttributionOptions {
     pub pod_resources_socket: Option<PathBuf>,
     /// Per-GPU mapping directory.
     pub mapping_dir: Option<PathBuf>,
+    /// Where jobs drop their MFU reports ([`crate::mfu`]); read whether or
+    /// not lookups are enabled.
+    pub mfu_dir: Option<PathBuf>,
     /// Lookups run at most this often.
     pub refresh_interval: Duration,
 }
@@ -90,6 +93,7 @@ impl AttributionOptions {
             pod_resources_socket: (!a.pod_resources_socket.as_os_str().is_empty())
                 .then(|| a.pod_resources_socket.clone()),
             mapping_dir: a.mapping_dir.clone(),
+            mfu_dir: a.mfu_dir.clone(),
             refresh_interval: a.refresh_interval,
         }
     }

@@ -7,9 +7,17 @@
 //! * [`sim::SimSource`]: the simulated node (embedded default),
 //! * [`nvml::NvmlSource`]: NVML through nvml-wrapper, GPM on Hopper+,
 //! * [`replay::ReplaySource`]: a recorded long-form CSV trace.
+//!
+//! Node-level devices (InfiniBand ports, NUMA nodes, the host;
+//! docs/COUNTERS.md) come from [`node::DeviceReader`]s
+//! ([`infiniband::IbReader`], [`host::HostReader`], [`node::SimDevices`])
+//! that [`node::NodeSource`] appends after any GPU source's GPUs.
 
-use flopwatch_proto::model::{Event, GpuInfo, JobAssignment};
+use flopwatch_proto::model::{DeviceInfo, Event, GpuInfo, JobAssignment};
 
+pub mod host;
+pub mod infiniband;
+pub mod node;
 pub mod nvml;
 pub mod replay;
 pub mod sim;
@@ -113,16 +121,116 @@ pub trait GpuSource: Send {
     /// previous capture; point metrics are read at `now_ms`.
     fn capture(&mut self, now_ms: i64) -> Result<Capture, SourceError>;
 
+    /// Reads what `plan` wants (a [`Sampler::due`](crate::sampler::Sampler::due)
+    /// read plan). A source that reads fields one by one skips the others;
+    /// a skipped window-mean metric is reported at its next read as the
+    /// mean since its previous read, with [`Reading::window_ms`] spanning
+    /// that time. Readings beyond the plan may still come (one GPM sample
+    /// yields every GPM metric at once); the sampler folds them in. The
+    /// default reads everything.
+    fn capture_planned(
+        &mut self,
+        now_ms: i64,
+        plan: &crate::sampler::ReadPlan,
+    ) -> Result<Capture, SourceError> {
+        let _ = plan;
+        self.capture(now_ms)
+    }
+
+    /// Node-level devices (InfiniBand ports, NUMA nodes, the host), fixed
+    /// for the source's lifetime. Device `i`'s readings come as the
+    /// [`GpuCapture`] with index `inventory().len() + i`, so the sampler
+    /// treats them like a GPU's. Ids are local to the node
+    /// (`ib:mlx5_0:1`); the agent qualifies them with the node id
+    /// ([`qualify`]). Most sources have none.
+    fn devices(&self) -> &[DeviceInfo] {
+        &[]
+    }
+
     /// The compute processes seen at the last capture, as (inventory
     /// index, PID) pairs, for job attribution ([`crate::attribution`]).
     /// Sources that do not see processes return none.
     fn processes(&self) -> Vec<(usize, u32)> {
         Vec::new()
     }
+
+    /// MFU the node's jobs reported since the last call, when the source
+    /// sees such reports ([`crate::mfu`]; the simulator's jobs report).
+    fn mfu_reports(&mut self, now_ms: i64) -> Vec<flopwatch_proto::model::MfuReport> {
+        let _ = now_ms;
+        Vec::new()
+    }
 }
 
-/// Opens the source a config names. `start_ms` anchors the simulator.
+/// A device's series key: its local id qualified with the node id
+/// (`ib:mlx5_0:1@node-3`), unique in the tenant as GPU UUIDs are.
+pub fn qualify(device: &DeviceInfo, node_id: &str) -> DeviceInfo {
+    DeviceInfo {
+        id: format!("{}@{node_id}", device.id),
+        ..device.clone()
+    }
+}
+
+/// Every series owner of a source, in capture index order: its GPUs, then
+/// one record per device whose `uuid` is the device's qualified id (the
+/// batcher keys series by that field; nothing else of a device record is
+/// read).
+pub fn series_owners(source: &dyn GpuSource, node_id: &str) -> Vec<GpuInfo> {
+    let mut owners = source.inventory().to_vec();
+    owners.extend(source.devices().iter().map(|d| GpuInfo {
+        index: u32::MAX,
+        uuid: qualify(d, node_id).id,
+        ..GpuInfo::default()
+    }));
+    owners
+}
+
+/// Opens the source a config names, with the node-level counters of
+/// `[host]` ([`node::NodeSource`]). `start_ms` anchors the simulator.
 pub fn open(
+    kind: &flopwatch_config::SourceKind,
+    cfg: &flopwatch_config::AgentConfig,
+    start_ms: i64,
+) -> Result<Box<dyn GpuSource>, SourceError> {
+    use flopwatch_config::SourceKind;
+    let gpus = open_gpus(kind, cfg, start_ms)?;
+    let h = &cfg.host;
+    let mut readers: Vec<Box<dyn node::DeviceReader>> = Vec::new();
+    // A simulated node: simulated node counters when `[sim]` asks for
+    // them, else the host readers only over trees `[host]` names (a
+    // simulated node over a prepared sysfs), never the machine's own.
+    let defaults = flopwatch_config::HostSettings::default();
+    let own_roots = h.sys_root != defaults.sys_root || h.proc_root != defaults.proc_root;
+    match kind {
+        SourceKind::Replay(_) => {}
+        SourceKind::Sim if !own_roots && !cfg.sim.node_counters => {}
+        SourceKind::Sim if !own_roots => {
+            let s = &cfg.sim;
+            let fleet =
+                flopwatch_sim::FleetPlan::new(s.nodes, s.gpus, s.regress_after.as_millis() as i64);
+            let model = flopwatch_sim::SimModel::new(&fleet, s.node_index, start_ms, s.seed);
+            readers.push(Box::new(node::SimDevices::new(model)));
+        }
+        _ => {
+            if h.infiniband {
+                readers.push(Box::new(infiniband::IbReader::discover(&h.sys_root)));
+            }
+            if h.cpu_memory {
+                readers.push(Box::new(host::HostReader::discover(
+                    &h.sys_root,
+                    &h.proc_root,
+                )));
+            }
+        }
+    }
+    if readers.is_empty() {
+        return Ok(gpus);
+    }
+    Ok(Box::new(node::NodeSource::new(gpus, readers)))
+}
+
+/// The GPU source alone.
+fn open_gpus(
     kind: &flopwatch_config::SourceKind,
     cfg: &flopwatch_config::AgentConfig,
     start_ms: i64,

@@ -39,6 +39,7 @@
 //! and lives as long as the process.
 
 use super::{Capture, GpuCapture, GpuSource, Reading, SourceError};
+use crate::sampler::ReadPlan;
 use flopwatch_proto::metrics as m;
 use flopwatch_proto::model::Event;
 use flopwatch_proto::model::GpuInfo;
@@ -106,14 +107,23 @@ pub struct NvmlSource {
 struct Gpu {
     device: Device<'static>,
     gpm: bool,
-    /// The previous capture's GPM sample: the start of the next window.
+    /// The previous GPM sample taken: the start of the next window.
     last_gpm: Option<GpmSample<'static>>,
+    /// When `last_gpm` was taken, unix ms.
+    last_gpm_ms: Option<i64>,
     /// Timestamp (µs) of the newest processor-clock sample consumed.
     last_clock_us: Option<u64>,
     /// PIDs of the compute processes seen at the last capture.
     pids: Vec<u32>,
     /// Whether MIG mode is enabled (read at open).
     mig: bool,
+    /// NVLink links the GPU has (0 for a GPU without NVLink), probed at open.
+    nvlinks: u32,
+    /// Links up at the last state read.
+    active_links: u32,
+    /// The NVLink data counters at the previous read (GPUs without GPM):
+    /// (unix ms, tx KiB, rx KiB).
+    last_nvlink: Option<(i64, u64, u64)>,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -230,13 +240,18 @@ impl NvmlSource {
                 memory_total_bytes: device.memory_info().map(|mi| mi.total).unwrap_or(0),
                 mig_parent_uuid: None,
             });
+            let (nvlinks, active_links) = probe_nvlinks(&device);
             gpus.push(Gpu {
                 device,
                 gpm,
                 last_gpm: None,
+                last_gpm_ms: None,
                 last_clock_us: None,
                 pids: Vec::new(),
                 mig,
+                nvlinks,
+                active_links,
+                last_nvlink: None,
             });
         }
         let mut reported = HashSet::new();
@@ -417,6 +432,15 @@ impl GpuSource for NvmlSource {
     }
 
     fn capture(&mut self, now_ms: i64) -> Result<Capture, SourceError> {
+        self.capture_planned(now_ms, &ReadPlan::all())
+    }
+
+    /// Skips the NVML calls of every field the plan does not want. GPM is
+    /// one sample per GPU for all GPM metrics: it is taken when any of them
+    /// is wanted, and then reports all of them over the span since the
+    /// previous sample (`window_ms` set when that span is longer than the
+    /// capture's window). Trigger metrics (the OFU inputs) are always due.
+    fn capture_planned(&mut self, now_ms: i64, plan: &ReadPlan) -> Result<Capture, SourceError> {
         let prev = self.last_ms.replace(now_ms);
         let window_ms = prev.map_or(0, |p| {
             u32::try_from((now_ms - p).max(0)).unwrap_or(u32::MAX)
@@ -428,8 +452,12 @@ impl GpuSource for NvmlSource {
                 gpu: index,
                 readings: Vec::with_capacity(24),
                 reported: &mut self.reported,
+                plan,
+                now_ms,
+                window_ms,
             };
             read_gpu(self.nvml, gpu, windowed, &mut out);
+            read_links(gpu, windowed, &mut out);
             gpus.push(GpuCapture {
                 gpu: index,
                 window_ms,
@@ -459,9 +487,33 @@ struct Out<'a> {
     gpu: usize,
     readings: Vec<Reading>,
     reported: &'a mut HashSet<(usize, &'static str)>,
+    /// What the sampler needs from this capture.
+    plan: &'a ReadPlan,
+    /// The capture's time and window.
+    now_ms: i64,
+    window_ms: u32,
 }
 
 impl Out<'_> {
+    /// Whether the plan wants `metric` of this GPU.
+    fn wants(&self, metric: &str) -> bool {
+        self.plan.wants(self.gpu, metric)
+    }
+
+    /// Reads `value` under `metric` when the plan wants it (the closure is
+    /// the NVML call, not made otherwise), or logs `call`'s failure once.
+    fn read(
+        &mut self,
+        metric: &'static str,
+        call: &'static str,
+        value: impl FnOnce() -> Result<f64, NvmlError>,
+    ) -> Option<f64> {
+        if !self.wants(metric) {
+            return None;
+        }
+        self.put(metric, call, value())
+    }
+
     /// Records `value` under `metric`, or logs `call`'s failure once.
     fn put(
         &mut self,
@@ -487,62 +539,53 @@ impl Out<'_> {
 }
 
 fn read_gpu(nvml: &'static Nvml, gpu: &mut Gpu, windowed: bool, out: &mut Out<'_>) {
-    if gpu.gpm {
+    if gpu.gpm && GPM_METRICS.iter().any(|(_, metric, _)| out.wants(metric)) {
         read_gpm(nvml, gpu, out);
     }
     let d = &gpu.device;
 
     // SM clock: the point read, and the mean of the driver's samples since
     // the newest one already consumed (OFU §IV-C: the point is noisy).
-    let point = out.put(
-        m::SM_CLOCK_MHZ,
-        "nvmlDeviceGetClockInfo(SM)",
-        d.clock_info(Clock::SM).map(f64::from),
-    );
-    let average = match d.samples(Sampling::ProcessorClock, gpu.last_clock_us) {
-        Ok(samples) => {
-            gpu.last_clock_us = samples
-                .iter()
-                .map(|s| s.timestamp)
-                .max()
-                .or(gpu.last_clock_us);
-            let values: Vec<f64> = samples.iter().map(|s| sample_value(&s.value)).collect();
-            (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
-        }
-        // The driver's way of saying "nothing newer than last_seen".
-        Err(NvmlError::NotFound) => None,
-        Err(e) => {
-            out.failed("nvmlDeviceGetSamples(PROCESSOR_CLK)", &e);
-            None
-        }
-    };
-    if windowed {
+    // Skipping the samples call widens the next one's span by itself.
+    let point = out.read(m::SM_CLOCK_MHZ, "nvmlDeviceGetClockInfo(SM)", || {
+        d.clock_info(Clock::SM).map(f64::from)
+    });
+    if windowed && out.wants(m::SM_CLOCK_AVG_MHZ) {
+        let average = match d.samples(Sampling::ProcessorClock, gpu.last_clock_us) {
+            Ok(samples) => {
+                gpu.last_clock_us = samples
+                    .iter()
+                    .map(|s| s.timestamp)
+                    .max()
+                    .or(gpu.last_clock_us);
+                let values: Vec<f64> = samples.iter().map(|s| sample_value(&s.value)).collect();
+                (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+            }
+            // The driver's way of saying "nothing newer than last_seen".
+            Err(NvmlError::NotFound) => None,
+            Err(e) => {
+                out.failed("nvmlDeviceGetSamples(PROCESSOR_CLK)", &e);
+                None
+            }
+        };
         if let Some(value) = average.or(point) {
             out.readings.push(Reading::new(m::SM_CLOCK_AVG_MHZ, value));
         }
     }
 
-    out.put(
-        m::POWER_W,
-        "nvmlDeviceGetPowerUsage",
-        d.power_usage().map(|mw| f64::from(mw) / 1000.0),
-    );
-    out.put(
-        m::TEMP_C,
-        "nvmlDeviceGetTemperature",
-        d.temperature(TemperatureSensor::Gpu).map(f64::from),
-    );
-    out.put(
-        m::MEM_USED_BYTES,
-        "nvmlDeviceGetMemoryInfo",
-        d.memory_info().map(|mi| mi.used as f64),
-    );
-    out.put(
-        m::MEM_CLOCK_MHZ,
-        "nvmlDeviceGetClockInfo(MEM)",
-        d.clock_info(Clock::Memory).map(f64::from),
-    );
-    if windowed {
+    out.read(m::POWER_W, "nvmlDeviceGetPowerUsage", || {
+        d.power_usage().map(|mw| f64::from(mw) / 1000.0)
+    });
+    out.read(m::TEMP_C, "nvmlDeviceGetTemperature", || {
+        d.temperature(TemperatureSensor::Gpu).map(f64::from)
+    });
+    out.read(m::MEM_USED_BYTES, "nvmlDeviceGetMemoryInfo", || {
+        d.memory_info().map(|mi| mi.used as f64)
+    });
+    out.read(m::MEM_CLOCK_MHZ, "nvmlDeviceGetClockInfo(MEM)", || {
+        d.clock_info(Clock::Memory).map(f64::from)
+    });
+    if windowed && (out.wants(m::GPU_UTIL) || out.wants(m::MEM_COPY_UTIL)) {
         match d.utilization_rates() {
             Ok(u) => out.readings.extend([
                 Reading::new(m::GPU_UTIL, f64::from(u.gpu) * PERCENT),
@@ -551,37 +594,43 @@ fn read_gpu(nvml: &'static Nvml, gpu: &mut Gpu, windowed: bool, out: &mut Out<'_
             Err(e) => out.failed("nvmlDeviceGetUtilizationRates", &e),
         }
     }
-    out.put(
+    out.read(
         m::THROTTLE_REASONS,
         "nvmlDeviceGetCurrentClocksThrottleReasons",
-        d.current_throttle_reasons().map(|r| r.bits() as f64),
+        || d.current_throttle_reasons().map(|r| r.bits() as f64),
     );
-    out.put(
+    out.read(
         m::ECC_SBE_TOTAL,
         "nvmlDeviceGetTotalEccErrors(corrected)",
-        d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
-            .map(|n| n as f64),
+        || {
+            d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+                .map(|n| n as f64)
+        },
     );
-    out.put(
+    out.read(
         m::ECC_DBE_TOTAL,
         "nvmlDeviceGetTotalEccErrors(uncorrected)",
-        d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-            .map(|n| n as f64),
+        || {
+            d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                .map(|n| n as f64)
+        },
     );
-    out.put(
-        m::ENERGY_J,
-        "nvmlDeviceGetTotalEnergyConsumption",
-        d.total_energy_consumption().map(|mj| mj as f64 / 1000.0),
-    );
-    match d.running_compute_processes() {
-        Ok(processes) => {
-            gpu.pids = processes.iter().map(|p| p.pid).collect();
-            out.readings
-                .push(Reading::new(m::COMPUTE_PROCESSES, processes.len() as f64));
-        }
-        Err(e) => {
-            gpu.pids.clear();
-            out.failed("nvmlDeviceGetComputeRunningProcesses_v3", &e);
+    out.read(m::ENERGY_J, "nvmlDeviceGetTotalEnergyConsumption", || {
+        d.total_energy_consumption().map(|mj| mj as f64 / 1000.0)
+    });
+    // The PIDs feed job attribution, which tolerates PIDs as old as this
+    // metric's interval.
+    if out.wants(m::COMPUTE_PROCESSES) {
+        match d.running_compute_processes() {
+            Ok(processes) => {
+                gpu.pids = processes.iter().map(|p| p.pid).collect();
+                out.readings
+                    .push(Reading::new(m::COMPUTE_PROCESSES, processes.len() as f64));
+            }
+            Err(e) => {
+                gpu.pids.clear();
+                out.failed("nvmlDeviceGetComputeRunningProcesses_v3", &e);
+            }
         }
     }
 }
@@ -594,16 +643,29 @@ fn read_gpm(nvml: &'static Nvml, gpu: &mut Gpu, out: &mut Out<'_>) {
         Err(e) => {
             // No window can start at a sample we do not have.
             gpu.last_gpm = None;
+            gpu.last_gpm_ms = None;
             out.failed("nvmlGpmSampleGet", &e);
             return;
         }
     };
     if let Some(prev) = &gpu.last_gpm {
+        // A GPM sample skipped by the read plan widened this window.
+        let span = gpu
+            .last_gpm_ms
+            .map(|t| u32::try_from((out.now_ms - t).max(0)).unwrap_or(u32::MAX))
+            .filter(|&w| w != out.window_ms);
         let ids = GPM_METRICS.map(|(id, _, _)| id);
         match gpm_metrics_get(nvml, prev, &sample, &ids) {
             Ok(results) => {
                 for (&(_, metric, scale), result) in GPM_METRICS.iter().zip(results) {
-                    out.put(metric, metric, result.map(|r| r.value * scale));
+                    if out
+                        .put(metric, metric, result.map(|r| r.value * scale))
+                        .is_some()
+                    {
+                        if let Some(r) = out.readings.last_mut() {
+                            r.window_ms = span;
+                        }
+                    }
                 }
             }
             Err(e) => out.failed("nvmlGpmMetricsGet", &e),
@@ -611,6 +673,159 @@ fn read_gpm(nvml: &'static Nvml, gpu: &mut Gpu, out: &mut Out<'_>) {
     }
     // Replacing the previous sample frees it (nvmlGpmSampleFree).
     gpu.last_gpm = Some(sample);
+    gpu.last_gpm_ms = Some(out.now_ms);
+}
+
+/// Most NVLink links a GPU has (`NVML_NVLINK_MAX_LINKS`).
+const MAX_NVLINKS: u32 = 18;
+
+/// The GPU's NVLink links (those whose state can be read) and how many are
+/// up. A GPU without NVLink answers NotSupported: (0, 0).
+fn probe_nvlinks(d: &Device<'static>) -> (u32, u32) {
+    let mut links = 0;
+    let mut up = 0;
+    for l in 0..MAX_NVLINKS {
+        match d.link_wrapper_for(l).is_active() {
+            Ok(a) => {
+                links = l + 1;
+                up += u32::from(a);
+            }
+            Err(_) => break,
+        }
+    }
+    (links, up)
+}
+
+/// NVLink and PCIe beyond GPM (Moneo Table 1's NVLink and PCIe rows):
+///
+/// * every GPU: links up (`nvmlDeviceGetNvLinkState`), the replay,
+///   recovery and CRC error counters summed over the links
+///   (`nvmlDeviceGetNvLinkErrorCounter`), and the PCIe replay counter;
+/// * GPUs without GPM: NVLink throughput from the data counters
+///   (`nvmlDeviceGetFieldValues`, `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX`,
+///   KiB): the counter difference over the time between reads, an exact
+///   window mean. nvml-wrapper 0.13 sends `scopeId` 0, which selects link
+///   0, so the rate is link 0's × the links up (NCCL stripes traffic
+///   evenly over the links); and PCIe throughput from
+///   `nvmlDeviceGetPcieThroughput` (KiB/s over the driver's last 20 ms, a
+///   short sample rather than a window mean).
+fn read_links(gpu: &mut Gpu, windowed: bool, out: &mut Out<'_>) {
+    use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
+    use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
+    use nvml_wrapper::structs::device::FieldId;
+    let d = &gpu.device;
+    if gpu.nvlinks > 0 && (out.wants(m::NVLINK_LINKS_ACTIVE) || out.wants(m::NVLINK_ERRORS_TOTAL)) {
+        let mut up = 0u32;
+        let mut errors = 0u64;
+        let mut ok = true;
+        for l in 0..gpu.nvlinks {
+            let link = d.link_wrapper_for(l);
+            match link.is_active() {
+                Ok(true) => up += 1,
+                Ok(false) => continue,
+                Err(e) => {
+                    out.failed("nvmlDeviceGetNvLinkState", &e);
+                    ok = false;
+                    break;
+                }
+            }
+            for c in [
+                ErrorCounter::DlReplay,
+                ErrorCounter::DlRecovery,
+                ErrorCounter::DlCrcFlit,
+                ErrorCounter::DlCrcData,
+            ] {
+                match link.error_counter(c) {
+                    Ok(n) => errors = errors.saturating_add(n),
+                    Err(e) if unsupported(&e) => {}
+                    Err(e) => out.failed("nvmlDeviceGetNvLinkErrorCounter", &e),
+                }
+            }
+        }
+        if ok {
+            gpu.active_links = up;
+            if out.wants(m::NVLINK_LINKS_ACTIVE) {
+                out.readings
+                    .push(Reading::new(m::NVLINK_LINKS_ACTIVE, f64::from(up)));
+            }
+            if out.wants(m::NVLINK_ERRORS_TOTAL) {
+                out.readings
+                    .push(Reading::new(m::NVLINK_ERRORS_TOTAL, errors as f64));
+            }
+        }
+    }
+    out.read(
+        m::PCIE_REPLAY_TOTAL,
+        "nvmlDeviceGetPcieReplayCounter",
+        || d.pcie_replay_counter().map(f64::from),
+    );
+    if gpu.gpm {
+        return;
+    }
+    if gpu.nvlinks > 0 && (out.wants(m::NVLINK_TX_BYTES_S) || out.wants(m::NVLINK_RX_BYTES_S)) {
+        const TX: u32 = nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX;
+        const RX: u32 = nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX;
+        match d.field_values_for(&[FieldId(TX), FieldId(RX)]) {
+            Ok(values) => {
+                let kib: Vec<Option<u64>> = values
+                    .into_iter()
+                    .map(|v| match v.ok()?.value.ok()? {
+                        SampleValue::U64(x) => Some(x),
+                        SampleValue::U32(x) => Some(u64::from(x)),
+                        SampleValue::I64(x) => u64::try_from(x).ok(),
+                        SampleValue::F64(_) => None,
+                    })
+                    .collect();
+                if let [Some(tx), Some(rx)] = kib[..] {
+                    let now = out.now_ms;
+                    if let Some((t, tx0, rx0)) = gpu.last_nvlink.filter(|l| l.0 < now) {
+                        let secs = (now - t) as f64 / 1000.0;
+                        let span = u32::try_from(now - t).ok().filter(|&w| w != out.window_ms);
+                        let links = f64::from(gpu.active_links.max(1));
+                        // A counter that went back was reset: no rate.
+                        for (metric, c, c0) in [
+                            (m::NVLINK_TX_BYTES_S, tx, tx0),
+                            (m::NVLINK_RX_BYTES_S, rx, rx0),
+                        ] {
+                            if c >= c0 {
+                                let mut r =
+                                    Reading::new(metric, (c - c0) as f64 * 1024.0 * links / secs);
+                                r.window_ms = span;
+                                out.readings.push(r);
+                            }
+                        }
+                    }
+                    if gpu.last_nvlink.is_none_or(|l| l.0 < now) {
+                        gpu.last_nvlink = Some((now, tx, rx));
+                    }
+                } else {
+                    out.failed(
+                        "nvmlDeviceGetFieldValues(NVLINK_THROUGHPUT_DATA)",
+                        &NvmlError::NotSupported,
+                    );
+                }
+            }
+            Err(e) => out.failed("nvmlDeviceGetFieldValues(NVLINK_THROUGHPUT_DATA)", &e),
+        }
+    }
+    if windowed {
+        out.read(
+            m::PCIE_TX_BYTES_S,
+            "nvmlDeviceGetPcieThroughput(TX)",
+            || {
+                d.pcie_throughput(PcieUtilCounter::Send)
+                    .map(|k| f64::from(k) * 1024.0)
+            },
+        );
+        out.read(
+            m::PCIE_RX_BYTES_S,
+            "nvmlDeviceGetPcieThroughput(RX)",
+            || {
+                d.pcie_throughput(PcieUtilCounter::Receive)
+                    .map(|k| f64::from(k) * 1024.0)
+            },
+        );
+    }
 }
 
 fn sample_value(v: &SampleValue) -> f64 {

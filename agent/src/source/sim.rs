@@ -11,8 +11,9 @@
 //! belong to unrelated processes.
 
 use super::{Capture, GpuCapture, GpuSource, Reading, SourceError};
+use crate::sampler::{PlanCarry, ReadPlan};
 use flopwatch_proto::metrics as m;
-use flopwatch_proto::model::{GpuInfo, JobAssignment};
+use flopwatch_proto::model::{GpuInfo, JobAssignment, MfuReport};
 use flopwatch_sim::{FleetPlan, SimModel};
 
 /// A simulated node of a simulated fleet.
@@ -22,12 +23,108 @@ pub struct SimSource {
     last_ms: Option<i64>,
     energy_j: Vec<f64>,
     pid_base: Option<u32>,
+    carry: PlanCarry,
+    mfu: Option<SimMfu>,
+}
+
+/// Jobs of the demo fleet that report their own MFU, with the factor
+/// between what they report and their true OFU: `llm-pretrain` reports
+/// honestly (a little under OFU, the tile-quantization overhead of OFU
+/// paper §IV-A), `moe-train` with the inflated FLOPs count of the paper's
+/// §V-C case (54.27 % reported against 25.58 % measured: 2.12×).
+pub const SIM_MFU_JOBS: [(&str, f64); 2] = [("llm-pretrain", 0.95), ("moe-train", 2.12)];
+/// How often a simulated job reports its MFU, ms.
+pub const SIM_MFU_PERIOD_MS: i64 = 10_000;
+
+/// The simulated jobs' MFU reports: each job reports from the node that
+/// holds its first GPU, over all of its GPUs across the fleet (every node
+/// of a simulated fleet shares the seed, so their models are known here).
+struct SimMfu {
+    jobs: Vec<MfuJob>,
+    models: Vec<SimModel>,
+    last_ms: Option<i64>,
+}
+
+/// A reporting job: its name, its report ÷ true OFU, and its GPUs as
+/// (index into `SimMfu::models`, GPU).
+struct MfuJob {
+    job: String,
+    factor: f64,
+    gpus: Vec<(usize, usize)>,
+}
+
+impl SimMfu {
+    fn new(fleet: &FleetPlan, node: usize, start_ms: i64, seed: u64) -> Option<Self> {
+        let mut models: Vec<(usize, SimModel)> = Vec::new();
+        let mut jobs = Vec::new();
+        for (job, factor) in SIM_MFU_JOBS {
+            let gpus: Vec<(usize, usize)> = (0..fleet.nodes)
+                .flat_map(|n| (0..fleet.gpus).map(move |g| (n, g)))
+                .filter(|&(n, g)| fleet.gpu(n, g).job.as_deref() == Some(job))
+                .collect();
+            if gpus.first().map(|&(n, _)| n) != Some(node) {
+                continue;
+            }
+            let mut at = Vec::with_capacity(gpus.len());
+            for (n, g) in gpus {
+                let i = match models.iter().position(|(m, _)| *m == n) {
+                    Some(i) => i,
+                    None => {
+                        models.push((n, SimModel::new(fleet, n, start_ms, seed)));
+                        models.len() - 1
+                    }
+                };
+                at.push((i, g));
+            }
+            jobs.push(MfuJob {
+                job: job.to_string(),
+                factor,
+                gpus: at,
+            });
+        }
+        (!jobs.is_empty()).then(|| Self {
+            jobs,
+            models: models.into_iter().map(|(_, m)| m).collect(),
+            last_ms: None,
+        })
+    }
+
+    fn reports(&mut self, now_ms: i64) -> Vec<MfuReport> {
+        let Some(last) = self.last_ms else {
+            self.last_ms = Some(now_ms);
+            return Vec::new();
+        };
+        if now_ms - last < SIM_MFU_PERIOD_MS {
+            return Vec::new();
+        }
+        self.last_ms = Some(now_ms);
+        self.jobs
+            .iter()
+            .map(|j| {
+                let ofu = j
+                    .gpus
+                    .iter()
+                    .map(|&(m, g)| self.models[m].window(g, last, now_ms).ofu)
+                    .sum::<f64>()
+                    / j.gpus.len().max(1) as f64;
+                MfuReport {
+                    job_id: j.job.clone(),
+                    ts_ms: now_ms,
+                    start_ms: last,
+                    mfu: Some(ofu * j.factor),
+                    tflops_by_precision: Vec::new(),
+                }
+            })
+            .collect()
+    }
 }
 
 impl SimSource {
     /// Node `node` of `fleet`, whose clock starts at `start_ms`.
     pub fn new(fleet: &FleetPlan, node: usize, start_ms: i64, seed: u64) -> Self {
-        Self::from_model(SimModel::new(fleet, node, start_ms, seed))
+        let mut s = Self::from_model(SimModel::new(fleet, node, start_ms, seed));
+        s.mfu = SimMfu::new(fleet, node, start_ms, seed);
+        s
     }
 
     /// A source over an explicit model (tests).
@@ -54,6 +151,8 @@ impl SimSource {
             last_ms: None,
             energy_j: vec![0.0; n],
             pid_base: None,
+            carry: PlanCarry::default(),
+            mfu: None,
         }
     }
 
@@ -84,6 +183,13 @@ impl GpuSource for SimSource {
         &self.inventory
     }
 
+    /// [`SIM_MFU_JOBS`] report every [`SIM_MFU_PERIOD_MS`].
+    fn mfu_reports(&mut self, now_ms: i64) -> Vec<MfuReport> {
+        self.mfu
+            .as_mut()
+            .map_or_else(Vec::new, |m| m.reports(now_ms))
+    }
+
     fn processes(&self) -> Vec<(usize, u32)> {
         let Some(base) = self.pid_base else {
             return Vec::new();
@@ -95,6 +201,14 @@ impl GpuSource for SimSource {
             .filter(|(_, p)| p.job.is_some())
             .map(|(g, _)| (g, base.saturating_add(g as u32)))
             .collect()
+    }
+
+    /// The model is evaluated in full either way; the plan decides what is
+    /// reported, exactly as a field-by-field source would ([`PlanCarry`]).
+    fn capture_planned(&mut self, now_ms: i64, plan: &ReadPlan) -> Result<Capture, SourceError> {
+        let mut capture = self.capture(now_ms)?;
+        self.carry.apply(plan, &mut capture);
+        Ok(capture)
     }
 
     fn capture(&mut self, now_ms: i64) -> Result<Capture, SourceError> {
@@ -167,6 +281,40 @@ impl GpuSource for SimSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_moe_job_reports_an_mfu_twice_its_true_ofu_from_its_first_node() {
+        // 4 × 8 GPUs: moe-train runs on flat GPUs 12..16, all on node 1.
+        let fleet = FleetPlan::new(4, 8, 3_600_000);
+        let t0 = 1_000_000;
+        let mut n1 = SimSource::new(&fleet, 1, t0, 7);
+        let mut n2 = SimSource::new(&fleet, 2, t0, 7);
+        assert!(
+            n1.mfu_reports(t0).is_empty(),
+            "the first call starts the period"
+        );
+        assert!(n1.mfu_reports(t0 + 5_000).is_empty());
+        let r = n1.mfu_reports(t0 + SIM_MFU_PERIOD_MS);
+        let moe: Vec<_> = r.iter().filter(|r| r.job_id == "moe-train").collect();
+        assert_eq!(moe.len(), 1, "{r:?}");
+        let truth = SimModel::new(&fleet, 1, t0, 7);
+        let moe_gpus: Vec<usize> = (0..8)
+            .filter(|&g| fleet.gpu(1, g).job.as_deref() == Some("moe-train"))
+            .collect();
+        assert_eq!(moe_gpus, [4, 5, 6, 7]);
+        let ofu = moe_gpus
+            .iter()
+            .map(|&g| truth.window(g, t0, t0 + SIM_MFU_PERIOD_MS).ofu)
+            .sum::<f64>()
+            / 4.0;
+        assert!(ofu > 0.1, "{ofu}");
+        assert!((moe[0].mfu.unwrap() - 2.12 * ofu).abs() < 1e-12);
+        assert_eq!(moe[0].start_ms, t0);
+        assert_eq!(moe[0].ts_ms, t0 + SIM_MFU_PERIOD_MS);
+        // Node 2 holds no job's first GPU: it reports nothing.
+        n2.mfu_reports(t0);
+        assert!(n2.mfu_reports(t0 + SIM_MFU_PERIOD_MS).is_empty());
+    }
 
     #[test]
     fn second_capture_carries_exact_window_means() {

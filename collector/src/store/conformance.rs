@@ -147,3 +147,479 @@ fn store_round_trips_and_isolates_tenants() {
         assert_eq!(store.gpus(None).unwrap()[0].0, "t1", "{name}");
     }
 }
+
+const H: i64 = WINDOW_MS;
+const T0: i64 = 1_700_000_000_000 / H * H;
+
+fn ofu_at(ts: &[i64], job: &str, gpu: &str) -> (String, Option<String>, Vec<OfuSample>) {
+    (
+        gpu.into(),
+        Some(job.into()),
+        ts.iter()
+            .map(|&t| OfuSample {
+                ts_ms: t,
+                ofu: ((t / 100) % 7) as f64 / 10.0,
+                tensor_active: 0.6,
+                sm_clock_mhz: 1525.0,
+                window_ms: 100,
+            })
+            .collect(),
+    )
+}
+
+/// Batches of 1 s at 100 ms from `from` for `secs` seconds, one raw series
+/// and OFU per batch, sequence numbers from `seq`.
+fn ingest(store: &Store, tenant: &str, from: i64, secs: i64, seq: u64) -> u64 {
+    let mut seq = seq;
+    for s in 0..secs {
+        let ts: Vec<i64> = (0..10).map(|i| from + s * 1000 + i * 100).collect();
+        seq += 1;
+        let set = CommitSet {
+            seq,
+            series: vec![series("GPU-1", "power_w", &ts)],
+            ofu: vec![ofu_at(
+                &ts,
+                if s % 2 == 0 { "job-a" } else { "job-b" },
+                "GPU-1",
+            )],
+            ..Default::default()
+        };
+        store.commit(tenant, &set).unwrap();
+    }
+    seq
+}
+
+fn count(e: &dyn Engine, cf: Cf) -> usize {
+    let mut n = 0;
+    e.scan(cf, &[], &[0xff; 8], &mut |_, _| {
+        n += 1;
+        true
+    })
+    .unwrap();
+    n
+}
+
+fn ofu_all(store: &Store, tenant: &str, job: Option<&str>) -> Vec<(i64, u64)> {
+    let mut v = Vec::new();
+    store
+        .ofu(tenant, "GPU-1", 0, i64::MAX, job, &mut |s| {
+            v.push((s.ts_ms, s.ofu.to_bits()))
+        })
+        .unwrap();
+    v.sort();
+    v
+}
+
+#[test]
+fn compaction_turns_sealed_hours_into_one_chunk_per_series() {
+    for (name, e, _dir) in engines() {
+        let store = Store::new(e.clone(), false);
+        // The last 30 s of hour 0, the first 30 s of hour 1 (the batch
+        // crossing the hour is split), then 10 s of hour 2.
+        let seq = ingest(&store, "t1", T0 + H - 30_000 - 50, 60, 0);
+        ingest(&store, "t1", T0 + 2 * H, 10, seq);
+        let raw_before = store
+            .series("t1", "GPU-1", "power_w", 0, i64::MAX, 1 << 20)
+            .unwrap();
+        let ofu_before = ofu_all(&store, "t1", None);
+        let job_a = ofu_all(&store, "t1", Some("job-a"));
+        assert_eq!(raw_before.len(), 700, "{name}");
+        assert_eq!(ofu_before.len(), 700, "{name}");
+
+        // Now: 10 min into hour 2 with a 5 min seal delay: hours 0 and 1
+        // are sealed, hour 2 is not.
+        let r = store.compact(T0 + 2 * H + 600_000, 300_000).unwrap();
+        assert_eq!(r.chunks, 4, "raw and OFU of hours 0 and 1, {name}");
+        assert_eq!(r.samples, 1200, "{name}");
+        // Hour 0 and 1: one raw chunk each; OFU: one chunk per job.
+        assert_eq!(count(&*e, Cf::Raw), 2, "{name}");
+        assert_eq!(count(&*e, Cf::Ofu), 4, "{name}");
+        assert_eq!(count(&*e, Cf::Rollup), 4, "{name}");
+        assert_eq!(count(&*e, Cf::Head), 20, "hour 2 stays in the head, {name}");
+        assert_eq!(
+            store
+                .series("t1", "GPU-1", "power_w", 0, i64::MAX, 1 << 20)
+                .unwrap(),
+            raw_before,
+            "{name}"
+        );
+        assert_eq!(ofu_all(&store, "t1", None), ofu_before, "{name}");
+        assert_eq!(ofu_all(&store, "t1", Some("job-a")), job_a, "{name}");
+        // A range inside one chunk.
+        let mid = store
+            .series("t1", "GPU-1", "power_w", T0 + H - 1000, T0 + H + 1000, 100)
+            .unwrap();
+        assert_eq!(mid.len(), 20, "{name}");
+
+        // Nothing new: a second pass does nothing.
+        assert_eq!(
+            store.compact(T0 + 2 * H + 600_000, 300_000).unwrap().chunks,
+            0
+        );
+
+        // Late data for sealed hour 0 lands in the head and is merged into
+        // the hour's chunk by the next pass.
+        ingest(&store, "t1", T0 + 1000, 2, 1000);
+        let with_late = store
+            .series("t1", "GPU-1", "power_w", 0, i64::MAX, 1 << 20)
+            .unwrap();
+        assert_eq!(with_late.len(), 720, "{name}");
+        let r = store.compact(T0 + 2 * H + 600_000, 300_000).unwrap();
+        assert_eq!(r.chunks, 2, "{name}");
+        assert_eq!(count(&*e, Cf::Raw), 2, "{name}");
+        assert_eq!(
+            store
+                .series("t1", "GPU-1", "power_w", 0, i64::MAX, 1 << 20)
+                .unwrap(),
+            with_late,
+            "{name}"
+        );
+        // Limits keep the earliest samples.
+        let first = store
+            .series("t1", "GPU-1", "power_w", 0, i64::MAX, 5)
+            .unwrap();
+        assert_eq!(first.len(), 5);
+        assert_eq!(first[0].ts_ms, T0 + 1000, "{name}");
+    }
+}
+
+#[test]
+fn readers_see_every_sample_once_while_compacting() {
+    for (name, e, _dir) in engines() {
+        let store = Store::new(e, false);
+        ingest(&store, "t1", T0, 300, 0);
+        ingest(&store, "t1", T0 + H, 300, 1000);
+        let expect = store
+            .series("t1", "GPU-1", "power_w", 0, i64::MAX, 1 << 20)
+            .unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (store, stop) = (store.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || reads < 3 {
+                    let got = store
+                        .series("t1", "GPU-1", "power_w", 0, i64::MAX, 1 << 20)
+                        .unwrap();
+                    let mut n = 0;
+                    store
+                        .ofu("t1", "GPU-1", 0, i64::MAX, None, &mut |_| n += 1)
+                        .unwrap();
+                    assert_eq!(got.len(), 6000);
+                    assert_eq!(n, 6000);
+                    reads += 1;
+                }
+                reads
+            })
+        };
+        store.compact(T0 + 3 * H, 0).unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(reader.join().unwrap() >= 3, "{name}");
+        assert_eq!(
+            store
+                .series("t1", "GPU-1", "power_w", 0, i64::MAX, 1 << 20)
+                .unwrap(),
+            expect,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn retention_hides_then_deletes_expired_hours_per_tenant() {
+    use flopwatch_proto::clock::{Clock, ManualClock};
+    for (name, e, _dir) in engines() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let retention = Retention {
+            default_ms: 3 * H,
+            tenants: [("short".to_string(), H)].into_iter().collect(),
+            clock: clock.clone(),
+        };
+        let store = Store::new(e.clone(), false).with_retention(retention);
+        for t in ["long", "short"] {
+            let mut seq = 0;
+            for h in 0..4 {
+                seq = ingest(&store, t, T0 + h * H, 5, seq);
+            }
+            store
+                .commit(
+                    t,
+                    &CommitSet {
+                        events: vec![serde_json::from_str(&format!(
+                            r#"{{"kind": "xid", "ts_ms": {}}}"#,
+                            T0 + 10
+                        ))
+                        .unwrap()],
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+        }
+        clock.set(T0 + 4 * H + 30 * 60_000);
+        store.compact(clock.now_ms(), 0).unwrap();
+        // Cutoffs: long at T0 + 1.5 h, short at T0 + 3.5 h.
+        let long = store
+            .series("long", "GPU-1", "power_w", 0, i64::MAX, 1000)
+            .unwrap();
+        let short = store
+            .series("short", "GPU-1", "power_w", 0, i64::MAX, 1000)
+            .unwrap();
+        assert!(long.iter().all(|p| p.ts_ms >= T0 + H + H / 2), "{name}");
+        assert_eq!(long.len(), 100, "hours 2 and 3, {name}");
+        assert!(short.is_empty(), "hour 3 began before the cutoff, {name}");
+        let mut n = 0;
+        store
+            .ofu("short", "GPU-1", 0, i64::MAX, None, &mut |_| n += 1)
+            .unwrap();
+        assert_eq!(n, 0, "{name}");
+        let raw_keys = count(&*e, Cf::Raw);
+        let r = store.expire().unwrap();
+        assert!(r.expired_ranges > 0, "{name}");
+        // long keeps hours 1..=3 (hour 1 is only partly expired), short
+        // keeps hour 3: 4 of the 8 raw chunks remain.
+        assert_eq!(raw_keys, 8, "{name}");
+        assert_eq!(count(&*e, Cf::Raw), 4, "{name}");
+        assert_eq!(count(&*e, Cf::Rollup), 8, "{name}");
+        assert!(
+            store.events("long", 0, i64::MAX, 10).unwrap().is_empty(),
+            "{name}"
+        );
+        assert_eq!(
+            store
+                .series("long", "GPU-1", "power_w", 0, i64::MAX, 1000)
+                .unwrap(),
+            long,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn rollups_answer_coarse_queries_with_the_same_totals() {
+    for (name, e, _dir) in engines() {
+        let store = Store::new(e, false);
+        let mut seq = 0;
+        for h in 0..5 {
+            seq = ingest(&store, "t1", T0 + h * H + 7_000, 90, seq);
+        }
+        store.compact(T0 + 4 * H, 0).unwrap(); // hours 0..=3 sealed, 4 in the head
+        let sum = |start: i64, end: i64, step: Option<i64>| {
+            let (mut n, mut aggs, mut w, mut s) = (0u64, 0, 0.0, 0.0);
+            store
+                .ofu_pieces("t1", "GPU-1", start, end, None, step, &mut |p| match p {
+                    OfuPiece::Sample(x) => {
+                        n += 1;
+                        w += f64::from(x.window_ms);
+                        s += x.ofu * f64::from(x.window_ms);
+                    }
+                    OfuPiece::Agg { agg, ts_ms, len_ms } => {
+                        assert!(ts_ms >= start && ts_ms + len_ms <= end);
+                        if let Some(st) = step.filter(|&st| st > 0 && st < H) {
+                            assert_eq!((ts_ms - start) / st, (ts_ms + len_ms - 1 - start) / st);
+                        }
+                        n += agg.count;
+                        aggs += 1;
+                        w += agg.weight;
+                        s += agg.sum;
+                    }
+                })
+                .unwrap();
+            (n, aggs, s / w)
+        };
+        let (n_raw, a_raw, m_raw) = sum(T0, T0 + 5 * H, None);
+        assert_eq!((n_raw, a_raw), (4500, 0), "{name}");
+        // Aligned hourly steps: four hour rollups, hour 4 from the head.
+        let (n, aggs, m) = sum(T0, T0 + 5 * H, Some(H));
+        assert_eq!((n, aggs), (4500, 4), "{name}");
+        assert!((m - m_raw).abs() < 1e-12, "{name}");
+        // Unaligned start: edge hours fall back to minutes and samples.
+        let start = T0 + 30_500;
+        let (n2, aggs2, _) = sum(start, T0 + 5 * H, Some(H));
+        let (n2_raw, _, _) = sum(start, T0 + 5 * H, None);
+        assert_eq!(n2, n2_raw, "{name}");
+        // Samples lie in minutes 0 and 1 of each hour: at a 1 h step both
+        // come from the minute rollups (hour 0's minute 0 starts before
+        // `start` and is read sample by sample).
+        assert_eq!(aggs2, 7, "minute buckets used, {name}");
+        // Below an hour, a minute holding a step edge is read as samples.
+        let (n3, aggs3, _) = sum(start, T0 + 5 * H, Some(20 * 60_000));
+        assert_eq!(n3, n2_raw, "{name}");
+        assert_eq!(aggs3, 4, "{name}");
+        // A job filter never uses rollups.
+        let mut jobs = 0;
+        store
+            .ofu_pieces(
+                "t1",
+                "GPU-1",
+                T0,
+                T0 + 5 * H,
+                Some("job-a"),
+                Some(H),
+                &mut |p| {
+                    assert!(matches!(p, OfuPiece::Sample(_)));
+                    jobs += 1;
+                },
+            )
+            .unwrap();
+        assert_eq!(jobs, 2250, "{name}");
+    }
+}
+
+#[test]
+fn compacted_chunks_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let before;
+    {
+        let store = Store::new(Arc::new(RocksEngine::open(dir.path()).unwrap()), false);
+        ingest(&store, "t1", T0, 100, 0);
+        ingest(&store, "t1", T0 + H, 100, 500);
+        store.compact(T0 + H + 1, 0).unwrap();
+        before = store
+            .series("t1", "GPU-1", "power_w", 0, i64::MAX, 1 << 20)
+            .unwrap();
+        assert_eq!(before.len(), 2000);
+    }
+    let e = Arc::new(RocksEngine::open(dir.path()).unwrap());
+    let store = Store::new(e.clone(), false);
+    assert_eq!(
+        store
+            .series("t1", "GPU-1", "power_w", 0, i64::MAX, 1 << 20)
+            .unwrap(),
+        before
+    );
+    assert_eq!(count(&*e, Cf::Raw), 1);
+    assert_eq!(count(&*e, Cf::Head), 200, "raw and OFU blocks of hour 1");
+}
+
+#[test]
+fn derived_ofu_is_dropped_from_chunks_and_recomputed_exactly() {
+    for (name, e, _dir) in engines() {
+        let store = Store::new(e.clone(), false);
+        let samples: Vec<OfuSample> = (0..3600)
+            .map(|i| {
+                let tpa = (60_000 + (i * 7919) % 2000) as f64 / 1e5;
+                let clk = if i % 10 == 0 {
+                    1980.0
+                } else {
+                    1352.0 + (i % 64) as f64
+                };
+                OfuSample {
+                    ts_ms: T0 + i * 1000,
+                    ofu: crate::ofu::ofu(tpa, clk, 1830.0),
+                    tensor_active: tpa,
+                    sm_clock_mhz: clk,
+                    window_ms: 1000,
+                }
+            })
+            .collect();
+        let set = CommitSet {
+            seq: 1,
+            ofu: vec![("GPU-1".into(), None, samples.clone())],
+            ..Default::default()
+        };
+        store.commit("t1", &set).unwrap();
+        let head = ofu_all(&store, "t1", None);
+        store.compact(T0 + 2 * H, 0).unwrap();
+        assert_eq!(count(&*e, Cf::Head), 0, "{name}");
+        assert_eq!(ofu_all(&store, "t1", None), head, "{name}");
+        let mut got = Vec::new();
+        store
+            .ofu("t1", "GPU-1", 0, i64::MAX, None, &mut |s| got.push(s))
+            .unwrap();
+        assert_eq!(got, samples, "{name}");
+        let mut bytes = 0;
+        e.scan(Cf::Ofu, &[], &[0xff; 8], &mut |_, v| {
+            bytes += v.len();
+            true
+        })
+        .unwrap();
+        // TPA (≈12 bits), clock (≈7 bits), 1 bit of timestamp; no OFU column.
+        assert!(bytes < 3600 * 4, "{bytes} bytes, {name}");
+    }
+}
+
+#[test]
+fn ofu_chunks_refer_to_the_raw_series_they_came_from() {
+    for (name, e, _dir) in engines() {
+        let store = Store::new(e.clone(), false);
+        let mut expect = Vec::new();
+        for b in 0..120i64 {
+            let ts: Vec<i64> = (0..10).map(|i| T0 + b * 1000 + i * 100).collect();
+            let tpa: Vec<f64> = ts
+                .iter()
+                .map(|t| (60_000 + (t * 7919) % 2000) as f64 / 1e5)
+                .collect();
+            let clk: Vec<f64> = ts
+                .iter()
+                .map(|t| 1352.0 + ((t / 100) % 64) as f64)
+                .collect();
+            let point = |m: &str, v: &[f64]| SeriesBatch {
+                gpu_uuid: "GPU-1".into(),
+                metric: m.into(),
+                points: ts
+                    .iter()
+                    .zip(v)
+                    .map(|(&t, &v)| Point {
+                        ts_ms: t,
+                        value: v,
+                        peak: None,
+                        window_ms: Some(100),
+                    })
+                    .collect(),
+            };
+            let ofu: Vec<OfuSample> = (0..10)
+                .map(|i| OfuSample {
+                    ts_ms: ts[i],
+                    ofu: crate::ofu::ofu(tpa[i], clk[i], 1830.0),
+                    tensor_active: tpa[i],
+                    sm_clock_mhz: clk[i],
+                    window_ms: 100,
+                })
+                .collect();
+            expect.extend(ofu.iter().copied());
+            let set = CommitSet {
+                seq: b as u64 + 1,
+                series: vec![
+                    point("tensor_active", &tpa),
+                    point("sm_clock_avg_mhz", &clk),
+                    point("power_w", &clk),
+                ],
+                ofu: vec![("GPU-1".into(), Some("job".into()), ofu)],
+                ..Default::default()
+            };
+            store.commit("t1", &set).unwrap();
+        }
+        let read = |store: &Store| {
+            let mut got = Vec::new();
+            store
+                .ofu("t1", "GPU-1", 0, i64::MAX, Some("job"), &mut |s| {
+                    got.push(s)
+                })
+                .unwrap();
+            got.sort_by_key(|s| s.ts_ms);
+            got
+        };
+        assert_eq!(read(&store), expect, "{name}");
+        store.compact(T0 + 2 * H, 0).unwrap();
+        assert_eq!(count(&*e, Cf::Head), 0, "{name}");
+        assert_eq!(read(&store), expect, "{name}");
+        let mut bytes = 0;
+        e.scan(Cf::Ofu, &[], &[0xff; 8], &mut |_, v| {
+            bytes += v.len();
+            true
+        })
+        .unwrap();
+        // Timestamps and windows only: well under a byte per sample.
+        assert!(bytes < 1200 / 2, "{bytes} bytes, {name}");
+        // Rollups from the referenced values are the samples' aggregate.
+        let mut aggs = 0;
+        store
+            .ofu_pieces("t1", "GPU-1", T0, T0 + H, None, Some(H), &mut |p| {
+                if let OfuPiece::Agg { agg, .. } = p {
+                    aggs += agg.count;
+                }
+            })
+            .unwrap();
+        assert_eq!(aggs, 1200, "{name}");
+    }
+}

@@ -9,6 +9,8 @@
 //! |------|---------------------------------------------------------|-------|
 //! | raw  | `tenant gpu metric last_ts seq`                         | codec block: value [, peak] columns |
 //! | ofu  | `tenant gpu last_ts seq`                                | job id + codec block: ofu, tpa, clock |
+//! | head | `'r' tenant gpu metric last_ts seq` / `'o' tenant gpu last_ts seq` | a batch's block, as in raw / ofu |
+//! | rollup | `'r' tenant gpu metric hour` / `'o' tenant gpu hour`   | hour (and minute) aggregates |
 //! | meta | `'a' tenant agent boot`                                 | acked seq (u64 BE) |
 //! | meta | `'n' tenant node`                                       | node record |
 //! | meta | `'g' tenant gpu`                                        | GPU record |
@@ -78,6 +80,48 @@ pub fn scan_bounds(prefix: &[u8], start: i64) -> (Vec<u8>, Vec<u8>) {
     let mut to = prefix.to_vec();
     to.extend_from_slice(&[0xff; 17]);
     (from, to)
+}
+
+/// Kind byte of raw blocks in the head and rollups.
+pub const KIND_RAW: u8 = b'r';
+/// Kind byte of OFU blocks in the head and rollups.
+pub const KIND_OFU: u8 = b'o';
+
+/// Prefix of a series in the `head` and `rollup` families: a kind byte,
+/// then the series prefix of its own family.
+pub fn kind_prefix(kind: u8, prefix: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + 1);
+    k.push(kind);
+    k.extend_from_slice(prefix);
+    k
+}
+
+/// Length of the series prefix at the start of a key of `cf` (`raw`,
+/// `ofu`, `head`, `rollup`), and the tenant; `None` when malformed.
+pub fn series_prefix(cf: super::Cf, key: &[u8]) -> Option<(usize, &str)> {
+    use super::Cf;
+    let (mut pos, strings) = match cf {
+        Cf::Raw => (0, 3),
+        Cf::Ofu => (0, 2),
+        Cf::Head | Cf::Rollup => match *key.first()? {
+            KIND_RAW => (1, 3),
+            KIND_OFU => (1, 2),
+            _ => return None,
+        },
+        Cf::Meta => return None,
+    };
+    let tenant_at = pos;
+    for _ in 0..strings {
+        get_str(key, &mut pos)?;
+    }
+    let mut t = tenant_at;
+    let tenant = get_str(key, &mut t)?;
+    Some((pos, tenant))
+}
+
+/// Last timestamp of a block key with a series prefix of `prefix_len`.
+pub fn key_ts(key: &[u8], prefix_len: usize) -> Option<i64> {
+    get_ts(key.get(prefix_len..)?)
 }
 
 /// A meta key of `kind` over string parts.

@@ -11,34 +11,46 @@
 //!   per-agent acknowledged sequence numbers, with the key layout of
 //!   [`keys`]. The collector's logic depends only on `Store`.
 //!
+//! Chunks: acknowledged batches land in the `head` family as small
+//! blocks; [`Store::compact`] merges each series' blocks of an hour into one
+//! chunk, with rollups, in one atomic write (see docs/STORAGE.md).
+//!
 //! Durability: [`Store::commit`] writes one batch's samples, OFU, metadata
 //! and acked sequence number in a single engine write batch that goes
 //! through the RocksDB write-ahead log before it returns, so an acked batch
 //! is either wholly present after a crash or was never acked.
 
+mod compact;
 pub mod keys;
 pub mod memory;
 mod model;
 pub mod rocks;
 
+pub use compact::{run_compactor, CompactionReport};
 pub use model::{
-    AgentKey, CommitSet, GpuRecord, JobRecord, NodeRecord, OfuSample, Store, StoredSeries,
+    AgentKey, CommitSet, GpuRecord, JobRecord, NodeRecord, OfuAgg, OfuPiece, OfuSample, Retention,
+    Store, StoredSeries, WINDOW_MS,
 };
 
 /// Column families.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Cf {
-    /// Raw series blocks.
+    /// Sealed raw series chunks (one per series and hour).
     Raw,
-    /// Derived OFU blocks.
+    /// Sealed derived OFU chunks (one per GPU, job and hour).
     Ofu,
     /// Metadata: nodes, GPUs, jobs, acked sequence numbers.
     Meta,
+    /// The head: per-batch blocks of raw and OFU samples as acknowledged,
+    /// waiting to be compacted into chunks.
+    Head,
+    /// Hourly and per-minute rollups of sealed hours.
+    Rollup,
 }
 
 impl Cf {
     /// Every column family.
-    pub const ALL: [Cf; 3] = [Cf::Raw, Cf::Ofu, Cf::Meta];
+    pub const ALL: [Cf; 5] = [Cf::Raw, Cf::Ofu, Cf::Meta, Cf::Head, Cf::Rollup];
 
     /// The family's name on disk.
     pub fn name(self) -> &'static str {
@@ -46,8 +58,34 @@ impl Cf {
             Cf::Raw => "raw",
             Cf::Ofu => "ofu",
             Cf::Meta => "meta",
+            Cf::Head => "head",
+            Cf::Rollup => "rollup",
         }
     }
+}
+
+/// One operation of an atomic write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Insert or replace a key.
+    Put(Cf, Vec<u8>, Vec<u8>),
+    /// Remove a key.
+    Delete(Cf, Vec<u8>),
+    /// Remove every key in `[from, to)`.
+    DeleteRange(Cf, Vec<u8>, Vec<u8>),
+}
+
+/// A consistent read-only view: every scan through one view sees the
+/// store at the same instant, whatever is written meanwhile.
+pub trait View {
+    /// Visits keys in `[from, to)` in order until `f` returns false.
+    fn scan(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreError>;
 }
 
 /// A storage failure.
@@ -73,7 +111,26 @@ pub type Put = (Cf, Vec<u8>, Vec<u8>);
 pub trait Engine: Send + Sync + 'static {
     /// Applies every put atomically and durably (through the WAL; fsynced
     /// when `sync`).
-    fn write(&self, puts: Vec<Put>, sync: bool) -> Result<(), StoreError>;
+    fn write(&self, puts: Vec<Put>, sync: bool) -> Result<(), StoreError> {
+        self.apply(
+            puts.into_iter().map(|(c, k, v)| Op::Put(c, k, v)).collect(),
+            sync,
+        )
+    }
+
+    /// Applies puts and deletes atomically and durably: after a crash
+    /// either all of them are present or none.
+    fn apply(&self, ops: Vec<Op>, sync: bool) -> Result<(), StoreError>;
+
+    /// Runs `f` over one consistent view of every column family.
+    fn view(
+        &self,
+        f: &mut dyn FnMut(&dyn View) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError>;
+
+    /// Rewrites the files holding `[from, to)` of `cf`, dropping deleted
+    /// and overwritten entries, so their space is reclaimed.
+    fn compact_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError>;
 
     /// Point lookup.
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;

@@ -1,18 +1,21 @@
 //! flopwatch's data model over an [`Engine`].
 
 use super::keys::{self, get_str, put_str};
-use super::{Cf, Engine, Put, StoreError};
+use super::{Cf, Engine, Put, StoreError, View};
 use crate::codec::Block;
 use crate::events::EventRecord;
+use flopwatch_proto::clock::Clock;
+use flopwatch_proto::metrics as m;
 use flopwatch_proto::model::{Point, SeriesBatch};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 const META_AGENT: u8 = b'a';
 const META_NODE: u8 = b'n';
 const META_GPU: u8 = b'g';
 const META_JOB: u8 = b'j';
-const META_EVENT: u8 = b'e';
+pub(super) const META_EVENT: u8 = b'e';
 
 /// Identifies an agent's sequence-number space.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -147,14 +150,185 @@ pub struct StoredSeries {
     pub points: Vec<Point>,
 }
 
+/// Width of a chunk: blocks never straddle an aligned hour, and each
+/// series' blocks of one hour are compacted into one chunk.
+pub const WINDOW_MS: i64 = 3_600_000;
+/// Width of a minute rollup bucket.
+pub const MINUTE_MS: i64 = 60_000;
+
+/// Start of the hour holding `ts`.
+pub fn window_of(ts: i64) -> i64 {
+    ts.div_euclid(WINDOW_MS) * WINDOW_MS
+}
+
+/// How long each tenant's data is kept, against an injected clock.
+#[derive(Clone)]
+pub struct Retention {
+    /// Retention of tenants without their own, ms.
+    pub default_ms: i64,
+    /// Per-tenant retention, ms.
+    pub tenants: HashMap<String, i64>,
+    /// Now.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Retention {
+    /// From `retention` and `tenant_retention` of the config file.
+    pub fn from_config(c: &flopwatch_config::CollectorConfig, clock: Arc<dyn Clock>) -> Self {
+        let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        Self {
+            default_ms: ms(c.retention),
+            tenants: c
+                .tenant_retention
+                .iter()
+                .map(|(t, r)| (t.clone(), ms(r.retention)))
+                .collect(),
+            clock,
+        }
+    }
+
+    /// The oldest timestamp of `tenant` still kept.
+    pub fn cutoff(&self, tenant: &str) -> i64 {
+        let keep = self.tenants.get(tenant).copied().unwrap_or(self.default_ms);
+        self.clock.now_ms().saturating_sub(keep)
+    }
+}
+
+/// Aggregate of samples: count, weight (ms of window, or 1 per sample),
+/// weighted sums, min and max of the first column.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct OfuAgg {
+    /// Samples.
+    pub count: u64,
+    /// Sum of weights.
+    pub weight: f64,
+    /// Weighted sum of OFU (of the value for raw series).
+    pub sum: f64,
+    /// Weighted sum of tensor activity (OFU rollups).
+    pub tpa_sum: f64,
+    /// Weighted sum of SM clock (OFU rollups).
+    pub clk_sum: f64,
+    /// Smallest OFU (value).
+    pub min: f64,
+    /// Largest OFU (value).
+    pub max: f64,
+}
+
+impl OfuAgg {
+    /// Adds one sample of weight `w`.
+    pub fn add(&mut self, v: f64, tpa: f64, clk: f64, w: f64) {
+        if self.count == 0 {
+            self.min = v;
+            self.max = v;
+        } else {
+            self.min = self.min.min(v);
+            self.max = self.max.max(v);
+        }
+        self.count += 1;
+        self.weight += w;
+        self.sum += v * w;
+        self.tpa_sum += tpa * w;
+        self.clk_sum += clk * w;
+    }
+
+    const BYTES: usize = 56;
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.count.to_le_bytes());
+        for f in [
+            self.weight,
+            self.sum,
+            self.tpa_sum,
+            self.clk_sum,
+            self.min,
+            self.max,
+        ] {
+            out.extend_from_slice(&f.to_le_bytes());
+        }
+    }
+
+    fn decode(b: &[u8]) -> Option<Self> {
+        let b = b.get(..Self::BYTES)?;
+        let u = |i: usize| -> Option<[u8; 8]> { b.get(i * 8..i * 8 + 8)?.try_into().ok() };
+        let f = |i: usize| u(i).map(f64::from_le_bytes);
+        Some(Self {
+            count: u64::from_le_bytes(u(0)?),
+            weight: f(1)?,
+            sum: f(2)?,
+            tpa_sum: f(3)?,
+            clk_sum: f(4)?,
+            min: f(5)?,
+            max: f(6)?,
+        })
+    }
+}
+
+/// A rollup record: the hour, then the minutes that have samples.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Rollup {
+    pub hour: OfuAgg,
+    /// Minute index (0..60) and its aggregate.
+    pub minutes: Vec<(u8, OfuAgg)>,
+}
+
+impl Rollup {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + OfuAgg::BYTES * (1 + self.minutes.len()));
+        let mask = self.minutes.iter().fold(0u64, |m, (i, _)| m | (1u64 << i));
+        out.extend_from_slice(&mask.to_le_bytes());
+        self.hour.encode(&mut out);
+        for (_, a) in &self.minutes {
+            a.encode(&mut out);
+        }
+        out
+    }
+
+    pub(super) fn decode(b: &[u8]) -> Option<Self> {
+        let mask = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+        if mask >> 60 != 0 {
+            return None;
+        }
+        let hour = OfuAgg::decode(b.get(8..)?)?;
+        let mut minutes = Vec::new();
+        let mut pos = 8 + OfuAgg::BYTES;
+        for i in 0..60u8 {
+            if mask & (1 << i) != 0 {
+                minutes.push((i, OfuAgg::decode(b.get(pos..)?)?));
+                pos += OfuAgg::BYTES;
+            }
+        }
+        (pos == b.len()).then_some(Self { hour, minutes })
+    }
+}
+
+/// What an OFU read yields: single samples, or the aggregate of all the
+/// samples of `[ts_ms, ts_ms + len_ms)` from a rollup.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OfuPiece {
+    /// One sample.
+    Sample(OfuSample),
+    /// A rollup bucket.
+    Agg {
+        /// Bucket start.
+        ts_ms: i64,
+        /// Bucket width.
+        len_ms: i64,
+        /// Its samples' aggregate.
+        agg: OfuAgg,
+    },
+}
+
 /// flopwatch's store over any engine.
 #[derive(Clone)]
 pub struct Store {
-    engine: Arc<dyn Engine>,
-    sync: bool,
+    pub(super) engine: Arc<dyn Engine>,
+    pub(super) sync: bool,
+    pub(super) retention: Option<Retention>,
+    /// Compaction interval and seal delay.
+    pub(super) schedule: (std::time::Duration, std::time::Duration),
 }
 
-fn corrupt(cf: Cf, message: impl ToString) -> StoreError {
+pub(super) fn corrupt(cf: Cf, message: impl ToString) -> StoreError {
     StoreError::Corrupt {
         cf: cf.name(),
         message: message.to_string(),
@@ -180,10 +354,357 @@ fn from_json<T: DeserializeOwned>(b: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(b).map_err(|e| corrupt(Cf::Meta, e))
 }
 
+/// Splits `0..n` into runs whose timestamps fall in one hour.
+fn hour_runs(n: usize, ts: impl Fn(usize) -> i64) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut from = 0;
+    for i in 1..=n {
+        if i == n || window_of(ts(i)) != window_of(ts(from)) {
+            runs.push(from..i);
+            from = i;
+        }
+    }
+    runs
+}
+
+/// A raw series block of points.
+pub(super) fn raw_block(points: &[Point]) -> Block {
+    let has_peaks = points.iter().any(|p| p.peak.is_some());
+    let has_windows = points.iter().any(|p| p.window_ms.is_some());
+    let mut cols = vec![points.iter().map(|p| p.value).collect::<Vec<_>>()];
+    if has_peaks {
+        cols.push(points.iter().map(|p| p.peak.unwrap_or(p.value)).collect());
+    }
+    Block {
+        ts: points.iter().map(|p| p.ts_ms).collect(),
+        cols,
+        windows: if has_windows {
+            points.iter().map(|p| p.window_ms.unwrap_or(0)).collect()
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+/// Points of a raw block.
+pub(super) fn raw_points(b: &Block) -> Result<Vec<Point>, StoreError> {
+    let values = b
+        .cols
+        .first()
+        .ok_or_else(|| corrupt(Cf::Raw, "no value column"))?;
+    if b.cols.iter().any(|c| c.len() != b.len()) {
+        return Err(corrupt(Cf::Raw, "shape"));
+    }
+    Ok((0..b.len())
+        .map(|i| Point {
+            ts_ms: b.ts[i],
+            value: values[i],
+            peak: b.cols.get(1).map(|c| c[i]),
+            window_ms: b.windows.get(i).copied(),
+        })
+        .collect())
+}
+
+/// Marks an OFU chunk whose OFU column is not stored but recomputed from
+/// tensor activity and SM clock with the tensor clock that follows it
+/// (block versions are 1 and 2, so the byte is unambiguous).
+const DERIVED_OFU: u8 = 0xd0;
+
+/// The tensor clock `f` with which every sample's OFU is exactly
+/// `ofu(tensor_active, sm_clock_mhz, f)` (bit for bit), if there is one.
+fn derivation_clock(samples: &[OfuSample]) -> Option<f64> {
+    let exact = |f: f64| {
+        samples.iter().all(|s| {
+            crate::ofu::ofu(s.tensor_active, s.sm_clock_mhz, f).to_bits() == s.ofu.to_bits()
+        })
+    };
+    let mut candidates = Vec::new();
+    let usable = |s: &&OfuSample| s.ofu > 0.0 && s.tensor_active > 0.0 && s.tensor_active <= 1.0;
+    // A sample whose clock was below the tensor clock (OFU < TPA) pins it.
+    if let Some(s) = samples
+        .iter()
+        .filter(usable)
+        .find(|s| s.tensor_active - s.ofu > 1e-9)
+    {
+        let f = s.tensor_active * s.sm_clock_mhz / s.ofu;
+        candidates.extend([
+            f.round(),
+            (f * 2.0).round() / 2.0,
+            (f * 10.0).round() / 10.0,
+        ]);
+    } else if samples.iter().any(|s| usable(&s)) {
+        // Every clock at or above the tensor clock: try the smallest.
+        let min = samples
+            .iter()
+            .map(|s| s.sm_clock_mhz)
+            .fold(f64::INFINITY, f64::min);
+        candidates.extend([min.floor(), min]);
+    } else {
+        candidates.push(1.0);
+    }
+    candidates
+        .into_iter()
+        .filter(|f| f.is_finite() && *f > 0.0)
+        .find(|&f| exact(f))
+}
+
+/// Marks an OFU chunk that stores neither OFU nor tensor activity nor SM
+/// clock: OFU is recomputed with the tensor clock that follows, the other
+/// two are read from the GPU's raw series of the same hour (their values at
+/// the chunk's timestamps, checked bit for bit at compaction). The clock
+/// series is [`CLOCKS`]`[i]` for the index byte after the tensor clock.
+const REF_OFU: u8 = 0xd1;
+
+/// Raw series an OFU sample's SM clock comes from (ingest prefers the
+/// window average).
+pub(super) const CLOCKS: [&str; 2] = [m::SM_CLOCK_AVG_MHZ, m::SM_CLOCK_MHZ];
+
+/// One raw series' values in one hour by timestamp, as bits; `None` where
+/// a timestamp repeats with different values.
+pub(super) type HourMap = HashMap<i64, Option<u64>>;
+
+/// The raw series `metric` of the GPU whose OFU prefix is `ofu_prefix`, in
+/// the hour starting at `w`: chunks and head.
+pub(super) fn raw_hour(
+    view: &dyn View,
+    ofu_prefix: &[u8],
+    metric: &str,
+    w: i64,
+) -> Result<HourMap, StoreError> {
+    let mut raw = ofu_prefix.to_vec();
+    put_str(&mut raw, metric);
+    let head = keys::kind_prefix(keys::KIND_RAW, &raw);
+    let mut map = HourMap::new();
+    for (cf, p) in [(Cf::Raw, &raw), (Cf::Head, &head)] {
+        scan_series(view, cf, p, w, w + WINDOW_MS, &mut |_, v| {
+            let b = Block::decode(v).map_err(|e| corrupt(cf, e))?;
+            for pt in raw_points(&b)? {
+                let bits = pt.value.to_bits();
+                map.entry(pt.ts_ms)
+                    .and_modify(|e| {
+                        if *e != Some(bits) {
+                            *e = None
+                        }
+                    })
+                    .or_insert(Some(bits));
+            }
+            Ok(true)
+        })?;
+    }
+    Ok(map)
+}
+
+/// Which of [`CLOCKS`] (if any) holds, with tensor activity, exactly the
+/// values of every sample.
+pub(super) fn ref_clock(samples: &[OfuSample], tpa: &HourMap, clocks: &[HourMap]) -> Option<u8> {
+    let has = |m: &HourMap, ts: i64, v: f64| m.get(&ts) == Some(&Some(v.to_bits()));
+    if !samples.iter().all(|s| has(tpa, s.ts_ms, s.tensor_active)) {
+        return None;
+    }
+    (0..clocks.len())
+        .find(|&i| {
+            samples
+                .iter()
+                .all(|s| has(&clocks[i], s.ts_ms, s.sm_clock_mhz))
+        })
+        .map(|i| i as u8)
+}
+
+/// An OFU block value: job id, then the block. A sealed chunk drops the
+/// OFU column when it can be recomputed exactly ([`DERIVED_OFU`]), and the
+/// tensor activity and clock columns too when `refs` names the raw clock
+/// series that holds them ([`REF_OFU`]).
+pub(super) fn ofu_value(
+    job: &str,
+    samples: &[OfuSample],
+    compact: bool,
+    refs: Option<u8>,
+) -> Result<Vec<u8>, StoreError> {
+    let derived = if compact {
+        derivation_clock(samples)
+    } else {
+        None
+    };
+    let refs = refs.filter(|_| derived.is_some());
+    let mut cols = Vec::with_capacity(3);
+    if derived.is_none() {
+        cols.push(samples.iter().map(|s| s.ofu).collect());
+    }
+    if refs.is_none() {
+        cols.push(samples.iter().map(|s| s.tensor_active).collect());
+        cols.push(samples.iter().map(|s| s.sm_clock_mhz).collect());
+    }
+    let block = Block {
+        ts: samples.iter().map(|s| s.ts_ms).collect(),
+        cols,
+        windows: samples.iter().map(|s| s.window_ms).collect(),
+    };
+    let mut value = Vec::new();
+    put_str(&mut value, job);
+    if let Some(f) = derived {
+        value.push(if refs.is_some() { REF_OFU } else { DERIVED_OFU });
+        value.extend_from_slice(&f.to_le_bytes());
+    }
+    if let Some(i) = refs {
+        value.push(i);
+    }
+    let enc = if compact {
+        block.encode_compact()
+    } else {
+        block.encode()
+    };
+    value.extend(enc.map_err(|e| corrupt(Cf::Ofu, e))?);
+    Ok(value)
+}
+
+/// Job id and samples of an OFU block value; `resolve` gives a raw series
+/// of the block's hour when the block refers to them.
+pub(super) fn ofu_samples<'v>(
+    v: &'v [u8],
+    resolve: &mut dyn FnMut(&'static str) -> Result<Arc<HourMap>, StoreError>,
+) -> Result<(&'v str, Vec<OfuSample>), StoreError> {
+    let mut pos = 0;
+    let job = get_str(v, &mut pos).ok_or_else(|| corrupt(Cf::Ofu, "job"))?;
+    let mode = v.get(pos).copied();
+    let derived = if mode == Some(DERIVED_OFU) || mode == Some(REF_OFU) {
+        let f: [u8; 8] = v
+            .get(pos + 1..pos + 9)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| corrupt(Cf::Ofu, "tensor clock"))?;
+        pos += 9;
+        Some(f64::from_le_bytes(f))
+    } else {
+        None
+    };
+    let refs = if mode == Some(REF_OFU) {
+        let i = *v.get(pos).ok_or_else(|| corrupt(Cf::Ofu, "clock series"))?;
+        pos += 1;
+        let clock = *CLOCKS
+            .get(usize::from(i))
+            .ok_or_else(|| corrupt(Cf::Ofu, "clock series"))?;
+        Some((resolve(m::TENSOR_ACTIVE)?, resolve(clock)?))
+    } else {
+        None
+    };
+    let b = Block::decode(&v[pos..]).map_err(|e| corrupt(Cf::Ofu, e))?;
+    let ncols = usize::from(derived.is_none()) + if refs.is_some() { 0 } else { 2 };
+    if b.cols.len() != ncols
+        || b.cols.iter().any(|c| c.len() != b.len())
+        || b.windows.len() != b.len()
+    {
+        return Err(corrupt(Cf::Ofu, "shape"));
+    }
+    let lookup = |map: &HourMap, ts: i64| -> Result<f64, StoreError> {
+        match map.get(&ts) {
+            Some(Some(bits)) => Ok(f64::from_bits(*bits)),
+            _ => Err(corrupt(Cf::Ofu, "referenced raw sample missing")),
+        }
+    };
+    let mut samples = Vec::with_capacity(b.len());
+    for i in 0..b.len() {
+        let (tpa, clk) = match &refs {
+            Some((t, c)) => (lookup(t, b.ts[i])?, lookup(c, b.ts[i])?),
+            None => (b.cols[ncols - 2][i], b.cols[ncols - 1][i]),
+        };
+        samples.push(OfuSample {
+            ts_ms: b.ts[i],
+            ofu: match derived {
+                Some(f) => crate::ofu::ofu(tpa, clk, f),
+                None => b.cols[0][i],
+            },
+            tensor_active: tpa,
+            sm_clock_mhz: clk,
+            window_ms: b.windows[i],
+        });
+    }
+    Ok((job, samples))
+}
+
+/// A resolver for [`ofu_samples`] over `view`, caching each raw hour.
+pub(super) fn resolver<'a>(
+    view: &'a dyn View,
+    ofu_prefix: &'a [u8],
+    cache: &'a mut HashMap<(&'static str, i64), Arc<HourMap>>,
+    w: i64,
+) -> impl FnMut(&'static str) -> Result<Arc<HourMap>, StoreError> + 'a {
+    move |metric| {
+        if let Some(m) = cache.get(&(metric, w)) {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(raw_hour(view, ofu_prefix, metric, w)?);
+        cache.insert((metric, w), m.clone());
+        Ok(m)
+    }
+}
+
+/// Gets a block's hour and value; returns whether to go on.
+pub(super) type BlockVisitor<'a> = dyn FnMut(i64, &[u8]) -> Result<bool, StoreError> + 'a;
+
+/// Visits the blocks of one series in `cf` whose hour overlaps
+/// `[start, end)`: keys from `prefix · start` on, stopping at the first
+/// block whose hour begins at or after `end` (blocks never straddle an
+/// hour, so no later key can hold an earlier sample). `f` gets the
+/// block's hour and value and returns whether to go on.
+pub(super) fn scan_series(
+    view: &dyn View,
+    cf: Cf,
+    prefix: &[u8],
+    start: i64,
+    end: i64,
+    f: &mut BlockVisitor<'_>,
+) -> Result<(), StoreError> {
+    let (from, to) = keys::scan_bounds(prefix, start);
+    let mut failure = None;
+    view.scan(cf, &from, &to, &mut |k, v| {
+        let Some(last) = keys::key_ts(k, prefix.len()) else {
+            failure = Some(corrupt(cf, "key"));
+            return false;
+        };
+        let w = window_of(last);
+        if w >= end {
+            return false;
+        }
+        match f(w, v) {
+            Ok(more) => more,
+            Err(e) => {
+                failure = Some(e);
+                false
+            }
+        }
+    })?;
+    failure.map_or(Ok(()), Err)
+}
+
 impl Store {
     /// A store over `engine`; `sync` fsyncs every commit.
     pub fn new(engine: Arc<dyn Engine>, sync: bool) -> Self {
-        Self { engine, sync }
+        Self {
+            engine,
+            sync,
+            retention: None,
+            schedule: (
+                std::time::Duration::from_secs(60),
+                std::time::Duration::from_secs(300),
+            ),
+        }
+    }
+
+    /// Compacts every `every`, sealing an hour `seal_delay` after it ends
+    /// (see [`super::run_compactor`]).
+    pub fn with_compaction(
+        mut self,
+        every: std::time::Duration,
+        seal_delay: std::time::Duration,
+    ) -> Self {
+        self.schedule = (every, seal_delay);
+        self
+    }
+
+    /// Applies `retention`: reads never return older samples and
+    /// [`Store::expire`] deletes them.
+    pub fn with_retention(mut self, retention: Retention) -> Self {
+        self.retention = Some(retention);
+        self
     }
 
     /// The engine (for flush and size).
@@ -191,55 +712,40 @@ impl Store {
         &*self.engine
     }
 
-    /// Writes one batch atomically and durably.
+    /// `start` raised to `tenant`'s retention cutoff.
+    fn clamp(&self, tenant: &str, start: i64) -> i64 {
+        match &self.retention {
+            Some(r) => start.max(r.cutoff(tenant)),
+            None => start,
+        }
+    }
+
+    /// Writes one batch atomically and durably: its samples go to the
+    /// head as one block per series and hour.
     pub fn commit(&self, tenant: &str, set: &CommitSet) -> Result<(), StoreError> {
         let mut puts: Vec<Put> = Vec::with_capacity(set.series.len() + set.ofu.len() + 4);
         for s in &set.series {
-            if s.points.is_empty() {
-                continue;
+            let prefix = keys::kind_prefix(
+                keys::KIND_RAW,
+                &keys::raw_prefix(tenant, &s.gpu_uuid, &s.metric),
+            );
+            for run in hour_runs(s.points.len(), |i| s.points[i].ts_ms) {
+                let points = &s.points[run];
+                let value = raw_block(points)
+                    .encode()
+                    .map_err(|e| corrupt(Cf::Raw, e))?;
+                let last = points.iter().map(|p| p.ts_ms).max().unwrap_or(0);
+                puts.push((Cf::Head, keys::block_key(&prefix, last, set.seq), value));
             }
-            let has_peaks = s.points.iter().any(|p| p.peak.is_some());
-            let has_windows = s.points.iter().any(|p| p.window_ms.is_some());
-            let mut cols = vec![s.points.iter().map(|p| p.value).collect::<Vec<_>>()];
-            if has_peaks {
-                cols.push(s.points.iter().map(|p| p.peak.unwrap_or(p.value)).collect());
-            }
-            let block = Block {
-                ts: s.points.iter().map(|p| p.ts_ms).collect(),
-                cols,
-                windows: if has_windows {
-                    s.points.iter().map(|p| p.window_ms.unwrap_or(0)).collect()
-                } else {
-                    Vec::new()
-                },
-            };
-            let last = s.points.iter().map(|p| p.ts_ms).max().unwrap_or(0);
-            let prefix = keys::raw_prefix(tenant, &s.gpu_uuid, &s.metric);
-            let value = block.encode().map_err(|e| corrupt(Cf::Raw, e))?;
-            puts.push((Cf::Raw, keys::block_key(&prefix, last, set.seq), value));
         }
         for (gpu, job, samples) in &set.ofu {
-            if samples.is_empty() {
-                continue;
+            let prefix = keys::kind_prefix(keys::KIND_OFU, &keys::ofu_prefix(tenant, gpu));
+            for run in hour_runs(samples.len(), |i| samples[i].ts_ms) {
+                let samples = &samples[run];
+                let value = ofu_value(job.as_deref().unwrap_or(""), samples, false, None)?;
+                let last = samples.iter().map(|s| s.ts_ms).max().unwrap_or(0);
+                puts.push((Cf::Head, keys::block_key(&prefix, last, set.seq), value));
             }
-            let block = Block {
-                ts: samples.iter().map(|s| s.ts_ms).collect(),
-                cols: vec![
-                    samples.iter().map(|s| s.ofu).collect(),
-                    samples.iter().map(|s| s.tensor_active).collect(),
-                    samples.iter().map(|s| s.sm_clock_mhz).collect(),
-                ],
-                windows: samples.iter().map(|s| s.window_ms).collect(),
-            };
-            let mut value = Vec::new();
-            put_str(&mut value, job.as_deref().unwrap_or(""));
-            value.extend(block.encode().map_err(|e| corrupt(Cf::Ofu, e))?);
-            let last = samples.iter().map(|s| s.ts_ms).max().unwrap_or(0);
-            puts.push((
-                Cf::Ofu,
-                keys::block_key(&keys::ofu_prefix(tenant, gpu), last, set.seq),
-                value,
-            ));
         }
         for n in &set.nodes {
             puts.push((
@@ -293,27 +799,9 @@ impl Store {
         }
     }
 
-    /// Visits blocks of `prefix` overlapping `[start, end)`.
-    fn blocks(
-        &self,
-        cf: Cf,
-        prefix: &[u8],
-        start: i64,
-        f: &mut dyn FnMut(&[u8]) -> Result<bool, StoreError>,
-    ) -> Result<(), StoreError> {
-        let (from, to) = keys::scan_bounds(prefix, start);
-        let mut failure = None;
-        self.engine.scan(cf, &from, &to, &mut |_, v| match f(v) {
-            Ok(more) => more,
-            Err(e) => {
-                failure = Some(e);
-                false
-            }
-        })?;
-        failure.map_or(Ok(()), Err)
-    }
-
-    /// Raw samples of one series in `[start, end)`, at most `limit`.
+    /// Raw samples of one series in `[start, end)`, the first `limit` in
+    /// time order: sealed chunks and head blocks read under one view, so
+    /// each sample is seen once even while a compaction runs.
     pub fn series(
         &self,
         tenant: &str,
@@ -323,30 +811,28 @@ impl Store {
         end: i64,
         limit: usize,
     ) -> Result<Vec<Point>, StoreError> {
+        let start = self.clamp(tenant, start);
         let mut out = Vec::new();
         let prefix = keys::raw_prefix(tenant, gpu, metric);
-        self.blocks(Cf::Raw, &prefix, start, &mut |v| {
-            let b = Block::decode(v).map_err(|e| corrupt(Cf::Raw, e))?;
-            if b.ts.first().is_some_and(|&t| t >= end) {
-                return Ok(false);
+        let head = keys::kind_prefix(keys::KIND_RAW, &prefix);
+        self.engine.view(&mut |view| {
+            for (cf, p) in [(Cf::Raw, &prefix), (Cf::Head, &head)] {
+                let mut taken = 0usize;
+                scan_series(view, cf, p, start, end, &mut |_, v| {
+                    let b = Block::decode(v).map_err(|e| corrupt(cf, e))?;
+                    for pt in raw_points(&b)? {
+                        if pt.ts_ms >= start && pt.ts_ms < end {
+                            out.push(pt);
+                            taken += 1;
+                        }
+                    }
+                    Ok(taken < limit)
+                })?;
             }
-            let values = b
-                .cols
-                .first()
-                .ok_or_else(|| corrupt(Cf::Raw, "no value column"))?;
-            for i in 0..b.len() {
-                if b.ts[i] >= start && b.ts[i] < end && out.len() < limit {
-                    out.push(Point {
-                        ts_ms: b.ts[i],
-                        value: values[i],
-                        peak: b.cols.get(1).map(|c| c[i]),
-                        window_ms: b.windows.get(i).copied(),
-                    });
-                }
-            }
-            Ok(out.len() < limit)
+            Ok(())
         })?;
         out.sort_by_key(|p| p.ts_ms);
+        out.truncate(limit);
         Ok(out)
     }
 
@@ -361,32 +847,163 @@ impl Store {
         job: Option<&str>,
         f: &mut dyn FnMut(OfuSample),
     ) -> Result<(), StoreError> {
+        self.ofu_pieces(tenant, gpu, start, end, job, None, &mut |p| {
+            if let OfuPiece::Sample(s) = p {
+                f(s)
+            }
+        })
+    }
+
+    /// OFU of one GPU in `[start, end)` as samples and, where the caller
+    /// allows it, rollup buckets. With `buckets = Some(step)` (and no
+    /// `job`), a sealed hour or minute lying wholly inside the range and
+    /// inside one step bucket `start + k·step` (any when `step` is 0) comes
+    /// as one [`OfuPiece::Agg`] instead of its samples; at steps of 1 h or
+    /// more every sealed minute inside the range does (its bucket is the
+    /// one it starts in). Hours with samples still in the head come as
+    /// samples. Every sample counts exactly once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn ofu_pieces(
+        &self,
+        tenant: &str,
+        gpu: &str,
+        start: i64,
+        end: i64,
+        job: Option<&str>,
+        buckets: Option<i64>,
+        f: &mut dyn FnMut(OfuPiece),
+    ) -> Result<(), StoreError> {
+        let start = self.clamp(tenant, start);
+        if start >= end {
+            return Ok(());
+        }
         let prefix = keys::ofu_prefix(tenant, gpu);
-        self.blocks(Cf::Ofu, &prefix, start, &mut |v| {
-            let mut pos = 0;
-            let block_job = get_str(v, &mut pos).ok_or_else(|| corrupt(Cf::Ofu, "job"))?;
-            let b = Block::decode(&v[pos..]).map_err(|e| corrupt(Cf::Ofu, e))?;
-            if b.ts.first().is_some_and(|&t| t >= end) {
-                return Ok(false);
+        let head = keys::kind_prefix(keys::KIND_OFU, &prefix);
+        let step = buckets.filter(|_| job.is_none());
+        let bucket = |ts: i64| match step {
+            Some(s) if s > 0 => (ts - start).div_euclid(s),
+            _ => 0,
+        };
+        // At steps of an hour or more a minute counts in the bucket where
+        // it starts: a bucket edge that falls inside a minute moves to the
+        // minute's start (< 1 min of a ≥ 1 h bucket), so no chunk has to
+        // be decoded for an unaligned start. Totals stay exact.
+        let coarse = step.is_some_and(|s| s >= WINDOW_MS);
+        let usable = |from: i64, len: i64| {
+            from >= start
+                && from + len <= end
+                && (bucket(from) == bucket(from + len - 1) || (coarse && len == MINUTE_MS))
+        };
+        self.engine.view(&mut |view| {
+            // Hours with head blocks are read sample by sample.
+            let mut in_head = std::collections::HashSet::new();
+            // Covered minutes per hour (all 60 bits: the whole hour).
+            let mut covered: HashMap<i64, u64> = HashMap::new();
+            if step.is_some() {
+                scan_series(view, Cf::Head, &head, start, end, &mut |w, _| {
+                    in_head.insert(w);
+                    Ok(true)
+                })?;
+                let rprefix = keys::kind_prefix(keys::KIND_OFU, &prefix);
+                scan_series(
+                    view,
+                    Cf::Rollup,
+                    &rprefix,
+                    window_of(start),
+                    end,
+                    &mut |w, v| {
+                        if in_head.contains(&w) {
+                            return Ok(true);
+                        }
+                        let r = Rollup::decode(v).ok_or_else(|| corrupt(Cf::Rollup, "record"))?;
+                        if usable(w, WINDOW_MS) {
+                            covered.insert(w, u64::MAX);
+                            f(OfuPiece::Agg {
+                                ts_ms: w,
+                                len_ms: WINDOW_MS,
+                                agg: r.hour,
+                            });
+                            return Ok(true);
+                        }
+                        // Minutes inside the range: from their rollup (those
+                        // without samples have nothing to read either).
+                        let mut mask = 0u64;
+                        for i in 0..60u8 {
+                            if usable(w + i64::from(i) * MINUTE_MS, MINUTE_MS) {
+                                mask |= 1 << i;
+                            }
+                        }
+                        for (i, agg) in r.minutes {
+                            if mask & (1 << i) != 0 {
+                                f(OfuPiece::Agg {
+                                    ts_ms: w + i64::from(i) * MINUTE_MS,
+                                    len_ms: MINUTE_MS,
+                                    agg,
+                                });
+                            }
+                        }
+                        covered.insert(
+                            w,
+                            if mask == (1 << 60) - 1 {
+                                u64::MAX
+                            } else {
+                                mask
+                            },
+                        );
+                        Ok(true)
+                    },
+                )?;
             }
-            if job.is_some_and(|j| j != block_job) {
-                return Ok(true);
-            }
-            if b.cols.len() != 3 || b.windows.len() != b.len() {
-                return Err(corrupt(Cf::Ofu, "shape"));
-            }
-            for i in 0..b.len() {
-                if b.ts[i] >= start && b.ts[i] < end {
-                    f(OfuSample {
-                        ts_ms: b.ts[i],
-                        ofu: b.cols[0][i],
-                        tensor_active: b.cols[1][i],
-                        sm_clock_mhz: b.cols[2][i],
-                        window_ms: b.windows[i],
-                    });
+            // Chunks are read only between hours the rollups covered whole.
+            let mut full: Vec<i64> = covered
+                .iter()
+                .filter(|(_, m)| **m == u64::MAX)
+                .map(|(w, _)| *w)
+                .collect();
+            full.sort_unstable();
+            let mut ranges = Vec::new();
+            let mut cur = start;
+            for w in full {
+                if w > cur {
+                    ranges.push((Cf::Ofu, &prefix, cur, w));
                 }
+                cur = cur.max(w + WINDOW_MS);
             }
-            Ok(true)
+            if cur < end {
+                ranges.push((Cf::Ofu, &prefix, cur, end));
+            }
+            ranges.push((Cf::Head, &head, start, end));
+            let mut raw_cache = HashMap::new();
+            for (cf, p, from, to) in ranges {
+                scan_series(view, cf, p, from, to, &mut |w, v| {
+                    let mask = if cf == Cf::Ofu {
+                        covered.get(&w).copied().unwrap_or(0)
+                    } else {
+                        0
+                    };
+                    if mask == u64::MAX {
+                        return Ok(true);
+                    }
+                    let (block_job, samples) =
+                        ofu_samples(v, &mut resolver(view, &prefix, &mut raw_cache, w))?;
+                    if job.is_some_and(|j| j != block_job) {
+                        return Ok(true);
+                    }
+                    for s in samples {
+                        let minute = (s.ts_ms - w) / MINUTE_MS;
+                        let bit = if (0..60).contains(&minute) {
+                            1u64 << minute
+                        } else {
+                            0
+                        };
+                        if s.ts_ms >= start && s.ts_ms < end && mask & bit == 0 {
+                            f(OfuPiece::Sample(s));
+                        }
+                    }
+                    Ok(true)
+                })?;
+            }
+            Ok(())
         })
     }
 

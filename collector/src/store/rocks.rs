@@ -1,21 +1,22 @@
 //! The RocksDB engine: the only module that names a RocksDB type.
 //!
-//! One directory per collector, column families `raw`, `ofu`, `meta`.
+//! One directory per collector, column families `raw`, `ofu`, `meta`,
+//! `head`, `rollup`.
 //! Writes go through the WAL (never disabled); `sync` adds an fsync. Our
 //! blocks are already compressed by [`crate::codec`], so RocksDB block
 //! compression stays off (the crate is built without codecs).
 
-use super::{Cf, Engine, Put, StoreError};
-use rocksdb::{
-    ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions, WriteBatch,
-    WriteOptions, DB,
-};
+use super::{Cf, Engine, Op, StoreError, View};
+use rocksdb::{ColumnFamilyDescriptor, Options, ReadOptions, WriteBatch, WriteOptions, DB};
 use std::path::{Path, PathBuf};
 
 /// RocksDB under a directory.
 pub struct RocksEngine {
     db: DB,
     path: PathBuf,
+    /// A read-only secondary: no snapshots, but nothing changes under it
+    /// (it catches up with the primary only when opened).
+    secondary: bool,
 }
 
 fn err(e: rocksdb::Error) -> StoreError {
@@ -32,6 +33,9 @@ fn options() -> Options {
     o.set_max_background_jobs(2);
     o.set_max_total_wal_size(256 * 1024 * 1024);
     o.set_keep_log_file_num(4);
+    // RocksDB's info log restates every option of every column family at
+    // each open; warnings and errors are what an operator needs.
+    o.set_log_level(rocksdb::LogLevel::Warn);
     o
 }
 
@@ -47,6 +51,7 @@ impl RocksEngine {
         Ok(Self {
             db,
             path: path.to_path_buf(),
+            secondary: false,
         })
     }
 
@@ -61,6 +66,7 @@ impl RocksEngine {
         Ok(Self {
             db,
             path: path.to_path_buf(),
+            secondary: true,
         })
     }
 
@@ -71,11 +77,66 @@ impl RocksEngine {
     }
 }
 
+/// Scans under one RocksDB snapshot (none on a secondary, which does not
+/// change while open).
+struct SnapView<'a> {
+    engine: &'a RocksEngine,
+    snap: Option<rocksdb::Snapshot<'a>>,
+}
+
+impl View for SnapView<'_> {
+    fn scan(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        let mut ro = ReadOptions::default();
+        if let Some(s) = &self.snap {
+            ro.set_snapshot(s);
+        }
+        self.engine.scan_with(ro, cf, from, to, f)
+    }
+}
+
+impl RocksEngine {
+    fn scan_with(
+        &self,
+        mut ro: ReadOptions,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        if from >= to {
+            return Ok(());
+        }
+        ro.set_iterate_upper_bound(to.to_vec());
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(cf)?, ro);
+        it.seek(from);
+        while it.valid() {
+            let (Some(k), Some(v)) = (it.key(), it.value()) else {
+                break;
+            };
+            if !f(k, v) {
+                return Ok(());
+            }
+            it.next();
+        }
+        it.status().map_err(err)
+    }
+}
+
 impl Engine for RocksEngine {
-    fn write(&self, puts: Vec<Put>, sync: bool) -> Result<(), StoreError> {
+    fn apply(&self, ops: Vec<Op>, sync: bool) -> Result<(), StoreError> {
         let mut batch = WriteBatch::default();
-        for (cf, k, v) in puts {
-            batch.put_cf(self.cf(cf)?, k, v);
+        for op in ops {
+            match op {
+                Op::Put(cf, k, v) => batch.put_cf(self.cf(cf)?, k, v),
+                Op::Delete(cf, k) => batch.delete_cf(self.cf(cf)?, k),
+                Op::DeleteRange(cf, from, to) => batch.delete_range_cf(self.cf(cf)?, from, to),
+            }
         }
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
@@ -94,19 +155,22 @@ impl Engine for RocksEngine {
         to: &[u8],
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), StoreError> {
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_upper_bound(to.to_vec());
-        let it = self.db.iterator_cf_opt(
-            self.cf(cf)?,
-            ro,
-            IteratorMode::From(from, Direction::Forward),
-        );
-        for item in it {
-            let (k, v) = item.map_err(err)?;
-            if !f(&k, &v) {
-                break;
-            }
-        }
+        self.scan_with(ReadOptions::default(), cf, from, to, f)
+    }
+
+    fn view(
+        &self,
+        f: &mut dyn FnMut(&dyn View) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let v = SnapView {
+            engine: self,
+            snap: (!self.secondary).then(|| self.db.snapshot()),
+        };
+        f(&v)
+    }
+
+    fn compact_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
+        self.db.compact_range_cf(self.cf(cf)?, Some(from), Some(to));
         Ok(())
     }
 

@@ -89,7 +89,23 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         metrics: allow,
     };
     let attribution = flopwatch_agent::attribution::AttributionOptions::from_settings(&cfg);
-    let agent = Agent::start_with_attribution(source, sampler, opts, attribution, clock);
+    let delivery = flopwatch_agent::DeliveryOptions {
+        spool: cfg
+            .spool
+            .dir
+            .as_ref()
+            .map(|d| flopwatch_agent::spool::SpoolOptions {
+                dir: flopwatch_config::relative_to(&args.config, d),
+                max_bytes: cfg.spool.max_bytes,
+                fsync_interval: cfg.spool.fsync_interval,
+            }),
+        max_batches_per_second: cfg.spool.dir.as_ref().map(|_| cfg.spool.drain_rate),
+    };
+    let agent = Agent::start_with_delivery(source, sampler, opts, attribution, clock, delivery)
+        .with_context(|| match &cfg.spool.dir {
+            Some(d) => format!("spool.dir {}", d.display()),
+            None => "starting the agent".to_string(),
+        })?;
     let (metrics_stop, metrics_rx) = tokio::sync::oneshot::channel::<()>();
     let metrics_addr = if cfg.metrics_listen.is_empty() {
         None
@@ -131,6 +147,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         shutdown_signal().await;
     }
     let stats = agent.outbox.clone();
+    let loop_stats = agent.stats.clone();
     agent.stop().await;
     let _ = metrics_stop.send(());
     if let Some(t) = metrics_task {
@@ -141,6 +158,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .acked_samples
         .load(std::sync::atomic::Ordering::Relaxed);
     tracing::info!(
+        samples = loop_stats
+            .samples
+            .load(std::sync::atomic::Ordering::Relaxed),
         acked_samples = acked,
         unacked_batches = stats.len(),
         "agent stopped"

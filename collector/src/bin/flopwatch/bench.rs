@@ -8,6 +8,8 @@
 //! an ack means durable in RocksDB's WAL. The load generator shares the
 //! machine with the collector, so the figure is conservative.
 
+mod storage;
+
 use anyhow::Context;
 use flopwatch_agent::clock::TokioClock;
 use flopwatch_collector::{auth::Auth, server};
@@ -32,6 +34,9 @@ pub struct BenchArgs {
 
 #[derive(clap::Subcommand)]
 enum What {
+    /// Bytes per sample on disk against Prometheus (promtool), and the
+    /// 30-day hourly OFU query.
+    Storage(storage::StorageArgs),
     /// Durable ingest rate (samples/s acknowledged).
     Ingest {
         /// Concurrent agent streams.
@@ -113,15 +118,18 @@ fn batch(node: &str, seq: u64, gpus: usize, metrics: usize, points: usize, t0: i
 }
 
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
-    let What::Ingest {
-        streams,
-        gpus,
-        metrics,
-        points,
-        window,
-        duration,
-        data_dir,
-    } = a.what;
+    let (streams, gpus, metrics, points, window, duration, data_dir) = match a.what {
+        What::Storage(s) => return storage::run(s).await,
+        What::Ingest {
+            streams,
+            gpus,
+            metrics,
+            points,
+            window,
+            duration,
+            data_dir,
+        } => (streams, gpus, metrics, points, window, duration, data_dir),
+    };
     let metrics = metrics.min(CATALOG.len());
     let duration = Duration::from_millis(crate::parse_ms(&duration)? as u64);
     let tmp = tempdir_path();

@@ -77,7 +77,15 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
     // The bound address, for scripts that ask for port 0 (the metrics
     // address is logged).
     println!("listening on {}", listener.local_addr()?);
-    server::serve(collector, listener, Some(metrics), shutdown_signal()).await?;
+    server::serve_cluster(
+        collector,
+        listener,
+        Some(metrics),
+        &cfg.peers,
+        shutdown_signal(),
+    )
+    .await?;
+    tracing::info!("collector stopped: streams ended, store flushed");
     Ok(())
 }
 

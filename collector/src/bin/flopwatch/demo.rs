@@ -9,6 +9,7 @@ use anyhow::Context;
 use flopwatch_agent::clock::TokioClock;
 use flopwatch_agent::identity::boot_id;
 use flopwatch_agent::sampler::FixedSampler;
+use flopwatch_agent::source::node::{NodeSource, SimDevices};
 use flopwatch_agent::source::sim::SimSource;
 use flopwatch_agent::{Agent, AgentOptions};
 use flopwatch_collector::{auth::Auth, server, stats::Stats};
@@ -175,11 +176,26 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
 
     let start = clock.now_ms();
     let fleet = FleetPlan::new(a.nodes, a.gpus, regress_after);
+    // The MoE job's all-to-all bursts show on its GPUs' InfiniBand ports.
+    if let Some((n, g)) = (0..a.nodes)
+        .flat_map(|n| (0..a.gpus).map(move |g| (n, g)))
+        .find(|&(n, g)| fleet.gpu(n, g).job.as_deref() == Some("moe-train"))
+    {
+        println!(
+            "moe-train: flopwatch query series --collector {url} --gpu ib:mlx5_{g}:1@sim-node-{n:02} --metric ib_rx_bytes_s"
+        );
+    }
     let boot = boot_id();
     let agents: Vec<Agent> = (0..a.nodes)
         .map(|n| {
             let name = format!("sim-node-{n:02}");
-            let source = SimSource::new(&fleet, n, start, 0x5eed + n as u64);
+            // One seed for the fleet (the model mixes in the node): each
+            // node can then model its peers, as the simulated jobs' MFU
+            // reports need.
+            let source = SimSource::new(&fleet, n, start, 0x5eed);
+            // Simulated InfiniBand ports (one per GPU), NUMA nodes and host.
+            let devices = SimDevices::new(source.model().clone());
+            let source = NodeSource::new(Box::new(source), vec![Box::new(devices)]);
             Agent::start(
                 Box::new(source),
                 Box::new(FixedSampler::new(interval, None)),

@@ -13,6 +13,7 @@ mod bench;
 mod collector_cmd;
 mod demo;
 mod query_cmd;
+mod query_jobs;
 mod select_store;
 mod table;
 mod tile_cmd;

@@ -1,6 +1,7 @@
-//! `flopwatch query ofu|nodes|gpus|jobs|series --collector URL`
+//! `flopwatch query ofu|nodes|gpus|jobs|job JOB|events|series --collector URL`
 
 use crate::parse_ms;
+use crate::query_jobs;
 use crate::table;
 use anyhow::Context;
 use flopwatch_proto::v1::{self, ofu_request, query_client::QueryClient};
@@ -55,8 +56,24 @@ enum What {
     Nodes,
     /// GPUs seen.
     Gpus,
-    /// Jobs seen.
-    Jobs,
+    /// Jobs seen, with their OFU (eq. 11), its spread across GPUs and over
+    /// time, their reported MFU and flags.
+    Jobs {
+        /// How far back, e.g. 1h.
+        #[arg(long, default_value = "1h")]
+        since: String,
+    },
+    /// One job: OFU summary and series, MFU cross-check, events.
+    Job {
+        /// Job id.
+        job: String,
+        /// How far back, e.g. 1h.
+        #[arg(long, default_value = "1h")]
+        since: String,
+        /// Bucket width of the series, e.g. 1m; 0s for none.
+        #[arg(long, default_value = "1m")]
+        step: String,
+    },
     /// Regressions, stragglers and agent-reported events (XID, ECC).
     Events {
         /// How far back, e.g. 1h.
@@ -120,7 +137,7 @@ pub async fn client(
     ))
 }
 
-fn status(s: tonic::Status) -> anyhow::Error {
+pub fn status(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{}: {}", s.code(), s.message())
 }
 
@@ -222,24 +239,54 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
                 }
             }
         }
-        What::Jobs => {
+        What::Jobs { since } => {
+            let start = now - parse_ms(&since)?;
             let r = c
-                .list_jobs(v1::ListRequest::default())
+                .list_jobs(v1::ListRequest { since_ms: start })
                 .await
                 .map_err(status)?
                 .into_inner();
+            let mut jobs = Vec::with_capacity(r.jobs.len());
+            for entry in r.jobs {
+                jobs.push(query_jobs::summarize(&mut c, entry, start, 0).await?);
+            }
             if args.json {
-                let v: Vec<_> = r.jobs.iter().map(|j| json!({"job_id": j.job_id, "tenant": j.tenant, "gpus": j.gpu_uuids.len(), "nodes": j.node_ids})).collect();
+                let v: Vec<_> = jobs.iter().map(|j| j.json(false)).collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                for j in r.jobs {
-                    println!(
-                        "{:<24} {:<12} {:>3} GPUs on {}",
-                        j.job_id,
-                        j.tenant,
-                        j.gpu_uuids.len(),
-                        j.node_ids.join(",")
-                    );
+                query_jobs::print_jobs(&jobs);
+            }
+        }
+        What::Job { job, since, step } => {
+            let start = now - parse_ms(&since)?;
+            let entries: Vec<v1::JobEntry> = c
+                .list_jobs(v1::ListRequest::default())
+                .await
+                .map_err(status)?
+                .into_inner()
+                .jobs
+                .into_iter()
+                .filter(|j| j.job_id == job)
+                .collect();
+            if entries.is_empty() {
+                anyhow::bail!("no job `{job}`");
+            }
+            let mut out = Vec::new();
+            for entry in entries {
+                out.push(query_jobs::summarize(&mut c, entry, start, parse_ms(&step)?).await?);
+            }
+            if args.json {
+                let v: Vec<_> = out.iter().map(|j| j.json(true)).collect();
+                // One object for one job; a provider may see the same id in
+                // several tenants.
+                let v = if v.len() == 1 { v[0].clone() } else { json!(v) };
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for (i, j) in out.iter().enumerate() {
+                    if i > 0 {
+                        println!();
+                    }
+                    query_jobs::print_job(j, now);
                 }
             }
         }

@@ -246,6 +246,7 @@ mod tests {
                 gpus,
                 peak_tflops: 989.4 * f64::from(gpus),
                 achieved_tflops: 989.4 * f64::from(gpus) * mean,
+                ..Default::default()
             }),
         }
     }

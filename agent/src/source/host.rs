@@ -1,0 +1,254 @@
+//! Host CPU and memory counters from `/proc` and `/sys`.
+//!
+//! Devices: one per NUMA node (`numa:<n>`, from
+//! `<sys_root>/devices/system/node/node<n>/cpulist`) and the host as a
+//! whole (`host`). Each read takes:
+//!
+//! * `host_cpu_util`: from `<proc_root>/stat`, the share of CPU time (of
+//!   the node's CPUs, or all of them) that was neither idle nor iowait
+//!   between two reads: an exact window mean, like a GPM counter pair;
+//! * `host_cpu_freq_mhz`: the mean of the CPUs'
+//!   `<sys_root>/devices/system/cpu/cpu<i>/cpufreq/scaling_cur_freq` (kHz);
+//! * `host_mem_available_bytes`: `MemAvailable` of `<proc_root>/meminfo`
+//!   for the host, `MemFree` of the node's `meminfo` for a NUMA node.
+//!
+//! A file that cannot be read leaves its metric out of that read.
+
+use super::node::{DeviceReader, DeviceReading};
+use super::Reading;
+use flopwatch_proto::metrics as m;
+use flopwatch_proto::model::{DeviceInfo, DEVICE_HOST, DEVICE_NUMA_NODE};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Parses a kernel CPU list (`0-3,8,10-11`); `None` when malformed.
+pub fn parse_cpulist(s: &str) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                if b < a || b - a > 65_536 {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.trim().parse().ok()?),
+        }
+    }
+    Some(out)
+}
+
+/// (busy, total) jiffies per CPU (`None` key: the aggregate `cpu` line).
+fn read_stat(path: &Path) -> HashMap<Option<u32>, (u64, u64)> {
+    let mut out = HashMap::new();
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return out;
+    };
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let Some(name) = f.next().and_then(|n| n.strip_prefix("cpu")) else {
+            continue;
+        };
+        let key = if name.is_empty() {
+            None
+        } else {
+            match name.parse::<u32>() {
+                Ok(n) => Some(n),
+                Err(_) => continue,
+            }
+        };
+        // user nice system idle iowait irq softirq steal (guest time is
+        // already inside user and nice).
+        let v: Vec<u64> = f.take(8).filter_map(|x| x.parse().ok()).collect();
+        if v.len() < 5 {
+            continue;
+        }
+        let total: u64 = v.iter().sum();
+        let idle = v[3] + v[4];
+        out.insert(key, (total - idle, total));
+    }
+    out
+}
+
+fn meminfo_kb(path: &Path, key: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines().find_map(|l| {
+        // "MemAvailable:  123 kB" or "Node 0 MemFree:  123 kB".
+        let (k, v) = l.split_once(':')?;
+        if k.split_whitespace().last()? != key {
+            return None;
+        }
+        v.split_whitespace().next()?.parse::<f64>().ok()
+    })
+}
+
+struct Group {
+    /// CPUs of the group; `None` for the host (the aggregate line).
+    cpus: Option<Vec<u32>>,
+    meminfo: PathBuf,
+    mem_key: &'static str,
+    last: Option<(i64, u64, u64)>,
+}
+
+/// The NUMA nodes and the host.
+pub struct HostReader {
+    proc_root: PathBuf,
+    cpu_dir: PathBuf,
+    all_cpus: Vec<u32>,
+    groups: Vec<Group>,
+    devices: Vec<DeviceInfo>,
+}
+
+impl HostReader {
+    /// Finds the NUMA nodes under `sys_root`; reads `/proc` under
+    /// `proc_root`. A host without NUMA information has only `host`.
+    pub fn discover(sys_root: &Path, proc_root: &Path) -> Self {
+        let node_dir = sys_root.join("devices/system/node");
+        let mut nodes: Vec<(u32, Vec<u32>)> = std::fs::read_dir(&node_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let n: u32 = e.file_name().to_str()?.strip_prefix("node")?.parse().ok()?;
+                let cpus = parse_cpulist(&std::fs::read_to_string(e.path().join("cpulist")).ok()?)?;
+                Some((n, cpus))
+            })
+            .collect();
+        nodes.sort();
+        let mut groups = Vec::new();
+        let mut devices = Vec::new();
+        let mut all_cpus = Vec::new();
+        for (n, cpus) in nodes {
+            all_cpus.extend(cpus.iter().copied());
+            devices.push(DeviceInfo {
+                id: format!("numa:{n}"),
+                kind: DEVICE_NUMA_NODE.into(),
+                name: n.to_string(),
+            });
+            groups.push(Group {
+                cpus: Some(cpus),
+                meminfo: node_dir.join(format!("node{n}/meminfo")),
+                mem_key: "MemFree",
+                last: None,
+            });
+        }
+        if all_cpus.is_empty() {
+            // No NUMA information: the CPUs the aggregate line covers.
+            all_cpus = read_stat(&proc_root.join("stat"))
+                .keys()
+                .flatten()
+                .copied()
+                .collect();
+            all_cpus.sort_unstable();
+        }
+        devices.push(DeviceInfo {
+            id: "host".into(),
+            kind: DEVICE_HOST.into(),
+            name: "host".into(),
+        });
+        groups.push(Group {
+            cpus: None,
+            meminfo: proc_root.join("meminfo"),
+            mem_key: "MemAvailable",
+            last: None,
+        });
+        Self {
+            proc_root: proc_root.to_path_buf(),
+            cpu_dir: sys_root.join("devices/system/cpu"),
+            all_cpus,
+            groups,
+            devices,
+        }
+    }
+
+    fn freq_mhz(&self, cpus: &[u32]) -> Option<f64> {
+        let f: Vec<f64> = cpus
+            .iter()
+            .filter_map(|c| {
+                let p = self
+                    .cpu_dir
+                    .join(format!("cpu{c}/cpufreq/scaling_cur_freq"));
+                std::fs::read_to_string(p).ok()?.trim().parse::<f64>().ok()
+            })
+            .collect();
+        (!f.is_empty()).then(|| f.iter().sum::<f64>() / f.len() as f64 / 1000.0)
+    }
+}
+
+impl DeviceReader for HostReader {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn devices(&self) -> &[DeviceInfo] {
+        &self.devices
+    }
+
+    fn read(&mut self, now_ms: i64) -> Vec<DeviceReading> {
+        let stat = read_stat(&self.proc_root.join("stat"));
+        let mut out = Vec::with_capacity(self.groups.len());
+        let freqs: Vec<Option<f64>> = self
+            .groups
+            .iter()
+            .map(|g| self.freq_mhz(g.cpus.as_deref().unwrap_or(&self.all_cpus)))
+            .collect();
+        for (device, (g, freq)) in self.groups.iter_mut().zip(freqs).enumerate() {
+            let mut readings = Vec::new();
+            let jiffies = match &g.cpus {
+                None => stat.get(&None).copied(),
+                Some(cpus) => {
+                    let v: Vec<(u64, u64)> = cpus
+                        .iter()
+                        .filter_map(|c| stat.get(&Some(*c)).copied())
+                        .collect();
+                    (!v.is_empty())
+                        .then(|| v.iter().fold((0, 0), |(b, t), (b2, t2)| (b + b2, t + t2)))
+                }
+            };
+            let mut window_ms = 0;
+            if let Some((busy, total)) = jiffies {
+                if let Some((ts, b0, t0)) = g.last.filter(|l| l.0 < now_ms) {
+                    // Counters only grow; a CPU going offline can shrink a
+                    // group's sum, which just skips the window.
+                    if total > t0 && busy >= b0 {
+                        window_ms = u32::try_from(now_ms - ts).unwrap_or(u32::MAX);
+                        let util = ((busy - b0) as f64 / (total - t0) as f64).clamp(0.0, 1.0);
+                        readings.push(Reading::new(m::HOST_CPU_UTIL, util));
+                    }
+                }
+                if g.last.is_none_or(|l| l.0 < now_ms) {
+                    g.last = Some((now_ms, busy, total));
+                }
+            }
+            if let Some(f) = freq {
+                readings.push(Reading::new(m::HOST_CPU_FREQ_MHZ, f));
+            }
+            if let Some(kb) = meminfo_kb(&g.meminfo, g.mem_key) {
+                readings.push(Reading::new(m::HOST_MEM_AVAILABLE_BYTES, kb * 1024.0));
+            }
+            out.push(DeviceReading {
+                device,
+                window_ms,
+                readings,
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpulists_parse_and_bad_ones_are_refused() {
+        assert_eq!(
+            parse_cpulist("0-3,8,10-11\n"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
+        assert_eq!(parse_cpulist(""), Some(vec![]));
+        assert_eq!(parse_cpulist("3-1"), None);
+        assert_eq!(parse_cpulist("x"), None);
+    }
+}

@@ -1,0 +1,538 @@
+//! `flopwatch bench storage`: bytes per sample on disk against Prometheus,
+//! and the 30-day hourly OFU query.
+//!
+//! 1. Samples: the simulator's traces (`agent/traces/*.csv`, 100 ms, five
+//!    counters of one H100), one trace per GPU (cycled), tiled in time to
+//!    `--hours`; once every capture as sent at a fixed 100 ms, once through
+//!    the agent's adaptive sampler (irregular intervals).
+//! 2. flopwatch: a collector in this process; every GPU is an agent stream
+//!    over loopback gRPC sending 1 s batches, acked durably. Then the
+//!    compactor seals every hour, RocksDB is flushed and fully compacted,
+//!    and the whole data directory is measured (SST files, their indexes,
+//!    MANIFEST, OPTIONS, logs; derived OFU and rollups included).
+//! 3. Prometheus: the identical samples as an OpenMetrics file, turned
+//!    into TSDB blocks by `promtool tsdb create-blocks-from openmetrics`
+//!    (blocks up to 24 h, its most compact setting), the output directory
+//!    measured.
+//! 4. Query: one GPU with `--query-days` of OFU at 100 ms, compacted; the
+//!    Query service's OFU over the whole range at a 1 h step, timed over
+//!    gRPC.
+
+use anyhow::{bail, Context};
+use flopwatch_agent::adaptive::AdaptiveSampler;
+use flopwatch_agent::clock::TokioClock;
+use flopwatch_agent::sampler::{PlanCarry, Sampler};
+use flopwatch_agent::source::replay::ReplaySource;
+use flopwatch_agent::source::{Capture, GpuSource, SourceError};
+use flopwatch_collector::store::{
+    rocks::RocksEngine, Cf, CommitSet, GpuRecord, OfuSample, Store, WINDOW_MS,
+};
+use flopwatch_collector::{auth::Auth, server};
+use flopwatch_config::{CollectorConfig, SamplingConfig, SpecTable};
+use flopwatch_proto::clock::Clock;
+use flopwatch_proto::v1::{
+    self, agent_message, collector_message, ingest_client::IngestClient, query_client::QueryClient,
+    AgentMessage,
+};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// Arguments of `bench storage`.
+#[derive(clap::Args)]
+pub struct StorageArgs {
+    /// Trace files (timestamp_ms,gpu,metric,value); default: every
+    /// `agent/traces/*.csv`.
+    #[arg(long = "trace")]
+    traces: Vec<PathBuf>,
+    /// Simulated GPUs (one agent stream each).
+    #[arg(long, default_value_t = 4)]
+    gpus: usize,
+    /// Hours of samples per GPU (the traces tiled in time).
+    #[arg(long, default_value_t = 3)]
+    hours: i64,
+    /// Days of OFU for the query benchmark (0 skips it).
+    #[arg(long, default_value_t = 30)]
+    query_days: i64,
+    /// Working directory (default: a temporary one, removed after).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// promtool binary.
+    #[arg(long, default_value = "promtool")]
+    promtool: String,
+}
+
+/// One series' samples: (ts, value, window).
+type Samples = BTreeMap<(String, &'static str), Vec<(i64, f64, u32)>>;
+
+fn load_trace(path: &Path) -> anyhow::Result<Vec<Capture>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut src = ReplaySource::parse(&text, &path.display().to_string(), "NVIDIA H100 80GB HBM3")?;
+    let mut caps = Vec::new();
+    loop {
+        match src.capture(0) {
+            Ok(c) => caps.push(c),
+            Err(SourceError::Exhausted) => return Ok(caps),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Captures of `trace` from its `skip`-th on, cycled, re-stamped at the
+/// trace's interval from `t0` for `hours`; GPU 0 only.
+fn tiled(trace: &[Capture], skip: usize, t0: i64, hours: i64) -> Vec<Capture> {
+    let step = match trace {
+        [a, b, ..] => (b.ts_ms - a.ts_ms).max(1),
+        _ => 100,
+    };
+    let n = ((hours * WINDOW_MS) / step) as usize;
+    (0..n)
+        .map(|i| {
+            let mut c = trace[(i + skip) % trace.len()].clone();
+            c.ts_ms = t0 + i as i64 * step;
+            c.gpus.retain(|g| g.gpu == 0);
+            c
+        })
+        .collect()
+}
+
+fn samples(traces: &[Vec<Capture>], gpus: usize, t0: i64, hours: i64, adaptive: bool) -> Samples {
+    let mut out = Samples::new();
+    for g in 0..gpus {
+        let trace = &traces[g % traces.len()];
+        let uuid = format!("GPU-bench-{g:03}");
+        let cfg = SamplingConfig {
+            adaptive,
+            ..Default::default()
+        };
+        let mut sampler = AdaptiveSampler::new(&cfg, g as u64 + 1);
+        let mut carry = PlanCarry::default();
+        // GPUs sharing a trace start at different points of it.
+        for mut c in tiled(trace, (g / traces.len()) * 997, t0, hours) {
+            let plan = sampler.due(c.ts_ms);
+            carry.apply(&plan, &mut c);
+            sampler.observe(&mut c);
+            for gc in &c.gpus {
+                for r in &gc.readings {
+                    out.entry((uuid.clone(), r.metric)).or_default().push((
+                        c.ts_ms,
+                        r.value,
+                        r.window_ms.unwrap_or(gc.window_ms),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn dir_bytes(p: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(p) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+fn hello(node: &str, uuid: &str) -> v1::Hello {
+    v1::Hello {
+        agent_id: node.into(),
+        node: Some(v1::NodeIdentity {
+            node_id: node.into(),
+            hostname: node.into(),
+            boot_id: "bench".into(),
+            labels: Default::default(),
+        }),
+        gpus: vec![v1::GpuInfo {
+            index: 0,
+            uuid: uuid.into(),
+            model: "NVIDIA H100 80GB HBM3".into(),
+            ..Default::default()
+        }],
+        protocol_version: 1,
+        ..Default::default()
+    }
+}
+
+/// 1 s batches of one GPU's series, as an agent cuts them.
+fn batches(s: &Samples, uuid: &str) -> Vec<v1::Batch> {
+    let mut by_sec: BTreeMap<i64, Vec<v1::Series>> = BTreeMap::new();
+    for ((g, metric), pts) in s.range((uuid.to_string(), "")..) {
+        if g != uuid {
+            break;
+        }
+        let mut cur: Option<(i64, v1::Series)> = None;
+        for &(ts, v, w) in pts {
+            let sec = ts.div_euclid(1000);
+            if cur.as_ref().is_some_and(|(s, _)| *s != sec) {
+                let (s, series) = cur.take().expect("checked");
+                by_sec.entry(s).or_default().push(series);
+            }
+            let (_, series) = cur.get_or_insert_with(|| {
+                (
+                    sec,
+                    v1::Series {
+                        gpu_uuid: uuid.into(),
+                        metric: (*metric).into(),
+                        ..Default::default()
+                    },
+                )
+            });
+            series.timestamps_ms.push(ts);
+            series.values.push(v);
+            series.window_ms.push(w);
+        }
+        if let Some((s, series)) = cur {
+            by_sec.entry(s).or_default().push(series);
+        }
+    }
+    by_sec
+        .into_values()
+        .enumerate()
+        .map(|(i, series)| v1::Batch {
+            seq: i as u64 + 1,
+            series,
+            ..Default::default()
+        })
+        .collect()
+}
+
+async fn push(
+    url: String,
+    node: String,
+    uuid: String,
+    batches: Vec<v1::Batch>,
+) -> anyhow::Result<u64> {
+    let mut client = IngestClient::connect(url).await?;
+    let (tx, rx) = mpsc::channel::<AgentMessage>(16);
+    tx.send(AgentMessage {
+        msg: Some(agent_message::Msg::Hello(hello(&node, &uuid))),
+    })
+    .await?;
+    let mut inbound = client.stream(ReceiverStream::new(rx)).await?.into_inner();
+    let _welcome = inbound.message().await?;
+    let (mut acked, mut in_flight) = (0u64, 0usize);
+    let mut it = batches.into_iter();
+    loop {
+        while in_flight < 8 {
+            let Some(b) = it.next() else { break };
+            tx.send(AgentMessage {
+                msg: Some(agent_message::Msg::Batch(b)),
+            })
+            .await?;
+            in_flight += 1;
+        }
+        if in_flight == 0 {
+            return Ok(acked);
+        }
+        match inbound.message().await? {
+            Some(v1::CollectorMessage {
+                msg: Some(collector_message::Msg::Ack(a)),
+            }) => {
+                in_flight -= 1;
+                acked += a.accepted_samples;
+            }
+            Some(other) => bail!("unexpected reply {other:?}"),
+            None => bail!("stream closed"),
+        }
+    }
+}
+
+fn config(dir: &Path) -> CollectorConfig {
+    CollectorConfig {
+        data_dir: dir.to_path_buf(),
+        anonymous_tenant: Some("default".into()),
+        max_batch_bytes: 64 << 20,
+        // The query benchmark's month, with room.
+        retention: Duration::from_secs(40 * 24 * 3600),
+        ..Default::default()
+    }
+}
+
+/// flopwatch's bytes for `s`: ingested over gRPC, compacted, measured.
+async fn flopwatch_bytes(s: &Samples, dir: &Path, now: i64) -> anyhow::Result<(u64, u64, f64)> {
+    let _ = std::fs::remove_dir_all(dir);
+    let clock = Arc::new(TokioClock::new());
+    let collector = server::open(
+        dir,
+        &config(dir),
+        SpecTable::builtin(),
+        Auth::anonymous("default"),
+        Vec::new(),
+        clock,
+    )?;
+    let srv = server::Loopback::start(collector.clone()).await?;
+    let gpus: Vec<String> = {
+        let mut g: Vec<String> = s.keys().map(|(g, _)| g.clone()).collect();
+        g.dedup();
+        g
+    };
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, uuid) in gpus.iter().enumerate() {
+        let b = batches(s, uuid);
+        tasks.push(tokio::spawn(push(
+            srv.url.clone(),
+            format!("bench-node-{i:03}"),
+            uuid.clone(),
+            b,
+        )));
+    }
+    let mut acked = 0;
+    for t in tasks {
+        acked += t.await??;
+    }
+    let ingest_s = started.elapsed().as_secs_f64();
+    srv.stop().await?;
+    let store = collector.store.clone();
+    let e = store.clone();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        e.compact(now + 2 * WINDOW_MS, 0)?;
+        let engine = e.engine();
+        engine.flush()?;
+        for cf in Cf::ALL {
+            engine.compact_range(cf, &[], &[0xff; 600])?;
+        }
+        engine.flush()?;
+        Ok(())
+    })
+    .await??;
+    drop(store);
+    drop(collector);
+    Ok((dir_bytes(dir), acked, ingest_s))
+}
+
+/// Prometheus' bytes for `s` (OpenMetrics → promtool → TSDB blocks).
+fn prometheus_bytes(s: &Samples, work: &Path, name: &str, promtool: &str) -> anyhow::Result<u64> {
+    let om = work.join(format!("{name}.om"));
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&om)?);
+        let mut metrics: Vec<&'static str> = s.keys().map(|(_, m)| *m).collect();
+        metrics.sort();
+        metrics.dedup();
+        for m in metrics {
+            writeln!(f, "# TYPE {m} gauge")?;
+            for ((gpu, _), pts) in s.iter().filter(|((_, mm), _)| *mm == m) {
+                for &(ts, v, _) in pts {
+                    writeln!(
+                        f,
+                        "{m}{{gpu=\"{gpu}\"}} {v:?} {}.{:03}",
+                        ts.div_euclid(1000),
+                        ts.rem_euclid(1000)
+                    )?;
+                }
+            }
+        }
+        writeln!(f, "# EOF")?;
+        f.flush()?;
+    }
+    let out = work.join(format!("{name}-prometheus"));
+    let status = std::process::Command::new(promtool)
+        .args([
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            "--max-block-duration=24h",
+        ])
+        .arg(&om)
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .with_context(|| format!("running {promtool} (Debian package `prometheus`)"))?;
+    if !status.success() {
+        bail!("{promtool} tsdb create-blocks-from openmetrics failed: {status}");
+    }
+    let _ = std::fs::remove_file(&om);
+    Ok(dir_bytes(&out))
+}
+
+/// 30 days of one GPU's OFU at 100 ms, compacted; then the hourly query.
+async fn query_bench(dir: &Path, days: i64) -> anyhow::Result<()> {
+    let now = flopwatch_proto::clock::SystemClock.now_ms();
+    let end = now / WINDOW_MS * WINDOW_MS - WINDOW_MS;
+    let start = end - days * 24 * WINDOW_MS;
+    let uuid = "GPU-query-000";
+    let _ = std::fs::remove_dir_all(dir);
+    let built = Instant::now();
+    let mut total = 0u64;
+    {
+        let store = Store::new(Arc::new(RocksEngine::open(dir)?), false);
+        let gpu = GpuRecord {
+            uuid: uuid.into(),
+            node_id: "query-node".into(),
+            model: "NVIDIA H100 80GB HBM3".into(),
+            last_seen_ms: end,
+            ..Default::default()
+        };
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for (seq, h) in (start..end).step_by(WINDOW_MS as usize).enumerate() {
+            let samples: Vec<OfuSample> = (0..36_000)
+                .map(|i| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let tpa = (60_000 + (x % 2000) as i64) as f64 / 1e5;
+                    OfuSample {
+                        ts_ms: h + i * 100 + 100,
+                        ofu: tpa * 1352.0 / 1830.0,
+                        tensor_active: tpa,
+                        sm_clock_mhz: 1352.0,
+                        window_ms: 100,
+                    }
+                })
+                .filter(|s| s.ts_ms < h + WINDOW_MS)
+                .collect();
+            total += samples.len() as u64;
+            store.commit(
+                "default",
+                &CommitSet {
+                    seq: seq as u64 + 1,
+                    ofu: vec![(uuid.into(), Some("job-q".into()), samples)],
+                    gpus: if seq == 0 {
+                        vec![gpu.clone()]
+                    } else {
+                        Vec::new()
+                    },
+                    ..Default::default()
+                },
+            )?;
+            if seq % 24 == 23 {
+                store.compact(h + 2 * WINDOW_MS, 0)?;
+            }
+        }
+        store.compact(now + 2 * WINDOW_MS, 0)?;
+        store.engine().flush()?;
+    }
+    println!(
+        "query data: {days} days × 1 GPU of OFU at 100 ms = {total} samples, written and compacted in {:.1} s",
+        built.elapsed().as_secs_f64()
+    );
+    let clock = Arc::new(TokioClock::new());
+    let collector = server::open(
+        dir,
+        &config(dir),
+        SpecTable::builtin(),
+        Auth::anonymous("default"),
+        Vec::new(),
+        clock,
+    )?;
+    let srv = server::Loopback::start(collector).await?;
+    let mut client = QueryClient::connect(srv.url.clone()).await?;
+    let req = |from: i64, step_ms: i64| v1::OfuRequest {
+        scope: Some(v1::ofu_request::Scope::GpuUuid(uuid.into())),
+        start_ms: from,
+        end_ms: end,
+        step_ms,
+    };
+    for (label, from, step, runs) in [
+        (
+            "1 h step, hour-aligned (hour rollups)",
+            start,
+            WINDOW_MS,
+            50,
+        ),
+        (
+            "1 h step, start 30 s past the hour (minute rollups)",
+            start + 30_000,
+            WINDOW_MS,
+            50,
+        ),
+        ("summary only", start, 0, 50),
+    ] {
+        let mut times = Vec::new();
+        let mut resp = None;
+        for _ in 0..runs {
+            let t = Instant::now();
+            let r = client.ofu(req(from, step)).await?.into_inner();
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+            resp = Some(r);
+        }
+        times.sort_by(|a, b| a.total_cmp(b));
+        let r = resp.context("no response")?;
+        let samples = r.summary.as_ref().map_or(0, |s| s.samples);
+        println!(
+            "query {days} d of one GPU's OFU, {label}: {} points, {samples} samples; median {:.1} ms, p95 {:.1} ms, max {:.1} ms ({runs} runs, loopback gRPC)",
+            r.points.len(),
+            times[times.len() / 2],
+            times[(times.len() * 95 / 100).min(times.len() - 1)],
+            times[times.len() - 1],
+        );
+        if from == start && samples != total {
+            bail!("query counted {samples} samples, {total} stored");
+        }
+    }
+    srv.stop().await?;
+    Ok(())
+}
+
+/// Runs the storage benchmark.
+pub async fn run(a: StorageArgs) -> anyhow::Result<()> {
+    let mut traces = a.traces.clone();
+    if traces.is_empty() {
+        for e in std::fs::read_dir("agent/traces")
+            .context("agent/traces (run from the repository root or pass --trace)")?
+        {
+            let p = e?.path();
+            if p.extension().is_some_and(|x| x == "csv") {
+                traces.push(p);
+            }
+        }
+        traces.sort();
+    }
+    let loaded: Vec<Vec<Capture>> = traces
+        .iter()
+        .map(|p| load_trace(p))
+        .collect::<anyhow::Result<_>>()?;
+    if loaded.iter().all(|t| t.is_empty()) || a.gpus == 0 || a.hours <= 0 {
+        bail!("nothing to measure: no trace samples, --gpus or --hours is 0");
+    }
+    let tmp = super::tempdir_path();
+    let work = a.work_dir.clone().unwrap_or_else(|| tmp.clone());
+    std::fs::create_dir_all(&work)?;
+    let now = flopwatch_proto::clock::SystemClock.now_ms();
+    // Whole hours ending an hour ago: inside retention, nothing ahead of now.
+    let t0 = (now / WINDOW_MS - 1 - a.hours) * WINDOW_MS;
+    println!(
+        "storage: {} traces, {} GPUs × {} h; data dirs measured after compaction, flush and full RocksDB compaction",
+        traces.len(),
+        a.gpus,
+        a.hours
+    );
+    println!("| sampling | samples | flopwatch bytes | B/sample | Prometheus bytes | B/sample | Prometheus / flopwatch | ingest |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (name, adaptive) in [("fixed 100 ms", false), ("adaptive", true)] {
+        let s = samples(&loaded, a.gpus, t0, a.hours, adaptive);
+        let n: u64 = s.values().map(|v| v.len() as u64).sum();
+        let tag = if adaptive { "adaptive" } else { "fixed" };
+        let dir = work.join(format!("{tag}-flopwatch"));
+        let (ours, acked, ingest_s) = flopwatch_bytes(&s, &dir, now).await?;
+        if acked != n {
+            bail!("{name}: {acked} samples acknowledged of {n} sent");
+        }
+        let prom = prometheus_bytes(&s, &work, tag, &a.promtool)?;
+        println!(
+            "| {name} | {n} | {ours} | {:.3} | {prom} | {:.3} | {:.2}× | {:.0} samples/s |",
+            ours as f64 / n as f64,
+            prom as f64 / n as f64,
+            prom as f64 / ours as f64,
+            n as f64 / ingest_s,
+        );
+    }
+    if a.query_days > 0 {
+        query_bench(&work.join("query"), a.query_days).await?;
+    }
+    if work == tmp {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    Ok(())
+}

@@ -1,0 +1,409 @@
+//! Background compaction of the head into hourly chunks, rollups, and
+//! retention.
+//!
+//! Acknowledged batches sit in the `head` family as small per-batch blocks
+//! (durable through the WAL before the ack). Once an hour has been over
+//! for `seal_delay`, [`Store::compact`] merges each series' head blocks of
+//! that hour — with the hour's chunk if late data had already been
+//! compacted once — into one chunk (decimal/XOR-packed by
+//! [`Block::encode_compact`]), computes the hour's rollup, and in **one**
+//! atomic write puts the chunk and the rollup and deletes the head blocks
+//! and any older chunk. A crash before that write leaves the head blocks
+//! (compacted again on the next pass); after it, the chunk. Readers scan
+//! head and chunks under one snapshot, so every sample is seen exactly
+//! once, during a compaction and after it.
+//!
+//! [`Store::expire`] deletes, per tenant, every chunk, head block and
+//! rollup of hours wholly before the tenant's retention cutoff with range
+//! deletes, then compacts the ranges so the space is reclaimed. Reads are
+//! clamped to the cutoff meanwhile, so expired samples are never returned.
+
+use super::keys;
+use super::model::{
+    corrupt, ofu_samples, ofu_value, raw_block, raw_hour, raw_points, ref_clock, resolver,
+    window_of, HourMap, OfuAgg, Rollup, CLOCKS, MINUTE_MS, WINDOW_MS,
+};
+use super::{Cf, Op, Store, StoreError};
+use crate::codec::Block;
+use flopwatch_proto::clock::Clock;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// What a compaction or expiry pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CompactionReport {
+    /// Series-hours turned into chunks.
+    pub chunks: u64,
+    /// Head blocks merged (and deleted).
+    pub blocks: u64,
+    /// Samples in the written chunks.
+    pub samples: u64,
+    /// Series ranges deleted by retention.
+    pub expired_ranges: u64,
+}
+
+/// Most samples decoded for one series-hour: beyond it the hour is left in
+/// the head (and logged) rather than growing memory without bound.
+const MAX_HOUR_SAMPLES: usize = crate::codec::MAX_BLOCK_SAMPLES;
+
+/// One series-hour of the head: keys and values of its blocks.
+struct Group {
+    kind: u8,
+    /// Series prefix inside the chunk family (no kind byte).
+    prefix: Vec<u8>,
+    window: i64,
+    blocks: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+fn upper(prefix: &[u8]) -> Vec<u8> {
+    let mut to = prefix.to_vec();
+    to.extend_from_slice(&[0xff; 17]);
+    to
+}
+
+impl Store {
+    /// Compacts every head hour that ended at least `seal_delay_ms` before
+    /// `now_ms`. Each series-hour is one atomic write.
+    pub fn compact(&self, now_ms: i64, seal_delay_ms: i64) -> Result<CompactionReport, StoreError> {
+        let sealed_before = window_of(now_ms.saturating_sub(seal_delay_ms));
+        let mut report = CompactionReport::default();
+        let mut cursor: Vec<u8> = Vec::new();
+        let end = vec![0xff; 8];
+        loop {
+            let group = self.next_group(&mut cursor, &end, sealed_before)?;
+            let Some(g) = group else { break };
+            match self.compact_group(&g, &mut report) {
+                // Bad bytes in one series-hour must not stop the others:
+                // it stays as it is (and expires with its tenant's data).
+                Err(e @ StoreError::Corrupt { .. }) => {
+                    tracing::warn!(error = %e, window = g.window, "series-hour not compacted")
+                }
+                r => r?,
+            }
+        }
+        Ok(report)
+    }
+
+    /// The next sealed series-hour of the head at or after `cursor`,
+    /// moving `cursor` past it.
+    fn next_group(
+        &self,
+        cursor: &mut Vec<u8>,
+        end: &[u8],
+        sealed_before: i64,
+    ) -> Result<Option<Group>, StoreError> {
+        loop {
+            let mut group: Option<Group> = None;
+            let mut skip_to: Option<Vec<u8>> = None;
+            let mut bad: Option<Vec<u8>> = None;
+            self.engine.scan(Cf::Head, cursor, end, &mut |k, v| {
+                let Some((plen, _)) = keys::series_prefix(Cf::Head, k) else {
+                    bad = Some(k.to_vec());
+                    return false;
+                };
+                let Some(ts) = keys::key_ts(k, plen) else {
+                    bad = Some(k.to_vec());
+                    return false;
+                };
+                let w = window_of(ts);
+                match &mut group {
+                    None => {
+                        if w >= sealed_before {
+                            // This series' later blocks are later still.
+                            skip_to = Some(upper(&k[..plen]));
+                            return false;
+                        }
+                        group = Some(Group {
+                            kind: k[0],
+                            prefix: k[1..plen].to_vec(),
+                            window: w,
+                            blocks: vec![(k.to_vec(), v.to_vec())],
+                        });
+                        true
+                    }
+                    Some(g) => {
+                        if k.len() >= plen
+                            && k[0] == g.kind
+                            && k[1..plen] == g.prefix[..]
+                            && w == g.window
+                        {
+                            g.blocks.push((k.to_vec(), v.to_vec()));
+                            true
+                        } else {
+                            false
+                        }
+                    }
+                }
+            })?;
+            if let Some(k) = bad {
+                // A key no version of this store writes: step over it.
+                tracing::warn!(key = ?k, "skipping malformed head key");
+                *cursor = k;
+                cursor.push(0);
+                continue;
+            }
+            if let Some(g) = group {
+                let last = &g.blocks[g.blocks.len() - 1].0;
+                *cursor = last.clone();
+                cursor.push(0);
+                return Ok(Some(g));
+            }
+            match skip_to {
+                Some(s) => *cursor = s,
+                None => return Ok(None),
+            }
+        }
+    }
+
+    fn compact_group(&self, g: &Group, report: &mut CompactionReport) -> Result<(), StoreError> {
+        let chunk_cf = if g.kind == keys::KIND_RAW {
+            Cf::Raw
+        } else {
+            Cf::Ofu
+        };
+        // The hour's existing chunks (late data after an earlier pass).
+        let mut from = g.prefix.clone();
+        keys::put_ts(&mut from, g.window);
+        let mut to = g.prefix.clone();
+        keys::put_ts(&mut to, g.window + WINDOW_MS);
+        let mut old: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        self.engine.scan(chunk_cf, &from, &to, &mut |k, v| {
+            old.push((k.to_vec(), v.to_vec()));
+            true
+        })?;
+        let values = old.iter().chain(&g.blocks).map(|(_, v)| v.as_slice());
+        let mut ops: Vec<Op> = Vec::new();
+        let mut rollup = Rollup::default();
+        let mut minutes: BTreeMap<u8, OfuAgg> = BTreeMap::new();
+        let mut add = |ts: i64, v: f64, tpa: f64, clk: f64, w: f64| {
+            rollup.hour.add(v, tpa, clk, w);
+            let m = ((ts - g.window) / MINUTE_MS).clamp(0, 59) as u8;
+            minutes.entry(m).or_default().add(v, tpa, clk, w);
+        };
+        let samples;
+        if chunk_cf == Cf::Raw {
+            let mut points = Vec::new();
+            for v in values {
+                let b = Block::decode(v).map_err(|e| corrupt(chunk_cf, e))?;
+                points.extend(raw_points(&b)?);
+                if points.len() > MAX_HOUR_SAMPLES {
+                    tracing::warn!(samples = points.len(), "series-hour too large to compact");
+                    return Ok(());
+                }
+            }
+            points.sort_by_key(|p| p.ts_ms);
+            for p in &points {
+                add(p.ts_ms, p.value, 0.0, 0.0, 1.0);
+            }
+            samples = points.len();
+            let last = points.last().map_or(g.window, |p| p.ts_ms);
+            let value = raw_block(&points)
+                .encode_compact()
+                .map_err(|e| corrupt(chunk_cf, e))?;
+            for (k, _) in &old {
+                ops.push(Op::Delete(chunk_cf, k.clone()));
+            }
+            ops.push(Op::Put(
+                chunk_cf,
+                keys::block_key(&g.prefix, last, 0),
+                value,
+            ));
+        } else {
+            // The GPU's tensor activity and clocks of the hour, which the
+            // chunk refers to instead of storing them again.
+            let mut tpa = HourMap::new();
+            let mut clocks = Vec::new();
+            let mut cache = HashMap::new();
+            let mut by_job: BTreeMap<String, Vec<super::OfuSample>> = BTreeMap::new();
+            let mut n = 0;
+            let mut failure = None;
+            self.engine.view(&mut |view| {
+                tpa = raw_hour(
+                    view,
+                    &g.prefix,
+                    flopwatch_proto::metrics::TENSOR_ACTIVE,
+                    g.window,
+                )?;
+                clocks = CLOCKS
+                    .iter()
+                    .map(|c| raw_hour(view, &g.prefix, c, g.window))
+                    .collect::<Result<_, _>>()?;
+                for v in values.clone() {
+                    let (job, s) =
+                        ofu_samples(v, &mut resolver(view, &g.prefix, &mut cache, g.window))?;
+                    n += s.len();
+                    if n > MAX_HOUR_SAMPLES {
+                        failure = Some(n);
+                        return Ok(());
+                    }
+                    by_job.entry(job.to_string()).or_default().extend(s);
+                }
+                Ok(())
+            })?;
+            if let Some(n) = failure {
+                tracing::warn!(samples = n, "series-hour too large to compact");
+                return Ok(());
+            }
+            for (k, _) in &old {
+                ops.push(Op::Delete(chunk_cf, k.clone()));
+            }
+            for (i, (job, s)) in by_job.iter_mut().enumerate() {
+                s.sort_by_key(|x| x.ts_ms);
+                for x in s.iter() {
+                    add(
+                        x.ts_ms,
+                        x.ofu,
+                        x.tensor_active,
+                        x.sm_clock_mhz,
+                        f64::from(x.window_ms.max(1)),
+                    );
+                }
+                let last = s.last().map_or(g.window, |x| x.ts_ms);
+                let refs = ref_clock(s, &tpa, &clocks);
+                ops.push(Op::Put(
+                    chunk_cf,
+                    keys::block_key(&g.prefix, last, i as u64),
+                    ofu_value(job, s, true, refs)?,
+                ));
+            }
+            samples = n;
+        }
+        // Raw series keep the hour only; OFU keeps minutes too.
+        if g.kind == keys::KIND_OFU {
+            rollup.minutes = minutes.into_iter().collect();
+        }
+        let mut rkey = keys::kind_prefix(g.kind, &g.prefix);
+        keys::put_ts(&mut rkey, g.window);
+        ops.push(Op::Put(Cf::Rollup, rkey, rollup.encode()));
+        for (k, _) in &g.blocks {
+            ops.push(Op::Delete(Cf::Head, k.clone()));
+        }
+        self.engine.apply(ops, false)?;
+        report.chunks += 1;
+        report.blocks += g.blocks.len() as u64;
+        report.samples += samples as u64;
+        Ok(())
+    }
+
+    /// Deletes every tenant's data of hours wholly before its retention
+    /// cutoff and reclaims the space. Without a retention policy, nothing.
+    pub fn expire(&self) -> Result<CompactionReport, StoreError> {
+        let mut report = CompactionReport::default();
+        let Some(retention) = self.retention.clone() else {
+            return Ok(report);
+        };
+        for cf in [Cf::Raw, Cf::Ofu, Cf::Head, Cf::Rollup] {
+            let mut cursor: Vec<u8> = Vec::new();
+            let mut touched: Option<(Vec<u8>, Vec<u8>)> = None;
+            loop {
+                // Seek to the next series.
+                let mut next: Option<(Vec<u8>, String)> = None;
+                let mut bad = None;
+                self.engine.scan(cf, &cursor, &[0xff; 8], &mut |k, _| {
+                    match keys::series_prefix(cf, k) {
+                        Some((plen, tenant)) => next = Some((k[..plen].to_vec(), tenant.into())),
+                        None => bad = Some(k.to_vec()),
+                    }
+                    false
+                })?;
+                if let Some(mut k) = bad {
+                    k.push(0);
+                    cursor = k;
+                    continue;
+                }
+                let Some((prefix, tenant)) = next else { break };
+                let cutoff = window_of(retention.cutoff(&tenant));
+                let mut from = prefix.clone();
+                keys::put_ts(&mut from, i64::MIN);
+                let mut to = prefix.clone();
+                // Chunks and blocks are keyed by their last sample, rollups
+                // by their hour: both below `cutoff` are wholly expired.
+                keys::put_ts(&mut to, cutoff);
+                let mut any = false;
+                self.engine.scan(cf, &from, &to, &mut |_, _| {
+                    any = true;
+                    false
+                })?;
+                if any {
+                    self.engine
+                        .apply(vec![Op::DeleteRange(cf, from.clone(), to.clone())], false)?;
+                    report.expired_ranges += 1;
+                    touched = Some(match touched {
+                        None => (from, to),
+                        Some((f, _)) => (f, to),
+                    });
+                }
+                cursor = upper(&prefix);
+            }
+            if let Some((from, to)) = touched {
+                self.engine.compact_range(cf, &from, &to)?;
+            }
+        }
+        // Events: `e · tenant · ts`.
+        let mut tenants = std::collections::BTreeSet::new();
+        let (efrom, eto) = keys::meta_range(super::model::META_EVENT, &[]);
+        let mut cursor = efrom;
+        loop {
+            let mut found = None;
+            self.engine.scan(Cf::Meta, &cursor, &eto, &mut |k, _| {
+                let mut pos = 1;
+                found = keys::get_str(k, &mut pos).map(str::to_string);
+                false
+            })?;
+            let Some(t) = found else { break };
+            let (_, to) = keys::meta_range(super::model::META_EVENT, &[&t]);
+            cursor = to;
+            tenants.insert(t);
+        }
+        for t in tenants {
+            let base = keys::meta_key(super::model::META_EVENT, &[&t]);
+            let mut to = base.clone();
+            keys::put_ts(&mut to, retention.cutoff(&t));
+            self.engine
+                .apply(vec![Op::DeleteRange(Cf::Meta, base, to)], false)?;
+        }
+        Ok(report)
+    }
+}
+
+/// Runs compaction on the store's schedule ([`Store::with_compaction`])
+/// and retention every hour, until `stop` turns true. Failures are logged
+/// and retried on the next round.
+pub async fn run_compactor(
+    store: Store,
+    clock: Arc<dyn Clock>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let (every, seal_delay) = store.schedule;
+    let seal_ms = i64::try_from(seal_delay.as_millis()).unwrap_or(i64::MAX);
+    let mut last_expiry = i64::MIN;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let now = clock.now_ms();
+        let expire = now.saturating_sub(last_expiry) >= WINDOW_MS;
+        let s = store.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let mut r = s.compact(now, seal_ms)?;
+            if expire {
+                r.expired_ranges = s.expire()?.expired_ranges;
+            }
+            Ok::<_, StoreError>(r)
+        })
+        .await;
+        match r {
+            Ok(Ok(r)) => {
+                if expire {
+                    last_expiry = now;
+                }
+                if r.chunks > 0 || r.expired_ranges > 0 {
+                    tracing::debug!(?r, "compaction");
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "compaction failed"),
+            Err(e) => tracing::warn!(error = %e, "compaction task failed"),
+        }
+    }
+}
