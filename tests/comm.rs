@@ -143,4 +143,14 @@ async fn moe_all_to_all_bursts_show_in_the_infiniband_series() {
         .lines()
         .any(|l| l.starts_with("flopwatch_gpu_metric{") && l.contains("ib:")));
     collector.stop().await;
+
+    // Devices are kept with their node's record: after a restart, with no
+    // agent connected, the port's series still answers in full.
+    let collector = TestCollector::start(dir.path()).await;
+    let mut q = collector.query().await;
+    let again = series(&mut q, &port(find("moe-train")), "ib_rx_bytes_s")
+        .await
+        .values;
+    assert_eq!(again.len(), moe.len());
+    collector.stop().await;
 }

@@ -211,6 +211,7 @@ impl Session {
             gpus: hello.gpus.len() as u32,
             last_seen_ms: now,
             labels: hello.node.labels.clone(),
+            devices: crate::store::DeviceRecord::from_hello(&hello.devices),
         };
         let gpus: Vec<GpuRecord> = hello
             .gpus
@@ -635,6 +636,7 @@ impl Session {
             gpus: self.gpus.len() as u32,
             last_seen_ms: now,
             labels: self.hello.node.labels.clone(),
+            devices: crate::store::DeviceRecord::from_hello(&self.hello.devices),
         });
         set.series = batch.series.clone();
         (set, batch_ofu)

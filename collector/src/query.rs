@@ -258,14 +258,31 @@ impl v1::query_server::Query for QueryService {
             .into_iter()
             .find(|(t, g)| scope.allows(t) && g.uuid == req.gpu_uuid)
             .map(|(t, _)| t);
-        // A node device's series (docs/COUNTERS.md) is keyed like a GPU's.
-        let Some(tenant) = gpu_tenant.or_else(|| {
-            self.c
+        // A node device's series (docs/COUNTERS.md) is keyed like a GPU's;
+        // its node's record keeps it across restarts.
+        let device_tenant = || -> Result<Option<String>, CollectorError> {
+            if let Some(t) = self
+                .c
                 .live
                 .device_tenants(&req.gpu_uuid)
                 .into_iter()
                 .find(|t| scope.allows(t))
-        }) else {
+            {
+                return Ok(Some(t));
+            }
+            Ok(self
+                .c
+                .store
+                .nodes(None)?
+                .into_iter()
+                .find(|(t, n)| scope.allows(t) && n.devices.iter().any(|d| d.id == req.gpu_uuid))
+                .map(|(t, _)| t))
+        };
+        let tenant = match gpu_tenant {
+            Some(t) => Some(t),
+            None => device_tenant()?,
+        };
+        let Some(tenant) = tenant else {
             return Err(CollectorError::NotFound("no such GPU or device".into()).into());
         };
         let limit = if req.limit == 0 {

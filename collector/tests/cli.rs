@@ -423,6 +423,16 @@ fn demo_then_select_from_its_store() {
         dropped.contains(&"mem_clock_mhz") && dropped.contains(&"fp64_active"),
         "{dropped:?}"
     );
+    // Node devices (docs/COUNTERS.md) reach the selector from the store:
+    // a steady link's state is low-variance, a port's traffic is kept.
+    assert!(dropped.contains(&"ib_port_active"), "{dropped:?}");
+    let kept: Vec<&str> = kept.iter().map(|v| v.as_str().unwrap()).collect();
+    assert!(
+        kept.iter()
+            .any(|m| m.starts_with("ib_") && m.ends_with("_bytes_s")),
+        "{kept:?}"
+    );
+    assert!(kept.iter().any(|m| m.starts_with("host_")), "{kept:?}");
     let toml_text = std::fs::read_to_string(&selected).unwrap();
     assert!(toml_text.contains("metrics"), "{toml_text}");
 }

@@ -28,8 +28,8 @@ pub mod rocks;
 
 pub use compact::{run_compactor, CompactionReport};
 pub use model::{
-    AgentKey, CommitSet, GpuRecord, JobRecord, NodeRecord, OfuAgg, OfuPiece, OfuSample, Retention,
-    Store, StoredSeries, WINDOW_MS,
+    AgentKey, CommitSet, DeviceRecord, GpuRecord, JobRecord, NodeRecord, OfuAgg, OfuPiece,
+    OfuSample, Retention, Store, StoredSeries, WINDOW_MS,
 };
 
 /// Column families.

@@ -45,6 +45,35 @@ pub struct NodeRecord {
     pub last_seen_ms: i64,
     /// Labels.
     pub labels: std::collections::BTreeMap<String, String>,
+    /// The node's devices (InfiniBand ports, NUMA nodes, the host), as its
+    /// agent last listed them: their series outlive the connection.
+    #[serde(default)]
+    pub devices: Vec<DeviceRecord>,
+}
+
+/// A node device (docs/COUNTERS.md), kept with its node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceRecord {
+    /// Series key, `<local>@<node_id>`.
+    pub id: String,
+    /// `ib_port`, `numa_node` or `host`.
+    pub kind: String,
+    /// Name on the node.
+    pub name: String,
+}
+
+impl DeviceRecord {
+    /// The records of a Hello's devices.
+    pub fn from_hello(devices: &[flopwatch_proto::model::DeviceInfo]) -> Vec<Self> {
+        devices
+            .iter()
+            .map(|d| Self {
+                id: d.id.clone(),
+                kind: d.kind.clone(),
+                name: d.name.clone(),
+            })
+            .collect()
+    }
 }
 
 /// A GPU as the collector last saw it.
