@@ -239,3 +239,61 @@ async fn tenants_see_only_their_own_data() {
     );
     c.stop().await;
 }
+
+/// Past `max_agents` streams a new one is refused with RESOURCE_EXHAUSTED
+/// (its agent fails over); a freed slot takes the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_past_max_agents_are_refused_until_one_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = CollectorConfig {
+        data_dir: dir.path().to_path_buf(),
+        anonymous_tenant: Some("default".into()),
+        max_agents: 1,
+        ..Default::default()
+    };
+    let c = TestCollector::start_config(&cfg, Auth::from_config(&cfg), Vec::new()).await;
+    let mut client = IngestClient::connect(c.url.clone()).await.unwrap();
+    let open = |client: &mut IngestClient<tonic::transport::Channel>, node: &'static str| {
+        let mut client = client.clone();
+        async move {
+            let (tx, rx) = mpsc::channel(8);
+            tx.send(hello(node, &format!("GPU-{node}"))).await.unwrap();
+            let r = client.stream(ReceiverStream::new(rx)).await;
+            (tx, r)
+        }
+    };
+    let (first_tx, first) = open(&mut client, "n1").await;
+    let mut first = first.unwrap().into_inner();
+    assert!(matches!(
+        next(&mut first).await,
+        collector_message::Msg::Welcome(_)
+    ));
+    let (_tx, second) = open(&mut client, "n2").await;
+    let err = second.expect_err("a second stream is over the limit");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    assert!(err.message().contains("another collector"), "{err}");
+
+    // The first agent goes away: its slot frees and the next one is served.
+    drop(first_tx);
+    drop(first);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_tx, third) = open(&mut client, "n3").await;
+        match third {
+            Ok(s) => {
+                let mut s = s.into_inner();
+                assert!(matches!(
+                    next(&mut s).await,
+                    collector_message::Msg::Welcome(_)
+                ));
+                break;
+            }
+            Err(e) if e.code() == Code::ResourceExhausted => {
+                assert!(std::time::Instant::now() < deadline, "slot never freed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    c.stop().await;
+}

@@ -44,6 +44,8 @@ const OUTBOX: usize = 64;
 pub struct IngestService {
     collector: Arc<Collector>,
     shutdown: tokio::sync::watch::Receiver<bool>,
+    /// One permit per agent stream (`max_agents`).
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl IngestService {
@@ -52,9 +54,13 @@ impl IngestService {
     /// agents move on (a graceful server shutdown would otherwise wait for
     /// agents' never-ending streams).
     pub fn new(collector: Arc<Collector>, shutdown: tokio::sync::watch::Receiver<bool>) -> Self {
+        let slots = Arc::new(tokio::sync::Semaphore::new(
+            collector.settings.max_agents.max(1) as usize,
+        ));
         Self {
             collector,
             shutdown,
+            slots,
         }
     }
 
@@ -118,6 +124,14 @@ impl v1::ingest_server::Ingest for IngestService {
             .map_err(CollectorError::from)?;
         let hello = Hello::try_from(wire_hello)
             .map_err(|e| Status::invalid_argument(format!("hello: {e}")))?;
+        // Held for the stream's life: memory stays bounded by max_agents
+        // streams × one batch each.
+        let slot = self.slots.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "collector serves its maximum of {} agent streams; try another collector",
+                self.collector.settings.max_agents
+            ))
+        })?;
         let mut session = Session::open(self.collector.clone(), tenant, hello).await?;
         let (tx, rx) = mpsc::channel(OUTBOX);
         let welcome = v1::Welcome {
@@ -169,6 +183,7 @@ impl v1::ingest_server::Ingest for IngestService {
                     }
                 }
                 stats.stats.agents_connected.fetch_sub(1, Ordering::Relaxed);
+                drop(slot);
             }
             .instrument(span),
         );

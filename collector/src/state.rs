@@ -24,6 +24,8 @@ pub struct Settings {
     pub retention_ms: i64,
     /// Largest batch, bytes.
     pub max_batch_bytes: u32,
+    /// Most agent streams at once.
+    pub max_agents: u32,
     /// Policy sent to agents.
     pub policy: Policy,
     /// Regression and straggler detection.
@@ -45,6 +47,7 @@ impl Settings {
             max_future_ms: ms(c.max_future),
             retention_ms: ms(c.retention),
             max_batch_bytes: c.max_batch_bytes,
+            max_agents: c.max_agents,
             policy: Policy {
                 min_interval_ms: ms(c.policy.min_interval) as u32,
                 max_interval_ms: ms(c.policy.max_interval) as u32,

@@ -27,6 +27,10 @@ pub struct CollectorConfig {
     pub max_future: Duration,
     /// Largest encoded batch accepted, bytes.
     pub max_batch_bytes: u32,
+    /// Most agent streams served at once; past it a new stream gets
+    /// RESOURCE_EXHAUSTED and its agent fails over. With `max_batch_bytes`
+    /// this bounds the memory ingest can hold.
+    pub max_agents: u32,
     /// fsync the RocksDB WAL before acknowledging. Off: an acked batch
     /// survives a process crash (kill -9) but not a power loss.
     pub sync_wal: bool,
@@ -174,6 +178,7 @@ impl Default for CollectorConfig {
             gpu_specs: None,
             max_future: Duration::from_secs(600),
             max_batch_bytes: 4 * 1024 * 1024,
+            max_agents: 10_000,
             sync_wal: false,
             retention: Duration::from_secs(30 * 24 * 3600),
             tenant_retention: BTreeMap::new(),
@@ -262,6 +267,7 @@ impl Validate for CollectorConfig {
         "gpu_specs",
         "max_future",
         "max_batch_bytes",
+        "max_agents",
         "sync_wal",
         "retention",
         "tenant_retention",
@@ -285,6 +291,9 @@ impl Validate for CollectorConfig {
                     format!("`{p}` must start with http:// or https://"),
                 ));
             }
+        }
+        if self.max_agents == 0 {
+            return Err(ConfigError::invalid("max_agents", "must be at least 1"));
         }
         if self.max_batch_bytes < 1024 {
             return Err(ConfigError::invalid(
