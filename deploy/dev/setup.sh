@@ -7,9 +7,11 @@
 set -euo pipefail
 
 need=()
+# libclang itself (libclang.so, libclang-14.so.1), not libclang-cpp, which
+# bindgen cannot use.
 have_libclang() {
-  ldconfig -p 2>/dev/null | grep -q 'libclang\(-[0-9.]*\)\?\.so' && return 0
-  ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1
+  ldconfig -p 2>/dev/null | grep -Eq 'libclang(-[0-9.]+)?\.so' && return 0
+  ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so* >/dev/null 2>&1
 }
 have_libclang || need+=(libclang-dev)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
