@@ -671,6 +671,11 @@ fn collector_statefulset_keeps_its_data_and_has_a_governing_headless_service() {
         cfg.collector_id, "flopwatch-collector-0",
         "from the pod name"
     );
+    // The gRPC port serves TLS; the kubelet's grpc probes speak plaintext,
+    // so they use the plaintext health port (health_listen).
+    assert!(cfg.tls.is_some() && !cfg.plaintext, "gRPC over TLS");
+    let health = cfg.health_listen.expect("health_listen for the probes");
+    assert_eq!(health.port() as i32, port_named(c, "health"));
     for (what, p) in [
         ("readiness", &c.readiness_probe),
         ("liveness", &c.liveness_probe),
@@ -678,10 +683,20 @@ fn collector_statefulset_keeps_its_data_and_has_a_governing_headless_service() {
         let p = p.as_ref().unwrap_or_else(|| panic!("no {what} probe"));
         assert_eq!(
             p.grpc.as_ref().map(|g| g.port),
-            Some(7070),
-            "{what}: grpc.health.v1"
+            Some(health.port() as i32),
+            "{what}: grpc.health.v1 on the plaintext health port"
         );
     }
+    // The TLS files come from a mounted Secret.
+    let tls = cfg.tls.as_ref().unwrap();
+    let (vol, _, _) = mount_holding(c, &tls.cert);
+    assert!(
+        pod.volumes
+            .iter()
+            .flatten()
+            .any(|v| v.name == vol && v.secret.is_some()),
+        "tls.cert is not on a Secret volume"
+    );
     let sc = c.security_context.as_ref().expect("securityContext");
     assert_eq!(sc.read_only_root_filesystem, Some(true));
     assert_eq!(sc.allow_privilege_escalation, Some(false));

@@ -230,7 +230,7 @@ fn cluster(root: &Path, n: usize) -> Vec<CollectorSpec> {
                 &config,
                 format!(
                     "listen = \"127.0.0.1:{}\"\nmetrics_listen = \"127.0.0.1:0\"\n\
-                     data_dir = \"{}\"\nanonymous_tenant = \"default\"\npeers = [{}]\n",
+                     data_dir = \"{}\"\nanonymous_tenant = \"default\"\nplaintext = true\npeers = [{}]\n",
                     ports[i],
                     dir.join("data").display(),
                     peers.join(", ")

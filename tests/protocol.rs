@@ -168,6 +168,7 @@ async fn tenants_see_only_their_own_data() {
                 query_tokens: vec![QueryToken {
                     sha256: digest("acme-read"),
                 }],
+                ..Default::default()
             },
             TenantConfig {
                 name: "beta".into(),
@@ -175,6 +176,7 @@ async fn tenants_see_only_their_own_data() {
                 query_tokens: vec![QueryToken {
                     sha256: digest("beta-read"),
                 }],
+                ..Default::default()
             },
         ],
         ..Default::default()

@@ -10,6 +10,7 @@
 //! goes back once it answers, after the batches on the wire are acknowledged (so a batch is
 //! not sent to two collectors when it can be helped).
 
+use crate::channel::TlsClient;
 use crate::outbox::Outbox;
 use flopwatch_proto::model::{Hello, Policy};
 use flopwatch_proto::v1::{self, agent_message, collector_message, AgentMessage};
@@ -19,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
 /// Unacknowledged batches allowed on the wire.
@@ -42,6 +43,8 @@ pub struct ClientOptions {
     pub collectors: Vec<String>,
     /// Bearer token.
     pub token: Option<String>,
+    /// TLS for `https://` collectors.
+    pub tls: crate::channel::TlsClient,
     /// The Hello to open each stream with.
     pub hello: Hello,
     /// How long a shutdown waits for outstanding acks.
@@ -64,6 +67,10 @@ pub struct ClientState {
     pub connections: u64,
     /// Times the client moved to another collector than its home.
     pub failovers: u64,
+    /// Largest batch the collector accepts, bytes (0 before a Welcome).
+    pub max_batch_bytes: u32,
+    /// Batches refused for the tenant's ingest rate and sent again later.
+    pub throttled: u64,
 }
 
 enum End {
@@ -141,11 +148,9 @@ pub async fn run(opts: ClientOptions, outbox: Arc<Outbox>, state: watch::Sender<
     }
 }
 
-async fn connect(url: &str) -> Result<Channel, String> {
-    Endpoint::from_shared(url.to_string())
+async fn connect(tls: &TlsClient, url: &str) -> Result<Channel, String> {
+    tls.client_endpoint(url)
         .map_err(|e| e.to_string())?
-        .connect_timeout(Duration::from_secs(3))
-        .tcp_nodelay(true)
         .http2_keep_alive_interval(KEEPALIVE)
         .keep_alive_timeout(KEEPALIVE)
         .keep_alive_while_idle(true)
@@ -171,9 +176,9 @@ struct HealthCheckResponse {
 /// Whether the collector at `url` answers its gRPC health check for the
 /// Ingest service within a second (an open port alone is not enough: a
 /// stalled process still completes TCP handshakes).
-async fn answers(url: &str) -> bool {
+async fn answers(tls: &TlsClient, url: &str) -> bool {
     let probe = async {
-        let channel = connect(url).await.ok()?;
+        let channel = connect(tls, url).await.ok()?;
         let mut grpc = tonic::client::Grpc::new(channel);
         grpc.ready().await.ok()?;
         let path =
@@ -212,7 +217,7 @@ async fn session(
     state: &watch::Sender<ClientState>,
     drain_deadline: &mut Option<Instant>,
 ) -> End {
-    let channel = match connect(url).await {
+    let channel = match connect(&opts.tls, url).await {
         Ok(c) => c,
         Err(e) => return failed(format!("connect: {e}")),
     };
@@ -256,6 +261,7 @@ async fn session(
         s.connected_to = Some(url.to_string());
         s.tenant = welcome.tenant.clone();
         s.policy = welcome.policy.clone().map(Into::into);
+        s.max_batch_bytes = welcome.max_batch_bytes;
         s.connections += 1;
         if home.is_some() {
             s.failovers += 1;
@@ -272,6 +278,8 @@ async fn session(
     let mut last_answer = Instant::now();
     let mut next_probe = Instant::now() + HOME_PROBE;
     let mut going_home: Option<Instant> = None;
+    // Set by a rate-limit refusal: nothing is sent before this.
+    let mut hold_until: Option<Instant> = None;
     loop {
         if outbox.is_closed() {
             if outbox.is_empty() {
@@ -302,7 +310,10 @@ async fn session(
             tokens = (tokens + now.duration_since(refilled).as_secs_f64() * r).min(WINDOW as f64);
             refilled = now;
         }
-        let budget = if going_home.is_some() {
+        if hold_until.is_some_and(|t| Instant::now() >= t) {
+            hold_until = None;
+        }
+        let budget = if going_home.is_some() || hold_until.is_some() {
             0
         } else if rate.is_some() {
             (tokens as usize).min(WINDOW)
@@ -332,7 +343,7 @@ async fn session(
         if let Some(h) = home {
             if going_home.is_none() && Instant::now() >= next_probe {
                 next_probe = Instant::now() + HOME_PROBE;
-                if answers(h).await {
+                if answers(&opts.tls, h).await {
                     going_home = Some(Instant::now());
                     continue;
                 }
@@ -344,6 +355,16 @@ async fn session(
                     last_answer = Instant::now();
                     match m {
                         collector_message::Msg::Ack(a) => outbox.ack(a.seq),
+                        collector_message::Msg::Reject(r) if r.retry_after_ms > 0 => {
+                            // Not consumed: this batch and the ones after it
+                            // go again once the delay has passed.
+                            debug!(seq = r.seq, retry_after_ms = r.retry_after_ms, reason = %r.reason, "batch deferred by the collector");
+                            outbox.requeue_from(r.seq);
+                            let until = Instant::now()
+                                + Duration::from_millis(r.retry_after_ms.min(60_000));
+                            hold_until = Some(hold_until.map_or(until, |h| h.max(until)));
+                            state.send_modify(|s| s.throttled += 1);
+                        }
                         collector_message::Msg::Reject(r) => {
                             warn!(seq = r.seq, code = r.code, reason = %r.reason, message = %r.message, "batch rejected");
                             outbox.reject(r.seq);

@@ -13,6 +13,7 @@
 pub mod adaptive;
 pub mod attribution;
 pub mod batcher;
+pub mod channel;
 pub mod client;
 pub mod clock;
 pub mod eval;
@@ -24,6 +25,7 @@ pub mod placement;
 pub mod run;
 pub mod sampler;
 pub mod source;
+pub mod split;
 pub mod spool;
 pub mod telemetry;
 

@@ -303,6 +303,20 @@ impl Outbox {
         self.notify.notify_one();
     }
 
+    /// The collector deferred `seq` without consuming it (rate limit):
+    /// it and every batch after it that is on the wire go out again, in
+    /// order.
+    pub fn requeue_from(&self, seq: u64) {
+        let mut inner = self.lock();
+        for e in inner.entries.iter_mut() {
+            if e.sent && e.batch.seq >= seq {
+                e.sent = false;
+            }
+        }
+        drop(inner);
+        self.notify.notify_one();
+    }
+
     /// The collector refused `seq` as a whole; it will never be accepted.
     pub fn reject(&self, seq: u64) {
         let mut inner = self.lock();

@@ -25,6 +25,8 @@ pub struct AgentOptions {
     pub collectors: Vec<String>,
     /// Bearer token.
     pub token: Option<String>,
+    /// TLS for `https://` collectors.
+    pub tls: crate::channel::TlsClient,
     /// How often a batch is cut.
     pub flush_interval: Duration,
     /// Most samples per batch.
@@ -174,6 +176,7 @@ impl Agent {
             ClientOptions {
                 collectors: opts.collectors.clone(),
                 token: opts.token.clone(),
+                tls: opts.tls.clone(),
                 hello,
                 drain_timeout: opts.drain_timeout,
                 max_batches_per_second,
@@ -402,7 +405,7 @@ async fn sample_loop(
             let mut b = batcher.cut(&owners, &opts.node.node_id, &opts.node.boot_id, now);
             annotate(&mut b, sampler.as_ref(), &owners, &outbox, &stats);
             b.mfu_reports = mfu.take();
-            outbox.push(b.into());
+            push_split(&outbox, &state, b.into());
             last_flush = now;
         }
     }
@@ -411,7 +414,9 @@ async fn sample_loop(
             .samples
             .fetch_add(batcher.len() as u64, Ordering::Relaxed);
         let now = clock.now_ms();
-        outbox.push(
+        push_split(
+            &outbox,
+            &state,
             batcher
                 .cut(&owners, &opts.node.node_id, &opts.node.boot_id, now)
                 .into(),
@@ -419,3 +424,23 @@ async fn sample_loop(
     }
     outbox.close();
 }
+
+/// Queues `batch`, split to fit the collector's size limit (the last
+/// Welcome's, or the default 4 MiB before any), with a margin for the
+/// fields the outbox adds.
+fn push_split(
+    outbox: &Outbox,
+    state: &watch::Receiver<ClientState>,
+    batch: flopwatch_proto::v1::Batch,
+) {
+    let limit = match state.borrow().max_batch_bytes {
+        0 => DEFAULT_MAX_BATCH_BYTES,
+        n => n as usize,
+    };
+    for part in crate::split::split(batch, limit - limit / 16) {
+        outbox.push(part);
+    }
+}
+
+/// A collector's default `max_batch_bytes`, used until a Welcome says.
+const DEFAULT_MAX_BATCH_BYTES: usize = 4 << 20;

@@ -876,6 +876,7 @@ async fn the_agent_loop_sends_attributed_jobs() {
             // Nothing listens there: batches wait in the outbox.
             collectors: vec!["http://127.0.0.1:1".into()],
             token: None,
+            tls: Default::default(),
             flush_interval: Duration::from_millis(40),
             max_batch_samples: 50_000,
             max_in_flight: 1024,

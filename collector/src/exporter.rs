@@ -21,6 +21,9 @@
 //! | `flopwatch_agents_connected` | gauge | |
 //! | `flopwatch_ingest_samples_total`, `flopwatch_ingest_batches_total`, `flopwatch_ingest_duplicate_batches_total`, `flopwatch_ingest_rejected_batches_total`, `flopwatch_ofu_samples_total` | counter | |
 //! | `flopwatch_ingest_rejected_samples_total` | counter | `reason` |
+//! | `flopwatch_tenant_rejected_samples_total`, `flopwatch_tenant_rejected_batches_total` | counter | `tenant`, `reason` |
+//! | `flopwatch_tenant_active_series` | gauge | `tenant` |
+//! | `flopwatch_auth_failures_total` | counter | `service`, `kind` |
 //! | `flopwatch_ack_latency_seconds` | histogram | |
 //! | `flopwatch_regressions_total`, `flopwatch_stragglers_total`, `flopwatch_mfu_mismatches_total` | counter | `tenant` |
 //! | `flopwatch_remote_write_samples_total`, `…_failures_total`, `…_dropped_samples_total` | counter | |
@@ -323,6 +326,54 @@ impl prometheus_client::collector::Collector for Exporter {
                     vec![("reason".to_string(), r.name().to_string())],
                     s.rejected(*r),
                 )
+            }),
+        )?;
+        counter(
+            &mut enc,
+            "flopwatch_tenant_rejected_samples",
+            "Samples dropped by validation and limits, by tenant and reason.",
+            s.rejected_by_tenant().into_iter().map(|((t, r), n)| {
+                (
+                    vec![
+                        ("tenant".to_string(), t),
+                        ("reason".to_string(), r.name().to_string()),
+                    ],
+                    n,
+                )
+            }),
+        )?;
+        counter(
+            &mut enc,
+            "flopwatch_tenant_rejected_batches",
+            "Batches refused as a whole, by tenant and reason (rate_limited, batch_too_large, malformed_batch, identity_mismatch).",
+            s.batch_rejects().into_iter().map(|((t, r), n)| {
+                (
+                    vec![("tenant".to_string(), t), ("reason".to_string(), r)],
+                    n,
+                )
+            }),
+        )?;
+        counter(
+            &mut enc,
+            "flopwatch_auth_failures",
+            "Refused credentials, by service (ingest, query) and kind (unauthenticated, permission_denied).",
+            s.auth_failures().into_iter().map(|((svc, kind), n)| {
+                (
+                    vec![
+                        ("service".to_string(), svc.to_string()),
+                        ("kind".to_string(), kind.to_string()),
+                    ],
+                    n,
+                )
+            }),
+        )?;
+        gauges(
+            &mut enc,
+            "flopwatch_tenant_active_series",
+            "Series with a sample in the last hour, per tenant (the max_series limit counts these).",
+            c.limits.tenants().into_iter().map(|t| {
+                let n = c.limits.active_series(&t, now) as f64;
+                (vec![("tenant".to_string(), t)], n)
             }),
         )?;
         counter(

@@ -19,11 +19,12 @@
 //! response carries the metadata `x-flopwatch-partial: N` (peers missing).
 
 use crate::query::QueryService;
+use flopwatch_agent::channel::TlsClient;
 use flopwatch_proto::v1::{self, query_client::QueryClient, query_server::Query};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 use tracing::warn;
 
@@ -43,12 +44,18 @@ pub struct FanoutQuery {
 
 impl FanoutQuery {
     /// Answers with `local` and the collectors at `peers` (query URLs).
-    pub fn new(local: QueryService, peers: &[String]) -> Result<Self, crate::CollectorError> {
+    /// `tls` is used for `https://` peers.
+    pub fn new(
+        local: QueryService,
+        peers: &[String],
+        tls: &TlsClient,
+    ) -> Result<Self, crate::CollectorError> {
         let peers = peers
             .iter()
             .map(|p| {
-                let ch = Endpoint::from_shared(p.clone())
-                    .map_err(|e| crate::CollectorError::Setup(format!("peers: `{p}`: {e}")))?
+                let ch = tls
+                    .endpoint(p)
+                    .map_err(|e| crate::CollectorError::Setup(format!("peers: {e}")))?
                     .connect_timeout(Duration::from_secs(2))
                     .connect_lazy();
                 Ok((p.clone(), ch))

@@ -16,13 +16,14 @@
 //! Batches of one stream are processed in order; the agent's in-flight
 //! window bounds what the collector holds per stream.
 
-use crate::auth::bearer;
+use crate::auth::{AgentIdentity, AuthError, Credentials};
 use crate::events::EventRecord;
+use crate::limits::RetryAfter;
 use crate::live::{BatchOfu, BatchView};
 use crate::ofu::{ofu, Mean};
 use crate::state::Collector;
 use crate::store::{AgentKey, CommitSet, GpuRecord, JobRecord, NodeRecord, OfuSample};
-use crate::validate::{validate, Rules};
+use crate::validate::{validate, Reason, Rules};
 use crate::CollectorError;
 use flopwatch_proto::metrics as m;
 use flopwatch_proto::model::{Batch, Hello};
@@ -88,6 +89,15 @@ type OfuInputs<'a> = (
 struct Session {
     c: Arc<Collector>,
     tenant: String,
+    /// Who the stream authenticated as, what it presented, and the
+    /// credential table's generation it was checked against.
+    identity: AgentIdentity,
+    creds: Credentials,
+    auth_generation: u64,
+    /// A batch refused for the tenant's rate, and until when: it and every
+    /// later batch are refused (not consumed) until the agent sends it
+    /// again.
+    throttled: Option<(u64, i64)>,
     agent: AgentKey,
     hello: Hello,
     gpus: HashSet<String>,
@@ -105,7 +115,7 @@ impl v1::ingest_server::Ingest for IngestService {
         &self,
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
-        let token = bearer(request.metadata());
+        let mut creds = Credentials::of(&request);
         let mut inbound = request.into_inner();
         let first = inbound
             .message()
@@ -116,12 +126,14 @@ impl v1::ingest_server::Ingest for IngestService {
                 "the first message must be a Hello",
             ));
         };
-        let hello_token = (!wire_hello.token.is_empty()).then(|| wire_hello.token.clone());
-        let tenant = self
-            .collector
-            .auth
-            .agent(token.or(hello_token).as_deref())
-            .map_err(CollectorError::from)?;
+        if creds.token.is_none() && !wire_hello.token.is_empty() {
+            creds.token = Some(wire_hello.token.clone());
+        }
+        let auth = self.collector.auth();
+        let identity = auth.agent(&creds).map_err(|e| {
+            self.collector.stats.auth_failure("ingest", &e);
+            CollectorError::from(e)
+        })?;
         let hello = Hello::try_from(wire_hello)
             .map_err(|e| Status::invalid_argument(format!("hello: {e}")))?;
         // Held for the stream's life: memory stays bounded by max_agents
@@ -132,7 +144,14 @@ impl v1::ingest_server::Ingest for IngestService {
                 self.collector.settings.max_agents
             ))
         })?;
-        let mut session = Session::open(self.collector.clone(), tenant, hello).await?;
+        let mut session = Session::open(
+            self.collector.clone(),
+            identity,
+            creds,
+            auth.generation(),
+            hello,
+        )
+        .await?;
         let (tx, rx) = mpsc::channel(OUTBOX);
         let welcome = v1::Welcome {
             collector_id: self.collector.settings.collector_id.clone(),
@@ -192,7 +211,14 @@ impl v1::ingest_server::Ingest for IngestService {
 }
 
 impl Session {
-    async fn open(c: Arc<Collector>, tenant: String, hello: Hello) -> Result<Self, Status> {
+    async fn open(
+        c: Arc<Collector>,
+        identity: AgentIdentity,
+        creds: Credentials,
+        auth_generation: u64,
+        hello: Hello,
+    ) -> Result<Self, Status> {
+        let tenant = identity.tenant.clone();
         let now = c.clock.now_ms();
         if hello.gpus.len() > 1024 {
             return Err(Status::invalid_argument("more than 1024 GPUs in Hello"));
@@ -200,13 +226,15 @@ impl Session {
         if hello.devices.len() > 4096 {
             return Err(Status::invalid_argument("more than 4096 devices in Hello"));
         }
+        let node_suffix = format!("@{}", hello.node.node_id);
         for d in &hello.devices {
             if d.id.is_empty()
                 || d.id.len() > crate::validate::MAX_ID_LEN
                 || hello.gpus.iter().any(|g| g.uuid == d.id)
+                || !d.id.ends_with(&node_suffix)
             {
                 return Err(Status::invalid_argument(format!(
-                    "device id `{}` empty, too long or a GPU's UUID",
+                    "device id `{}` empty, too long, a GPU's UUID, or not `<name>@<node_id>` of this node",
                     d.id.chars()
                         .take(crate::validate::MAX_ID_LEN)
                         .collect::<String>()
@@ -227,6 +255,7 @@ impl Session {
             last_seen_ms: now,
             labels: hello.node.labels.clone(),
             devices: crate::store::DeviceRecord::from_hello(&hello.devices),
+            owner: identity.principal.clone(),
         };
         let gpus: Vec<GpuRecord> = hello
             .gpus
@@ -261,6 +290,20 @@ impl Session {
             gpus: gpus.clone(),
             ..Default::default()
         };
+        // Ownership is checked and claimed under one lock, so two agents
+        // racing for a new node cannot both win it; the write takes one of
+        // the tenant's commit slots like any other (crate::limits).
+        let claim_lock = c.claims(&tenant);
+        let claims = claim_lock.lock().await;
+        let slot = c.limits.commit_slot(&tenant).await;
+        crate::ownership::check(&c, &identity, &hello)
+            .await
+            .inspect_err(|e| {
+                if let CollectorError::Auth(a) = e {
+                    c.stats.auth_failure("ingest", a);
+                }
+                warn!(tenant = %tenant, node = %hello.node.node_id, principal = %identity.principal, "node registration refused: {e}");
+            })?;
         let store = c.store.clone();
         let key = agent.clone();
         let t = tenant.clone();
@@ -271,6 +314,7 @@ impl Session {
         .await
         .map_err(|e| Status::internal(e.to_string()))?
         .map_err(CollectorError::from)?;
+        drop((slot, claims));
         c.remember_gpus(&tenant, &gpus);
         info!(tenant = %tenant, agent = %agent.agent_id, gpus = gpus.len(), acked, "agent connected");
         Ok(Self {
@@ -278,6 +322,10 @@ impl Session {
             devices: hello.devices.iter().map(|d| d.id.clone()).collect(),
             c,
             tenant,
+            identity,
+            creds,
+            auth_generation,
+            throttled: None,
             agent,
             hello,
             acked,
@@ -285,11 +333,39 @@ impl Session {
         })
     }
 
+    /// Checks the stream's credentials again after a reload of the
+    /// credential table: a removed token or certificate rule, or one that
+    /// now names another tenant or principal, ends the stream.
+    fn reauthorize(&mut self) -> Result<(), Status> {
+        let auth = self.c.auth();
+        if auth.generation() == self.auth_generation {
+            return Ok(());
+        }
+        match auth.agent(&self.creds) {
+            Ok(id)
+                if id.tenant == self.identity.tenant
+                    && id.principal == self.identity.principal
+                    && id.nodes.allows(&self.hello.node.node_id) =>
+            {
+                self.identity = id;
+                self.auth_generation = auth.generation();
+                Ok(())
+            }
+            Ok(_) => {
+                warn!(agent = %self.agent.agent_id, "credentials changed by a reload: stream ended");
+                self.c.stats.auth_failure("ingest", &AuthError::Denied);
+                Err(CollectorError::Auth(AuthError::Denied).into())
+            }
+            Err(e) => {
+                warn!(agent = %self.agent.agent_id, "credentials revoked by a reload: stream ended");
+                self.c.stats.auth_failure("ingest", &e);
+                Err(CollectorError::Auth(e).into())
+            }
+        }
+    }
+
     fn reject(&self, seq: u64, code: Code, reason: &str, message: String) -> CollectorMessage {
-        self.c
-            .stats
-            .batches_rejected
-            .fetch_add(1, Ordering::Relaxed);
+        self.c.stats.batch_rejected(&self.tenant, reason);
         debug!(seq, reason, %message, "batch rejected");
         CollectorMessage {
             msg: Some(collector_message::Msg::Reject(v1::Reject {
@@ -297,6 +373,28 @@ impl Session {
                 code: code as i32,
                 reason: reason.to_string(),
                 message,
+                retry_after_ms: 0,
+            })),
+        }
+    }
+
+    /// Refuses `seq` for the tenant's ingest rate without consuming it: the
+    /// agent sends it (and what follows) again after `retry_after_ms`.
+    fn throttle(&mut self, seq: u64, retry_after_ms: u64, now: i64) -> CollectorMessage {
+        if self.throttled.is_none_or(|(t, _)| seq <= t) {
+            self.throttled = Some((seq, now.saturating_add(retry_after_ms as i64)));
+        }
+        self.c.stats.batch_rejected(&self.tenant, "rate_limited");
+        debug!(seq, retry_after_ms, "batch over the tenant's ingest rate");
+        CollectorMessage {
+            msg: Some(collector_message::Msg::Reject(v1::Reject {
+                seq,
+                code: Code::ResourceExhausted as i32,
+                reason: "rate_limited".into(),
+                message: format!(
+                    "over the tenant's ingest rate; send this batch again in {retry_after_ms} ms"
+                ),
+                retry_after_ms,
             })),
         }
     }
@@ -307,6 +405,7 @@ impl Session {
         if seq <= self.acked {
             return Ok(());
         }
+        let _slot = self.c.limits.commit_slot(&self.tenant).await;
         let set = CommitSet {
             agent: Some(self.agent.clone()),
             seq,
@@ -335,6 +434,7 @@ impl Session {
 
     async fn batch(&mut self, wire: v1::Batch) -> Result<CollectorMessage, Status> {
         let arrived = std::time::Instant::now();
+        self.reauthorize()?;
         let seq = wire.seq;
         let size = wire.encoded_len();
         if seq == 0 {
@@ -356,6 +456,12 @@ impl Session {
                 duplicate: true,
                 ..Default::default()
             }));
+        }
+        let now = self.c.clock.now_ms();
+        if let Some((t, until)) = self.throttled {
+            if seq > t {
+                return Ok(self.throttle(seq, (until - now).max(1) as u64, now));
+            }
         }
         if size > self.c.settings.max_batch_bytes as usize {
             self.consume(seq).await?;
@@ -380,6 +486,13 @@ impl Session {
                 "batch agent_id/boot_id differ from the stream's Hello".into(),
             ));
         }
+        let samples: usize = wire.series.iter().map(|s| s.timestamps_ms.len()).sum();
+        if let Err(RetryAfter(ms)) = self.c.limits.admit(&self.tenant, samples as u64, now) {
+            return Ok(self.throttle(seq, ms, now));
+        }
+        if self.throttled.is_some_and(|(t, _)| t == seq) {
+            self.throttled = None;
+        }
         let mut batch = match Batch::try_from(wire) {
             Ok(b) => b,
             Err(e) => {
@@ -392,17 +505,23 @@ impl Session {
                 ));
             }
         };
-        let now = self.c.clock.now_ms();
+        // One of the tenant's commit slots, held through validation and
+        // the write (crate::limits).
+        let _slot = self.c.limits.commit_slot(&self.tenant).await;
         let rules = Rules {
             now_ms: now,
             max_future_ms: self.c.settings.max_future_ms,
-            oldest_ms: now.saturating_sub(self.c.settings.retention_ms),
+            oldest_ms: self.c.store.cutoff(&self.tenant, now),
             gpus: &self.gpus,
             devices: &self.devices,
         };
-        let rejected = validate(&mut batch, &rules);
+        let mut rejected = validate(&mut batch, &rules);
+        let over = self.c.limits.series(&self.tenant, &mut batch, now);
+        if over > 0 {
+            *rejected.entry(Reason::SeriesLimit).or_default() += over;
+        }
         for (r, n) in &rejected {
-            self.c.stats.reject(*r, *n);
+            self.c.stats.reject(&self.tenant, *r, *n);
         }
         let (set, batch_ofu) = self.commit_set(&batch, now);
         let accepted = batch.sample_count() as u64;
@@ -652,6 +771,7 @@ impl Session {
             last_seen_ms: now,
             labels: self.hello.node.labels.clone(),
             devices: crate::store::DeviceRecord::from_hello(&self.hello.devices),
+            owner: self.identity.principal.clone(),
         });
         set.series = batch.series.clone();
         (set, batch_ofu)

@@ -1,7 +1,7 @@
 //! The Query service: OFU per GPU / node / job / tenant, raw series, lists.
 //! Every call authenticates; a tenant credential sees only its tenant.
 
-use crate::auth::{bearer, Scope};
+use crate::auth::{Credentials, Scope};
 use crate::ofu::{quantile, Mean};
 use crate::state::Collector;
 use crate::store::{GpuRecord, OfuPiece};
@@ -34,7 +34,10 @@ impl QueryService {
     }
 
     fn scope<T>(&self, r: &Request<T>) -> Result<Scope, CollectorError> {
-        Ok(self.c.auth.query(bearer(r.metadata()).as_deref())?)
+        self.c.auth().query(&Credentials::of(r)).map_err(|e| {
+            self.c.stats.auth_failure("query", &e);
+            e.into()
+        })
     }
 
     fn range(&self, start: i64, end: i64) -> Result<(i64, i64), CollectorError> {
@@ -184,7 +187,7 @@ impl QueryService {
             ),
             Some(ofu_request::Scope::Tenant(t)) => {
                 if !scope.allows(t) {
-                    return Err(CollectorError::NotFound(format!("no tenant `{t}`")));
+                    return Err(CollectorError::NotFound("no such tenant".into()));
                 }
                 plain(visible.into_iter().filter(|(vt, _)| vt == t).collect())
             }

@@ -50,7 +50,22 @@ pub async fn serve(
     metrics: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), CollectorError> {
-    serve_cluster(collector, listener, metrics, &[], shutdown).await
+    serve_cluster(collector, listener, metrics, Serving::default(), shutdown).await
+}
+
+/// How the gRPC port is served beyond the listener.
+#[derive(Debug, Default)]
+pub struct Serving {
+    /// TLS on the port (`[tls]`, [`crate::tls::server_config`]); `None`
+    /// serves plaintext.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// Query URLs of the other collectors of a cluster.
+    pub peers: Vec<String>,
+    /// TLS client for `https://` peers (`[peer_tls]`).
+    pub peer_tls: flopwatch_agent::channel::TlsClient,
+    /// A plaintext listener serving only `grpc.health.v1` (`health_listen`),
+    /// for probes that cannot speak TLS, such as Kubernetes' `grpc:` probes.
+    pub health: Option<TcpListener>,
 }
 
 /// [`serve`] as a member of a cluster: queries are answered for the whole
@@ -65,16 +80,20 @@ pub async fn serve_cluster(
     collector: Arc<Collector>,
     listener: TcpListener,
     metrics: Option<TcpListener>,
-    peers: &[String],
+    serving: Serving,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), CollectorError> {
-    let fanout = if peers.is_empty() {
+    let fanout = if serving.peers.is_empty() {
         None
     } else {
-        tracing::info!(peers = peers.len(), "queries fan out to the cluster");
+        tracing::info!(
+            peers = serving.peers.len(),
+            "queries fan out to the cluster"
+        );
         Some(crate::fanout::FanoutQuery::new(
             QueryService::new(collector.clone()),
-            peers,
+            &serving.peers,
+            &serving.peer_tls,
         )?)
     };
     let (health_reporter, health) = tonic_health::server::health_reporter();
@@ -90,7 +109,7 @@ pub async fn serve_cluster(
         .build_v1()
         .map_err(|e| CollectorError::Setup(e.to_string()))?;
     let addr: Option<SocketAddr> = listener.local_addr().ok();
-    tracing::info!(?addr, "collector serving");
+    tracing::info!(?addr, tls = serving.tls.is_some(), "collector serving");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let metrics_task = metrics.map(|l| {
         tracing::info!(addr = ?l.local_addr().ok(), "serving /metrics");
@@ -138,7 +157,25 @@ pub async fn serve_cluster(
         tracing::info!("shutting down: ending agent streams");
         let _ = stop_tx.send(true);
     };
-    let router = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = serving.tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| CollectorError::Setup(format!("tls: {e}")))?;
+    }
+    let health_task = serving.health.map(|l| {
+        tracing::info!(addr = ?l.local_addr().ok(), "serving plaintext gRPC health");
+        let svc = health.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(l), async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                }),
+        )
+    });
+    let router = builder
         .add_service(health)
         .add_service(reflection)
         .add_service(IngestService::new(collector.clone(), stop_rx).server());
@@ -161,6 +198,9 @@ pub async fn serve_cluster(
         .await
         .map_err(|e| CollectorError::Setup(e.to_string()))?;
     if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
+    if let Some(t) = health_task {
         let _ = t.await;
     }
     if let Some(t) = remote_task {
@@ -239,6 +279,15 @@ pub struct Loopback {
 impl Loopback {
     /// Serves `collector` on `127.0.0.1:0`.
     pub async fn start(collector: Arc<Collector>) -> Result<Self, CollectorError> {
+        Self::start_serving(collector, Serving::default()).await
+    }
+
+    /// Serves `collector` on `127.0.0.1:0` as `serving` says (TLS, peers);
+    /// the URL is `https://` with TLS.
+    pub async fn start_serving(
+        collector: Arc<Collector>,
+        serving: Serving,
+    ) -> Result<Self, CollectorError> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| CollectorError::Setup(format!("binding 127.0.0.1:0: {e}")))?;
@@ -252,11 +301,22 @@ impl Loopback {
             .local_addr()
             .map_err(|e| CollectorError::Setup(e.to_string()))?;
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(serve(collector, listener, Some(metrics), async move {
-            let _ = rx.await;
-        }));
+        let scheme = if serving.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let task = tokio::spawn(serve_cluster(
+            collector,
+            listener,
+            Some(metrics),
+            serving,
+            async move {
+                let _ = rx.await;
+            },
+        ));
         Ok(Self {
-            url: format!("http://{addr}"),
+            url: format!("{scheme}://{addr}"),
             metrics_url: format!("http://{metrics_addr}/metrics"),
             stop,
             task,

@@ -3,6 +3,7 @@
 
 use crate::auth::Auth;
 use crate::events::{AnalysisSettings, Analyzer};
+use crate::limits::{LimitTable, Limiter};
 use crate::live::Live;
 use crate::remote_write::RemoteQueue;
 use crate::stats::Stats;
@@ -32,6 +33,8 @@ pub struct Settings {
     pub analysis: AnalysisSettings,
     /// Remote write, when configured.
     pub remote_write: Option<RemoteWriteConfig>,
+    /// Per-tenant ingest limits.
+    pub limits: LimitTable,
 }
 
 impl Settings {
@@ -66,6 +69,7 @@ impl Settings {
                 mfu_tolerance: c.analysis.mfu_tolerance,
             },
             remote_write: c.remote_write.clone(),
+            limits: LimitTable::from_config(c),
         }
     }
 }
@@ -85,8 +89,13 @@ pub struct Collector {
     pub store: Store,
     /// GPU spec table.
     pub specs: SpecTable,
-    /// Credentials.
-    pub auth: Auth,
+    /// Credentials (replaced by a reload).
+    auth: RwLock<Arc<Auth>>,
+    /// Per-tenant ingest limits and their state.
+    pub limits: Limiter,
+    /// Per tenant, held while a Hello's node ownership is checked and
+    /// recorded.
+    claims: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Settings.
     pub settings: Settings,
     /// Counters.
@@ -119,7 +128,9 @@ impl Collector {
         Ok(Arc::new(Self {
             store,
             specs,
-            auth,
+            auth: RwLock::new(Arc::new(auth)),
+            limits: Limiter::new(settings.limits.clone()),
+            claims: std::sync::Mutex::new(HashMap::new()),
             settings: settings.clone(),
             stats: Stats::default(),
             clock,
@@ -135,6 +146,32 @@ impl Collector {
             }),
             gpus: RwLock::new(gpus),
         }))
+    }
+
+    /// The lock under which a Hello of `tenant` checks and records node
+    /// ownership ([`crate::ownership`]): one per tenant, so one tenant's
+    /// reconnecting agents never wait for another's.
+    pub fn claims(&self, tenant: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut m = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(tenant.to_string()).or_default().clone()
+    }
+
+    /// The current credential table.
+    pub fn auth(&self) -> Arc<Auth> {
+        self.auth
+            .read()
+            .map(|a| a.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    /// Replaces credentials and limits (SIGHUP). Streams check their
+    /// credentials again at their next batch; queries at their next call.
+    pub fn reload(&self, auth: Auth, limits: LimitTable) {
+        match self.auth.write() {
+            Ok(mut a) => *a = Arc::new(auth),
+            Err(e) => *e.into_inner() = Arc::new(auth),
+        }
+        self.limits.reload(limits);
     }
 
     /// Remembers GPU records (after they are stored).

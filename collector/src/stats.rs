@@ -1,9 +1,12 @@
 //! The collector's own counters (exported on `/metrics` by
 //! [`crate::exporter`]; read directly by the demo).
 
+use crate::auth::AuthError;
 use crate::validate::Reason;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// Counters, all monotonic except `agents_connected`.
 #[derive(Debug)]
@@ -33,6 +36,12 @@ pub struct Stats {
     pub remote_write_failures: AtomicU64,
     /// Samples dropped because the remote-write queue was full.
     pub remote_write_dropped: AtomicU64,
+    /// Samples dropped by validation and limits, by tenant and reason.
+    by_tenant: Mutex<BTreeMap<(String, Reason), u64>>,
+    /// Batches refused as a whole, by tenant and reason.
+    batch_rejects: Mutex<BTreeMap<(String, String), u64>>,
+    /// Failed authentications and authorizations, by service and kind.
+    auth_failures: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
 }
 
 impl Default for Stats {
@@ -52,15 +61,65 @@ impl Default for Stats {
             remote_write_samples: AtomicU64::new(0),
             remote_write_failures: AtomicU64::new(0),
             remote_write_dropped: AtomicU64::new(0),
+            by_tenant: Mutex::default(),
+            batch_rejects: Mutex::default(),
+            auth_failures: Mutex::default(),
         }
     }
 }
 
 impl Stats {
-    /// Counts samples dropped for `reason`.
-    pub fn reject(&self, reason: Reason, n: u64) {
+    /// Counts samples of `tenant` dropped for `reason`.
+    pub fn reject(&self, tenant: &str, reason: Reason, n: u64) {
         let i = Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
         self.rejected[i].fetch_add(n, Ordering::Relaxed);
+        if let Ok(mut m) = self.by_tenant.lock() {
+            *m.entry((tenant.to_string(), reason)).or_default() += n;
+        }
+    }
+
+    /// Samples dropped per (tenant, reason) so far.
+    pub fn rejected_by_tenant(&self) -> Vec<((String, Reason), u64)> {
+        self.by_tenant
+            .lock()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), *v)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Counts a batch of `tenant` refused as a whole for `reason`.
+    pub fn batch_rejected(&self, tenant: &str, reason: &str) {
+        self.batches_rejected.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut m) = self.batch_rejects.lock() {
+            *m.entry((tenant.to_string(), reason.to_string()))
+                .or_default() += 1;
+        }
+    }
+
+    /// Batches refused per (tenant, reason) so far.
+    pub fn batch_rejects(&self) -> Vec<((String, String), u64)> {
+        self.batch_rejects
+            .lock()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), *v)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Counts a refused credential on `service` (`ingest`, `query`).
+    pub fn auth_failure(&self, service: &'static str, e: &AuthError) {
+        let kind = match e {
+            AuthError::Unauthenticated => "unauthenticated",
+            AuthError::Denied => "permission_denied",
+        };
+        if let Ok(mut m) = self.auth_failures.lock() {
+            *m.entry((service, kind)).or_default() += 1;
+        }
+    }
+
+    /// Refused credentials per (service, kind) so far.
+    pub fn auth_failures(&self) -> Vec<((&'static str, &'static str), u64)> {
+        self.auth_failures
+            .lock()
+            .map(|m| m.iter().map(|(k, v)| (*k, *v)).collect())
+            .unwrap_or_default()
     }
 
     /// Samples dropped for `reason` so far.

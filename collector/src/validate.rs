@@ -32,11 +32,13 @@ pub enum Reason {
     OutOfRange,
     /// An identifier longer than [`MAX_ID_LEN`].
     StringTooLong,
+    /// A new series past the tenant's `max_series` ([`crate::limits`]).
+    SeriesLimit,
 }
 
 impl Reason {
     /// Every reason, for exporting zero counters.
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 9] = [
         Reason::NonFinite,
         Reason::FutureTimestamp,
         Reason::TooOld,
@@ -45,6 +47,7 @@ impl Reason {
         Reason::OutOfOrder,
         Reason::OutOfRange,
         Reason::StringTooLong,
+        Reason::SeriesLimit,
     ];
 
     /// Stable name (wire, logs, `/metrics`).
@@ -58,6 +61,7 @@ impl Reason {
             Reason::OutOfOrder => "out_of_order",
             Reason::OutOfRange => "out_of_range",
             Reason::StringTooLong => "string_too_long",
+            Reason::SeriesLimit => "series_limit",
         }
     }
 }
@@ -145,6 +149,68 @@ pub fn validate(batch: &mut Batch, rules: &Rules<'_>) -> BTreeMap<Reason, u64> {
         &mut rejected,
     );
     rejected
+}
+
+/// Decodes bytes as the ingest service receives an agent message and
+/// validates its batch, as the service does: the path `collector/fuzz`
+/// drives with arbitrary bytes. Returns the kept batch and the counts of
+/// dropped samples, or why the message is refused as a whole.
+pub fn decode_and_validate(
+    bytes: &[u8],
+    rules: &Rules<'_>,
+) -> Result<(Batch, BTreeMap<Reason, u64>), String> {
+    use flopwatch_proto::v1::{agent_message, AgentMessage};
+    use prost::Message;
+    let msg = AgentMessage::decode(bytes).map_err(|e| format!("undecodable: {e}"))?;
+    let Some(agent_message::Msg::Batch(wire)) = msg.msg else {
+        return Err("not a batch".into());
+    };
+    let mut batch = Batch::try_from(wire).map_err(|e| format!("malformed_batch: {e}"))?;
+    let rejected = validate(&mut batch, rules);
+    Ok((batch, rejected))
+}
+
+/// What validation guarantees of what it keeps: every series' metric is
+/// known and its GPU or device in the inventory, its timestamps strictly
+/// increase inside the accepted window, values and peaks are finite,
+/// ratios lie in [0, 1], identifiers are short, and no series is empty.
+/// The fuzz target asserts this on every input.
+pub fn check_kept(batch: &Batch, rules: &Rules<'_>) -> Result<(), String> {
+    for s in &batch.series {
+        let def = metrics::lookup(&s.metric).ok_or("unknown metric kept")?;
+        if !rules.gpus.contains(&s.gpu_uuid) && !rules.devices.contains(&s.gpu_uuid) {
+            return Err("unknown GPU kept".into());
+        }
+        if s.points.is_empty() {
+            return Err("empty series kept".into());
+        }
+        let mut last = i64::MIN;
+        for p in &s.points {
+            if p.ts_ms <= last {
+                return Err("out-of-order sample kept".into());
+            }
+            last = p.ts_ms;
+            if !p.value.is_finite() || p.peak.is_some_and(|v| !v.is_finite()) {
+                return Err("non-finite value kept".into());
+            }
+            if p.ts_ms < rules.oldest_ms
+                || p.ts_ms > rules.now_ms.saturating_add(rules.max_future_ms)
+            {
+                return Err("sample outside the time window kept".into());
+            }
+            if def.unit == "ratio" && !(-1e-9..=1.0 + 1e-9).contains(&p.value) {
+                return Err("ratio out of range kept".into());
+            }
+        }
+    }
+    if batch
+        .jobs
+        .iter()
+        .any(|j| j.job_id.len() > MAX_ID_LEN || !rules.gpus.contains(&j.gpu_uuid))
+    {
+        return Err("bad job assignment kept".into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

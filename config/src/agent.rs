@@ -79,6 +79,9 @@ pub struct AgentConfig {
     pub attribution: AttributionSettings,
     /// `[host]`.
     pub host: HostSettings,
+    /// `[tls]`: trust anchors and client certificate for `https://`
+    /// collectors.
+    pub tls: crate::ClientTls,
 }
 
 impl Default for AgentConfig {
@@ -104,6 +107,7 @@ impl Default for AgentConfig {
             sampling: crate::SamplingConfig::default(),
             attribution: AttributionSettings::default(),
             host: HostSettings::default(),
+            tls: crate::ClientTls::default(),
         }
     }
 }
@@ -355,10 +359,12 @@ impl Validate for AgentConfig {
         "sampling",
         "attribution",
         "host",
+        "tls",
     ];
 
     fn validate(&self) -> Result<(), ConfigError> {
         self.source_kind()?;
+        self.tls.validate("tls")?;
         if !self.metrics_listen.is_empty()
             && self.metrics_listen.parse::<std::net::SocketAddr>().is_err()
         {

@@ -1,5 +1,6 @@
 //! `collector.toml`.
 
+use crate::security::{check_name_pattern, ClientTls, Limits, LimitsOverride, ServerTls};
 use crate::{ConfigError, Validate};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -58,6 +59,19 @@ pub struct CollectorConfig {
     pub peers: Vec<String>,
     /// Background compaction of the head into hourly chunks.
     pub storage: StorageConfig,
+    /// TLS on the gRPC port (ingest and query); required unless
+    /// `plaintext` is set.
+    pub tls: Option<ServerTls>,
+    /// A plaintext port serving only `grpc.health.v1` (no tenant data), for
+    /// probes that cannot speak TLS (Kubernetes `grpc:` probes). Unset: none.
+    pub health_listen: Option<SocketAddr>,
+    /// Serve gRPC without TLS. Only for loopback and development: tokens
+    /// and data travel in clear.
+    pub plaintext: bool,
+    /// TLS client settings for `https://` peers.
+    pub peer_tls: ClientTls,
+    /// Per-tenant ingest limits (defaults; `[tenants.limits]` overrides).
+    pub limits: Limits,
 }
 
 /// `[tenant_retention.<tenant>]`: one tenant's retention.
@@ -190,6 +204,11 @@ impl Default for CollectorConfig {
             remote_write: None,
             peers: Vec::new(),
             storage: StorageConfig::default(),
+            tls: None,
+            health_listen: None,
+            plaintext: false,
+            peer_tls: ClientTls::default(),
+            limits: Limits::default(),
         }
     }
 }
@@ -226,7 +245,7 @@ impl Default for PolicyConfig {
 }
 
 /// `[[tenants]]`: one tenant and its credentials.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     /// Tenant name.
@@ -234,9 +253,42 @@ pub struct TenantConfig {
     /// Agent bearer tokens, SHA-256 hex (never the tokens themselves).
     #[serde(default)]
     pub agent_tokens_sha256: Vec<String>,
+    /// Agent bearer tokens with a name and the nodes they may register.
+    #[serde(default)]
+    pub agent_tokens: Vec<AgentToken>,
+    /// Agent client certificates accepted for this tenant, by subject:
+    /// the certificate's common name or its whole RFC 4514 subject.
+    /// `*` matches any characters; `{node}` binds the node id.
+    #[serde(default)]
+    pub agent_cert_subjects: Vec<String>,
+    /// Agent client certificates accepted for this tenant, by subject
+    /// alternative name (DNS, URI, e-mail or IP). Same patterns.
+    #[serde(default)]
+    pub agent_cert_sans: Vec<String>,
     /// Read-only query tokens, SHA-256 hex.
     #[serde(default)]
     pub query_tokens: Vec<QueryToken>,
+    /// This tenant's limits, overriding `[limits]`.
+    #[serde(default)]
+    pub limits: LimitsOverride,
+}
+
+/// `[[tenants.agent_tokens]]`: an agent token with its own name (so that
+/// a rotated token keeps the nodes it registered) and, optionally, the
+/// node ids it may register.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentToken {
+    /// SHA-256 hex of the token.
+    pub sha256: String,
+    /// Name of the credential; tokens sharing a name share their nodes.
+    /// Unset: the digest's first 12 characters.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Node ids this token may register (`*` matches any characters).
+    /// Empty: any node not registered by another credential.
+    #[serde(default)]
+    pub nodes: Vec<String>,
 }
 
 /// A query credential.
@@ -278,6 +330,11 @@ impl Validate for CollectorConfig {
         "remote_write",
         "peers",
         "storage",
+        "tls",
+        "health_listen",
+        "plaintext",
+        "peer_tls",
+        "limits",
     ];
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -421,6 +478,69 @@ impl Validate for CollectorConfig {
             for (j, q) in t.query_tokens.iter().enumerate() {
                 check_hash(&format!("tenants[{i}].query_tokens[{j}].sha256"), &q.sha256)?;
             }
+            for (j, a) in t.agent_tokens.iter().enumerate() {
+                let key = format!("tenants[{i}].agent_tokens[{j}]");
+                check_hash(&format!("{key}.sha256"), &a.sha256)?;
+                if a.name
+                    .as_ref()
+                    .is_some_and(|n| n.is_empty() || n.len() > 64)
+                {
+                    return Err(ConfigError::invalid(
+                        &format!("{key}.name"),
+                        "must be 1-64 characters",
+                    ));
+                }
+                for (k, n) in a.nodes.iter().enumerate() {
+                    if n.is_empty() || n.contains("{node}") {
+                        return Err(ConfigError::invalid(
+                            &format!("{key}.nodes[{k}]"),
+                            "must be a node id, `*` matching any characters",
+                        ));
+                    }
+                }
+            }
+            for (j, p) in t.agent_cert_subjects.iter().enumerate() {
+                check_name_pattern(&format!("tenants[{i}].agent_cert_subjects[{j}]"), p)?;
+            }
+            for (j, p) in t.agent_cert_sans.iter().enumerate() {
+                check_name_pattern(&format!("tenants[{i}].agent_cert_sans[{j}]"), p)?;
+            }
+            if !(t.agent_cert_subjects.is_empty() && t.agent_cert_sans.is_empty())
+                && self.tls.as_ref().is_none_or(|t| t.client_ca.is_none())
+            {
+                return Err(ConfigError::invalid(
+                    &format!("tenants[{i}].agent_cert_sans"),
+                    "client certificates need `tls.client_ca`",
+                ));
+            }
+            self.limits
+                .with(&t.limits)
+                .validate(&format!("tenants[{i}].limits"))?;
+        }
+        // One credential, one tenant: a digest listed twice would make a
+        // token's tenant depend on the order of the file.
+        let mut seen = std::collections::BTreeMap::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            let agents = t
+                .agent_tokens_sha256
+                .iter()
+                .chain(t.agent_tokens.iter().map(|a| &a.sha256));
+            for h in agents.chain(t.query_tokens.iter().map(|q| &q.sha256)) {
+                if let Some(other) = seen.insert(h.to_ascii_lowercase(), i) {
+                    return Err(ConfigError::invalid(
+                        &format!("tenants[{i}]"),
+                        format!("a token digest is listed twice (also in tenants[{other}])"),
+                    ));
+                }
+            }
+        }
+        for h in &self.admin_tokens_sha256 {
+            if let Some(i) = seen.get(&h.to_ascii_lowercase()) {
+                return Err(ConfigError::invalid(
+                    "admin_tokens_sha256",
+                    format!("a digest is also a credential of tenants[{i}]"),
+                ));
+            }
         }
         for (j, h) in self.admin_tokens_sha256.iter().enumerate() {
             check_hash(&format!("admin_tokens_sha256[{j}]"), h)?;
@@ -430,6 +550,24 @@ impl Validate for CollectorConfig {
                 "tenants",
                 "no tenant can connect: add [[tenants]] or set anonymous_tenant",
             ));
+        }
+        self.limits.validate("limits")?;
+        self.peer_tls.validate("peer_tls")?;
+        match (&self.tls, self.plaintext) {
+            (Some(t), false) => t.validate("tls")?,
+            (None, true) => {}
+            (Some(_), true) => {
+                return Err(ConfigError::invalid(
+                    "plaintext",
+                    "`plaintext = true` and a [tls] section contradict each other; keep one",
+                ))
+            }
+            (None, false) => {
+                return Err(ConfigError::invalid(
+                    "tls",
+                    "gRPC is served over TLS: set [tls] cert and key, or `plaintext = true` for loopback and development",
+                ))
+            }
         }
         Ok(())
     }

@@ -14,16 +14,18 @@ mod collector;
 mod error;
 mod load;
 mod sampling;
+mod security;
 mod specs;
 
 pub use agent::{AgentConfig, HostSettings, NvmlSettings, SimSettings, SourceKind, SpoolConfig};
 pub use collector::{
-    AnalysisConfig, CollectorConfig, PolicyConfig, QueryToken, RemoteWriteConfig, StorageConfig,
-    TenantConfig, TenantRetention,
+    AgentToken, AnalysisConfig, CollectorConfig, PolicyConfig, QueryToken, RemoteWriteConfig,
+    StorageConfig, TenantConfig, TenantRetention,
 };
 pub use error::ConfigError;
 pub use load::{
     load_file, load_file_with, parse_str, relative_to, EnvSource, ProcessEnv, Validate,
 };
 pub use sampling::{MetricOverride, SamplingConfig};
+pub use security::{ClientTls, Limits, LimitsOverride, ServerTls};
 pub use specs::{GpuSpec, Precision, SpecTable, DEFAULT_SPEC_TABLE};

@@ -50,7 +50,9 @@ impl File {
     /// The smallest text this file type loads from (validation included).
     fn base(self) -> &'static str {
         match self {
-            File::Collector => "anonymous_tenant = \"default\"\n",
+            File::Collector => {
+                "anonymous_tenant = \"default\"\ntls = { cert = \"tls.crt\", key = \"tls.key\" }\n"
+            }
             File::Agent | File::Gpus => "",
         }
     }

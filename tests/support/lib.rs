@@ -1,6 +1,9 @@
 //! Helpers for end-to-end tests: an in-process collector on an ephemeral
 //! loopback port, simulated agents, and query clients.
 
+pub mod pki;
+pub mod raw;
+
 use flopwatch_agent::clock::TokioClock;
 use flopwatch_agent::sampler::FixedSampler;
 use flopwatch_agent::source::GpuSource;
@@ -107,6 +110,7 @@ pub fn agent_with(
             },
             collectors: vec![url.to_string()],
             token: None,
+            tls: Default::default(),
             flush_interval: Duration::from_millis(500),
             max_batch_samples: 50_000,
             max_in_flight: 64,
@@ -136,4 +140,25 @@ pub async fn series(
     .into_inner()
     .series
     .unwrap()
+}
+
+/// The `flopwatch` binary next to the test executable (built by
+/// `cargo build --workspace --all-targets`), or `FLOPWATCH_BIN`.
+pub fn flopwatch_bin() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("FLOPWATCH_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/NAME-HASH → target/<profile>/flopwatch
+    let p = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("flopwatch"))
+        .expect("target directory");
+    assert!(
+        p.exists(),
+        "{} is missing: build it with `cargo build --workspace --all-targets` (or set FLOPWATCH_BIN)",
+        p.display()
+    );
+    p
 }

@@ -49,6 +49,11 @@ pub struct NodeRecord {
     /// agent last listed them: their series outlive the connection.
     #[serde(default)]
     pub devices: Vec<DeviceRecord>,
+    /// The principal of the credential that registered the node
+    /// (`token:<name>`, `cert:<name>`): only it may stream for the node
+    /// (docs/SECURITY.md). Empty in records written before ownership.
+    #[serde(default)]
+    pub owner: String,
 }
 
 /// A node device (docs/COUNTERS.md), kept with its node.
@@ -741,6 +746,18 @@ impl Store {
         &*self.engine
     }
 
+    /// The oldest timestamp of `tenant` kept at `now_ms` (`i64::MIN`
+    /// without retention).
+    pub fn cutoff(&self, tenant: &str, now_ms: i64) -> i64 {
+        match &self.retention {
+            Some(r) => {
+                let keep = r.tenants.get(tenant).copied().unwrap_or(r.default_ms);
+                now_ms.saturating_sub(keep)
+            }
+            None => i64::MIN,
+        }
+    }
+
     /// `start` raised to `tenant`'s retention cutoff.
     fn clamp(&self, tenant: &str, start: i64) -> i64 {
         match &self.retention {
@@ -1091,6 +1108,17 @@ impl Store {
             raw.len() < limit
         })?;
         raw.iter().map(|v| from_json(v)).collect()
+    }
+
+    /// One node's record.
+    pub fn node(&self, tenant: &str, node_id: &str) -> Result<Option<NodeRecord>, StoreError> {
+        match self
+            .engine
+            .get(Cf::Meta, &keys::meta_key(META_NODE, &[tenant, node_id]))?
+        {
+            Some(v) => Ok(Some(from_json(&v)?)),
+            None => Ok(None),
+        }
     }
 
     /// One GPU's record.

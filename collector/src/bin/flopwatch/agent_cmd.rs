@@ -77,10 +77,13 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     } else {
         Box::new(FixedSampler::new(cfg.interval, None))
     };
+    let tls = flopwatch_agent::channel::TlsClient::load(&cfg.tls, &config_dir(&args.config), "tls")
+        .with_context(|| args.config.display().to_string())?;
     let opts = AgentOptions {
         node: node_identity(&cfg.node_id, cfg.labels.clone()),
         collectors: cfg.collectors.clone(),
         token,
+        tls,
         flush_interval: cfg.flush_interval,
         max_batch_samples: cfg.max_batch_samples as usize,
         max_in_flight: cfg.max_in_flight,
@@ -176,4 +179,9 @@ async fn wait_sampling_done(agent: &Agent) {
             return;
         }
     }
+}
+
+/// The directory relative paths of a config file are resolved against.
+pub fn config_dir(config: &std::path::Path) -> PathBuf {
+    config.parent().map(|p| p.to_path_buf()).unwrap_or_default()
 }

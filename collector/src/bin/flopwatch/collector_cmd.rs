@@ -59,6 +59,21 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
         Some(p) => read_metric_set(&flopwatch_config::relative_to(&args.config, p))?,
         None => Vec::new(),
     };
+    let base = crate::agent_cmd::config_dir(&args.config);
+    let tls = match &cfg.tls {
+        Some(t) => Some(
+            flopwatch_collector::tls::server_config(t, &base)
+                .with_context(|| args.config.display().to_string())?,
+        ),
+        None => {
+            if !cfg.listen.ip().is_loopback() {
+                tracing::warn!(listen = %cfg.listen, "plaintext = true on a non-loopback address: tokens and data travel in clear");
+            }
+            None
+        }
+    };
+    let peer_tls = flopwatch_agent::channel::TlsClient::load(&cfg.peer_tls, &base, "peer_tls")
+        .with_context(|| args.config.display().to_string())?;
     let collector = server::open(
         &cfg.data_dir,
         &cfg,
@@ -77,16 +92,64 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
     // The bound address, for scripts that ask for port 0 (the metrics
     // address is logged).
     println!("listening on {}", listener.local_addr()?);
+    let health = match cfg.health_listen {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("binding health_listen {a}"))?,
+        ),
+        None => None,
+    };
+    let reloader = tokio::spawn(reload_on_sighup(collector.clone(), args.config.clone()));
     server::serve_cluster(
         collector,
         listener,
         Some(metrics),
-        &cfg.peers,
+        server::Serving {
+            tls,
+            peers: cfg.peers.clone(),
+            peer_tls,
+            health,
+        },
         shutdown_signal(),
     )
     .await?;
+    reloader.abort();
     tracing::info!("collector stopped: streams ended, store flushed");
     Ok(())
+}
+
+/// On SIGHUP, reads the config file again and applies its credentials
+/// (`tenants`, `admin_tokens_sha256`, `anonymous_tenant`) and `limits`:
+/// a removed token stops working at once, open streams included. Other
+/// keys need a restart. A file that does not load is logged and ignored.
+async fn reload_on_sighup(collector: Arc<flopwatch_collector::Collector>, path: PathBuf) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hup.recv().await.is_some() {
+            match load_file::<CollectorConfig>(&path) {
+                Ok(cfg) => {
+                    collector.reload(
+                        Auth::from_config(&cfg),
+                        flopwatch_collector::limits::LimitTable::from_config(&cfg),
+                    );
+                    tracing::info!(file = %path.display(), tenants = cfg.tenants.len(), "credentials and limits reloaded");
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "reload failed; keeping the current credentials")
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (collector, path);
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

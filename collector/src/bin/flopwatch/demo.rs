@@ -3,7 +3,6 @@
 //! real gRPC to it; a live table of OFU per job and node; a summary.
 
 use crate::collector_cmd::shutdown_signal;
-use crate::query_cmd::client;
 use crate::{parse_ms, table};
 use anyhow::Context;
 use flopwatch_agent::clock::TokioClock;
@@ -208,6 +207,7 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
                     },
                     collectors: vec![url.clone()],
                     token: None,
+                    tls: Default::default(),
                     flush_interval: Duration::from_secs(1),
                     max_batch_samples: 50_000,
                     max_in_flight: 64,
@@ -220,7 +220,7 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         })
         .collect();
 
-    let mut q = client(&url, None).await?;
+    let mut q = crate::conn::ConnArgs::plain(&url).connect().await?;
     let tty = std::io::stdout().is_terminal();
     let stats: &Stats = &collector.stats;
     let mut tick = tokio::time::interval(Duration::from_secs(1));

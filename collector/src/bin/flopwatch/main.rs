@@ -11,6 +11,7 @@
 mod agent_cmd;
 mod bench;
 mod collector_cmd;
+mod conn;
 mod demo;
 mod query_cmd;
 mod query_jobs;

@@ -3,27 +3,16 @@
 use crate::parse_ms;
 use crate::query_jobs;
 use crate::table;
-use anyhow::Context;
-use flopwatch_proto::v1::{self, ofu_request, query_client::QueryClient};
+use flopwatch_proto::v1::{self, ofu_request};
 use serde_json::json;
-use tonic::transport::Channel;
 
 /// Arguments of `query`.
 #[derive(clap::Args)]
 pub struct QueryArgs {
     #[command(subcommand)]
     what: What,
-    /// Collector URL, e.g. http://127.0.0.1:7070.
-    #[arg(
-        long,
-        global = true,
-        default_value = "http://127.0.0.1:7070",
-        env = "FLOPWATCH_COLLECTOR"
-    )]
-    collector: String,
-    /// Bearer token for the collector.
-    #[arg(long, global = true, env = "FLOPWATCH_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    conn: crate::conn::ConnArgs,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -106,43 +95,12 @@ enum What {
     },
 }
 
-pub async fn client(
-    url: &str,
-    token: Option<&str>,
-) -> anyhow::Result<
-    QueryClient<
-        tonic::service::interceptor::InterceptedService<Channel, impl tonic::service::Interceptor>,
-    >,
-> {
-    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
-        .with_context(|| format!("collector URL `{url}`"))?
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {url}"))?;
-    let header = match token {
-        Some(t) => Some(
-            tonic::metadata::MetadataValue::try_from(format!("Bearer {t}"))
-                .context("token is not valid header text")?,
-        ),
-        None => None,
-    };
-    Ok(QueryClient::with_interceptor(
-        channel,
-        move |mut r: tonic::Request<()>| {
-            if let Some(h) = &header {
-                r.metadata_mut().insert("authorization", h.clone());
-            }
-            Ok(r)
-        },
-    ))
-}
-
 pub fn status(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{}: {}", s.code(), s.message())
 }
 
 pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
-    let mut c = client(&args.collector, args.token.as_deref()).await?;
+    let mut c = args.conn.connect().await?;
     let now = flopwatch_proto::clock::Clock::now_ms(&flopwatch_proto::clock::SystemClock);
     match args.what {
         What::Ofu {

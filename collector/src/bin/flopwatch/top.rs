@@ -38,16 +38,8 @@ const ONCE_WIDTH: u16 = 120;
 /// Arguments of `top`.
 #[derive(clap::Args)]
 pub struct TopArgs {
-    /// Collector URL, e.g. http://127.0.0.1:7070.
-    #[arg(
-        long,
-        default_value = "http://127.0.0.1:7070",
-        env = "FLOPWATCH_COLLECTOR"
-    )]
-    collector: String,
-    /// Bearer token for the collector.
-    #[arg(long, env = "FLOPWATCH_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    conn: crate::conn::ConnArgs,
     /// Time between refreshes, e.g. 2s.
     #[arg(long, default_value = "2s")]
     refresh: String,
@@ -71,7 +63,7 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
     let window_ms = WINDOW_MS.min(since_ms);
     // A call may take a refresh or two, never forever.
     let timeout = Duration::from_millis((2 * refresh_ms).clamp(3_000, 30_000) as u64);
-    let source = Source::new(&args.collector, args.token.as_deref(), timeout)?;
+    let source = Source::new(&args.conn, timeout)?;
     let ask = move || Ask {
         now_ms: now_ms(),
         window_ms,
@@ -80,7 +72,7 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
     if args.once {
         let a = ask();
         let r = source.fetch(a).await.map_err(anyhow::Error::msg)?;
-        let snap = Snapshot::build(&args.collector, a.now_ms, window_ms, since_ms, r);
+        let snap = Snapshot::build(&args.conn.collector, a.now_ms, window_ms, since_ms, r);
         let width = std::env::var("COLUMNS")
             .ok()
             .and_then(|c| c.trim().parse::<u16>().ok())
@@ -96,7 +88,7 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
     live(
         source,
         ask,
-        Snapshot::empty(&args.collector, window_ms, since_ms),
+        Snapshot::empty(&args.conn.collector, window_ms, since_ms),
         Duration::from_millis(refresh_ms as u64),
     )
     .await

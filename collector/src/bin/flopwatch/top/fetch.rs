@@ -7,12 +7,9 @@
 //! [`MAX_PER_KIND`], so a large fleet costs at most ~200 small calls.
 
 use super::model::Responses;
-use flopwatch_proto::v1::{self, ofu_request::Scope, query_client::QueryClient};
+use flopwatch_proto::v1::{self, ofu_request::Scope};
 use futures::future::join_all;
 use std::time::Duration;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
 
 /// Most nodes, jobs and GPUs whose OFU one refresh asks for, each.
 pub const MAX_PER_KIND: usize = 64;
@@ -22,23 +19,10 @@ const ONE_BUCKET_MS: i64 = 86_400_000;
 /// Buckets of the fleet sparkline over `--since`.
 const SPARK_POINTS: i64 = 120;
 
-/// Sends `authorization: Bearer <token>` on every call.
-#[derive(Clone)]
-pub struct Bearer(Option<MetadataValue<Ascii>>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(h) = &self.0 {
-            r.metadata_mut().insert("authorization", h.clone());
-        }
-        Ok(r)
-    }
-}
-
 /// The collector's Query service.
 pub struct Source {
     url: String,
-    client: QueryClient<InterceptedService<Channel, Bearer>>,
+    client: crate::conn::Client,
 }
 
 /// What to ask for, at which time (time is passed in, not read here).
@@ -61,18 +45,10 @@ enum Key {
 impl Source {
     /// A channel that connects on first use and reconnects by itself after
     /// the collector comes back. Fails only on a malformed URL or token.
-    pub fn new(url: &str, token: Option<&str>, timeout: Duration) -> anyhow::Result<Self> {
-        let endpoint = Endpoint::from_shared(url.to_string())
-            .map_err(|e| anyhow::anyhow!("collector URL `{url}`: {e}"))?
-            .connect_timeout(timeout)
-            .timeout(timeout);
-        let header = token
-            .map(|t| MetadataValue::try_from(format!("Bearer {t}")))
-            .transpose()
-            .map_err(|_| anyhow::anyhow!("token is not valid header text"))?;
+    pub fn new(conn: &crate::conn::ConnArgs, timeout: Duration) -> anyhow::Result<Self> {
         Ok(Self {
-            url: url.to_string(),
-            client: QueryClient::with_interceptor(endpoint.connect_lazy(), Bearer(header)),
+            url: conn.collector.clone(),
+            client: conn.lazy(timeout)?,
         })
     }
 

@@ -1,0 +1,125 @@
+//! How the command-line clients (`query`, `top`) reach a collector: URL,
+//! bearer token and TLS flags, shared so every client takes the same ones.
+
+use anyhow::Context;
+use flopwatch_agent::channel::TlsClient;
+use flopwatch_config::ClientTls;
+use flopwatch_proto::v1::query_client::QueryClient;
+use std::path::PathBuf;
+use std::time::Duration;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+/// Connection flags of a client command.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ConnArgs {
+    /// Collector URL: http://HOST:PORT, or https://HOST:PORT for a collector
+    /// serving TLS.
+    #[arg(
+        long,
+        global = true,
+        default_value = "http://127.0.0.1:7070",
+        env = "FLOPWATCH_COLLECTOR"
+    )]
+    pub collector: String,
+    /// Bearer token for the collector (a tenant's query token or a
+    /// provider token).
+    #[arg(long, global = true, env = "FLOPWATCH_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// CA bundle (PEM) the collector's certificate must chain to (https);
+    /// default: the system's trust store.
+    #[arg(long, global = true, env = "FLOPWATCH_CA")]
+    pub ca: Option<PathBuf>,
+    /// Client certificate (PEM) for collectors that require one.
+    #[arg(long, global = true, env = "FLOPWATCH_CERT", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// Private key (PEM) of --cert.
+    #[arg(long, global = true, env = "FLOPWATCH_KEY", requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// Name expected in the collector's certificate, when it differs from
+    /// the URL's host (e.g. connecting by IP address).
+    #[arg(long, global = true, env = "FLOPWATCH_TLS_DOMAIN")]
+    pub tls_domain: Option<String>,
+}
+
+/// Sends `authorization: Bearer <token>` on every call.
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Bearer {
+    /// For `token` (none: no header).
+    pub fn new(token: Option<&str>) -> anyhow::Result<Self> {
+        let header = token
+            .map(|t| MetadataValue::try_from(format!("Bearer {t}")))
+            .transpose()
+            .map_err(|_| anyhow::anyhow!("token is not valid header text"))?;
+        Ok(Bearer(header))
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(h) = &self.0 {
+            r.metadata_mut().insert("authorization", h.clone());
+        }
+        Ok(r)
+    }
+}
+
+/// A Query client with its bearer token.
+pub type Client = QueryClient<InterceptedService<Channel, Bearer>>;
+
+impl ConnArgs {
+    /// Flags for a plaintext collector at `url` without credentials (the
+    /// demo).
+    pub fn plain(url: &str) -> Self {
+        ConnArgs {
+            collector: url.to_string(),
+            token: None,
+            ca: None,
+            cert: None,
+            key: None,
+            tls_domain: None,
+        }
+    }
+
+    fn tls(&self) -> anyhow::Result<TlsClient> {
+        let cfg = ClientTls {
+            ca: self.ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            domain: self.tls_domain.clone(),
+        };
+        Ok(TlsClient::load(&cfg, std::path::Path::new(""), "")?)
+    }
+
+    /// A client connected now.
+    pub async fn connect(&self) -> anyhow::Result<Client> {
+        let url = &self.collector;
+        let channel = self
+            .tls()?
+            .client_endpoint(url)?
+            .connect()
+            .await
+            .with_context(|| format!("connecting to {url}"))?;
+        Ok(QueryClient::with_interceptor(
+            channel,
+            Bearer::new(self.token.as_deref())?,
+        ))
+    }
+
+    /// A client that connects on first use and reconnects by itself, every
+    /// call bounded by `timeout`.
+    pub fn lazy(&self, timeout: Duration) -> anyhow::Result<Client> {
+        let endpoint = self
+            .tls()?
+            .endpoint(&self.collector)?
+            .connect_timeout(timeout)
+            .timeout(timeout);
+        Ok(QueryClient::with_interceptor(
+            endpoint.connect_lazy(),
+            Bearer::new(self.token.as_deref())?,
+        ))
+    }
+}

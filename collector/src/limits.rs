@@ -1,0 +1,345 @@
+//! Per-tenant ingest limits: a token bucket on samples per second, a cap
+//! on active series, and a cap on the tenant's batches committing at once
+//! (docs/SECURITY.md, "Limits").
+//!
+//! The commit cap is what keeps tenants from delaying each other: storage
+//! takes writes one group at a time, so a tenant with a thousand streams
+//! would otherwise put a thousand writes ahead of everyone else's. With at
+//! most `max_concurrent_commits` of its batches past the gate, another
+//! tenant's batch waits behind at most that many of them, however hard the
+//! first one floods. Time is passed in (`now_ms`), so tests are exact.
+
+use flopwatch_config::{CollectorConfig, Limits};
+use flopwatch_proto::model::Batch;
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, RwLock};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// A series counts as active this long after its last sample.
+pub const SERIES_ACTIVE_MS: i64 = 3_600_000;
+
+/// Each tenant's limits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LimitTable {
+    default: Limits,
+    tenants: HashMap<String, Limits>,
+}
+
+impl LimitTable {
+    /// From `[limits]` and each tenant's `[tenants.limits]`.
+    pub fn from_config(c: &CollectorConfig) -> Self {
+        LimitTable {
+            default: c.limits.clone(),
+            tenants: c
+                .tenants
+                .iter()
+                .map(|t| (t.name.clone(), c.limits.with(&t.limits)))
+                .collect(),
+        }
+    }
+
+    /// No limits but the default commit cap.
+    pub fn unlimited() -> Self {
+        LimitTable::default()
+    }
+
+    /// `tenant`'s limits.
+    pub fn get(&self, tenant: &str) -> &Limits {
+        self.tenants.get(tenant).unwrap_or(&self.default)
+    }
+}
+
+/// A refused batch: try again after this many milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryAfter(pub u64);
+
+#[derive(Debug, Default)]
+struct Bucket {
+    tokens: f64,
+    last_ms: Option<i64>,
+}
+
+#[derive(Debug, Default)]
+struct SeriesSet {
+    last_seen: HashMap<u64, i64>,
+    last_sweep_ms: Option<i64>,
+}
+
+#[derive(Debug)]
+struct TenantState {
+    bucket: Mutex<Bucket>,
+    series: Mutex<SeriesSet>,
+    commits: Arc<Semaphore>,
+    permits: Mutex<u32>,
+}
+
+/// The limits' state, per tenant, shared by every stream.
+#[derive(Debug)]
+pub struct Limiter {
+    table: RwLock<LimitTable>,
+    tenants: Mutex<HashMap<String, Arc<TenantState>>>,
+    hasher: RandomState,
+}
+
+impl Limiter {
+    /// Enforces `table`.
+    pub fn new(table: LimitTable) -> Self {
+        Limiter {
+            table: RwLock::new(table),
+            tenants: Mutex::new(HashMap::new()),
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// Replaces the limits (a config reload); counts and buckets carry on.
+    pub fn reload(&self, table: LimitTable) {
+        if let Ok(mut t) = self.table.write() {
+            *t = table;
+        }
+        let states: Vec<(String, Arc<TenantState>)> = self
+            .tenants
+            .lock()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        for (tenant, st) in states {
+            let want = self.limits(&tenant).max_concurrent_commits.max(1);
+            st.resize(want);
+        }
+    }
+
+    /// `tenant`'s current limits.
+    pub fn limits(&self, tenant: &str) -> Limits {
+        self.table
+            .read()
+            .map(|t| t.get(tenant).clone())
+            .unwrap_or_default()
+    }
+
+    fn state(&self, tenant: &str) -> Arc<TenantState> {
+        let permits = self.limits(tenant).max_concurrent_commits.max(1);
+        let mut m = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(tenant.to_string())
+            .or_insert_with(|| {
+                Arc::new(TenantState {
+                    bucket: Mutex::default(),
+                    series: Mutex::default(),
+                    commits: Arc::new(Semaphore::new(permits as usize)),
+                    permits: Mutex::new(permits),
+                })
+            })
+            .clone()
+    }
+
+    /// Takes `samples` from `tenant`'s rate budget, or says how long to
+    /// wait. A batch larger than the whole bucket passes when the bucket is
+    /// full (and leaves it in debt), so no batch is refused forever.
+    pub fn admit(&self, tenant: &str, samples: u64, now_ms: i64) -> Result<(), RetryAfter> {
+        let l = self.limits(tenant);
+        if l.ingest_rate == 0 {
+            return Ok(());
+        }
+        let rate = l.ingest_rate as f64;
+        let cap = if l.ingest_burst > 0 {
+            l.ingest_burst as f64
+        } else {
+            rate
+        };
+        let st = self.state(tenant);
+        let mut b = st.bucket.lock().unwrap_or_else(|e| e.into_inner());
+        match b.last_ms {
+            None => b.tokens = cap,
+            Some(last) => {
+                let dt = (now_ms - last).max(0) as f64 / 1000.0;
+                b.tokens = (b.tokens + dt * rate).min(cap);
+            }
+        }
+        b.last_ms = Some(now_ms);
+        let need = (samples as f64).min(cap);
+        if b.tokens >= need {
+            b.tokens -= samples as f64;
+            Ok(())
+        } else {
+            let wait_ms = ((need - b.tokens) / rate * 1000.0).ceil().max(1.0);
+            Err(RetryAfter(wait_ms as u64))
+        }
+    }
+
+    /// Drops the samples of series beyond `tenant`'s active-series cap from
+    /// `batch` (known series always pass); returns how many were dropped.
+    pub fn series(&self, tenant: &str, batch: &mut Batch, now_ms: i64) -> u64 {
+        let max = self.limits(tenant).max_series;
+        let st = self.state(tenant);
+        let mut set = st.series.lock().unwrap_or_else(|e| e.into_inner());
+        let mut dropped = 0u64;
+        batch.series.retain(|s| {
+            let key = self.hasher.hash_one((&s.gpu_uuid, &s.metric));
+            if let Some(seen) = set.last_seen.get_mut(&key) {
+                *seen = now_ms;
+                return true;
+            }
+            if max > 0 && set.last_seen.len() as u64 >= max {
+                set.sweep(now_ms);
+            }
+            if max > 0 && set.last_seen.len() as u64 >= max {
+                dropped += s.points.len() as u64;
+                return false;
+            }
+            set.last_seen.insert(key, now_ms);
+            true
+        });
+        dropped
+    }
+
+    /// `tenant`'s active series.
+    pub fn active_series(&self, tenant: &str, now_ms: i64) -> u64 {
+        let st = self.state(tenant);
+        let set = st.series.lock().unwrap_or_else(|e| e.into_inner());
+        set.last_seen
+            .values()
+            .filter(|&&t| now_ms - t < SERIES_ACTIVE_MS)
+            .count() as u64
+    }
+
+    /// Tenants seen so far.
+    pub fn tenants(&self) -> Vec<String> {
+        self.tenants
+            .lock()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Waits for one of `tenant`'s commit slots.
+    pub async fn commit_slot(&self, tenant: &str) -> Option<OwnedSemaphorePermit> {
+        self.state(tenant)
+            .commits
+            .clone()
+            .acquire_owned()
+            .await
+            .ok()
+    }
+}
+
+impl SeriesSet {
+    /// Forgets series idle for [`SERIES_ACTIVE_MS`]; at most once a minute.
+    fn sweep(&mut self, now_ms: i64) {
+        if self.last_sweep_ms.is_some_and(|t| now_ms - t < 60_000) {
+            return;
+        }
+        self.last_sweep_ms = Some(now_ms);
+        self.last_seen
+            .retain(|_, &mut t| now_ms - t < SERIES_ACTIVE_MS);
+    }
+}
+
+impl TenantState {
+    fn resize(&self, want: u32) {
+        let mut have = self.permits.lock().unwrap_or_else(|e| e.into_inner());
+        if want > *have {
+            self.commits.add_permits((want - *have) as usize);
+        } else if want < *have {
+            self.commits.forget_permits((*have - want) as usize);
+        }
+        *have = want;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flopwatch_config::{LimitsOverride, TenantConfig};
+    use flopwatch_proto::model::{Point, SeriesBatch};
+
+    fn table(rate: u64, burst: u64, series: u64) -> LimitTable {
+        let c = CollectorConfig {
+            tenants: vec![TenantConfig {
+                name: "acme".into(),
+                limits: LimitsOverride {
+                    ingest_rate: Some(rate),
+                    ingest_burst: Some(burst),
+                    max_series: Some(series),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        LimitTable::from_config(&c)
+    }
+
+    #[test]
+    fn the_bucket_refills_at_the_rate_and_says_how_long_to_wait() {
+        let l = Limiter::new(table(1000, 2000, 0));
+        assert_eq!(l.admit("acme", 1500, 0), Ok(()));
+        // 500 left: 800 more need 300 tokens = 300 ms.
+        assert_eq!(l.admit("acme", 800, 0), Err(RetryAfter(300)));
+        assert_eq!(l.admit("acme", 800, 299), Err(RetryAfter(1)));
+        assert_eq!(l.admit("acme", 800, 300), Ok(()));
+        // Other tenants have the (unlimited) default.
+        assert_eq!(l.admit("beta", 1_000_000_000, 300), Ok(()));
+    }
+
+    #[test]
+    fn a_batch_larger_than_the_bucket_passes_when_it_is_full() {
+        let l = Limiter::new(table(1000, 1000, 0));
+        assert_eq!(l.admit("acme", 5000, 0), Ok(()));
+        // 4000 in debt, then 1000 needed: 5 s.
+        assert_eq!(l.admit("acme", 5000, 0), Err(RetryAfter(5000)));
+        assert_eq!(l.admit("acme", 5000, 5000), Ok(()));
+    }
+
+    fn batch(series: &[(&str, &str)]) -> Batch {
+        Batch {
+            seq: 1,
+            series: series
+                .iter()
+                .map(|(g, m)| SeriesBatch {
+                    gpu_uuid: g.to_string(),
+                    metric: m.to_string(),
+                    points: vec![Point::new(1, 1.0), Point::new(2, 1.0)],
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn series_past_the_cap_are_dropped_and_known_ones_pass() {
+        let l = Limiter::new(table(0, 0, 2));
+        let mut b = batch(&[("g1", "a"), ("g1", "b"), ("g1", "c")]);
+        assert_eq!(l.series("acme", &mut b, 0), 2);
+        assert_eq!(b.series.len(), 2);
+        let mut again = batch(&[("g1", "b"), ("g2", "a"), ("g1", "a")]);
+        assert_eq!(l.series("acme", &mut again, 1000), 2);
+        let kept: Vec<_> = again
+            .series
+            .iter()
+            .map(|s| s.gpu_uuid.clone() + &s.metric)
+            .collect();
+        assert_eq!(kept, vec!["g1b", "g1a"]);
+        assert_eq!(l.active_series("acme", 1000), 2);
+        // An hour later the old series are idle and make room.
+        let mut later = batch(&[("g2", "a")]);
+        assert_eq!(l.series("acme", &mut later, 1000 + SERIES_ACTIVE_MS + 1), 0);
+        assert_eq!(l.active_series("acme", 1000 + SERIES_ACTIVE_MS + 1), 1);
+    }
+
+    #[tokio::test]
+    async fn commit_slots_follow_reloads() {
+        let l = Limiter::new(table(0, 0, 0));
+        let a = l.commit_slot("acme").await.unwrap();
+        let b = l.commit_slot("acme").await.unwrap();
+        // The default is two slots: the third waits.
+        let third =
+            tokio::time::timeout(std::time::Duration::from_millis(20), l.commit_slot("acme"));
+        assert!(third.await.is_err());
+        let mut c = CollectorConfig::default();
+        c.limits.max_concurrent_commits = 3;
+        l.reload(LimitTable::from_config(&c));
+        let third =
+            tokio::time::timeout(std::time::Duration::from_millis(20), l.commit_slot("acme"));
+        assert!(third.await.is_ok());
+        drop((a, b));
+    }
+}

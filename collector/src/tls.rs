@@ -1,0 +1,29 @@
+//! The gRPC port's TLS from `[tls]` (rustls through tonic): the
+//! collector's certificate and, with `client_ca`, verified client
+//! certificates (mTLS), optional or required. Files are read and parsed
+//! before serving, so a bad one stops the collector naming its key and path.
+
+use flopwatch_agent::channel::{read_certs, read_key, TlsFileError};
+use flopwatch_config::ServerTls;
+use std::path::Path;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+
+/// Longest a TLS handshake may take before the connection is dropped.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// tonic's server TLS config for `[tls]`; paths relative to `base` (the
+/// config file's directory).
+pub fn server_config(tls: &ServerTls, base: &Path) -> Result<ServerTlsConfig, TlsFileError> {
+    let cert = read_certs("tls.cert", base, &tls.cert)?;
+    let key = read_key("tls.key", base, &tls.key)?;
+    let mut cfg = ServerTlsConfig::new()
+        .identity(Identity::from_pem(cert, key))
+        .timeout(HANDSHAKE_TIMEOUT);
+    if let Some(ca) = &tls.client_ca {
+        let ca = read_certs("tls.client_ca", base, ca)?;
+        cfg = cfg
+            .client_ca_root(Certificate::from_pem(ca))
+            .client_auth_optional(!tls.require_client_cert);
+    }
+    Ok(cfg)
+}

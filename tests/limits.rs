@@ -1,0 +1,517 @@
+//! Per-tenant limits end to end (docs/SECURITY.md, "Limits"): a flooding
+//! tenant cannot queue its writes ahead of another tenant's, a batch over
+//! the ingest rate is deferred — not lost — and sent again by the agent,
+//! and samples of series past `max_series` are refused by reason.
+
+use flopwatch_agent::source::sim::SimSource;
+use flopwatch_agent::AgentOptions;
+use flopwatch_collector::auth::{digest, Auth};
+use flopwatch_collector::server;
+use flopwatch_collector::store::memory::MemEngine;
+use flopwatch_collector::store::{Cf, Engine, Op, Store, StoreError, View};
+use flopwatch_collector::{Collector, Settings};
+use flopwatch_config::{CollectorConfig, LimitsOverride, SpecTable, TenantConfig};
+use flopwatch_proto::clock::{Clock, SystemClock};
+use flopwatch_proto::model::NodeIdentity;
+use flopwatch_proto::v1::collector_message;
+use flopwatch_sim::FleetPlan;
+use flopwatch_tests::raw::{self, RawAgent};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tonic::Code;
+
+/// An engine that takes one write at a time, each slow (as a disk under
+/// load would), and records how many writes of the tenant `flooder` were
+/// queued or in progress when each write of the tenant `quiet` arrived.
+struct QueueingEngine {
+    inner: MemEngine,
+    one_at_a_time: Mutex<()>,
+    flooder_inside: AtomicUsize,
+    /// Most `flooder` writes inside at once.
+    flooder_max: AtomicUsize,
+    /// Most `flooder` writes ahead of one `quiet` write.
+    quiet_saw_max: AtomicUsize,
+    quiet_writes: AtomicU64,
+}
+
+fn tenant_of(ops: &[Op]) -> Option<&'static str> {
+    let has = |k: &[u8], t: &[u8]| k.windows(t.len()).any(|w| w == t);
+    ops.iter().find_map(|op| {
+        let k = match op {
+            Op::Put(_, k, _) | Op::Delete(_, k) | Op::DeleteRange(_, k, _) => k,
+        };
+        if has(k, b"flooder") {
+            Some("flooder")
+        } else if has(k, b"quiet") {
+            Some("quiet")
+        } else {
+            None
+        }
+    })
+}
+
+impl Engine for QueueingEngine {
+    fn apply(&self, ops: Vec<Op>, sync: bool) -> Result<(), StoreError> {
+        let who = tenant_of(&ops);
+        match who {
+            Some("flooder") => {
+                let n = self.flooder_inside.fetch_add(1, Ordering::SeqCst) + 1;
+                self.flooder_max.fetch_max(n, Ordering::SeqCst);
+            }
+            Some("quiet") => {
+                let ahead = self.flooder_inside.load(Ordering::SeqCst);
+                self.quiet_saw_max.fetch_max(ahead, Ordering::SeqCst);
+                self.quiet_writes.fetch_add(1, Ordering::SeqCst);
+            }
+            _ => {}
+        }
+        let r = {
+            let _one = self.one_at_a_time.lock().unwrap();
+            std::thread::sleep(Duration::from_millis(3));
+            self.inner.apply(ops, sync)
+        };
+        if who == Some("flooder") {
+            self.flooder_inside.fetch_sub(1, Ordering::SeqCst);
+        }
+        r
+    }
+    fn view(
+        &self,
+        f: &mut dyn FnMut(&dyn View) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        self.inner.view(f)
+    }
+    fn compact_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
+        self.inner.compact_range(cf, from, to)
+    }
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get(cf, key)
+    }
+    fn scan(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        self.inner.scan(cf, from, to, f)
+    }
+    fn delete_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
+        self.inner.delete_range(cf, from, to)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()
+    }
+    fn disk_bytes(&self) -> u64 {
+        0
+    }
+}
+
+fn two_tenants(commits: u32) -> CollectorConfig {
+    let t = |name: &str| TenantConfig {
+        name: name.into(),
+        agent_tokens_sha256: vec![digest(&format!("{name}-token"))],
+        ..Default::default()
+    };
+    let mut cfg = CollectorConfig {
+        tenants: vec![t("flooder"), t("quiet")],
+        plaintext: true,
+        ..Default::default()
+    };
+    cfg.limits.max_concurrent_commits = commits;
+    cfg
+}
+
+async fn start(
+    cfg: &CollectorConfig,
+    engine: Arc<dyn Engine>,
+) -> (Arc<Collector>, server::Loopback) {
+    let c = Collector::new(
+        Store::new(engine, false),
+        SpecTable::builtin(),
+        Auth::from_config(cfg),
+        Settings::from_config(cfg, Vec::new()),
+        Arc::new(SystemClock),
+    )
+    .unwrap();
+    let l = server::Loopback::start(c.clone()).await.unwrap();
+    (c, l)
+}
+
+async fn channel(url: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(url.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Starts `streams` flooding agents that keep 4 batches in flight each,
+/// until `stop` is set.
+fn flood(
+    url: String,
+    streams: usize,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<u64>> {
+    (0..streams)
+        .map(|i| {
+            let url = url.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let node = format!("flood-node-{i}");
+                let gpu = format!("GPU-flood-{i}");
+                let (mut a, _) = RawAgent::open(
+                    channel(&url).await,
+                    Some("flooder-token"),
+                    raw::hello(&node, &node, &gpu),
+                )
+                .await
+                .unwrap();
+                let now = SystemClock.now_ms();
+                let (mut sent, mut acked) = (0u64, 0u64);
+                while !stop.load(Ordering::SeqCst) {
+                    while sent < acked + 4 {
+                        sent += 1;
+                        a.send(raw::batch(
+                            sent,
+                            &gpu,
+                            now - 60_000 + sent as i64 * 1000,
+                            50,
+                            0.7,
+                            500.0,
+                            None,
+                        ))
+                        .await;
+                    }
+                    match a.next().await {
+                        Ok(collector_message::Msg::Ack(_)) => acked += 1,
+                        _ => break,
+                    }
+                }
+                acked
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_tenant_cannot_queue_its_writes_ahead_of_another() {
+    // With the default of 2 commit slots per tenant.
+    let engine = Arc::new(QueueingEngine {
+        inner: MemEngine::new(),
+        one_at_a_time: Mutex::new(()),
+        flooder_inside: AtomicUsize::new(0),
+        flooder_max: AtomicUsize::new(0),
+        quiet_saw_max: AtomicUsize::new(0),
+        quiet_writes: AtomicU64::new(0),
+    });
+    let cfg = two_tenants(2);
+    let (_c, server) = start(&cfg, engine.clone()).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooders = flood(server.url.clone(), 16, stop.clone());
+    // The quiet tenant sends 30 batches, one at a time, while the flood
+    // goes on.
+    let (mut q, _) = RawAgent::open(
+        channel(&server.url).await,
+        Some("quiet-token"),
+        raw::hello("quiet-node", "quiet-node", "GPU-quiet"),
+    )
+    .await
+    .unwrap();
+    let now = SystemClock.now_ms();
+    for seq in 1..=30u64 {
+        let r = q
+            .call(raw::batch(
+                seq,
+                "GPU-quiet",
+                now - 60_000 + seq as i64 * 1000,
+                50,
+                0.4,
+                300.0,
+                None,
+            ))
+            .await
+            .unwrap();
+        assert!(matches!(r, collector_message::Msg::Ack(_)), "{r:?}");
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut flood_acked = 0;
+    for f in flooders {
+        flood_acked += f.await.unwrap();
+    }
+    let quiet_max = engine.quiet_saw_max.load(Ordering::SeqCst);
+    let flood_max = engine.flooder_max.load(Ordering::SeqCst);
+    assert!(engine.quiet_writes.load(Ordering::SeqCst) >= 30);
+    assert!(
+        flood_acked > 16,
+        "the flood made progress ({flood_acked} batches)"
+    );
+    assert!(
+        flood_max <= 2,
+        "the flooder had {flood_max} writes in storage at once"
+    );
+    assert!(
+        quiet_max <= 2,
+        "a quiet write waited behind {quiet_max} of the flooder's"
+    );
+    server.stop().await.unwrap();
+
+    // Control: with 16 slots the same flood does put more than 2 of its
+    // writes ahead of the storage queue (so the measure above can fail).
+    let engine = Arc::new(QueueingEngine {
+        inner: MemEngine::new(),
+        one_at_a_time: Mutex::new(()),
+        flooder_inside: AtomicUsize::new(0),
+        flooder_max: AtomicUsize::new(0),
+        quiet_saw_max: AtomicUsize::new(0),
+        quiet_writes: AtomicU64::new(0),
+    });
+    let (_c, server) = start(&two_tenants(16), engine.clone()).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooders = flood(server.url.clone(), 16, stop.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while engine.flooder_max.load(Ordering::SeqCst) <= 2 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for f in flooders {
+        let _ = f.await;
+    }
+    assert!(
+        engine.flooder_max.load(Ordering::SeqCst) > 2,
+        "without the limit the flood never queued more than 2 writes"
+    );
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_over_the_rate_is_deferred_then_accepted_in_order() {
+    let mut cfg = two_tenants(2);
+    // 100 samples/s with a bucket of 1,000: slow enough that the bucket
+    // hardly refills while the first batches are answered.
+    cfg.tenants[1].limits = LimitsOverride {
+        ingest_rate: Some(100),
+        ingest_burst: Some(1000),
+        ..Default::default()
+    };
+    let (c, server) = start(&cfg, Arc::new(MemEngine::new())).await;
+    let (mut a, _) = RawAgent::open(
+        channel(&server.url).await,
+        Some("quiet-token"),
+        raw::hello("n", "n", "GPU-q"),
+    )
+    .await
+    .unwrap();
+    let now = SystemClock.now_ms();
+    // 150 samples a batch: 6 pass on the full bucket (900), the 7th waits.
+    for seq in 1..=6u64 {
+        let r = a
+            .call(raw::batch(
+                seq,
+                "GPU-q",
+                now - 50_000 + seq as i64 * 1000,
+                50,
+                0.4,
+                300.0,
+                None,
+            ))
+            .await
+            .unwrap();
+        assert!(matches!(r, collector_message::Msg::Ack(_)), "{seq}: {r:?}");
+    }
+    a.send(raw::batch(7, "GPU-q", now - 40_000, 50, 0.4, 300.0, None))
+        .await;
+    a.send(raw::batch(8, "GPU-q", now - 39_000, 50, 0.4, 300.0, None))
+        .await;
+    let r7 = a.next().await.unwrap();
+    let r8 = a.next().await.unwrap();
+    let (collector_message::Msg::Reject(r7), collector_message::Msg::Reject(r8)) = (r7, r8) else {
+        panic!("expected two deferrals")
+    };
+    assert_eq!(
+        (r7.seq, r7.code, r7.reason.as_str()),
+        (7, Code::ResourceExhausted as i32, "rate_limited")
+    );
+    assert!(r7.retry_after_ms > 0 && r7.retry_after_ms <= 1500, "{r7:?}");
+    // 8 comes behind the deferred 7: deferred too, not consumed.
+    assert_eq!((r8.seq, r8.reason.as_str()), (8, "rate_limited"));
+    assert!(r8.retry_after_ms > 0);
+    tokio::time::sleep(Duration::from_millis(r7.retry_after_ms + 50)).await;
+    // Sent again in order after the delay: both stored, none a duplicate.
+    for seq in [7u64, 8] {
+        match a
+            .call(raw::batch(
+                seq,
+                "GPU-q",
+                now - 47_000 + seq as i64 * 1000,
+                50,
+                0.4,
+                300.0,
+                None,
+            ))
+            .await
+            .unwrap()
+        {
+            collector_message::Msg::Ack(ack) => {
+                assert!(!ack.duplicate && ack.accepted_samples == 150, "{ack:?}")
+            }
+            collector_message::Msg::Reject(r) => {
+                // The bucket refills 100/s: 8 waits for its own turn.
+                tokio::time::sleep(Duration::from_millis(r.retry_after_ms + 50)).await;
+                let again = a
+                    .call(raw::batch(
+                        seq,
+                        "GPU-q",
+                        now - 47_000 + seq as i64 * 1000,
+                        50,
+                        0.4,
+                        300.0,
+                        None,
+                    ))
+                    .await
+                    .unwrap();
+                assert!(
+                    matches!(again, collector_message::Msg::Ack(ref k) if !k.duplicate),
+                    "{again:?}"
+                );
+            }
+            m => panic!("{m:?}"),
+        }
+    }
+    let rejects = c.stats.batch_rejects();
+    assert!(
+        rejects
+            .iter()
+            .any(|((t, r), n)| t == "quiet" && r == "rate_limited" && *n >= 2),
+        "{rejects:?}"
+    );
+    assert_eq!(c.stats.samples_accepted.load(Ordering::Relaxed), 8 * 150);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_past_the_tenant_cap_are_refused_by_reason() {
+    let mut cfg = two_tenants(2);
+    cfg.tenants[1].limits.max_series = Some(4);
+    let (c, server) = start(&cfg, Arc::new(MemEngine::new())).await;
+    let (mut a, _) = RawAgent::open(
+        channel(&server.url).await,
+        Some("quiet-token"),
+        raw::hello("n", "n", "GPU-q"),
+    )
+    .await
+    .unwrap();
+    let now = SystemClock.now_ms();
+    // 3 series: all in.
+    let ack = match a
+        .call(raw::batch(1, "GPU-q", now - 5000, 10, 0.4, 300.0, None))
+        .await
+        .unwrap()
+    {
+        collector_message::Msg::Ack(k) => k,
+        m => panic!("{m:?}"),
+    };
+    assert_eq!(ack.accepted_samples, 30);
+    // 3 known + 2 new: one new fits, one is refused.
+    let mut b = raw::batch(2, "GPU-q", now - 3000, 10, 0.4, 300.0, None);
+    for m in ["dram_active", "temp_c"] {
+        let mut s = b.series[2].clone();
+        s.metric = m.into();
+        s.values = vec![0.5; 10];
+        b.series.push(s);
+    }
+    let ack = match a.call(b).await.unwrap() {
+        collector_message::Msg::Ack(k) => k,
+        m => panic!("{m:?}"),
+    };
+    assert_eq!(ack.accepted_samples, 40);
+    assert_eq!(ack.rejected.len(), 1);
+    assert_eq!(
+        (ack.rejected[0].reason.as_str(), ack.rejected[0].samples),
+        ("series_limit", 10)
+    );
+    assert!(c
+        .stats
+        .rejected_by_tenant()
+        .iter()
+        .any(|((t, r), n)| t == "quiet" && r.name() == "series_limit" && *n == 10));
+    // The other tenant is not limited.
+    let (mut f, _) = RawAgent::open(
+        channel(&server.url).await,
+        Some("flooder-token"),
+        raw::hello("f", "f", "GPU-f"),
+    )
+    .await
+    .unwrap();
+    let mut b = raw::batch(1, "GPU-f", now - 3000, 10, 0.4, 300.0, None);
+    for m in ["dram_active", "temp_c"] {
+        let mut s = b.series[2].clone();
+        s.metric = m.into();
+        s.values = vec![0.5; 10];
+        b.series.push(s);
+    }
+    match f.call(b).await.unwrap() {
+        collector_message::Msg::Ack(k) => assert_eq!(k.accepted_samples, 50),
+        m => panic!("{m:?}"),
+    }
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_over_its_tenant_rate_slows_down_and_loses_nothing() {
+    let mut cfg = CollectorConfig {
+        anonymous_tenant: Some("default".into()),
+        plaintext: true,
+        ..Default::default()
+    };
+    // The sim node sends about 1,800 samples/s (8 GPUs): well over.
+    cfg.limits.ingest_rate = 900;
+    let (c, server) = start(&cfg, Arc::new(MemEngine::new())).await;
+    let fleet = FleetPlan::new(1, 8, 60_000);
+    let src = SimSource::new(&fleet, 0, SystemClock.now_ms(), 11);
+    let agent = flopwatch_agent::Agent::start(
+        Box::new(src),
+        Box::new(flopwatch_agent::sampler::FixedSampler::new(
+            Duration::from_millis(100),
+            None,
+        )),
+        AgentOptions {
+            node: NodeIdentity {
+                node_id: "rate-node".into(),
+                hostname: "rate-node".into(),
+                boot_id: "b".into(),
+                labels: Default::default(),
+            },
+            collectors: vec![server.url.clone()],
+            token: None,
+            tls: Default::default(),
+            flush_interval: Duration::from_millis(500),
+            max_batch_samples: 50_000,
+            max_in_flight: 1024,
+            job: None,
+            drain_timeout: Duration::from_secs(30),
+            metrics: None,
+        },
+        Arc::new(flopwatch_agent::clock::TokioClock::new()),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (outbox, stats, state) = (
+        agent.outbox.clone(),
+        agent.stats.clone(),
+        agent.state.clone(),
+    );
+    agent.stop().await;
+    let produced = stats.samples.load(Ordering::Relaxed);
+    let throttled = state.borrow().throttled;
+    assert!(throttled > 0, "the agent was never told to slow down");
+    assert_eq!(outbox.stats.dropped_samples.load(Ordering::Relaxed), 0);
+    assert_eq!(outbox.stats.rejected_batches.load(Ordering::Relaxed), 0);
+    assert_eq!(outbox.stats.acked_samples.load(Ordering::Relaxed), produced);
+    assert_eq!(
+        c.stats.samples_accepted.load(Ordering::Relaxed),
+        produced,
+        "stored = produced"
+    );
+    server.stop().await.unwrap();
+}
