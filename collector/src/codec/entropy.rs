@@ -153,7 +153,7 @@ pub(crate) struct Decoder {
 
 impl Decoder {
     pub(crate) fn new(bytes: &[u8]) -> Result<Self, CodecError> {
-        if bytes.len() % 4 != 0 {
+        if !bytes.len().is_multiple_of(4) {
             return Err(CodecError::Corrupt("entropy stream length"));
         }
         let words: Vec<u32> = bytes

@@ -106,7 +106,8 @@ impl Scale {
             return None;
         }
         let m = self.to_int(v, w);
-        if !(m.abs() < LIMIT) {
+        // NaN fails this test too.
+        if m.abs() >= LIMIT || m.is_nan() {
             return None;
         }
         let s = m as i64;
@@ -194,9 +195,9 @@ struct ColumnCode {
 
 impl ColumnCode {
     fn flags(self) -> u8 {
-        u8::from(self.scale.windowed) * SCALED_WINDOWED
-            | u8::from(self.ulps) * SCALED_ULPS
-            | u8::from(self.escapes) * SCALED_ESCAPES
+        (u8::from(self.scale.windowed) * SCALED_WINDOWED)
+            | (u8::from(self.ulps) * SCALED_ULPS)
+            | (u8::from(self.escapes) * SCALED_ESCAPES)
     }
 }
 
