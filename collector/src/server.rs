@@ -31,7 +31,10 @@ pub fn open(
         .with_compaction(
             config.storage.compaction_interval,
             config.storage.seal_delay,
-        );
+        )
+        .with_precision(crate::store::Precision::new(
+            config.storage.precision_decimals(),
+        ));
     Collector::new(
         store,
         specs,

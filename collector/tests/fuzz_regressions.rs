@@ -4,6 +4,7 @@
 //! batches built here. The same checks as the targets: no panic, and
 //! whatever validation keeps satisfies `validate::check_kept`.
 
+use flopwatch_collector::codec::Block;
 use flopwatch_collector::validate::{check_kept, decode_and_validate, Rules};
 use flopwatch_proto::v1::{self, agent_message, AgentMessage};
 use prost::Message;
@@ -51,9 +52,34 @@ fn series(gpu: &str, metric: &str, ts: Vec<i64>, values: Vec<f64>) -> v1::Series
     }
 }
 
-#[test]
-fn kept_regression_inputs_pass() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions/validate_batch");
+/// The `decode_block` target's check: decode, and whatever decodes
+/// re-encodes (head and sealed forms) to the identical block.
+fn check_block(bytes: &[u8]) -> Result<(), String> {
+    let Ok(b) = Block::decode(bytes) else {
+        return Ok(());
+    };
+    for again in [b.encode(), b.encode_compact()] {
+        let again = again.map_err(|e| format!("a decoded block does not encode: {e}"))?;
+        let c =
+            Block::decode(&again).map_err(|e| format!("an encoded block does not decode: {e}"))?;
+        let same = b.ts == c.ts
+            && b.windows == c.windows
+            && b.cols.len() == c.cols.len()
+            && b.cols.iter().zip(&c.cols).all(|(x, y)| {
+                x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+            });
+        if !same {
+            return Err("round trip changed the block".into());
+        }
+    }
+    Ok(())
+}
+
+/// Runs `f` on every kept input of `target`; how many there were.
+fn kept(target: &str, f: fn(&[u8]) -> Result<(), String>) -> usize {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/regressions")
+        .join(target);
     let mut n = 0;
     for e in std::fs::read_dir(&dir).unwrap() {
         let p = e.unwrap().path();
@@ -61,10 +87,20 @@ fn kept_regression_inputs_pass() {
             continue;
         }
         let bytes = std::fs::read(&p).unwrap();
-        check(&bytes).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        f(&bytes).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         n += 1;
     }
-    assert!(n > 0, "no inputs under {}", dir.display());
+    n
+}
+
+#[test]
+fn kept_batch_inputs_pass() {
+    assert!(kept("validate_batch", check) > 0);
+}
+
+#[test]
+fn kept_block_inputs_pass() {
+    assert!(kept("decode_block", check_block) > 0);
 }
 
 #[test]

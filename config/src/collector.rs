@@ -94,6 +94,12 @@ pub struct StorageConfig {
     /// still in flight land in the head first.
     #[serde(with = "humantime_serde")]
     pub seal_delay: Duration,
+    /// Opt-in lossy storage: metric name → resolution (a power of ten,
+    /// e.g. `0.001` or `1`). At compaction the metric's values (and window
+    /// peaks) are rounded to a multiple of it, like VictoriaMetrics'
+    /// `-precisionBits`. Empty (the default): every value is kept bit for
+    /// bit.
+    pub precision: BTreeMap<String, f64>,
 }
 
 impl Default for StorageConfig {
@@ -101,8 +107,29 @@ impl Default for StorageConfig {
         Self {
             compaction_interval: Duration::from_secs(60),
             seal_delay: Duration::from_secs(300),
+            precision: BTreeMap::new(),
         }
     }
+}
+
+impl StorageConfig {
+    /// `precision` as decimal places per metric (resolution `10^-d`).
+    pub fn precision_decimals(&self) -> BTreeMap<String, i32> {
+        self.precision
+            .iter()
+            .filter_map(|(m, &r)| resolution_decimals(r).map(|d| (m.clone(), d)))
+            .collect()
+    }
+}
+
+/// `d` with `r == 10^-d` (−9 ≤ d ≤ 9), if `r` is such a power of ten.
+pub fn resolution_decimals(r: f64) -> Option<i32> {
+    if !(r.is_finite() && r > 0.0) {
+        return None;
+    }
+    let d = -r.log10().round() as i32;
+    let exact = 10f64.powi(-d);
+    ((-9..=9).contains(&d) && ((r - exact) / exact).abs() < 1e-9).then_some(d)
 }
 
 /// `[analysis]`: events derived at ingest (OFU §VI-A regressions,
@@ -446,6 +473,14 @@ impl Validate for CollectorConfig {
                 "storage.compaction_interval",
                 "must be at least 1s",
             ));
+        }
+        for (metric, &r) in &self.storage.precision {
+            if metric.is_empty() || resolution_decimals(r).is_none() {
+                return Err(ConfigError::invalid(
+                    &format!("storage.precision.{metric}"),
+                    format!("`{r}` must be a power of ten from 1e-9 to 1e9 (e.g. 0.001 or 1)"),
+                ));
+            }
         }
         if self.retention < Duration::from_secs(3600) {
             return Err(ConfigError::invalid("retention", "must be at least 1h"));

@@ -458,6 +458,12 @@ fn sample(ty: &str) -> Option<Value> {
             t.insert("k".into(), Value::String("x".into()));
             Value::Table(t)
         }
+        "float table" => {
+            let mut t = Table::new();
+            // 1.0: a value every float table accepts (a resolution).
+            t.insert("k".into(), Value::Float(1.0));
+            Value::Table(t)
+        }
         t if SECTION_TYPES.contains(&t) => return None,
         other => panic!("CONFIG.md: unknown type `{other}`"),
     })

@@ -77,3 +77,31 @@ fn collector_needs_a_way_in() {
     let e = parse_str::<CollectorConfig>("", Path::new("c.toml")).unwrap_err();
     assert!(e.to_string().contains("key `tenants`"), "{e}");
 }
+
+#[test]
+fn storage_precision_takes_powers_of_ten() {
+    let c = parse_str::<CollectorConfig>(
+        "anonymous_tenant = \"d\"\nplaintext = true\n[storage.precision]\npower_w = 1\ntensor_active = 0.001\n",
+        Path::new("c.toml"),
+    )
+    .unwrap();
+    let d = c.storage.precision_decimals();
+    assert_eq!(d.get("power_w"), Some(&0));
+    assert_eq!(d.get("tensor_active"), Some(&3));
+    let e = parse_str::<CollectorConfig>(
+        "anonymous_tenant = \"d\"\nplaintext = true\n[storage.precision]\npower_w = 0.25\n",
+        Path::new("c.toml"),
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("key `storage.precision.power_w`"),
+        "{e}"
+    );
+    // Lossless unless asked.
+    let c = parse_str::<CollectorConfig>(
+        "anonymous_tenant = \"d\"\nplaintext = true\n",
+        Path::new("c.toml"),
+    )
+    .unwrap();
+    assert!(c.storage.precision.is_empty());
+}

@@ -285,6 +285,28 @@ mod tests {
     }
 
     #[test]
+    fn readings_have_the_drivers_resolution() {
+        let f = FleetPlan::new(1, 8, 10_000);
+        let m = SimModel::new(&f, 0, 0, 3);
+        for g in 0..8 {
+            for t in (0..5_000).step_by(70) {
+                let s = m.state_at(g, t);
+                assert_eq!(s.sm_clock_mhz, s.sm_clock_mhz.round(), "{s:?}");
+                let mw = (s.power_w * 1000.0).round();
+                assert_eq!(s.power_w, mw / 1000.0, "{s:?}");
+                assert_eq!(s.mem_used_bytes, s.mem_used_bytes.round(), "{s:?}");
+            }
+            // A 100 ms window holds ten whole-MHz ticks: the mean is their
+            // sum over ten, correctly rounded, as Σ samples / n is.
+            let w = m.window(g, 1_000, 1_100).mean.sm_clock_mhz;
+            let sum: f64 = (100..110)
+                .map(|t| m.state_at(g, t * TICK_MS).sm_clock_mhz)
+                .sum();
+            assert_eq!(w, sum / 10.0);
+        }
+    }
+
+    #[test]
     fn window_is_exact_mean_of_ticks() {
         let f = FleetPlan::new(1, 8, 10_000);
         let m = SimModel::new(&f, 0, 0, 3);

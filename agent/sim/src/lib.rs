@@ -41,7 +41,8 @@ pub struct GpuState {
     /// Tensor pipe activity, fraction 0..=1 (GPM `AnyTensorUtil` / 100,
     /// DCGM `PIPE_TENSOR_ACTIVE`).
     pub tensor_active: f64,
-    /// SM clock in MHz.
+    /// SM clock in MHz: whole MHz at a tick (the driver's resolution); a
+    /// window mean is a mean of whole-MHz samples.
     pub sm_clock_mhz: f64,
     /// Fraction of time at least one warp was resident on an SM.
     pub sm_active: f64,
@@ -55,11 +56,11 @@ pub struct GpuState {
     pub fp32_active: f64,
     /// FP64 pipe activity.
     pub fp64_active: f64,
-    /// Board power in watts.
+    /// Board power in watts, whole milliwatts at a tick.
     pub power_w: f64,
     /// GPU temperature in °C.
     pub temp_c: f64,
-    /// Device memory in use, bytes.
+    /// Device memory in use, whole bytes.
     pub mem_used_bytes: f64,
     /// NVLink transmit, bytes/s.
     pub nvlink_tx_bytes_s: f64,
@@ -98,6 +99,30 @@ impl GpuState {
         self.mem_clock_mhz += o.mem_clock_mhz * w;
         self.ib_tx_bytes_s += o.ib_tx_bytes_s * w;
         self.ib_rx_bytes_s += o.ib_rx_bytes_s * w;
+    }
+
+    /// Every field divided by `d`.
+    fn divided(&self, d: f64) -> GpuState {
+        GpuState {
+            tensor_active: self.tensor_active / d,
+            sm_clock_mhz: self.sm_clock_mhz / d,
+            sm_active: self.sm_active / d,
+            sm_occupancy: self.sm_occupancy / d,
+            dram_active: self.dram_active / d,
+            fp16_active: self.fp16_active / d,
+            fp32_active: self.fp32_active / d,
+            fp64_active: self.fp64_active / d,
+            power_w: self.power_w / d,
+            temp_c: self.temp_c / d,
+            mem_used_bytes: self.mem_used_bytes / d,
+            nvlink_tx_bytes_s: self.nvlink_tx_bytes_s / d,
+            nvlink_rx_bytes_s: self.nvlink_rx_bytes_s / d,
+            pcie_tx_bytes_s: self.pcie_tx_bytes_s / d,
+            pcie_rx_bytes_s: self.pcie_rx_bytes_s / d,
+            mem_clock_mhz: self.mem_clock_mhz / d,
+            ib_tx_bytes_s: self.ib_tx_bytes_s / d,
+            ib_rx_bytes_s: self.ib_rx_bytes_s / d,
+        }
     }
 }
 
@@ -182,21 +207,27 @@ pub(crate) fn window_over(
         out.ofu = s.tensor_active * s.sm_clock_mhz.min(tensor_clock_mhz) / tensor_clock_mhz;
         return out;
     }
+    // Sums weighted by whole milliseconds, divided once at the end: a mean
+    // of integer samples (the SM clock, like the driver's processor-clock
+    // samples averaged) is then the correctly rounded quotient, as the
+    // agent's NVML path computes it (Σ samples / n).
     let total = (to_ms - from_ms) as f64;
     let mut tick = from_ms.div_euclid(TICK_MS);
     let mut peak = f64::MIN;
     let mut ofu = 0.0;
+    let mut sum = GpuState::default();
     while tick * TICK_MS < to_ms {
         let start = (tick * TICK_MS).max(from_ms);
         let end = ((tick + 1) * TICK_MS).min(to_ms);
-        let w = (end - start) as f64 / total;
+        let w = (end - start) as f64;
         let s = state_at_tick(tick);
-        out.mean.add_scaled(&s, w);
+        sum.add_scaled(&s, w);
         peak = peak.max(s.tensor_active);
         ofu += w * s.tensor_active * s.sm_clock_mhz.min(tensor_clock_mhz) / tensor_clock_mhz;
         tick += 1;
     }
+    out.mean = sum.divided(total);
     out.peak_tensor_active = peak;
-    out.ofu = ofu;
+    out.ofu = ofu / total;
     out
 }

@@ -195,7 +195,11 @@ impl Workload {
         let load = (tensor / 0.75).min(1.0);
         let clk_target = max_clk - (max_clk - 1352.0) * load;
         let jitter = if load > 0.0 { 32.0 } else { 6.0 };
-        let sm_clock = (clk_target + jitter * normal(h ^ 2)).clamp(210.0, max_clk);
+        // Whole MHz, as the driver reports clocks (`nvmlDeviceGetClockInfo`
+        // and the processor-clock samples are integers).
+        let sm_clock = (clk_target + jitter * normal(h ^ 2))
+            .clamp(210.0, max_clk)
+            .round();
         let busy = p.busy;
         let power = 70.0 + (model.power_limit_w - 70.0) * (0.25 * busy + 0.7 * load).min(1.0);
         let (nvlink, ib) = match p.comm {
@@ -215,10 +219,12 @@ impl Workload {
             fp16_active: 0.03 * busy,
             fp32_active: 0.08 * busy,
             fp64_active: 0.0,
-            power_w: power + 8.0 * normal(h ^ 4),
+            // Whole milliwatts, as `nvmlDeviceGetPowerUsage` reports.
+            power_w: ((power + 8.0 * normal(h ^ 4)) * 1000.0).round() / 1000.0,
             temp_c: 32.0 + 38.0 * (0.3 * busy + 0.7 * load),
+            // Whole bytes (`nvmlDeviceGetMemoryInfo`).
             mem_used_bytes: if busy > 0.0 || matches!(self, Workload::Bursty { .. }) {
-                0.72 * model.memory_total_bytes as f64
+                (0.72 * model.memory_total_bytes as f64).round()
             } else {
                 0.6e9
             },

@@ -3,6 +3,9 @@
 //! Window-mean metrics are the simulator's exact means since the previous
 //! capture (as GPM would report them); point metrics are the state at the
 //! capture instant, so the SM clock shows the OFU paper's ±32 MHz jitter.
+//! Values have the driver's resolution: clocks in whole MHz (the averaged
+//! clock a mean of whole-MHz samples), power in whole milliwatts,
+//! temperature in whole °C, memory in whole bytes.
 //!
 //! With [`SimSource::with_pids`] a GPU that runs a job also reports one
 //! compute process, PID `base + gpu index` (the fake NVML library's

@@ -20,10 +20,10 @@
 
 use super::keys;
 use super::model::{
-    corrupt, ofu_samples, ofu_value, raw_block, raw_hour, raw_points, ref_clock, resolver,
-    window_of, HourMap, OfuAgg, Rollup, CLOCKS, MINUTE_MS, WINDOW_MS,
+    corrupt, derivation_clock, ofu_samples, ofu_value, raw_block, raw_hour, raw_points, ref_clock,
+    resolver, window_of, HourMap, OfuAgg, Rollup, CLOCKS, MINUTE_MS, WINDOW_MS,
 };
-use super::{Cf, Op, Store, StoreError};
+use super::{Cf, OfuSample, Op, Precision, Store, StoreError};
 use crate::codec::Block;
 use flopwatch_proto::clock::Clock;
 use std::collections::{BTreeMap, HashMap};
@@ -192,6 +192,12 @@ impl Store {
                 }
             }
             points.sort_by_key(|p| p.ts_ms);
+            if let Some(d) = raw_metric(&g.prefix).and_then(|m| self.precision.decimals(m)) {
+                for p in &mut points {
+                    p.value = super::round_decimals(p.value, d);
+                    p.peak = p.peak.map(|x| super::round_decimals(x, d));
+                }
+            }
             for p in &points {
                 add(p.ts_ms, p.value, 0.0, 0.0, 1.0);
             }
@@ -247,8 +253,29 @@ impl Store {
             for (k, _) in &old {
                 ops.push(Op::Delete(chunk_cf, k.clone()));
             }
+            if self.precision.touches_ofu() {
+                round_map(
+                    &mut tpa,
+                    &self.precision,
+                    flopwatch_proto::metrics::TENSOR_ACTIVE,
+                );
+                for (c, m) in clocks.iter_mut().zip(CLOCKS) {
+                    round_map(c, &self.precision, m);
+                }
+            }
             for (i, (job, s)) in by_job.iter_mut().enumerate() {
                 s.sort_by_key(|x| x.ts_ms);
+                let refs = if self.precision.touches_ofu() {
+                    match rounded_refs(s, &tpa, &clocks, &self.precision) {
+                        Some((i, rounded)) => {
+                            *s = rounded;
+                            Some(i)
+                        }
+                        None => None,
+                    }
+                } else {
+                    ref_clock(s, &tpa, &clocks)
+                };
                 for x in s.iter() {
                     add(
                         x.ts_ms,
@@ -259,7 +286,6 @@ impl Store {
                     );
                 }
                 let last = s.last().map_or(g.window, |x| x.ts_ms);
-                let refs = ref_clock(s, &tpa, &clocks);
                 ops.push(Op::Put(
                     chunk_cf,
                     keys::block_key(&g.prefix, last, i as u64),
@@ -364,6 +390,54 @@ impl Store {
         }
         Ok(report)
     }
+}
+
+/// The metric of a raw series prefix (tenant · gpu · metric).
+fn raw_metric(prefix: &[u8]) -> Option<&str> {
+    let mut pos = 0;
+    keys::get_str(prefix, &mut pos)?;
+    keys::get_str(prefix, &mut pos)?;
+    keys::get_str(prefix, &mut pos)
+}
+
+/// A raw hour as compaction will store it under `precision`.
+fn round_map(map: &mut HourMap, precision: &Precision, metric: &str) {
+    if precision.decimals(metric).is_none() {
+        return;
+    }
+    for bits in map.values_mut().flatten() {
+        *bits = precision.round(metric, f64::from_bits(*bits)).to_bits();
+    }
+}
+
+/// With precision on tensor activity or a clock: the samples with those
+/// rounded as their raw series will be (and OFU recomputed from them with
+/// the chunk's tensor clock), and the clock series that then holds them,
+/// if one does. `None` keeps the samples as received.
+fn rounded_refs(
+    samples: &[OfuSample],
+    tpa: &HourMap,
+    clocks: &[HourMap],
+    precision: &Precision,
+) -> Option<(u8, Vec<OfuSample>)> {
+    let f = derivation_clock(samples)?;
+    (0..clocks.len()).find_map(|i| {
+        let rounded: Vec<OfuSample> = samples
+            .iter()
+            .map(|x| {
+                let t = precision.round(flopwatch_proto::metrics::TENSOR_ACTIVE, x.tensor_active);
+                let c = precision.round(CLOCKS[i], x.sm_clock_mhz);
+                OfuSample {
+                    ofu: crate::ofu::ofu(t, c, f),
+                    tensor_active: t,
+                    sm_clock_mhz: c,
+                    ..*x
+                }
+            })
+            .collect();
+        (ref_clock(&rounded, tpa, std::slice::from_ref(&clocks[i])) == Some(0))
+            .then_some((i as u8, rounded))
+    })
 }
 
 /// Runs compaction on the store's schedule ([`Store::with_compaction`])

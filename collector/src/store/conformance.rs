@@ -623,3 +623,98 @@ fn ofu_chunks_refer_to_the_raw_series_they_came_from() {
         assert_eq!(aggs, 1200, "{name}");
     }
 }
+
+#[test]
+fn precision_rounds_at_compaction_and_ofu_follows() {
+    for (name, e, _dir) in engines() {
+        let precision =
+            Precision::new([("tensor_active".to_string(), 3), ("power_w".to_string(), 0)].into());
+        let store = Store::new(e.clone(), false).with_precision(precision);
+        let ts: Vec<i64> = (0..600).map(|i| T0 + i * 100).collect();
+        let tpa: Vec<f64> = ts
+            .iter()
+            .map(|t| (60_000 + (t / 100 * 7919) % 2000) as f64 / 1e5)
+            .collect();
+        let clk: Vec<f64> = ts
+            .iter()
+            .map(|t| 1352.0 + ((t / 100) % 64) as f64)
+            .collect();
+        let power: Vec<f64> = ts.iter().map(|t| 585.0 + (t % 997) as f64 / 1e3).collect();
+        let batch = |m: &str, v: &[f64]| SeriesBatch {
+            gpu_uuid: "GPU-1".into(),
+            metric: m.into(),
+            points: ts
+                .iter()
+                .zip(v)
+                .map(|(&t, &v)| Point {
+                    ts_ms: t,
+                    value: v,
+                    peak: None,
+                    window_ms: Some(100),
+                })
+                .collect(),
+        };
+        let ofu: Vec<OfuSample> = (0..ts.len())
+            .map(|i| OfuSample {
+                ts_ms: ts[i],
+                ofu: crate::ofu::ofu(tpa[i], clk[i], 1830.0),
+                tensor_active: tpa[i],
+                sm_clock_mhz: clk[i],
+                window_ms: 100,
+            })
+            .collect();
+        let set = CommitSet {
+            seq: 1,
+            series: vec![
+                batch("tensor_active", &tpa),
+                batch("sm_clock_avg_mhz", &clk),
+                batch("power_w", &power),
+            ],
+            ofu: vec![("GPU-1".into(), Some("job".into()), ofu)],
+            ..Default::default()
+        };
+        store.commit("t1", &set).unwrap();
+        // The head keeps what was received.
+        let got = store
+            .series("t1", "GPU-1", "power_w", 0, i64::MAX, usize::MAX)
+            .unwrap();
+        assert_eq!(got[1].value, power[1], "{name}");
+        store.compact(T0 + 2 * H, 0).unwrap();
+        assert_eq!(count(&*e, Cf::Head), 0, "{name}");
+        let values = |m: &str| -> Vec<f64> {
+            store
+                .series("t1", "GPU-1", m, 0, i64::MAX, usize::MAX)
+                .unwrap()
+                .iter()
+                .map(|p| p.value)
+                .collect()
+        };
+        let tpa3: Vec<f64> = tpa.iter().map(|v| (v * 1e3).round() / 1e3).collect();
+        assert_eq!(values("tensor_active"), tpa3, "{name}");
+        assert_ne!(tpa3, tpa, "{name}: the test data needs rounding");
+        let p0: Vec<f64> = power.iter().map(|v| v.round()).collect();
+        assert_eq!(values("power_w"), p0, "{name}");
+        assert_eq!(values("sm_clock_avg_mhz"), clk, "{name}");
+        // OFU: from the rounded tensor activity, still referring to the raw
+        // series (timestamps and windows only in the OFU chunk).
+        let mut got = Vec::new();
+        store
+            .ofu("t1", "GPU-1", 0, i64::MAX, Some("job"), &mut |s| {
+                got.push(s)
+            })
+            .unwrap();
+        got.sort_by_key(|s| s.ts_ms);
+        assert_eq!(got.len(), ts.len(), "{name}");
+        for (i, s) in got.iter().enumerate() {
+            assert_eq!(s.tensor_active, tpa3[i], "{name}");
+            assert_eq!(s.ofu, crate::ofu::ofu(tpa3[i], clk[i], 1830.0), "{name}");
+        }
+        let mut bytes = 0;
+        e.scan(Cf::Ofu, &[], &[0xff; 8], &mut |_, v| {
+            bytes += v.len();
+            true
+        })
+        .unwrap();
+        assert!(bytes < 100, "{bytes} bytes, {name}");
+    }
+}

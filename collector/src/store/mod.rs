@@ -24,6 +24,7 @@ mod compact;
 pub mod keys;
 pub mod memory;
 mod model;
+mod precision;
 pub mod rocks;
 
 pub use compact::{run_compactor, CompactionReport};
@@ -31,6 +32,7 @@ pub use model::{
     AgentKey, CommitSet, DeviceRecord, GpuRecord, JobRecord, NodeRecord, OfuAgg, OfuPiece,
     OfuSample, Retention, Store, StoredSeries, WINDOW_MS,
 };
+pub use precision::{round_decimals, Precision};
 
 /// Column families.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

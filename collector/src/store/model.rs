@@ -360,6 +360,8 @@ pub struct Store {
     pub(super) retention: Option<Retention>,
     /// Compaction interval and seal delay.
     pub(super) schedule: (std::time::Duration, std::time::Duration),
+    /// What compaction rounds (nothing by default).
+    pub(super) precision: Arc<super::Precision>,
 }
 
 pub(super) fn corrupt(cf: Cf, message: impl ToString) -> StoreError {
@@ -446,7 +448,7 @@ const DERIVED_OFU: u8 = 0xd0;
 
 /// The tensor clock `f` with which every sample's OFU is exactly
 /// `ofu(tensor_active, sm_clock_mhz, f)` (bit for bit), if there is one.
-fn derivation_clock(samples: &[OfuSample]) -> Option<f64> {
+pub(super) fn derivation_clock(samples: &[OfuSample]) -> Option<f64> {
     let exact = |f: f64| {
         samples.iter().all(|s| {
             crate::ofu::ofu(s.tensor_active, s.sm_clock_mhz, f).to_bits() == s.ofu.to_bits()
@@ -720,7 +722,15 @@ impl Store {
                 std::time::Duration::from_secs(60),
                 std::time::Duration::from_secs(300),
             ),
+            precision: Arc::default(),
         }
+    }
+
+    /// Rounds values at compaction as `precision` says (opt-in lossy
+    /// storage; see [`super::Precision`]).
+    pub fn with_precision(mut self, precision: super::Precision) -> Self {
+        self.precision = Arc::new(precision);
+        self
     }
 
     /// Compacts every `every`, sealing an hour `seal_delay` after it ends

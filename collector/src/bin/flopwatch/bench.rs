@@ -9,6 +9,7 @@
 //! machine with the collector, so the figure is conservative.
 
 mod storage;
+mod tenants;
 
 use anyhow::Context;
 use flopwatch_agent::clock::TokioClock;
@@ -37,6 +38,8 @@ enum What {
     /// Bytes per sample on disk against Prometheus (promtool), and the
     /// 30-day hourly OFU query.
     Storage(storage::StorageArgs),
+    /// Another tenant's ack latency, alone and under a flooding tenant.
+    Tenants(tenants::TenantsArgs),
     /// Durable ingest rate (samples/s acknowledged).
     Ingest {
         /// Concurrent agent streams.
@@ -120,6 +123,7 @@ fn batch(node: &str, seq: u64, gpus: usize, metrics: usize, points: usize, t0: i
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     let (streams, gpus, metrics, points, window, duration, data_dir) = match a.what {
         What::Storage(s) => return storage::run(s).await,
+        What::Tenants(t) => return tenants::run(t).await,
         What::Ingest {
             streams,
             gpus,

@@ -10,6 +10,9 @@
 //!    compactor seals every hour, RocksDB is flushed and fully compacted,
 //!    and the whole data directory is measured (SST files, their indexes,
 //!    MANIFEST, OPTIONS, logs; derived OFU and rollups included).
+//!    Every series is then read back and compared bit for bit with what
+//!    was sent (or, with `--precision`, with the values rounded as
+//!    configured).
 //! 3. Prometheus: the identical samples as an OpenMetrics file, turned
 //!    into TSDB blocks by `promtool tsdb create-blocks-from openmetrics`
 //!    (blocks up to 24 h, its most compact setting), the output directory
@@ -25,7 +28,7 @@ use flopwatch_agent::sampler::{PlanCarry, Sampler};
 use flopwatch_agent::source::replay::ReplaySource;
 use flopwatch_agent::source::{Capture, GpuSource, SourceError};
 use flopwatch_collector::store::{
-    rocks::RocksEngine, Cf, CommitSet, GpuRecord, OfuSample, Store, WINDOW_MS,
+    rocks::RocksEngine, round_decimals, Cf, CommitSet, GpuRecord, OfuSample, Store, WINDOW_MS,
 };
 use flopwatch_collector::{auth::Auth, server};
 use flopwatch_config::{CollectorConfig, SamplingConfig, SpecTable};
@@ -64,6 +67,21 @@ pub struct StorageArgs {
     /// promtool binary.
     #[arg(long, default_value = "promtool")]
     promtool: String,
+    /// Also measure opt-in lossy storage: `METRIC=RESOLUTION` (a power of
+    /// ten, as `[storage.precision]` takes it), repeatable. Prometheus then
+    /// gets the values as flopwatch stores them.
+    #[arg(long = "precision", value_parser = parse_precision)]
+    precision: Vec<(String, f64)>,
+}
+
+fn parse_precision(s: &str) -> Result<(String, f64), String> {
+    let (m, r) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected METRIC=RESOLUTION"))?;
+    let r: f64 = r.parse().map_err(|e| format!("`{s}`: {e}"))?;
+    flopwatch_config::resolution_decimals(r)
+        .ok_or_else(|| format!("`{s}`: the resolution must be a power of ten"))?;
+    Ok((m.to_string(), r))
 }
 
 /// One series' samples: (ts, value, window).
@@ -259,13 +277,51 @@ fn config(dir: &Path) -> CollectorConfig {
     }
 }
 
-/// flopwatch's bytes for `s`: ingested over gRPC, compacted, measured.
-async fn flopwatch_bytes(s: &Samples, dir: &Path, now: i64) -> anyhow::Result<(u64, u64, f64)> {
+/// `s` as stored under `precision` (metric → decimals).
+fn rounded(s: &Samples, precision: &BTreeMap<String, i32>) -> Samples {
+    let mut out = s.clone();
+    for ((_, metric), pts) in out.iter_mut() {
+        if let Some(&d) = precision.get(*metric) {
+            for p in pts {
+                p.1 = round_decimals(p.1, d);
+            }
+        }
+    }
+    out
+}
+
+/// Every series read back from `store` equals `expect` bit for bit.
+fn check_stored(store: &Store, expect: &Samples) -> anyhow::Result<()> {
+    for ((gpu, metric), pts) in expect {
+        let got = store.series("default", gpu, metric, i64::MIN, i64::MAX, usize::MAX)?;
+        let same = got.len() == pts.len()
+            && got
+                .iter()
+                .zip(pts)
+                .all(|(g, p)| g.ts_ms == p.0 && g.value.to_bits() == p.1.to_bits());
+        if !same {
+            bail!("{gpu} {metric}: the stored samples differ from those sent");
+        }
+    }
+    Ok(())
+}
+
+/// flopwatch's bytes for `s`: ingested over gRPC, compacted, checked
+/// against `expect` (what must be stored), measured.
+async fn flopwatch_bytes(
+    s: &Samples,
+    expect: &Samples,
+    precision: &[(String, f64)],
+    dir: &Path,
+    now: i64,
+) -> anyhow::Result<(u64, u64, f64)> {
     let _ = std::fs::remove_dir_all(dir);
     let clock = Arc::new(TokioClock::new());
+    let mut cfg = config(dir);
+    cfg.storage.precision = precision.iter().cloned().collect();
     let collector = server::open(
         dir,
-        &config(dir),
+        &cfg,
         SpecTable::builtin(),
         Auth::anonymous("default"),
         Vec::new(),
@@ -307,6 +363,7 @@ async fn flopwatch_bytes(s: &Samples, dir: &Path, now: i64) -> anyhow::Result<(u
         Ok(())
     })
     .await??;
+    check_stored(&store, expect)?;
     drop(store);
     drop(collector);
     Ok((dir_bytes(dir), acked, ingest_s))
@@ -337,6 +394,8 @@ fn prometheus_bytes(s: &Samples, work: &Path, name: &str, promtool: &str) -> any
         f.flush()?;
     }
     let out = work.join(format!("{name}-prometheus"));
+    // promtool adds blocks to what is there: start empty.
+    let _ = std::fs::remove_dir_all(&out);
     let status = std::process::Command::new(promtool)
         .args([
             "tsdb",
@@ -510,23 +569,46 @@ pub async fn run(a: StorageArgs) -> anyhow::Result<()> {
     );
     println!("| sampling | samples | flopwatch bytes | B/sample | Prometheus bytes | B/sample | Prometheus / flopwatch | ingest |");
     println!("|---|---|---|---|---|---|---|---|");
+    let decimals: BTreeMap<String, i32> = a
+        .precision
+        .iter()
+        .filter_map(|(m, r)| flopwatch_config::resolution_decimals(*r).map(|d| (m.clone(), d)))
+        .collect();
+    let lossy = a
+        .precision
+        .iter()
+        .map(|(m, r)| format!("{m} {r}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     for (name, adaptive) in [("fixed 100 ms", false), ("adaptive", true)] {
         let s = samples(&loaded, a.gpus, t0, a.hours, adaptive);
         let n: u64 = s.values().map(|v| v.len() as u64).sum();
         let tag = if adaptive { "adaptive" } else { "fixed" };
-        let dir = work.join(format!("{tag}-flopwatch"));
-        let (ours, acked, ingest_s) = flopwatch_bytes(&s, &dir, now).await?;
-        if acked != n {
-            bail!("{name}: {acked} samples acknowledged of {n} sent");
+        let mut runs = vec![("lossless".to_string(), Vec::new(), s.clone())];
+        if !a.precision.is_empty() {
+            runs.push((
+                format!("precision {lossy}"),
+                a.precision.clone(),
+                rounded(&s, &decimals),
+            ));
         }
-        let prom = prometheus_bytes(&s, &work, tag, &a.promtool)?;
-        println!(
-            "| {name} | {n} | {ours} | {:.3} | {prom} | {:.3} | {:.2}× | {:.0} samples/s |",
-            ours as f64 / n as f64,
-            prom as f64 / n as f64,
-            prom as f64 / ours as f64,
-            n as f64 / ingest_s,
-        );
+        for (kind, precision, stored) in runs {
+            let dir = work.join(format!("{tag}-flopwatch"));
+            let (ours, acked, ingest_s) =
+                flopwatch_bytes(&s, &stored, &precision, &dir, now).await?;
+            if acked != n {
+                bail!("{name}: {acked} samples acknowledged of {n} sent");
+            }
+            // Prometheus gets the values as flopwatch stores them.
+            let prom = prometheus_bytes(&stored, &work, tag, &a.promtool)?;
+            println!(
+                "| {name}, {kind} | {n} | {ours} | {:.3} | {prom} | {:.3} | {:.2}× | {:.0} samples/s |",
+                ours as f64 / n as f64,
+                prom as f64 / n as f64,
+                prom as f64 / ours as f64,
+                n as f64 / ingest_s,
+            );
+        }
     }
     if a.query_days > 0 {
         query_bench(&work.join("query"), a.query_days).await?;

@@ -1,0 +1,285 @@
+//! Block codec for series samples, in the spirit of Gorilla (Pelkonen et
+//! al., VLDB 2015) and Prometheus' XOR chunks. Three formats, told apart
+//! by the first byte; every one is still read:
+//!
+//! * **1** ([`Block::encode`], the head's fast form): timestamps as
+//!   bit-packed delta-of-deltas (one bit per sample while the interval
+//!   holds, 10–24 bits when it changes), values as Gorilla XOR, windows
+//!   run-length encoded.
+//! * **2** (sealed chunks before format 3, and blocks of more than
+//!   [`sealed::MAX_COLS`] columns): per column XOR or exact decimals
+//!   (scaled integers' deltas bit-packed in groups of 16), windows
+//!   run-length or against the timestamp gaps.
+//! * **3** ([`Block::encode_compact`], sealed chunks): prediction and an
+//!   entropy stage (`constriction`'s range coder with adaptive integer
+//!   models); exact decimals and window means of decimals as integers,
+//!   residuals from a running level; see [`sealed`].
+//!
+//! Layout of 1 and 2: `version u8 | flags u8 | columns u8 | count varint |
+//! ts… | column… | windows…`; version 2 starts every column with a mode
+//! byte (0 XOR, 1 decimal). Decoding checks every bound and returns an
+//! error on malformed input; it never panics.
+
+mod bits;
+mod entropy;
+mod sealed;
+
+use bits::{
+    decimal_scale, decode_decimal, decode_ts, decode_xor, encode_decimal, encode_ts, encode_xor,
+    pack_groups, put_varint, unpack_groups, unzigzag, zigzag, BitReader, BitWriter, Reader,
+};
+
+const VERSION: u8 = 1;
+const VERSION_MODES: u8 = 2;
+const MODE_XOR: u8 = 0;
+const MODE_DECIMAL: u8 = 1;
+/// Deltas per bit-packed group of a decimal column.
+const GROUP: usize = 16;
+const FLAG_WINDOWS: u8 = 1;
+/// Version 2: windows stored as their difference from the gap to the
+/// previous timestamp (a sampler's window is usually exactly that gap),
+/// zigzag-encoded and bit-packed in groups.
+const FLAG_WINDOWS_GAP: u8 = 2;
+/// Upper bound on samples per block, so a hostile header cannot make the
+/// decoder allocate unbounded memory.
+pub const MAX_BLOCK_SAMPLES: usize = 1 << 20;
+
+/// Samples sharing timestamps: one timestamp column, `cols` value columns,
+/// optional window lengths.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Block {
+    /// Unix ms, one per sample.
+    pub ts: Vec<i64>,
+    /// Value columns, each as long as `ts`.
+    pub cols: Vec<Vec<f64>>,
+    /// Window lengths in ms, empty or as long as `ts`.
+    pub windows: Vec<u32>,
+}
+
+/// A block that cannot be decoded (or encoded).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CodecError {
+    /// Input ended early.
+    #[error("block truncated")]
+    Truncated,
+    /// Unknown format version.
+    #[error("unsupported block version {0}")]
+    Version(u8),
+    /// A header field is out of range.
+    #[error("corrupt block: {0}")]
+    Corrupt(&'static str),
+}
+
+impl Block {
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.ts.len()
+    }
+
+    /// True when the block holds no sample.
+    pub fn is_empty(&self) -> bool {
+        self.ts.is_empty()
+    }
+
+    /// Encodes the block (XOR values, the fast form used for the head).
+    /// Columns must be as long as `ts`; `windows` empty or as long.
+    pub fn encode(&self) -> Result<Vec<u8>, CodecError> {
+        self.encode_with(false)
+    }
+
+    /// Encodes a sealed chunk (format 3, [`sealed`]; format 2 beyond
+    /// [`sealed::MAX_COLS`] columns). Slower than [`Block::encode`],
+    /// decoded by the same [`Block::decode`].
+    pub fn encode_compact(&self) -> Result<Vec<u8>, CodecError> {
+        if self.cols.len() > sealed::MAX_COLS {
+            return self.encode_with(true);
+        }
+        self.check_shape()?;
+        sealed::encode(self)
+    }
+
+    /// Encodes in format 2 (the sealed form before format 3).
+    pub fn encode_v2(&self) -> Result<Vec<u8>, CodecError> {
+        self.encode_with(true)
+    }
+
+    fn check_shape(&self) -> Result<(), CodecError> {
+        let n = self.ts.len();
+        if n > MAX_BLOCK_SAMPLES {
+            return Err(CodecError::Corrupt("too many samples"));
+        }
+        if self.cols.len() > u8::MAX as usize || self.cols.iter().any(|c| c.len() != n) {
+            return Err(CodecError::Corrupt("column length"));
+        }
+        if !self.windows.is_empty() && self.windows.len() != n {
+            return Err(CodecError::Corrupt("window length"));
+        }
+        Ok(())
+    }
+
+    fn encode_with(&self, compact: bool) -> Result<Vec<u8>, CodecError> {
+        self.check_shape()?;
+        let n = self.ts.len();
+        let mut out = Vec::with_capacity(8 + n * (2 + self.cols.len() * 2));
+        out.push(if compact { VERSION_MODES } else { VERSION });
+        out.push(if self.windows.is_empty() {
+            0
+        } else {
+            FLAG_WINDOWS
+        });
+        out.push(self.cols.len() as u8);
+        put_varint(&mut out, n as u64);
+        encode_ts(&mut out, &self.ts);
+        for c in &self.cols {
+            if !compact {
+                encode_xor(&mut out, c);
+                continue;
+            }
+            let mut xor = vec![MODE_XOR];
+            encode_xor(&mut xor, c);
+            if let Some((scale, ints)) = decimal_scale(c) {
+                let mut dec = vec![MODE_DECIMAL];
+                encode_decimal(&mut dec, scale, &ints);
+                if dec.len() < xor.len() {
+                    out.extend_from_slice(&dec);
+                    continue;
+                }
+            }
+            out.extend_from_slice(&xor);
+        }
+        // Windows repeat (fixed or slowly changing intervals): run-length.
+        let mut rle = Vec::new();
+        let mut i = 0;
+        while i < self.windows.len() {
+            let w = self.windows[i];
+            let run = self.windows[i..].iter().take_while(|&&x| x == w).count();
+            put_varint(&mut rle, u64::from(w));
+            put_varint(&mut rle, run as u64);
+            i += run;
+        }
+        if compact && !self.windows.is_empty() {
+            // Irregular intervals: windows against the timestamp gaps.
+            let d: Vec<u64> = (0..n)
+                .map(|i| {
+                    let gap = if i == 0 {
+                        0
+                    } else {
+                        self.ts[i].wrapping_sub(self.ts[i - 1])
+                    };
+                    zigzag(i64::from(self.windows[i]).wrapping_sub(gap))
+                })
+                .collect();
+            let mut w = BitWriter {
+                out: Vec::new(),
+                used: 0,
+            };
+            pack_groups(&mut w, &d);
+            let mut gap = Vec::new();
+            put_varint(&mut gap, w.out.len() as u64);
+            gap.extend_from_slice(&w.out);
+            if gap.len() < rle.len() {
+                out[1] |= FLAG_WINDOWS_GAP;
+                out.extend_from_slice(&gap);
+                return Ok(out);
+            }
+        }
+        out.extend_from_slice(&rle);
+        Ok(out)
+    }
+
+    /// Decodes a block.
+    pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
+        let mut r = Reader { buf, pos: 0 };
+        let version = r.u8()?;
+        if version == sealed::VERSION_SEALED {
+            let b = sealed::decode(&mut r)?;
+            if r.pos != buf.len() {
+                return Err(CodecError::Corrupt("trailing bytes"));
+            }
+            return Ok(b);
+        }
+        if version != VERSION && version != VERSION_MODES {
+            return Err(CodecError::Version(version));
+        }
+        let flags = r.u8()?;
+        let known = if version == VERSION_MODES {
+            FLAG_WINDOWS | FLAG_WINDOWS_GAP
+        } else {
+            FLAG_WINDOWS
+        };
+        if flags & !known != 0 || flags == FLAG_WINDOWS_GAP {
+            return Err(CodecError::Corrupt("unknown flags"));
+        }
+        let ncols = r.u8()? as usize;
+        let n = usize::try_from(r.varint()?).map_err(|_| CodecError::Corrupt("count"))?;
+        if n > MAX_BLOCK_SAMPLES || n > buf.len().saturating_mul(8) {
+            return Err(CodecError::Corrupt("count"));
+        }
+        let ts = if n == 0 {
+            Vec::new()
+        } else {
+            decode_ts(&mut r, n)?
+        };
+        let mut cols = Vec::with_capacity(ncols);
+        for _ in 0..ncols {
+            let mode = if version == VERSION_MODES {
+                r.u8()?
+            } else {
+                MODE_XOR
+            };
+            cols.push(match (n, mode) {
+                (0, MODE_XOR) => {
+                    if r.varint()? != 0 {
+                        return Err(CodecError::Corrupt("column length"));
+                    }
+                    Vec::new()
+                }
+                (0, MODE_DECIMAL) => {
+                    r.u8()?;
+                    Vec::new()
+                }
+                (_, MODE_XOR) => decode_xor(&mut r, n)?,
+                (_, MODE_DECIMAL) => decode_decimal(&mut r, n)?,
+                _ => return Err(CodecError::Corrupt("column mode")),
+            });
+        }
+        let mut windows = Vec::new();
+        if flags & FLAG_WINDOWS_GAP != 0 {
+            let len =
+                usize::try_from(r.varint()?).map_err(|_| CodecError::Corrupt("window length"))?;
+            let end = r.pos.checked_add(len).ok_or(CodecError::Truncated)?;
+            let buf = r.buf.get(r.pos..end).ok_or(CodecError::Truncated)?;
+            r.pos = end;
+            let mut br = BitReader { buf, bit: 0 };
+            let d = unpack_groups(&mut br, n)?;
+            windows.reserve(n);
+            for (i, z) in d.into_iter().enumerate() {
+                let gap = if i == 0 {
+                    0
+                } else {
+                    ts[i].wrapping_sub(ts[i - 1])
+                };
+                let w = u32::try_from(unzigzag(z).wrapping_add(gap))
+                    .map_err(|_| CodecError::Corrupt("window"))?;
+                windows.push(w);
+            }
+        } else if flags & FLAG_WINDOWS != 0 {
+            windows.reserve(n);
+            while windows.len() < n {
+                let w = u32::try_from(r.varint()?).map_err(|_| CodecError::Corrupt("window"))?;
+                let run = r.varint()?;
+                if run == 0 || run > (n - windows.len()) as u64 {
+                    return Err(CodecError::Corrupt("window run"));
+                }
+                windows.extend(std::iter::repeat_n(w, run as usize));
+            }
+        }
+        if r.pos != buf.len() {
+            return Err(CodecError::Corrupt("trailing bytes"));
+        }
+        Ok(Self { ts, cols, windows })
+    }
+}
+
+#[cfg(test)]
+mod tests;

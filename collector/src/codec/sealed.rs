@@ -1,0 +1,601 @@
+//! Sealed chunks, format version 3: prediction and an entropy stage.
+//!
+//! Layout: `3 | flags | columns | count varint`, then for a non-empty
+//! block: first timestamp (zigzag varint), the timestamps' step `g` (the
+//! greatest common divisor of the intervals; varint), the window mode
+//! byte (when windows are present), the *time stream*, then each column.
+//! Streams are length-prefixed range-coded bytes ([`super::entropy`]).
+//!
+//! * **Time stream**: per sample, the change of the interval in units of
+//!   `g` (0 while the interval holds: a few thousandths of a bit), and the
+//!   window against the gap to the previous sample (a sampler's window
+//!   usually is that gap) or against the previous window, whichever the
+//!   encoder found smaller.
+//! * **Columns**: each value as an integer `s` with `value = s / D`, where
+//!   `D = 10^j` (a reading printed with `j` decimals) or, *windowed*,
+//!   `D = window × 10^j`: a window mean of decimal readings of equal
+//!   windows is their integer sum over the window (the agent's adaptive
+//!   mean, `Σ vᵢ·wᵢ / Σ wᵢ`). The division in `f64` may land a few units in
+//!   the last place (ulps) off the value the agent computed; that offset is
+//!   stored too, so the value comes back bit for bit. Values with no such
+//!   form (NaN, −0.0, a weighted mean) are *escaped*: stored as the XOR
+//!   of their bits with the previous value's. The integers are predicted
+//!   from a running level (the mean of the last `2^k` values, per unit of
+//!   window, restarted at a jump) — or, for a column after the first, from
+//!   the first column at the same sample (a window peak from its mean) —
+//!   and the residuals entropy-coded. The encoder tries the predictors on
+//!   the first samples, and keeps the column as plain Gorilla XOR if that
+//!   is smaller.
+//!
+//! The decoder checks every bound and never panics; floating-point steps
+//! are single IEEE operations (exact on every platform), and the entropy
+//! models are integers, so a chunk decodes identically on any host.
+
+use super::bits::{decode_xor, encode_xor, put_varint, unzigzag, zigzag, Reader};
+use super::entropy::{Decoder, Encoder, Model, Patterns, Residuals};
+use super::{Block, CodecError, MAX_BLOCK_SAMPLES};
+use std::collections::VecDeque;
+
+pub(super) const VERSION_SEALED: u8 = 3;
+/// Most value columns of a version-3 block (more use version 2).
+pub(super) const MAX_COLS: usize = 8;
+const FLAG_WINDOWS: u8 = 1;
+
+const WINDOW_VS_GAP: u8 = 0;
+const WINDOW_VS_PREV: u8 = 1;
+
+const COL_XOR: u8 = 0;
+const COL_SCALED: u8 = 2;
+
+const SCALED_WINDOWED: u8 = 1;
+const SCALED_ULPS: u8 = 2;
+const SCALED_ESCAPES: u8 = 4;
+
+/// Predictor byte: the level's length as a power of two in the low bits;
+/// this bit: predict from the first column.
+const PRED_FIRST_COLUMN: u8 = 0x80;
+const MAX_LEVEL_LOG2: u8 = 6;
+/// Level lengths the encoder tries (log2).
+const LEVELS: [u8; 3] = [0, 2, 4];
+/// Samples the predictors are tried on.
+const TRIAL: usize = 4096;
+
+/// Farthest a value may lie from `s / D`, in ulps, and still be stored as
+/// an integer (else it is escaped).
+const MAX_ULPS: i64 = 1 << 16;
+const LIMIT: f64 = (1u64 << 53) as f64;
+const POW10: [f64; 10] = [1.0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9];
+const MAX_J: i8 = 9;
+
+/// `value = s / 10^j` (`j` may be negative: `s · 10^-j`), or, windowed,
+/// `value = s / (10^j × window)` (`j ≥ 0`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Scale {
+    j: i8,
+    windowed: bool,
+}
+
+impl Scale {
+    /// `(factor, divides)`: `value = s / factor` or `s × factor`.
+    fn factor(self, w: u32) -> (f64, bool) {
+        let p = POW10[usize::from(self.j.unsigned_abs())];
+        if self.windowed {
+            (p * f64::from(w.max(1)), true)
+        } else {
+            (p, self.j >= 0)
+        }
+    }
+
+    fn to_int(self, v: f64, w: u32) -> f64 {
+        match self.factor(w) {
+            (f, true) => (v * f).round(),
+            (f, false) => (v / f).round(),
+        }
+    }
+
+    fn to_value(self, s: i64, w: u32) -> f64 {
+        match self.factor(w) {
+            (f, true) => s as f64 / f,
+            (f, false) => s as f64 * f,
+        }
+    }
+
+    /// The integer and ulp offset of `v`, or `None` (escape).
+    fn split(self, v: f64, w: u32) -> Option<(i64, i64)> {
+        if !v.is_finite() {
+            return None;
+        }
+        let m = self.to_int(v, w);
+        // NaN fails this test too.
+        if m.abs() >= LIMIT || m.is_nan() {
+            return None;
+        }
+        let s = m as i64;
+        let q = self.to_value(s, w);
+        if q.is_sign_negative() != v.is_sign_negative() || !q.is_finite() {
+            return None;
+        }
+        // Same sign: both bit patterns on one side, the difference fits.
+        let e = (v.to_bits() as i64).wrapping_sub(q.to_bits() as i64);
+        (e.abs() <= MAX_ULPS).then_some((s, e))
+    }
+
+    fn join(self, s: i64, e: i64, w: u32) -> f64 {
+        let q = self.to_value(s, w);
+        f64::from_bits((q.to_bits() as i64).wrapping_add(e) as u64)
+    }
+
+    /// The integer nearest `v`'s, when there is one.
+    fn nearest(self, v: f64, w: u32) -> Option<i64> {
+        let m = self.to_int(v, w);
+        (m.abs() < LIMIT).then_some(m as i64)
+    }
+}
+
+/// ⌊16 · log2 w⌋, roughly (w ≥ 1).
+fn log2_16(w: u64) -> i32 {
+    let w = w.max(1);
+    let k = 63 - w.leading_zeros();
+    let frac = if k >= 4 {
+        (w >> (k - 4)) & 15
+    } else {
+        (w << (4 - k)) & 15
+    };
+    (k * 16 + frac as u32) as i32
+}
+
+/// Running level: the mean of the last `len` values per unit of window,
+/// in 1/2^16.
+struct Level {
+    len: usize,
+    ring: VecDeque<i128>,
+    sum: i128,
+}
+
+impl Level {
+    fn new(log2: u8) -> Self {
+        Self {
+            len: 1 << log2,
+            ring: VecDeque::new(),
+            sum: 0,
+        }
+    }
+
+    fn predict(&self, w: u64) -> i64 {
+        if self.ring.is_empty() {
+            return 0;
+        }
+        let rate = self.sum.div_euclid(self.ring.len() as i128);
+        let p = (rate * i128::from(w) + (1 << 15)) >> 16;
+        p.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+    }
+
+    fn push(&mut self, s: i64, w: u64, restart: bool) {
+        if restart {
+            self.ring.clear();
+            self.sum = 0;
+        }
+        let rate = (i128::from(s) << 16).div_euclid(i128::from(w.max(1)));
+        self.ring.push_back(rate);
+        self.sum += rate;
+        if self.ring.len() > self.len {
+            self.sum -= self.ring.pop_front().unwrap_or(0);
+        }
+    }
+}
+
+/// How one scaled column is coded.
+#[derive(Clone, Copy, Debug)]
+struct ColumnCode {
+    scale: Scale,
+    ulps: bool,
+    escapes: bool,
+    pred: u8,
+}
+
+impl ColumnCode {
+    fn flags(self) -> u8 {
+        (u8::from(self.scale.windowed) * SCALED_WINDOWED)
+            | (u8::from(self.ulps) * SCALED_ULPS)
+            | (u8::from(self.escapes) * SCALED_ESCAPES)
+    }
+}
+
+/// Window of sample `i` for scaling (1 when the block has none).
+fn window_at(windows: &[u32], i: usize) -> u32 {
+    windows.get(i).copied().unwrap_or(1)
+}
+
+/// Per-sample coding state shared by the encoder and the decoder.
+struct ColumnState {
+    level: Level,
+    res: Residuals,
+    ulps: Residuals,
+    escape: [Model; 2],
+    was_escaped: usize,
+    patterns: Patterns,
+    prev_bits: u64,
+}
+
+impl ColumnState {
+    fn new(code: ColumnCode) -> Self {
+        Self {
+            level: Level::new(code.pred & 0x0f),
+            res: Residuals::default(),
+            ulps: Residuals::default(),
+            escape: [Model::default(); 2],
+            was_escaped: 0,
+            patterns: Patterns::default(),
+            prev_bits: 0,
+        }
+    }
+
+    /// Prediction for sample `i` and the residual context's bias.
+    fn predict(&self, code: ColumnCode, w: u32, first: Option<f64>) -> (i64, i32) {
+        let (lw, bias) = if code.scale.windowed {
+            (u64::from(w.max(1)), log2_16(u64::from(w)) / 2)
+        } else {
+            (1, 0)
+        };
+        let from_first = first
+            .filter(|_| code.pred & PRED_FIRST_COLUMN != 0)
+            .and_then(|v| code.scale.nearest(v, w));
+        (from_first.unwrap_or_else(|| self.level.predict(lw)), bias)
+    }
+
+    fn learn(&mut self, code: ColumnCode, s: i64, w: u32, jump: bool) {
+        let lw = if code.scale.windowed {
+            u64::from(w.max(1))
+        } else {
+            1
+        };
+        self.level.push(s, lw, jump);
+    }
+}
+
+fn encode_scaled(
+    col: &[f64],
+    windows: &[u32],
+    first: Option<&[f64]>,
+    code: ColumnCode,
+) -> Result<Vec<u8>, CodecError> {
+    let mut enc = Encoder::new();
+    let mut st = ColumnState::new(code);
+    for (i, &v) in col.iter().enumerate() {
+        let w = window_at(windows, i);
+        let split = code.scale.split(v, w);
+        if code.escapes {
+            enc.bit(&mut st.escape[st.was_escaped], split.is_none());
+            st.was_escaped = usize::from(split.is_none());
+        }
+        match split {
+            None => st.patterns.put(&mut enc, v.to_bits() ^ st.prev_bits),
+            Some((s, e)) => {
+                let (p, bias) = st.predict(code, w, first.map(|f| f[i]));
+                let jump = st.res.put(&mut enc, s.wrapping_sub(p), bias);
+                if code.ulps {
+                    st.ulps.put(&mut enc, e, 0);
+                }
+                st.learn(code, s, w, jump);
+            }
+        }
+        st.prev_bits = v.to_bits();
+    }
+    enc.finish()
+}
+
+fn decode_scaled(
+    bytes: &[u8],
+    n: usize,
+    windows: &[u32],
+    first: Option<&[f64]>,
+    code: ColumnCode,
+) -> Result<Vec<f64>, CodecError> {
+    let mut dec = Decoder::new(bytes)?;
+    let mut st = ColumnState::new(code);
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let w = window_at(windows, i);
+        let escaped = if code.escapes {
+            let e = dec.bit(&mut st.escape[st.was_escaped])?;
+            st.was_escaped = usize::from(e);
+            e
+        } else {
+            false
+        };
+        let v = if escaped {
+            f64::from_bits(st.patterns.get(&mut dec)? ^ st.prev_bits)
+        } else {
+            let (p, bias) = st.predict(code, w, first.map(|f| f[i]));
+            let (r, jump) = st.res.get(&mut dec, bias)?;
+            let s = p.wrapping_add(r);
+            let e = if code.ulps {
+                st.ulps.get(&mut dec, 0)?.0
+            } else {
+                0
+            };
+            st.learn(code, s, w, jump);
+            code.scale.join(s, e, w)
+        };
+        st.prev_bits = v.to_bits();
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// The scale that leaves the fewest values escaped (ties: not windowed,
+/// then the smallest integers), with whether offsets and escapes occur.
+fn best_scale(col: &[f64], windows: &[u32]) -> (Scale, bool, bool) {
+    let mut best: Option<(usize, Scale, bool)> = None;
+    let kinds: &[bool] = if windows.is_empty() {
+        &[false]
+    } else {
+        &[false, true]
+    };
+    for &windowed in kinds {
+        let from = if windowed { 0 } else { -MAX_J };
+        for j in from..=MAX_J {
+            let scale = Scale { j, windowed };
+            let (mut escaped, mut ulps) = (0, false);
+            for (i, &v) in col.iter().enumerate() {
+                match scale.split(v, window_at(windows, i)) {
+                    None => escaped += 1,
+                    Some((_, e)) => ulps |= e != 0,
+                }
+                if best.is_some_and(|b| escaped >= b.0) {
+                    break;
+                }
+            }
+            if best.is_none_or(|b| escaped < b.0) {
+                best = Some((escaped, scale, ulps));
+            }
+        }
+    }
+    let (escaped, scale, ulps) = best.unwrap_or((
+        0,
+        Scale {
+            j: 0,
+            windowed: false,
+        },
+        false,
+    ));
+    (scale, ulps, escaped > 0)
+}
+
+/// One column: its mode byte, parameters and stream, whichever candidate
+/// is smallest.
+fn encode_column(
+    out: &mut Vec<u8>,
+    col: &[f64],
+    windows: &[u32],
+    first: Option<&[f64]>,
+) -> Result<(), CodecError> {
+    let mut best = vec![COL_XOR];
+    encode_xor(&mut best, col);
+    let (scale, ulps, escapes) = best_scale(col, windows);
+    let mut preds: Vec<u8> = LEVELS.to_vec();
+    if first.is_some() {
+        preds.push(PRED_FIRST_COLUMN | 2);
+    }
+    let code = |pred| ColumnCode {
+        scale,
+        ulps,
+        escapes,
+        pred,
+    };
+    // The predictor is chosen on a prefix (compaction encodes once).
+    let k = col.len().min(TRIAL);
+    let (w, f) = (&windows[..windows.len().min(k)], first.map(|f| &f[..k]));
+    let mut chosen = (usize::MAX, preds[0]);
+    for pred in preds {
+        let len = encode_scaled(&col[..k], w, f, code(pred))?.len();
+        if len < chosen.0 {
+            chosen = (len, pred);
+        }
+    }
+    let c = code(chosen.1);
+    let stream = encode_scaled(col, windows, first, c)?;
+    let mut scaled = vec![COL_SCALED, scale.j as u8, c.flags(), c.pred];
+    put_varint(&mut scaled, stream.len() as u64);
+    scaled.extend_from_slice(&stream);
+    if scaled.len() < best.len() {
+        best = scaled;
+    }
+    out.extend_from_slice(&best);
+    Ok(())
+}
+
+/// The timestamps' step: the greatest common divisor of the intervals
+/// (1 when there is none).
+fn step(ts: &[i64]) -> i64 {
+    fn gcd(mut a: u64, mut b: u64) -> u64 {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    }
+    let g = ts
+        .windows(2)
+        .fold(0u64, |g, p| gcd(g, p[1].wrapping_sub(p[0]).unsigned_abs()));
+    i64::try_from(g).ok().filter(|&g| g > 0).unwrap_or(1)
+}
+
+fn window_pred(mode: u8, ts: &[i64], windows: &[u32], i: usize) -> i64 {
+    match (i, mode) {
+        (0, _) => 0,
+        (_, WINDOW_VS_GAP) => ts[i].wrapping_sub(ts[i - 1]),
+        _ => i64::from(windows[i - 1]),
+    }
+}
+
+fn encode_time(ts: &[i64], windows: &[u32], g: i64, mode: u8) -> Result<Vec<u8>, CodecError> {
+    let mut enc = Encoder::new();
+    let (mut tr, mut wr) = (Residuals::default(), Residuals::default());
+    let mut prev_q = 0i64;
+    for i in 0..ts.len() {
+        if i > 0 {
+            let q = ts[i].wrapping_sub(ts[i - 1]) / g;
+            tr.put(&mut enc, q.wrapping_sub(prev_q), 0);
+            prev_q = q;
+        }
+        if !windows.is_empty() {
+            let p = window_pred(mode, ts, windows, i);
+            wr.put(&mut enc, i64::from(windows[i]).wrapping_sub(p), 0);
+        }
+    }
+    enc.finish()
+}
+
+fn decode_time(
+    bytes: &[u8],
+    n: usize,
+    t0: i64,
+    g: i64,
+    mode: Option<u8>,
+) -> Result<(Vec<i64>, Vec<u32>), CodecError> {
+    let mut dec = Decoder::new(bytes)?;
+    let (mut tr, mut wr) = (Residuals::default(), Residuals::default());
+    let mut ts = Vec::with_capacity(n);
+    let mut windows = Vec::with_capacity(if mode.is_some() { n } else { 0 });
+    let mut prev_q = 0i64;
+    for i in 0..n {
+        if i == 0 {
+            ts.push(t0);
+        } else {
+            let q = prev_q.wrapping_add(tr.get(&mut dec, 0)?.0);
+            prev_q = q;
+            ts.push(ts[i - 1].wrapping_add(q.wrapping_mul(g)));
+        }
+        if let Some(mode) = mode {
+            let p = window_pred(mode, &ts, &windows, i);
+            let w = p.wrapping_add(wr.get(&mut dec, 0)?.0);
+            windows.push(u32::try_from(w).map_err(|_| CodecError::Corrupt("window"))?);
+        }
+    }
+    Ok((ts, windows))
+}
+
+fn put_stream(out: &mut Vec<u8>, s: &[u8]) {
+    put_varint(out, s.len() as u64);
+    out.extend_from_slice(s);
+}
+
+fn get_stream<'a>(r: &mut Reader<'a>) -> Result<&'a [u8], CodecError> {
+    let len = usize::try_from(r.varint()?).map_err(|_| CodecError::Corrupt("stream length"))?;
+    let end = r.pos.checked_add(len).ok_or(CodecError::Truncated)?;
+    let s = r.buf.get(r.pos..end).ok_or(CodecError::Truncated)?;
+    r.pos = end;
+    Ok(s)
+}
+
+/// Encodes `b` (already checked for shape by the caller) as version 3.
+pub(super) fn encode(b: &Block) -> Result<Vec<u8>, CodecError> {
+    let n = b.ts.len();
+    let mut out = vec![
+        VERSION_SEALED,
+        if b.windows.is_empty() {
+            0
+        } else {
+            FLAG_WINDOWS
+        },
+        b.cols.len() as u8,
+    ];
+    put_varint(&mut out, n as u64);
+    if n == 0 {
+        return Ok(out);
+    }
+    put_varint(&mut out, zigzag(b.ts[0]));
+    let g = step(&b.ts);
+    put_varint(&mut out, g as u64);
+    let time = if b.windows.is_empty() {
+        encode_time(&b.ts, &b.windows, g, WINDOW_VS_GAP)?
+    } else {
+        let gap = encode_time(&b.ts, &b.windows, g, WINDOW_VS_GAP)?;
+        let prev = encode_time(&b.ts, &b.windows, g, WINDOW_VS_PREV)?;
+        let (mode, s) = if prev.len() < gap.len() {
+            (WINDOW_VS_PREV, prev)
+        } else {
+            (WINDOW_VS_GAP, gap)
+        };
+        out.push(mode);
+        s
+    };
+    put_stream(&mut out, &time);
+    for (c, col) in b.cols.iter().enumerate() {
+        let first = (c > 0).then(|| b.cols[0].as_slice());
+        encode_column(&mut out, col, &b.windows, first)?;
+    }
+    Ok(out)
+}
+
+/// Decodes a version-3 block; `r` is past the version byte.
+pub(super) fn decode(r: &mut Reader<'_>) -> Result<Block, CodecError> {
+    let flags = r.u8()?;
+    if flags & !FLAG_WINDOWS != 0 {
+        return Err(CodecError::Corrupt("unknown flags"));
+    }
+    let ncols = usize::from(r.u8()?);
+    if ncols > MAX_COLS {
+        return Err(CodecError::Corrupt("columns"));
+    }
+    let n = usize::try_from(r.varint()?).map_err(|_| CodecError::Corrupt("count"))?;
+    if n > MAX_BLOCK_SAMPLES {
+        return Err(CodecError::Corrupt("count"));
+    }
+    if n == 0 {
+        return Ok(Block {
+            ts: Vec::new(),
+            cols: vec![Vec::new(); ncols],
+            windows: Vec::new(),
+        });
+    }
+    let t0 = unzigzag(r.varint()?);
+    let g = i64::try_from(r.varint()?)
+        .ok()
+        .filter(|&g| g > 0)
+        .ok_or(CodecError::Corrupt("time step"))?;
+    let mode = if flags & FLAG_WINDOWS != 0 {
+        match r.u8()? {
+            m @ (WINDOW_VS_GAP | WINDOW_VS_PREV) => Some(m),
+            _ => return Err(CodecError::Corrupt("window mode")),
+        }
+    } else {
+        None
+    };
+    let (ts, windows) = decode_time(get_stream(r)?, n, t0, g, mode)?;
+    let mut cols: Vec<Vec<f64>> = Vec::with_capacity(ncols);
+    for c in 0..ncols {
+        let col = match r.u8()? {
+            COL_XOR => decode_xor(r, n)?,
+            COL_SCALED => {
+                let j = r.u8()? as i8;
+                let f = r.u8()?;
+                let pred = r.u8()?;
+                if !(-MAX_J..=MAX_J).contains(&j)
+                    || (j < 0 && f & SCALED_WINDOWED != 0)
+                    || f & !(SCALED_WINDOWED | SCALED_ULPS | SCALED_ESCAPES) != 0
+                    || pred & 0x0f > MAX_LEVEL_LOG2
+                    || pred & 0x70 != 0
+                    || (pred & PRED_FIRST_COLUMN != 0 && c == 0)
+                    || (f & SCALED_WINDOWED != 0 && windows.is_empty())
+                {
+                    return Err(CodecError::Corrupt("column parameters"));
+                }
+                let code = ColumnCode {
+                    scale: Scale {
+                        j,
+                        windowed: f & SCALED_WINDOWED != 0,
+                    },
+                    ulps: f & SCALED_ULPS != 0,
+                    escapes: f & SCALED_ESCAPES != 0,
+                    pred,
+                };
+                let first = (c > 0).then(|| cols[0].as_slice());
+                decode_scaled(get_stream(r)?, n, &windows, first, code)?
+            }
+            _ => return Err(CodecError::Corrupt("column mode")),
+        };
+        cols.push(col);
+    }
+    Ok(Block { ts, cols, windows })
+}
