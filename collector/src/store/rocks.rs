@@ -1,7 +1,8 @@
 //! The RocksDB engine: the only module that names a RocksDB type.
 //!
 //! One directory per collector, column families `raw`, `ofu`, `meta`,
-//! `head`, `rollup`.
+//! `head`, `rollup`, `limbo` (created when missing, so an older store
+//! opens unchanged).
 //! Writes go through the WAL (never disabled); `sync` adds an fsync. Our
 //! blocks are already compressed by [`crate::codec`], so RocksDB block
 //! compression stays off (the crate is built without codecs).
@@ -58,7 +59,14 @@ impl RocksEngine {
     /// Opens `path` read-only as a secondary instance (a running collector
     /// is undisturbed); `scratch` holds the secondary's own logs.
     pub fn open_secondary(path: &Path, scratch: &Path) -> Result<Self, StoreError> {
-        let names: Vec<&str> = Cf::ALL.iter().map(|c| c.name()).collect();
+        // A store written by an older version may lack a family (`limbo`):
+        // open those present; a missing one reads as empty.
+        let present = DB::list_cf(&options(), path).map_err(err)?;
+        let names: Vec<&str> = Cf::ALL
+            .iter()
+            .map(|c| c.name())
+            .filter(|n| present.iter().any(|p| p == n))
+            .collect();
         let mut o = options();
         o.set_max_open_files(-1);
         let db = DB::open_cf_as_secondary(&o, path, scratch, names).map_err(err)?;
@@ -109,7 +117,7 @@ impl RocksEngine {
         to: &[u8],
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), StoreError> {
-        if from >= to {
+        if from >= to || (self.secondary && self.db.cf_handle(cf.name()).is_none()) {
             return Ok(());
         }
         ro.set_iterate_upper_bound(to.to_vec());
@@ -145,6 +153,9 @@ impl Engine for RocksEngine {
     }
 
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if self.secondary && self.db.cf_handle(cf.name()).is_none() {
+            return Ok(None);
+        }
         self.db.get_cf(self.cf(cf)?, key).map_err(err)
     }
 
