@@ -310,6 +310,7 @@ impl Session {
         let set = CommitSet {
             agent: Some(self.agent.clone()),
             seq,
+            no_data: true,
             ..Default::default()
         };
         self.commit(set).await?;
@@ -404,12 +405,21 @@ impl Session {
         for (r, n) in &rejected {
             self.c.stats.reject(*r, *n);
         }
-        let (set, batch_ofu) = self.commit_set(&batch, now);
+        let (mut set, batch_ofu) = self.commit_set(&batch, now);
+        // Another collector may hold this batch: limbo until the cluster
+        // settles it (crate::cluster).
+        let limbo = batch.uncertain && self.c.settings.cluster.limbo();
+        set.limbo = limbo.then_some(now);
         let accepted = batch.sample_count() as u64;
         let ofu_n: usize = set.ofu.iter().map(|(_, _, s)| s.len()).sum();
         let gpus = set.gpus.clone();
         let events = set.events.clone();
         self.commit(set).await?;
+        if limbo {
+            self.c.cluster.committed();
+            // Rare (only after a collector failed): worth a line each.
+            info!(seq, "uncertain batch committed into limbo");
+        }
         self.c.remember_gpus(&self.tenant, &gpus);
         for e in &events {
             match e.kind.as_str() {

@@ -32,6 +32,8 @@ pub struct Settings {
     pub analysis: AnalysisSettings,
     /// Remote write, when configured.
     pub remote_write: Option<RemoteWriteConfig>,
+    /// Peers and limbo settlement ([`crate::cluster`]).
+    pub cluster: crate::cluster::ClusterSettings,
 }
 
 impl Settings {
@@ -66,6 +68,7 @@ impl Settings {
                 mfu_tolerance: c.analysis.mfu_tolerance,
             },
             remote_write: c.remote_write.clone(),
+            cluster: crate::cluster::ClusterSettings::from_config(c),
         }
     }
 }
@@ -99,6 +102,8 @@ pub struct Collector {
     pub events: Analyzer,
     /// Points waiting for remote write, when configured.
     pub remote: Option<Arc<RemoteQueue>>,
+    /// Limbo and peer counters ([`crate::cluster`]).
+    pub cluster: Arc<crate::cluster::ClusterStats>,
     gpus: RwLock<HashMap<(String, String), GpuRecord>>,
 }
 
@@ -133,6 +138,7 @@ impl Collector {
                 };
                 Arc::new(RemoteQueue::new(rw.max_queue_samples, metrics))
             }),
+            cluster: Arc::default(),
             gpus: RwLock::new(gpus),
         }))
     }

@@ -18,8 +18,8 @@ mod specs;
 
 pub use agent::{AgentConfig, HostSettings, NvmlSettings, SimSettings, SourceKind, SpoolConfig};
 pub use collector::{
-    AnalysisConfig, CollectorConfig, PolicyConfig, QueryToken, RemoteWriteConfig, StorageConfig,
-    TenantConfig, TenantRetention,
+    AnalysisConfig, ClusterConfig, CollectorConfig, PolicyConfig, QueryToken, RemoteWriteConfig,
+    StorageConfig, TenantConfig, TenantRetention,
 };
 pub use error::ConfigError;
 pub use load::{
