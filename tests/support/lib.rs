@@ -1,6 +1,8 @@
 //! Helpers for end-to-end tests: an in-process collector on an ephemeral
 //! loopback port, simulated agents, and query clients.
 
+pub mod procs;
+
 use flopwatch_agent::clock::TokioClock;
 use flopwatch_agent::sampler::FixedSampler;
 use flopwatch_agent::source::GpuSource;
