@@ -19,6 +19,7 @@
 //! | `flopwatch_device_sampling_interval_seconds` | gauge | device labels + `metric` |
 //! | `flopwatch_agent_spool_bytes`, `flopwatch_agent_pending_batches` | gauge | `tenant`, `agent`, `hostname` |
 //! | `flopwatch_agents_connected` | gauge | |
+//! | `flopwatch_storage_memory_bytes` | gauge, RocksDB memtables, block cache and table readers | |
 //! | `flopwatch_ingest_samples_total`, `flopwatch_ingest_batches_total`, `flopwatch_ingest_duplicate_batches_total`, `flopwatch_ingest_rejected_batches_total`, `flopwatch_ofu_samples_total` | counter | |
 //! | `flopwatch_ingest_rejected_samples_total` | counter | `reason` |
 //! | `flopwatch_ack_latency_seconds` | histogram | |
@@ -386,6 +387,12 @@ impl prometheus_client::collector::Collector for Exporter {
             "flopwatch_remote_write_dropped_samples",
             "Samples dropped because the remote-write queue was full.",
             one(get(&s.remote_write_dropped)),
+        )?;
+        gauges(
+            &mut enc,
+            "flopwatch_storage_memory_bytes",
+            "Memory the storage engine holds for itself: memtables, block cache, table readers.",
+            [(Vec::new(), c.store.engine().memory_bytes() as f64)],
         )?;
         cluster_metrics(&mut enc, &c.cluster)?;
         Ok(())

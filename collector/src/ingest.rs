@@ -38,6 +38,12 @@ use tracing::{debug, info, warn, Instrument};
 
 /// Messages queued towards one agent.
 const OUTBOX: usize = 64;
+/// Batches committed at once, over all streams. Each commit occupies a
+/// blocking thread until storage returns; with a slow disk, unbounded
+/// concurrency would grow threads (and their memory) with the number of
+/// agents. Other streams wait in line (fairly), holding only their
+/// received batch.
+const COMMITS: usize = 32;
 
 /// The tonic service.
 #[derive(Clone)]
@@ -46,6 +52,9 @@ pub struct IngestService {
     shutdown: tokio::sync::watch::Receiver<bool>,
     /// One permit per agent stream (`max_agents`).
     slots: Arc<tokio::sync::Semaphore>,
+    /// One permit per batch (or Hello) being validated and committed
+    /// ([`COMMITS`]).
+    commits: Arc<tokio::sync::Semaphore>,
 }
 
 impl IngestService {
@@ -61,6 +70,7 @@ impl IngestService {
             collector,
             shutdown,
             slots,
+            commits: Arc::new(tokio::sync::Semaphore::new(COMMITS)),
         }
     }
 
@@ -132,7 +142,11 @@ impl v1::ingest_server::Ingest for IngestService {
                 self.collector.settings.max_agents
             ))
         })?;
+        // Opening commits the node's records: it waits for a commit slot
+        // like a batch does.
+        let opening = self.commits.clone().acquire_owned().await;
         let mut session = Session::open(self.collector.clone(), tenant, hello).await?;
+        drop(opening);
         let (tx, rx) = mpsc::channel(OUTBOX);
         let welcome = v1::Welcome {
             collector_id: self.collector.settings.collector_id.clone(),
@@ -147,6 +161,7 @@ impl v1::ingest_server::Ingest for IngestService {
         let span =
             tracing::info_span!("agent", tenant = %session.tenant, agent = %session.agent.agent_id);
         let stats = self.collector.clone();
+        let commits = self.commits.clone();
         let mut shutdown = self.shutdown.clone();
         tokio::spawn(
             async move {
@@ -171,7 +186,16 @@ impl v1::ingest_server::Ingest for IngestService {
                         }
                     };
                     let reply = match next.msg {
-                        Some(agent_message::Msg::Batch(b)) => session.batch(b).await,
+                        Some(agent_message::Msg::Batch(b)) => {
+                            // Wait for a commit slot; an agent that gives
+                            // up meanwhile (its stream is gone) leaves the
+                            // batch unacknowledged: it resends it.
+                            let _permit = tokio::select! {
+                                p = commits.clone().acquire_owned() => p,
+                                _ = tx.closed() => break,
+                            };
+                            session.batch(b).await
+                        }
                         Some(agent_message::Msg::Hello(_)) => {
                             Err(Status::invalid_argument("Hello sent twice"))
                         }

@@ -1,8 +1,13 @@
 //! The settlement rule, passes over two in-memory stores with time passed
 //! in, and the Held service's credentials.
 
+use super::held::agent_key;
 use super::*;
+use crate::state::Collector;
 use crate::store::memory::MemEngine;
+use crate::store::{AgentKey, Store};
+use flopwatch_proto::cluster::BatchRef;
+use std::sync::Arc;
 use crate::store::{CommitSet, OfuSample};
 use flopwatch_proto::model::{Point, SeriesBatch};
 

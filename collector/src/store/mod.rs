@@ -161,6 +161,12 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Bytes the engine occupies on disk (0 for memory).
     fn disk_bytes(&self) -> u64;
+
+    /// Bytes of memory the engine holds for itself (memtables, block
+    /// cache, table readers); 0 when it cannot tell.
+    fn memory_bytes(&self) -> u64 {
+        0
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,12 @@
 //! `--window` batches in flight per stream. Only acknowledged samples count:
 //! an ack means durable in RocksDB's WAL. The load generator shares the
 //! machine with the collector, so the figure is conservative.
+//!
+//! `bench storage` (bytes per sample) and `bench backpressure` (the
+//! collector's memory under a slow disk) live in the submodules.
 
+mod backpressure;
+mod slow_engine;
 mod storage;
 
 use anyhow::Context;
@@ -37,6 +42,9 @@ enum What {
     /// Bytes per sample on disk against Prometheus (promtool), and the
     /// 30-day hourly OFU query.
     Storage(storage::StorageArgs),
+    /// The collector's memory while agents push more than its (slowed)
+    /// storage takes: agents spool, the collector stays flat.
+    Backpressure(backpressure::BackpressureArgs),
     /// Durable ingest rate (samples/s acknowledged).
     Ingest {
         /// Concurrent agent streams.
@@ -120,6 +128,7 @@ fn batch(node: &str, seq: u64, gpus: usize, metrics: usize, points: usize, t0: i
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     let (streams, gpus, metrics, points, window, duration, data_dir) = match a.what {
         What::Storage(s) => return storage::run(s).await,
+        What::Backpressure(b) => return backpressure::run(b).await,
         What::Ingest {
             streams,
             gpus,
