@@ -543,15 +543,11 @@ fn agent_daemonset_reads_the_host_without_privilege() {
     assert_overrides_name_keys(&container_env(c), AgentConfig::KEYS, "agent DaemonSet");
 }
 
-#[test]
-fn agent_token_comes_from_the_secret_whose_digest_the_collector_holds() {
-    let pod = agent_pod();
-    let spec = pod_spec(&pod);
-    let c = only_container(spec);
-    let cfg: AgentConfig = load_pod_config(spec);
-    let token_file = cfg.token_file.expect("token_file");
-    let (vol, read_only, rest) = mount_holding(c, &token_file);
-    assert!(read_only);
+/// The Secret that `spec`'s only container reads at `path`, and the value
+/// there.
+fn secret_file(spec: &PodSpec, path: &Path) -> (String, String) {
+    let (vol, read_only, rest) = mount_holding(only_container(spec), path);
+    assert!(read_only, "{} is mounted writable", path.display());
     let sv = volume(spec, vol).secret.as_ref().expect("a Secret volume");
     let rest = rest.to_str().expect("utf-8");
     let key = match &sv.items {
@@ -569,22 +565,79 @@ fn agent_token_comes_from_the_secret_whose_digest_the_collector_holds() {
         .into_iter()
         .find(|s| s.metadata.name.as_deref() == Some(name))
         .unwrap_or_else(|| panic!("no Secret `{name}`"));
-    let token = secret
+    let value = secret
         .string_data
         .as_ref()
         .and_then(|d| d.get(key))
         .unwrap_or_else(|| panic!("Secret `{name}` has no `{key}`"));
-    let digest: String = Sha256::digest(token.trim().as_bytes())
+    (format!("{name}/{key}"), value.trim().to_string())
+}
+
+fn sha256_hex(s: &str) -> String {
+    Sha256::digest(s.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn collectors_are_each_others_peers_with_a_provider_token() {
+    let sts = collector();
+    let pod = pod_spec(&sts.spec.template);
+    let cfg: CollectorConfig = load_pod_config(pod);
+    // One peer URL per replica, through the governing headless Service, on
+    // the gRPC port, over TLS.
+    let name = sts.metadata.name.as_deref().expect("name");
+    let service = sts.spec.service_name.as_deref().expect("serviceName");
+    let replicas = sts.spec.replicas.expect("replicas");
+    let want: Vec<String> = (0..replicas)
+        .map(|i| {
+            format!(
+                "https://{name}-{i}.{service}.flopwatch.svc:{}",
+                cfg.listen.port()
+            )
+        })
         .collect();
+    assert_eq!(cfg.peers, want);
+    // Each pod skips itself (collector_id is the pod name).
+    for i in 0..replicas {
+        let me = format!("{name}-{i}");
+        let others = flopwatch_collector::cluster::other_peers(&cfg.peers, &me);
+        assert_eq!(others.len() as i32, replicas - 1, "{me}");
+    }
+    // The peer token is a provider credential the peers know.
+    let token_file = cfg
+        .cluster
+        .peer_token_file
+        .as_ref()
+        .expect("peer_token_file");
+    let (secret, token) = secret_file(pod, token_file);
+    assert!(
+        cfg.admin_tokens_sha256.contains(&sha256_hex(&token)),
+        "admin_tokens_sha256 lacks the digest of {secret}"
+    );
+    // Peers' certificates are checked against the CA that is mounted.
+    let ca = cfg.peer_tls.ca.as_ref().expect("peer_tls.ca");
+    let (vol, read_only, _) = mount_holding(only_container(pod), ca);
+    assert!(read_only);
+    assert!(volume(pod, vol).config_map.is_some(), "the CA ConfigMap");
+}
+
+#[test]
+fn agent_token_comes_from_the_secret_whose_digest_the_collector_holds() {
+    let pod = agent_pod();
+    let spec = pod_spec(&pod);
+    let cfg: AgentConfig = load_pod_config(spec);
+    let token_file = cfg.token_file.expect("token_file");
+    let (name, token) = secret_file(spec, &token_file);
+    let digest = sha256_hex(&token);
     let collector: CollectorConfig = load_pod_config(pod_spec(&collector_pod()));
     assert!(
         collector
             .tenants
             .iter()
             .any(|t| t.agent_tokens_sha256.contains(&digest)),
-        "the collector knows no digest of Secret `{name}`/{key}"
+        "the collector knows no digest of Secret `{name}`"
     );
     assert_eq!(collector.anonymous_tenant, None, "agents must authenticate");
 }

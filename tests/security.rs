@@ -16,7 +16,9 @@ use flopwatch_config::{
     AgentToken, ClientTls, CollectorConfig, QueryToken, ServerTls, SpecTable, TenantConfig,
 };
 use flopwatch_proto::clock::{Clock, SystemClock};
-use flopwatch_proto::v1::{self, collector_message, ofu_request, query_client::QueryClient};
+use flopwatch_proto::v1::{
+    self, cluster_client::ClusterClient, collector_message, ofu_request, query_client::QueryClient,
+};
 use flopwatch_tests::pki::{CertFiles, Pki};
 use flopwatch_tests::raw::{self, RawAgent};
 use prost::Message;
@@ -263,7 +265,7 @@ async fn every_query(
     h: &Header,
     target: &Tenant,
 ) -> Vec<(String, Result<Vec<u8>, tonic::Status>)> {
-    let mut q = QueryClient::new(ch);
+    let mut q = QueryClient::new(ch.clone());
     let now = SystemClock.now_ms();
     let ofu = |scope: Option<ofu_request::Scope>, step: i64| v1::OfuRequest {
         start_ms: now - 3_600_000,
@@ -326,7 +328,25 @@ async fn every_query(
         "ListEvents".into(),
         r.map(|r| r.into_inner().encode_to_vec()),
     ));
+    // The Cluster service on the same port: whether this collector holds
+    // the target's first batch (provider credentials only).
+    let mut c = ClusterClient::new(ch);
+    let held = v1::HeldRequest {
+        batches: vec![v1::BatchRef {
+            tenant: target.name.into(),
+            agent_id: target.node.clone(),
+            boot_id: "boot-1".into(),
+            seq: 1,
+        }],
+    };
+    let r = c.held(with_header(held, h)).await;
+    out.push(("Held".into(), r.map(|r| r.into_inner().encode_to_vec())));
     out
+}
+
+/// RPCs that only the provider's credential may call.
+fn provider_only(rpc: &str) -> bool {
+    rpc == "Held"
 }
 
 /// Seeds each tenant with one node, GPU, job and 20 samples per metric.
@@ -442,7 +462,15 @@ async fn no_byte_crosses_tenants_for_any_rpc_or_credential() {
             "own samples missing"
         );
         check(Some(target), target, &own, &|rpc, r| {
-            assert!(r.is_ok(), "{rpc}: {r:?}")
+            if provider_only(rpc) {
+                assert_eq!(
+                    r.as_ref().err().map(|s| s.code()),
+                    Some(Code::PermissionDenied),
+                    "{rpc}: {r:?}"
+                );
+            } else {
+                assert!(r.is_ok(), "{rpc}: {r:?}")
+            }
         });
 
         // Another tenant's query token, aimed at this tenant's objects.
@@ -455,7 +483,13 @@ async fn no_byte_crosses_tenants_for_any_rpc_or_credential() {
             .await;
             check(Some(other), target, &calls, &|rpc, r| {
                 let scoped = rpc.starts_with("Ofu ") && rpc != "Ofu fleet" || rpc == "Series";
-                if scoped {
+                if provider_only(rpc) {
+                    assert_eq!(
+                        r.as_ref().err().map(|s| s.code()),
+                        Some(Code::PermissionDenied),
+                        "{rpc}: {r:?}"
+                    );
+                } else if scoped {
                     assert_eq!(
                         r.as_ref().err().map(|s| s.code()),
                         Some(Code::NotFound),
@@ -528,19 +562,25 @@ async fn no_byte_crosses_tenants_for_any_rpc_or_credential() {
     for t in ts {
         assert!(!leaks(nodes, &[t]).is_empty(), "provider misses {}", t.name);
     }
+    // ... and may ask what this collector holds: tenant-alpha's batch 1.
+    let held = calls.iter().find(|(n, _)| n == "Held").unwrap().1.as_ref();
+    let held = v1::HeldResponse::decode(held.unwrap().as_slice()).unwrap();
+    assert_eq!(held.holdings, vec![v1::Holding::Held as i32]);
 
     // A removed query token stops working at once.
     let removable = Header::Bearer(ALPHA_REMOVABLE_QUERY.into());
     let before = every_query(ch.clone(), &removable, &ts[0]).await;
-    assert!(before.iter().all(|(_, r)| r.is_ok()));
+    assert!(before
+        .iter()
+        .all(|(rpc, r)| r.is_ok() || provider_only(rpc)));
     let cfg = config(dir.path(), ts, env.cfg.tls.clone().unwrap(), false);
     env.collector
         .reload(Auth::from_config(&cfg), LimitTable::from_config(&cfg));
     let after = every_query(ch.clone(), &removable, &ts[0]).await;
     check(None, &ts[0], &after, &code(Code::Unauthenticated));
-    // 3 tenants × (own + 2 others + 9 bad + cert-only) × 10 RPCs, and more.
+    // 3 tenants × (own + 2 others + 9 bad + cert-only) × 11 RPCs, and more.
     let checked = checked.get();
-    assert!(checked >= 3 * 13 * 10, "{checked} checks");
+    assert!(checked >= 3 * 13 * 11, "{checked} checks");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,6 +14,13 @@
 //!
 //! Either way a sent batch keeps its number for every resend, so the
 //! collector can drop replays, and batches go out in number order.
+//!
+//! A batch that was on the wire when its stream ended without an
+//! acknowledgement may be stored by that collector (it committed, then
+//! died before acking); so may a batch a previous run spooled and perhaps
+//! sent. Such batches are resent flagged `uncertain`, and a collector of a
+//! cluster keeps them in limbo until its peers say whether one of them
+//! holds them (docs/RELIABILITY.md).
 
 use crate::spool::{Spool, SpoolStats, SyncJob};
 use flopwatch_proto::v1;
@@ -26,6 +33,9 @@ use tracing::warn;
 struct Entry {
     batch: v1::Batch,
     sent: bool,
+    /// Some collector may hold it already (sent on a stream that ended
+    /// without its ack, or spooled by an earlier run): sent flagged so.
+    uncertain: bool,
 }
 
 #[derive(Default)]
@@ -36,6 +46,9 @@ struct Inner {
     /// With a spool: every batch numbered up to this one is in `entries`
     /// or acknowledged; those above wait on disk.
     mem_upto: u64,
+    /// With a spool: batches numbered up to this one were written by an
+    /// earlier run, which may have sent them.
+    uncertain_upto: u64,
 }
 
 /// Counters of the outbox.
@@ -77,6 +90,7 @@ impl Outbox {
                 next_seq: 1,
                 spool: None,
                 mem_upto: 0,
+                uncertain_upto: 0,
             }),
             capacity: capacity.max(1),
             notify: Notify::new(),
@@ -93,6 +107,7 @@ impl Outbox {
             let mut inner = o.lock();
             inner.mem_upto = spool.acked();
             inner.next_seq = spool.next_seq();
+            inner.uncertain_upto = spool.last_seq();
             inner.spool = Some(spool);
         }
         o
@@ -127,6 +142,7 @@ impl Outbox {
         for b in read {
             inner.mem_upto = b.seq;
             inner.entries.push_back(Entry {
+                uncertain: b.seq <= inner.uncertain_upto,
                 batch: b,
                 sent: false,
             });
@@ -154,7 +170,11 @@ impl Outbox {
                     Ok(()) => {
                         if in_order && inner.entries.len() < self.capacity {
                             inner.mem_upto = batch.seq;
-                            inner.entries.push_back(Entry { batch, sent: false });
+                            inner.entries.push_back(Entry {
+                                batch,
+                                sent: false,
+                                uncertain: false,
+                            });
                         }
                         // Otherwise it waits on disk for its turn.
                         self.notify.notify_one();
@@ -190,7 +210,11 @@ impl Outbox {
                     .fetch_add(samples(&batch), Ordering::Relaxed);
                 return;
             }
-            inner.entries.push_back(Entry { batch, sent: false });
+            inner.entries.push_back(Entry {
+                batch,
+                sent: false,
+                uncertain: false,
+            });
         }
         self.notify.notify_one();
     }
@@ -212,7 +236,9 @@ impl Outbox {
     }
 
     /// A new stream was welcomed with `acked`: drops what is durable, marks
-    /// the rest for resending, continues numbering above `acked`.
+    /// the rest for resending (what was on the wire as uncertain: the
+    /// collector it went to may hold it), continues numbering above
+    /// `acked`.
     pub fn welcome(&self, acked: u64) {
         let mut inner = self.lock();
         let inner = &mut *inner;
@@ -237,6 +263,7 @@ impl Outbox {
             .acked_samples
             .fetch_add(durable_samples, Ordering::Relaxed);
         for e in inner.entries.iter_mut() {
+            e.uncertain |= e.sent;
             e.sent = false;
         }
         inner.next_seq = inner.next_seq.max(acked + 1);
@@ -271,7 +298,9 @@ impl Outbox {
             }
             e.sent = true;
             in_flight += 1;
-            out.push(e.batch.clone());
+            let mut b = e.batch.clone();
+            b.uncertain = e.uncertain;
+            out.push(b);
         }
         inner.next_seq = next_seq;
         out
@@ -533,6 +562,64 @@ mod tests {
         o.welcome(5);
         let sent: Vec<u64> = o.next_to_send(8).iter().map(|b| b.seq).collect();
         assert_eq!(sent, vec![6]);
+    }
+
+    fn flags(sent: &[v1::Batch]) -> Vec<(u64, bool)> {
+        sent.iter().map(|b| (b.seq, b.uncertain)).collect()
+    }
+
+    #[test]
+    fn batches_on_the_wire_when_a_stream_ends_are_resent_uncertain() {
+        let o = Outbox::new(8);
+        for _ in 0..5 {
+            o.push(batch(1));
+        }
+        o.welcome(0);
+        let first = o.next_to_send(3);
+        assert_eq!(flags(&first), vec![(1, false), (2, false), (3, false)]);
+        o.ack(1);
+        // The stream ends with 2 and 3 unacknowledged; the next collector
+        // knows nothing of this agent.
+        o.welcome(0);
+        let sent = o.next_to_send(8);
+        assert_eq!(
+            flags(&sent),
+            vec![(2, true), (3, true), (4, false), (5, false)],
+            "only what was on the wire is uncertain"
+        );
+        o.ack(2);
+        // Ends again: 3 stays uncertain, 4 and 5 become so.
+        o.welcome(2);
+        let sent = o.next_to_send(8);
+        assert_eq!(flags(&sent), vec![(3, true), (4, true), (5, true)]);
+        o.ack(5);
+        o.push(batch(1));
+        assert_eq!(flags(&o.next_to_send(8)), vec![(6, false)]);
+    }
+
+    #[test]
+    fn batches_an_earlier_run_spooled_are_sent_uncertain() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let o = spooled(d.path(), 8);
+            for _ in 0..3 {
+                o.push(batch(1));
+            }
+            o.welcome(0);
+            o.next_to_send(8);
+            // Dies: it may or may not have reached a collector.
+        }
+        let o = spooled(d.path(), 2);
+        o.push(batch(1));
+        o.welcome(0);
+        let mut sent = o.next_to_send(8);
+        o.ack(2);
+        sent.extend(o.next_to_send(8));
+        assert_eq!(
+            flags(&sent),
+            vec![(1, true), (2, true), (3, true), (4, false)],
+            "read back from disk in order; the new batch is certain"
+        );
     }
 
     #[test]

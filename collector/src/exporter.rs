@@ -19,6 +19,7 @@
 //! | `flopwatch_device_sampling_interval_seconds` | gauge | device labels + `metric` |
 //! | `flopwatch_agent_spool_bytes`, `flopwatch_agent_pending_batches` | gauge | `tenant`, `agent`, `hostname` |
 //! | `flopwatch_agents_connected` | gauge | |
+//! | `flopwatch_storage_memory_bytes` | gauge, RocksDB memtables, block cache and table readers | |
 //! | `flopwatch_ingest_samples_total`, `flopwatch_ingest_batches_total`, `flopwatch_ingest_duplicate_batches_total`, `flopwatch_ingest_rejected_batches_total`, `flopwatch_ofu_samples_total` | counter | |
 //! | `flopwatch_ingest_rejected_samples_total` | counter | `reason` |
 //! | `flopwatch_tenant_rejected_samples_total`, `flopwatch_tenant_rejected_batches_total` | counter | `tenant`, `reason` |
@@ -27,6 +28,9 @@
 //! | `flopwatch_ack_latency_seconds` | histogram | |
 //! | `flopwatch_regressions_total`, `flopwatch_stragglers_total`, `flopwatch_mfu_mismatches_total` | counter | `tenant` |
 //! | `flopwatch_remote_write_samples_total`, `…_failures_total`, `…_dropped_samples_total` | counter | |
+//! | `flopwatch_limbo_batches` | gauge | |
+//! | `flopwatch_limbo_committed_batches_total`, `flopwatch_cluster_peer_errors_total` | counter | |
+//! | `flopwatch_limbo_settled_batches_total` | counter | `outcome` (`dropped`, `kept`, `timed_out`) |
 //!
 //! GPU labels: `gpu` (index), `UUID`, `modelName`, `hostname`, `node`,
 //! `tenant`, and `job_id`, `pod`, `namespace`, `container`, `hpc_job` when the
@@ -435,6 +439,51 @@ impl prometheus_client::collector::Collector for Exporter {
             "Samples dropped because the remote-write queue was full.",
             one(get(&s.remote_write_dropped)),
         )?;
+        gauges(
+            &mut enc,
+            "flopwatch_storage_memory_bytes",
+            "Memory the storage engine holds for itself: memtables, block cache, table readers.",
+            [(Vec::new(), c.store.engine().memory_bytes() as f64)],
+        )?;
+        cluster_metrics(&mut enc, &c.cluster)?;
         Ok(())
     }
+}
+
+/// Limbo and peer counters (crate::cluster).
+fn cluster_metrics(
+    enc: &mut DescriptorEncoder,
+    s: &crate::cluster::ClusterStats,
+) -> Result<(), std::fmt::Error> {
+    let get = Stats::get;
+    gauges(
+        enc,
+        "flopwatch_limbo_batches",
+        "Batches in limbo: acknowledged, readable, waiting until the cluster's peers say whether one of them holds them too.",
+        [(Vec::new(), s.limbo_batches.load(Ordering::Relaxed).max(0) as f64)],
+    )?;
+    counter(
+        enc,
+        "flopwatch_limbo_committed_batches",
+        "Batches an agent resent after another collector failed to acknowledge them, committed into limbo.",
+        one(get(&s.limbo_committed)),
+    )?;
+    counter(
+        enc,
+        "flopwatch_limbo_settled_batches",
+        "Limbo batches settled, by outcome: dropped (a peer holds the batch), kept (no peer does), timed_out (kept after cluster.limbo_timeout without every peer's answer; it may be stored twice).",
+        [
+            ("dropped", &s.dropped),
+            ("kept", &s.kept),
+            ("timed_out", &s.timed_out),
+        ]
+        .into_iter()
+        .map(|(o, c)| (vec![("outcome".to_string(), o.to_string())], get(c))),
+    )?;
+    counter(
+        enc,
+        "flopwatch_cluster_peer_errors",
+        "Questions to a peer about limbo batches that failed (unreachable, refused, timed out); retried next pass.",
+        one(get(&s.peer_errors)),
+    )
 }

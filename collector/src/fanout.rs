@@ -50,24 +50,36 @@ impl FanoutQuery {
         peers: &[String],
         tls: &TlsClient,
     ) -> Result<Self, crate::CollectorError> {
-        let peers = peers
-            .iter()
-            .map(|p| {
-                let ch = tls
-                    .endpoint(p)
-                    .map_err(|e| crate::CollectorError::Setup(format!("peers: {e}")))?
-                    .connect_timeout(Duration::from_secs(2))
-                    .connect_lazy();
-                Ok((p.clone(), ch))
-            })
-            .collect::<Result<Vec<_>, crate::CollectorError>>()?;
-        Ok(Self { local, peers })
+        Ok(Self {
+            local,
+            peers: peer_channels(peers, tls)?,
+        })
     }
 
     /// As a tonic server.
     pub fn server(self) -> v1::query_server::QueryServer<Self> {
         v1::query_server::QueryServer::new(self).max_decoding_message_size(16 << 20)
     }
+}
+
+/// One lazily connected channel per peer URL: the query fan-out and the
+/// limbo reconciler ([`crate::cluster`]) reach peers the same way.
+/// `tls` is used for `https://` peers.
+pub fn peer_channels(
+    peers: &[String],
+    tls: &TlsClient,
+) -> Result<Vec<(String, Channel)>, crate::CollectorError> {
+    peers
+        .iter()
+        .map(|p| {
+            let ch = tls
+                .endpoint(p)
+                .map_err(|e| crate::CollectorError::Setup(format!("peers: {e}")))?
+                .connect_timeout(Duration::from_secs(2))
+                .connect_lazy();
+            Ok((p.clone(), ch))
+        })
+        .collect()
 }
 
 fn is_local<T>(r: &Request<T>) -> bool {

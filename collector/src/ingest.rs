@@ -190,7 +190,7 @@ impl v1::ingest_server::Ingest for IngestService {
                         }
                     };
                     let reply = match next.msg {
-                        Some(agent_message::Msg::Batch(b)) => session.batch(b).await,
+                        Some(agent_message::Msg::Batch(b)) => session.batch(b, &tx).await,
                         Some(agent_message::Msg::Hello(_)) => {
                             Err(Status::invalid_argument("Hello sent twice"))
                         }
@@ -409,6 +409,7 @@ impl Session {
         let set = CommitSet {
             agent: Some(self.agent.clone()),
             seq,
+            no_data: true,
             ..Default::default()
         };
         self.commit(set).await?;
@@ -432,7 +433,14 @@ impl Session {
         Ok(())
     }
 
-    async fn batch(&mut self, wire: v1::Batch) -> Result<CollectorMessage, Status> {
+    /// Validates and commits one batch; `agent` is the stream's reply
+    /// channel, whose closing (the agent gave up) ends the wait for a
+    /// commit slot: the batch stays unacknowledged and the agent resends it.
+    async fn batch(
+        &mut self,
+        wire: v1::Batch,
+        agent: &mpsc::Sender<Result<CollectorMessage, Status>>,
+    ) -> Result<CollectorMessage, Status> {
         let arrived = std::time::Instant::now();
         self.reauthorize()?;
         let seq = wire.seq;
@@ -507,7 +515,10 @@ impl Session {
         };
         // One of the tenant's commit slots, held through validation and
         // the write (crate::limits).
-        let _slot = self.c.limits.commit_slot(&self.tenant).await;
+        let _slot = tokio::select! {
+            s = self.c.limits.commit_slot(&self.tenant) => s,
+            _ = agent.closed() => return Err(Status::cancelled("agent went away")),
+        };
         let rules = Rules {
             now_ms: now,
             max_future_ms: self.c.settings.max_future_ms,
@@ -523,12 +534,21 @@ impl Session {
         for (r, n) in &rejected {
             self.c.stats.reject(&self.tenant, *r, *n);
         }
-        let (set, batch_ofu) = self.commit_set(&batch, now);
+        let (mut set, batch_ofu) = self.commit_set(&batch, now);
+        // Another collector may hold this batch: limbo until the cluster
+        // settles it (crate::cluster).
+        let limbo = batch.uncertain && self.c.settings.cluster.limbo();
+        set.limbo = limbo.then_some(now);
         let accepted = batch.sample_count() as u64;
         let ofu_n: usize = set.ofu.iter().map(|(_, _, s)| s.len()).sum();
         let gpus = set.gpus.clone();
         let events = set.events.clone();
         self.commit(set).await?;
+        if limbo {
+            self.c.cluster.committed();
+            // Rare (only after a collector failed): worth a line each.
+            info!(seq, "uncertain batch committed into limbo");
+        }
         self.c.remember_gpus(&self.tenant, &gpus);
         for e in &events {
             match e.kind.as_str() {

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod cluster;
 pub mod codec;
 pub mod error;
 pub mod events;

@@ -7,7 +7,11 @@
 //! would otherwise put a thousand writes ahead of everyone else's. With at
 //! most `max_concurrent_commits` of its batches past the gate, another
 //! tenant's batch waits behind at most that many of them, however hard the
-//! first one floods. Time is passed in (`now_ms`), so tests are exact.
+//! first one floods. Past the tenant's gate, a batch also takes one of
+//! [`COMMITS`] slots shared by every tenant: each commit occupies a
+//! blocking thread until storage returns, and with a slow disk unbounded
+//! concurrency would grow threads (and their memory) with the number of
+//! agents. Time is passed in (`now_ms`), so tests are exact.
 
 use flopwatch_config::{CollectorConfig, Limits};
 use flopwatch_proto::model::Batch;
@@ -16,6 +20,9 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Batches (or Hellos) validated and committed at once over all tenants.
+pub const COMMITS: usize = 32;
 
 /// A series counts as active this long after its last sample.
 pub const SERIES_ACTIVE_MS: i64 = 3_600_000;
@@ -81,6 +88,16 @@ pub struct Limiter {
     table: RwLock<LimitTable>,
     tenants: Mutex<HashMap<String, Arc<TenantState>>>,
     hasher: RandomState,
+    /// [`COMMITS`] slots over all tenants.
+    global: Arc<Semaphore>,
+}
+
+/// The right to validate and commit one batch: one of its tenant's slots
+/// and one of the collector's. Dropping it frees both.
+#[derive(Debug)]
+pub struct CommitSlot {
+    _tenant: OwnedSemaphorePermit,
+    _global: OwnedSemaphorePermit,
 }
 
 impl Limiter {
@@ -90,6 +107,7 @@ impl Limiter {
             table: RwLock::new(table),
             tenants: Mutex::new(HashMap::new()),
             hasher: RandomState::new(),
+            global: Arc::new(Semaphore::new(COMMITS)),
         }
     }
 
@@ -210,14 +228,22 @@ impl Limiter {
             .unwrap_or_default()
     }
 
-    /// Waits for one of `tenant`'s commit slots.
-    pub async fn commit_slot(&self, tenant: &str) -> Option<OwnedSemaphorePermit> {
-        self.state(tenant)
+    /// Waits for one of `tenant`'s commit slots, then for one of the
+    /// collector's: a flooding tenant holds at most its own cap of the
+    /// shared ones.
+    pub async fn commit_slot(&self, tenant: &str) -> Option<CommitSlot> {
+        let own = self
+            .state(tenant)
             .commits
             .clone()
             .acquire_owned()
             .await
-            .ok()
+            .ok()?;
+        let global = self.global.clone().acquire_owned().await.ok()?;
+        Some(CommitSlot {
+            _tenant: own,
+            _global: global,
+        })
     }
 }
 

@@ -35,13 +35,9 @@ pub fn open(
         .with_precision(crate::store::Precision::new(
             config.storage.precision_decimals(),
         ));
-    Collector::new(
-        store,
-        specs,
-        auth,
-        Settings::from_config(config, metrics),
-        clock,
-    )
+    let mut settings = Settings::from_config(config, metrics);
+    settings.cluster.peer_token = crate::cluster::read_peer_token(config)?;
+    Collector::new(store, specs, auth, settings, clock)
 }
 
 /// Serves ingest, query, health and reflection on `listener`, and
@@ -143,6 +139,8 @@ pub async fn serve_cluster(
         collector.clock.clone(),
         stop_rx.clone(),
     ));
+    let (cluster_service, reconciler) =
+        cluster_parts(&collector, &serving.peer_tls, &stop_rx).await?;
     let (fatal_tx, fatal_rx) = tokio::sync::oneshot::channel::<String>();
     let watchdog = tokio::spawn(storage_watchdog(collector.clone(), fatal_tx));
     let fatal = Arc::new(std::sync::Mutex::new(None::<String>));
@@ -185,7 +183,8 @@ pub async fn serve_cluster(
     let router = match fanout {
         Some(f) => router.add_service(f.server()),
         None => router.add_service(QueryService::new(collector.clone()).server()),
-    };
+    }
+    .add_service(cluster_service.server());
     router
         .serve_with_incoming_shutdown(
             // No Nagle delay: a multi-segment reply (a query's points)
@@ -210,6 +209,9 @@ pub async fn serve_cluster(
         let _ = t.await;
     }
     let _ = compactor.await;
+    if let Some(r) = reconciler {
+        let _ = r.await;
+    }
     watchdog.abort();
     if let Some(why) = fatal.lock().ok().and_then(|mut f| f.take()) {
         return Err(CollectorError::Setup(format!("storage unwritable: {why}")));
@@ -219,6 +221,43 @@ pub async fn serve_cluster(
         .await
         .map_err(|e| CollectorError::Setup(e.to_string()))??;
     Ok(())
+}
+
+/// The Cluster service (peers ask what this store holds) and, when limbo
+/// is on (`peers` and `cluster.peer_token_file` set), the reconciler.
+async fn cluster_parts(
+    collector: &Arc<Collector>,
+    peer_tls: &flopwatch_agent::channel::TlsClient,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> Result<
+    (
+        crate::cluster::ClusterService,
+        Option<tokio::task::JoinHandle<()>>,
+    ),
+    CollectorError,
+> {
+    let store = collector.store.clone();
+    let store_id = tokio::task::spawn_blocking(move || store.store_id())
+        .await
+        .map_err(|e| CollectorError::Setup(e.to_string()))??;
+    let settings = &collector.settings.cluster;
+    let reconciler = if settings.limbo() {
+        Some(tokio::spawn(crate::cluster::run(
+            collector.clone(),
+            store_id,
+            peer_tls.clone(),
+            stop.clone(),
+        )))
+    } else {
+        if !settings.peers.is_empty() {
+            tracing::warn!("peers set without cluster.peer_token_file: batches two collectors got are not settled (copies stay)");
+        }
+        None
+    };
+    Ok((
+        crate::cluster::ClusterService::new(collector.clone(), store_id),
+        reconciler,
+    ))
 }
 
 /// How often the watchdog writes its probe.

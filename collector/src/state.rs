@@ -35,18 +35,22 @@ pub struct Settings {
     pub remote_write: Option<RemoteWriteConfig>,
     /// Per-tenant ingest limits.
     pub limits: LimitTable,
+    /// Peers and limbo settlement ([`crate::cluster`]).
+    pub cluster: crate::cluster::ClusterSettings,
 }
 
 impl Settings {
     /// From the config file.
     pub fn from_config(c: &CollectorConfig, metrics: Vec<String>) -> Self {
         let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let collector_id = if c.collector_id.is_empty() {
+            hostname()
+        } else {
+            c.collector_id.clone()
+        };
         Self {
-            collector_id: if c.collector_id.is_empty() {
-                hostname()
-            } else {
-                c.collector_id.clone()
-            },
+            cluster: crate::cluster::ClusterSettings::from_config(c, &collector_id),
+            collector_id,
             max_future_ms: ms(c.max_future),
             retention_ms: ms(c.retention),
             max_batch_bytes: c.max_batch_bytes,
@@ -108,6 +112,8 @@ pub struct Collector {
     pub events: Analyzer,
     /// Points waiting for remote write, when configured.
     pub remote: Option<Arc<RemoteQueue>>,
+    /// Limbo and peer counters ([`crate::cluster`]).
+    pub cluster: Arc<crate::cluster::ClusterStats>,
     gpus: RwLock<HashMap<(String, String), GpuRecord>>,
 }
 
@@ -144,6 +150,7 @@ impl Collector {
                 };
                 Arc::new(RemoteQueue::new(rw.max_queue_samples, metrics))
             }),
+            cluster: Arc::default(),
             gpus: RwLock::new(gpus),
         }))
     }

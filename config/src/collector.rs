@@ -72,6 +72,38 @@ pub struct CollectorConfig {
     pub peer_tls: ClientTls,
     /// Per-tenant ingest limits (defaults; `[tenants.limits]` overrides).
     pub limits: Limits,
+    /// Settling batches that two collectors of a cluster may both hold.
+    pub cluster: ClusterConfig,
+}
+
+/// `[cluster]`: batches an agent resent after a collector failed without
+/// acknowledging them are kept in limbo until the peers (`peers`) say
+/// whether one of them holds them (docs/RELIABILITY.md).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// File holding the bearer token this collector presents to its
+    /// peers' Cluster service: a provider credential, whose SHA-256 must be
+    /// in each peer's `admin_tokens_sha256`. Unset: batches are not put in
+    /// limbo, and a batch two collectors got stays on both.
+    pub peer_token_file: Option<PathBuf>,
+    /// How often batches in limbo are checked with the peers.
+    #[serde(with = "humantime_serde")]
+    pub reconcile_interval: Duration,
+    /// A batch in limbo that cannot be settled for this long (a peer does
+    /// not answer) is kept as a normal commit, and counted.
+    #[serde(with = "humantime_serde")]
+    pub limbo_timeout: Duration,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            peer_token_file: None,
+            reconcile_interval: Duration::from_secs(2),
+            limbo_timeout: Duration::from_secs(3600),
+        }
+    }
 }
 
 /// `[tenant_retention.<tenant>]`: one tenant's retention.
@@ -236,6 +268,7 @@ impl Default for CollectorConfig {
             plaintext: false,
             peer_tls: ClientTls::default(),
             limits: Limits::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -362,6 +395,7 @@ impl Validate for CollectorConfig {
         "plaintext",
         "peer_tls",
         "limits",
+        "cluster",
     ];
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -481,6 +515,29 @@ impl Validate for CollectorConfig {
                     format!("`{r}` must be a power of ten from 1e-9 to 1e9 (e.g. 0.001 or 1)"),
                 ));
             }
+        }
+        let cl = &self.cluster;
+        if cl
+            .peer_token_file
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(ConfigError::invalid(
+                "cluster.peer_token_file",
+                "must not be empty (leave it unset instead)",
+            ));
+        }
+        if cl.reconcile_interval < Duration::from_secs(1) {
+            return Err(ConfigError::invalid(
+                "cluster.reconcile_interval",
+                "must be at least 1s",
+            ));
+        }
+        if cl.limbo_timeout < cl.reconcile_interval {
+            return Err(ConfigError::invalid(
+                "cluster.limbo_timeout",
+                "must be at least cluster.reconcile_interval",
+            ));
         }
         if self.retention < Duration::from_secs(3600) {
             return Err(ConfigError::invalid("retention", "must be at least 1h"));

@@ -19,8 +19,8 @@ mod specs;
 
 pub use agent::{AgentConfig, HostSettings, NvmlSettings, SimSettings, SourceKind, SpoolConfig};
 pub use collector::{
-    resolution_decimals, AgentToken, AnalysisConfig, CollectorConfig, PolicyConfig, QueryToken,
-    RemoteWriteConfig, StorageConfig, TenantConfig, TenantRetention,
+    resolution_decimals, AgentToken, AnalysisConfig, ClusterConfig, CollectorConfig, PolicyConfig,
+    QueryToken, RemoteWriteConfig, StorageConfig, TenantConfig, TenantRetention,
 };
 pub use error::ConfigError;
 pub use load::{

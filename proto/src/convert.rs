@@ -273,6 +273,7 @@ impl TryFrom<v1::Batch> for Batch {
             pending_bytes: b.pending_bytes,
             pending_batches: b.pending_batches,
             mfu_reports: b.mfu_reports.into_iter().map(Into::into).collect(),
+            uncertain: b.uncertain,
         })
     }
 }
@@ -326,6 +327,7 @@ impl From<Batch> for v1::Batch {
             pending_bytes: b.pending_bytes,
             pending_batches: b.pending_batches,
             mfu_reports: b.mfu_reports.into_iter().map(Into::into).collect(),
+            uncertain: b.uncertain,
         }
     }
 }

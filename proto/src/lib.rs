@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod clock;
+pub mod cluster;
 pub mod convert;
 pub mod metrics;
 pub mod model;

@@ -180,6 +180,9 @@ pub struct Batch {
     pub pending_batches: u32,
     /// MFU reported by the node's jobs.
     pub mfu_reports: Vec<MfuReport>,
+    /// On the wire to another collector that failed or was left without
+    /// acknowledging it: that collector may hold it too.
+    pub uncertain: bool,
 }
 
 /// A job's own MFU as it reported it (OFU paper §V-C cross-check).

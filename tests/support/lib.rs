@@ -2,6 +2,7 @@
 //! loopback port, simulated agents, and query clients.
 
 pub mod pki;
+pub mod procs;
 pub mod raw;
 
 use flopwatch_agent::clock::TokioClock;

@@ -12,6 +12,8 @@
 //! | head | `'r' tenant gpu metric last_ts seq` / `'o' tenant gpu last_ts seq` | a batch's block, as in raw / ofu |
 //! | rollup | `'r' tenant gpu metric hour` / `'o' tenant gpu hour`   | hour (and minute) aggregates |
 //! | meta | `'a' tenant agent boot`                                 | acked seq (u64 BE) |
+//! | meta | `'m' tenant agent boot`                                 | held seq ranges (membership) |
+//! | limbo | head / event keys, `'b' tenant agent boot seq`         | a batch another collector may hold (see `limbo`) |
 //! | meta | `'n' tenant node`                                       | node record |
 //! | meta | `'g' tenant gpu`                                        | GPU record |
 //! | meta | `'j' tenant job gpu`                                    | job-on-GPU record |
@@ -103,7 +105,7 @@ pub fn series_prefix(cf: super::Cf, key: &[u8]) -> Option<(usize, &str)> {
     let (mut pos, strings) = match cf {
         Cf::Raw => (0, 3),
         Cf::Ofu => (0, 2),
-        Cf::Head | Cf::Rollup => match *key.first()? {
+        Cf::Head | Cf::Rollup | Cf::Limbo => match *key.first()? {
             KIND_RAW => (1, 3),
             KIND_OFU => (1, 2),
             _ => return None,

@@ -22,12 +22,16 @@
 
 mod compact;
 pub mod keys;
+mod limbo;
+mod membership;
 pub mod memory;
 mod model;
 mod precision;
 pub mod rocks;
 
 pub use compact::{run_compactor, CompactionReport};
+pub use limbo::{LimboBatch, Settle};
+pub use membership::SeqRanges;
 pub use model::{
     AgentKey, CommitSet, DeviceRecord, GpuRecord, JobRecord, NodeRecord, OfuAgg, OfuPiece,
     OfuSample, Retention, Store, StoredSeries, WINDOW_MS,
@@ -48,11 +52,15 @@ pub enum Cf {
     Head,
     /// Hourly and per-minute rollups of sealed hours.
     Rollup,
+    /// Batches another collector may hold too: blocks and events under
+    /// their head and meta keys, read with them, not compacted, until the
+    /// cluster settles them (see `limbo`).
+    Limbo,
 }
 
 impl Cf {
     /// Every column family.
-    pub const ALL: [Cf; 5] = [Cf::Raw, Cf::Ofu, Cf::Meta, Cf::Head, Cf::Rollup];
+    pub const ALL: [Cf; 6] = [Cf::Raw, Cf::Ofu, Cf::Meta, Cf::Head, Cf::Rollup, Cf::Limbo];
 
     /// The family's name on disk.
     pub fn name(self) -> &'static str {
@@ -62,6 +70,7 @@ impl Cf {
             Cf::Meta => "meta",
             Cf::Head => "head",
             Cf::Rollup => "rollup",
+            Cf::Limbo => "limbo",
         }
     }
 }
@@ -154,7 +163,15 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Bytes the engine occupies on disk (0 for memory).
     fn disk_bytes(&self) -> u64;
+
+    /// Bytes of memory the engine holds for itself (memtables, block
+    /// cache, table readers); 0 when it cannot tell.
+    fn memory_bytes(&self) -> u64 {
+        0
+    }
 }
 
 #[cfg(test)]
 mod conformance;
+#[cfg(test)]
+mod conformance_limbo;

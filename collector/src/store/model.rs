@@ -171,6 +171,12 @@ pub struct CommitSet {
     pub jobs: Vec<JobRecord>,
     /// Events (derived and reported) to record.
     pub events: Vec<EventRecord>,
+    /// Commit into limbo, entered at this time (unix ms): the batch may be
+    /// stored on another collector too (see [`super::limbo`]).
+    pub limbo: Option<i64>,
+    /// The number is consumed without data (a refused batch): it raises
+    /// the acked number but is not held.
+    pub no_data: bool,
 }
 
 /// Raw samples read back.
@@ -362,6 +368,8 @@ pub struct Store {
     pub(super) schedule: (std::time::Duration, std::time::Duration),
     /// What compaction rounds (nothing by default).
     pub(super) precision: Arc<super::Precision>,
+    /// Serialises changes to one agent's held ranges.
+    pub(super) stripes: Arc<super::membership::Stripes>,
 }
 
 pub(super) fn corrupt(cf: Cf, message: impl ToString) -> StoreError {
@@ -723,6 +731,7 @@ impl Store {
                 std::time::Duration::from_secs(300),
             ),
             precision: Arc::default(),
+            stripes: Arc::default(),
         }
     }
 
@@ -827,15 +836,25 @@ impl Store {
         for e in &set.events {
             puts.push((Cf::Meta, event_key(tenant, e), json(e)));
         }
-        if let Some(a) = &set.agent {
-            puts.push((
-                Cf::Meta,
-                keys::meta_key(META_AGENT, &[&a.tenant, &a.agent_id, &a.boot_id]),
-                set.seq.to_be_bytes().to_vec(),
-            ));
-        }
-        if puts.is_empty() {
-            return Ok(());
+        let Some(a) = &set.agent else {
+            if puts.is_empty() {
+                return Ok(());
+            }
+            return self.engine.write(puts, self.sync);
+        };
+        puts.push((
+            Cf::Meta,
+            keys::meta_key(META_AGENT, &[&a.tenant, &a.agent_id, &a.boot_id]),
+            set.seq.to_be_bytes().to_vec(),
+        ));
+        // The batch's number joins the held ranges (or its limbo record) in
+        // this same write.
+        let _stripe = self.stripes.lock(a);
+        if let Some(since) = set.limbo {
+            let record = self.limbo_puts(a, set.seq, since, &mut puts);
+            puts.push(record);
+        } else if !set.no_data {
+            puts.push(self.held_put(a, set.seq)?);
         }
         self.engine.write(puts, self.sync)
     }
@@ -872,7 +891,7 @@ impl Store {
         let prefix = keys::raw_prefix(tenant, gpu, metric);
         let head = keys::kind_prefix(keys::KIND_RAW, &prefix);
         self.engine.view(&mut |view| {
-            for (cf, p) in [(Cf::Raw, &prefix), (Cf::Head, &head)] {
+            for (cf, p) in [(Cf::Raw, &prefix), (Cf::Head, &head), (Cf::Limbo, &head)] {
                 let mut taken = 0usize;
                 scan_series(view, cf, p, start, end, &mut |_, v| {
                     let b = Block::decode(v).map_err(|e| corrupt(cf, e))?;
@@ -956,10 +975,12 @@ impl Store {
             // Covered minutes per hour (all 60 bits: the whole hour).
             let mut covered: HashMap<i64, u64> = HashMap::new();
             if step.is_some() {
-                scan_series(view, Cf::Head, &head, start, end, &mut |w, _| {
-                    in_head.insert(w);
-                    Ok(true)
-                })?;
+                for cf in [Cf::Head, Cf::Limbo] {
+                    scan_series(view, cf, &head, start, end, &mut |w, _| {
+                        in_head.insert(w);
+                        Ok(true)
+                    })?;
+                }
                 let rprefix = keys::kind_prefix(keys::KIND_OFU, &prefix);
                 scan_series(
                     view,
@@ -1029,6 +1050,7 @@ impl Store {
                 ranges.push((Cf::Ofu, &prefix, cur, end));
             }
             ranges.push((Cf::Head, &head, start, end));
+            ranges.push((Cf::Limbo, &head, start, end));
             let mut raw_cache = HashMap::new();
             for (cf, p, from, to) in ranges {
                 scan_series(view, cf, p, from, to, &mut |w, v| {
@@ -1112,12 +1134,23 @@ impl Store {
         let (mut from, mut to) = (base.clone(), base);
         keys::put_ts(&mut from, start_ms);
         keys::put_ts(&mut to, end_ms);
+        // Events of batches in limbo are stored under the same keys in the
+        // limbo family: merged in key (time) order under one view.
         let mut raw = Vec::new();
-        self.engine.scan(Cf::Meta, &from, &to, &mut |_, v| {
-            raw.push(v.to_vec());
-            raw.len() < limit
+        self.engine.view(&mut |view| {
+            for cf in [Cf::Meta, Cf::Limbo] {
+                let mut n = 0;
+                view.scan(cf, &from, &to, &mut |k, v| {
+                    raw.push((k.to_vec(), v.to_vec()));
+                    n += 1;
+                    n < limit
+                })?;
+            }
+            Ok(())
         })?;
-        raw.iter().map(|v| from_json(v)).collect()
+        raw.sort();
+        raw.truncate(limit);
+        raw.iter().map(|(_, v)| from_json(v)).collect()
     }
 
     /// One node's record.

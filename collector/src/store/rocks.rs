@@ -1,7 +1,8 @@
 //! The RocksDB engine: the only module that names a RocksDB type.
 //!
 //! One directory per collector, column families `raw`, `ofu`, `meta`,
-//! `head`, `rollup`.
+//! `head`, `rollup`, `limbo` (created when missing, so an older store
+//! opens unchanged).
 //! Writes go through the WAL (never disabled); `sync` adds an fsync. Our
 //! blocks are already compressed by [`crate::codec`], so RocksDB block
 //! compression stays off (the crate is built without codecs).
@@ -23,6 +24,10 @@ fn err(e: rocksdb::Error) -> StoreError {
     StoreError::Engine(e.into_string())
 }
 
+/// Memtable bytes of all column families together before the largest is
+/// flushed.
+pub const MEMTABLE_BUDGET: usize = 64 * 1024 * 1024;
+
 fn options() -> Options {
     let mut o = Options::default();
     o.create_if_missing(true);
@@ -32,6 +37,10 @@ fn options() -> Options {
     o.increase_parallelism(2);
     o.set_max_background_jobs(2);
     o.set_max_total_wal_size(256 * 1024 * 1024);
+    // One memtable budget for every column family together (the default
+    // is 64 MiB per family, twice over while one flushes): the collector's
+    // memory stays bounded however the write load is spread.
+    o.set_db_write_buffer_size(MEMTABLE_BUDGET);
     o.set_keep_log_file_num(4);
     // RocksDB's info log restates every option of every column family at
     // each open; warnings and errors are what an operator needs.
@@ -58,7 +67,14 @@ impl RocksEngine {
     /// Opens `path` read-only as a secondary instance (a running collector
     /// is undisturbed); `scratch` holds the secondary's own logs.
     pub fn open_secondary(path: &Path, scratch: &Path) -> Result<Self, StoreError> {
-        let names: Vec<&str> = Cf::ALL.iter().map(|c| c.name()).collect();
+        // A store written by an older version may lack a family (`limbo`):
+        // open those present; a missing one reads as empty.
+        let present = DB::list_cf(&options(), path).map_err(err)?;
+        let names: Vec<&str> = Cf::ALL
+            .iter()
+            .map(|c| c.name())
+            .filter(|n| present.iter().any(|p| p == n))
+            .collect();
         let mut o = options();
         o.set_max_open_files(-1);
         let db = DB::open_cf_as_secondary(&o, path, scratch, names).map_err(err)?;
@@ -109,7 +125,7 @@ impl RocksEngine {
         to: &[u8],
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), StoreError> {
-        if from >= to {
+        if from >= to || (self.secondary && self.db.cf_handle(cf.name()).is_none()) {
             return Ok(());
         }
         ro.set_iterate_upper_bound(to.to_vec());
@@ -145,6 +161,9 @@ impl Engine for RocksEngine {
     }
 
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if self.secondary && self.db.cf_handle(cf.name()).is_none() {
+            return Ok(None);
+        }
         self.db.get_cf(self.cf(cf)?, key).map_err(err)
     }
 
@@ -183,6 +202,29 @@ impl Engine for RocksEngine {
             self.db.flush_cf(self.cf(cf)?).map_err(err)?;
         }
         self.db.flush_wal(true).map_err(err)
+    }
+
+    fn memory_bytes(&self) -> u64 {
+        use rocksdb::properties as p;
+        let mut total = 0;
+        for cf in Cf::ALL {
+            let Some(h) = self.db.cf_handle(cf.name()) else {
+                continue;
+            };
+            for name in [
+                p::SIZE_ALL_MEM_TABLES,
+                p::BLOCK_CACHE_USAGE,
+                p::ESTIMATE_TABLE_READERS_MEM,
+            ] {
+                total += self
+                    .db
+                    .property_int_value_cf(&h, name)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0);
+            }
+        }
+        total
     }
 
     fn disk_bytes(&self) -> u64 {

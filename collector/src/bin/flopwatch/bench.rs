@@ -7,7 +7,12 @@
 //! `--window` batches in flight per stream. Only acknowledged samples count:
 //! an ack means durable in RocksDB's WAL. The load generator shares the
 //! machine with the collector, so the figure is conservative.
+//!
+//! `bench storage` (bytes per sample) and `bench backpressure` (the
+//! collector's memory under a slow disk) live in the submodules.
 
+mod backpressure;
+mod slow_engine;
 mod storage;
 mod tenants;
 
@@ -40,6 +45,9 @@ enum What {
     Storage(storage::StorageArgs),
     /// Another tenant's ack latency, alone and under a flooding tenant.
     Tenants(tenants::TenantsArgs),
+    /// The collector's memory while agents push more than its (slowed)
+    /// storage takes: agents spool, the collector stays flat.
+    Backpressure(backpressure::BackpressureArgs),
     /// Durable ingest rate (samples/s acknowledged).
     Ingest {
         /// Concurrent agent streams.
@@ -124,6 +132,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     let (streams, gpus, metrics, points, window, duration, data_dir) = match a.what {
         What::Storage(s) => return storage::run(s).await,
         What::Tenants(t) => return tenants::run(t).await,
+        What::Backpressure(b) => return backpressure::run(b).await,
         What::Ingest {
             streams,
             gpus,

@@ -51,6 +51,9 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
     if let Some(m) = args.metrics_listen {
         cfg.metrics_listen = m;
     }
+    if let Some(p) = cfg.cluster.peer_token_file.take() {
+        cfg.cluster.peer_token_file = Some(flopwatch_config::relative_to(&args.config, &p));
+    }
     let specs = match &cfg.gpu_specs {
         Some(p) => SpecTable::load(&flopwatch_config::relative_to(&args.config, p))?,
         None => SpecTable::builtin(),
@@ -101,13 +104,14 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
         None => None,
     };
     let reloader = tokio::spawn(reload_on_sighup(collector.clone(), args.config.clone()));
+    let peers = collector.settings.cluster.peers.clone();
     server::serve_cluster(
         collector,
         listener,
         Some(metrics),
         server::Serving {
             tls,
-            peers: cfg.peers.clone(),
+            peers,
             peer_tls,
             health,
         },

@@ -162,6 +162,30 @@ fn dir_bytes(p: &Path) -> u64 {
         .sum()
 }
 
+/// `p`'s bytes by kind: SST files, write-ahead logs, everything else
+/// (MANIFEST, OPTIONS, info logs).
+fn dir_kinds(p: &Path) -> (u64, u64, u64) {
+    let mut k = (0, 0, 0);
+    let Ok(rd) = std::fs::read_dir(p) else {
+        return k;
+    };
+    for e in rd.flatten() {
+        let Ok(m) = e.metadata() else { continue };
+        let name = e.file_name().to_string_lossy().into_owned();
+        if m.is_dir() {
+            let (a, b, c) = dir_kinds(&e.path());
+            k = (k.0 + a, k.1 + b, k.2 + c);
+        } else if name.ends_with(".sst") {
+            k.0 += m.len();
+        } else if name.ends_with(".log") && name != "LOG" {
+            k.1 += m.len();
+        } else {
+            k.2 += m.len();
+        }
+    }
+    k
+}
+
 fn hello(node: &str, uuid: &str) -> v1::Hello {
     v1::Hello {
         agent_id: node.into(),
@@ -366,6 +390,8 @@ async fn flopwatch_bytes(
     check_stored(&store, expect)?;
     drop(store);
     drop(collector);
+    let (sst, wal, other) = dir_kinds(dir);
+    println!("  data dir: {sst} B in SST files, {wal} B of write-ahead log, {other} B other");
     Ok((dir_bytes(dir), acked, ingest_s))
 }
 
