@@ -13,7 +13,7 @@ use flopwatch_collector::{Collector, Settings};
 use flopwatch_config::{CollectorConfig, LimitsOverride, SpecTable, TenantConfig};
 use flopwatch_proto::clock::{Clock, SystemClock};
 use flopwatch_proto::model::NodeIdentity;
-use flopwatch_proto::v1::collector_message;
+use flopwatch_proto::v1::{self, collector_message};
 use flopwatch_sim::FleetPlan;
 use flopwatch_tests::raw::{self, RawAgent};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -108,6 +108,13 @@ impl Engine for QueueingEngine {
     }
 }
 
+/// A raw agent of the tenant holding `token`, for `node` with one GPU.
+async fn agent(url: &str, token: &str, node: &str, gpu: &str) -> (RawAgent, v1::Welcome) {
+    RawAgent::open(channel(url).await, Some(token), raw::hello(node, node, gpu))
+        .await
+        .unwrap()
+}
+
 fn two_tenants(commits: u32) -> CollectorConfig {
     let t = |name: &str| TenantConfig {
         name: name.into(),
@@ -161,13 +168,7 @@ fn flood(
             tokio::spawn(async move {
                 let node = format!("flood-node-{i}");
                 let gpu = format!("GPU-flood-{i}");
-                let (mut a, _) = RawAgent::open(
-                    channel(&url).await,
-                    Some("flooder-token"),
-                    raw::hello(&node, &node, &gpu),
-                )
-                .await
-                .unwrap();
+                let (mut a, _) = agent(&url, "flooder-token", &node, &gpu).await;
                 let now = SystemClock.now_ms();
                 let (mut sent, mut acked) = (0u64, 0u64);
                 while !stop.load(Ordering::SeqCst) {
@@ -212,13 +213,7 @@ async fn a_flooding_tenant_cannot_queue_its_writes_ahead_of_another() {
     let flooders = flood(server.url.clone(), 16, stop.clone());
     // The quiet tenant sends 30 batches, one at a time, while the flood
     // goes on.
-    let (mut q, _) = RawAgent::open(
-        channel(&server.url).await,
-        Some("quiet-token"),
-        raw::hello("quiet-node", "quiet-node", "GPU-quiet"),
-    )
-    .await
-    .unwrap();
+    let (mut q, _) = agent(&server.url, "quiet-token", "quiet-node", "GPU-quiet").await;
     let now = SystemClock.now_ms();
     for seq in 1..=30u64 {
         let r = q
@@ -296,13 +291,7 @@ async fn a_batch_over_the_rate_is_deferred_then_accepted_in_order() {
         ..Default::default()
     };
     let (c, server) = start(&cfg, Arc::new(MemEngine::new())).await;
-    let (mut a, _) = RawAgent::open(
-        channel(&server.url).await,
-        Some("quiet-token"),
-        raw::hello("n", "n", "GPU-q"),
-    )
-    .await
-    .unwrap();
+    let (mut a, _) = agent(&server.url, "quiet-token", "n", "GPU-q").await;
     let now = SystemClock.now_ms();
     // 150 samples a batch: 6 pass on the full bucket (900), the 7th waits.
     for seq in 1..=6u64 {
@@ -395,13 +384,7 @@ async fn series_past_the_tenant_cap_are_refused_by_reason() {
     let mut cfg = two_tenants(2);
     cfg.tenants[1].limits.max_series = Some(4);
     let (c, server) = start(&cfg, Arc::new(MemEngine::new())).await;
-    let (mut a, _) = RawAgent::open(
-        channel(&server.url).await,
-        Some("quiet-token"),
-        raw::hello("n", "n", "GPU-q"),
-    )
-    .await
-    .unwrap();
+    let (mut a, _) = agent(&server.url, "quiet-token", "n", "GPU-q").await;
     let now = SystemClock.now_ms();
     // 3 series: all in.
     let ack = match a
@@ -437,13 +420,7 @@ async fn series_past_the_tenant_cap_are_refused_by_reason() {
         .iter()
         .any(|((t, r), n)| t == "quiet" && r.name() == "series_limit" && *n == 10));
     // The other tenant is not limited.
-    let (mut f, _) = RawAgent::open(
-        channel(&server.url).await,
-        Some("flooder-token"),
-        raw::hello("f", "f", "GPU-f"),
-    )
-    .await
-    .unwrap();
+    let (mut f, _) = agent(&server.url, "flooder-token", "f", "GPU-f").await;
     let mut b = raw::batch(1, "GPU-f", now - 3000, 10, 0.4, 300.0, None);
     for m in ["dram_active", "temp_c"] {
         let mut s = b.series[2].clone();
