@@ -24,8 +24,8 @@ use tonic::Code;
 /// An engine that takes one write at a time, each slow (as a disk under
 /// load would), and records how many writes of the tenant `flooder` were
 /// queued or in progress when each write of the tenant `quiet` arrived.
-struct QueueingEngine {
-    inner: MemEngine,
+#[derive(Default)]
+struct Queueing {
     one_at_a_time: Mutex<()>,
     flooder_inside: AtomicUsize,
     /// Most `flooder` writes inside at once.
@@ -51,8 +51,8 @@ fn tenant_of(ops: &[Op]) -> Option<&'static str> {
     })
 }
 
-impl Engine for QueueingEngine {
-    fn apply(&self, ops: Vec<Op>, sync: bool) -> Result<(), StoreError> {
+impl OnWrite for Queueing {
+    fn apply(&self, inner: &MemEngine, ops: Vec<Op>, sync: bool) -> Result<(), StoreError> {
         let who = tenant_of(&ops);
         match who {
             Some("flooder") => {
@@ -69,12 +69,46 @@ impl Engine for QueueingEngine {
         let r = {
             let _one = self.one_at_a_time.lock().unwrap();
             std::thread::sleep(Duration::from_millis(3));
-            self.inner.apply(ops, sync)
+            inner.apply(ops, sync)
         };
         if who == Some("flooder") {
             self.flooder_inside.fetch_sub(1, Ordering::SeqCst);
         }
         r
+    }
+}
+
+/// What a test engine does around each write; everything else goes
+/// straight to the in-memory engine.
+trait OnWrite: Send + Sync + 'static {
+    fn apply(&self, inner: &MemEngine, ops: Vec<Op>, sync: bool) -> Result<(), StoreError>;
+}
+
+/// The in-memory engine with `W` around its writes.
+struct TestEngine<W> {
+    inner: MemEngine,
+    on_write: W,
+}
+
+impl<W: Default> TestEngine<W> {
+    fn new() -> Arc<Self> {
+        Arc::new(TestEngine {
+            inner: MemEngine::new(),
+            on_write: W::default(),
+        })
+    }
+}
+
+impl<W> std::ops::Deref for TestEngine<W> {
+    type Target = W;
+    fn deref(&self) -> &W {
+        &self.on_write
+    }
+}
+
+impl<W: OnWrite> Engine for TestEngine<W> {
+    fn apply(&self, ops: Vec<Op>, sync: bool) -> Result<(), StoreError> {
+        self.on_write.apply(&self.inner, ops, sync)
     }
     fn view(
         &self,
@@ -199,14 +233,7 @@ fn flood(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_tenant_cannot_queue_its_writes_ahead_of_another() {
     // With the default of 2 commit slots per tenant.
-    let engine = Arc::new(QueueingEngine {
-        inner: MemEngine::new(),
-        one_at_a_time: Mutex::new(()),
-        flooder_inside: AtomicUsize::new(0),
-        flooder_max: AtomicUsize::new(0),
-        quiet_saw_max: AtomicUsize::new(0),
-        quiet_writes: AtomicU64::new(0),
-    });
+    let engine = TestEngine::<Queueing>::new();
     let cfg = two_tenants(2);
     let (_c, server) = start(&cfg, engine.clone()).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -242,31 +269,25 @@ async fn a_flooding_tenant_cannot_queue_its_writes_ahead_of_another() {
         flood_acked > 16,
         "the flood made progress ({flood_acked} batches)"
     );
+    // 2 commit slots, and 2 registration slots for its agents' Hellos.
     assert!(
-        flood_max <= 2,
+        flood_max <= 4,
         "the flooder had {flood_max} writes in storage at once"
     );
     assert!(
-        quiet_max <= 2,
+        quiet_max <= 4,
         "a quiet write waited behind {quiet_max} of the flooder's"
     );
     server.stop().await.unwrap();
 
-    // Control: with 16 slots the same flood does put more than 2 of its
+    // Control: with 16 slots the same flood does put more than 4 of its
     // writes ahead of the storage queue (so the measure above can fail).
-    let engine = Arc::new(QueueingEngine {
-        inner: MemEngine::new(),
-        one_at_a_time: Mutex::new(()),
-        flooder_inside: AtomicUsize::new(0),
-        flooder_max: AtomicUsize::new(0),
-        quiet_saw_max: AtomicUsize::new(0),
-        quiet_writes: AtomicU64::new(0),
-    });
+    let engine = TestEngine::<Queueing>::new();
     let (_c, server) = start(&two_tenants(16), engine.clone()).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flooders = flood(server.url.clone(), 16, stop.clone());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while engine.flooder_max.load(Ordering::SeqCst) <= 2 && tokio::time::Instant::now() < deadline {
+    while engine.flooder_max.load(Ordering::SeqCst) <= 4 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     stop.store(true, Ordering::SeqCst);
@@ -274,8 +295,8 @@ async fn a_flooding_tenant_cannot_queue_its_writes_ahead_of_another() {
         let _ = f.await;
     }
     assert!(
-        engine.flooder_max.load(Ordering::SeqCst) > 2,
-        "without the limit the flood never queued more than 2 writes"
+        engine.flooder_max.load(Ordering::SeqCst) > 4,
+        "without the limit the flood never queued more than 4 writes"
     );
     server.stop().await.unwrap();
 }
@@ -489,6 +510,88 @@ async fn an_agent_over_its_tenant_rate_slows_down_and_loses_nothing() {
         c.stats.samples_accepted.load(Ordering::Relaxed),
         produced,
         "stored = produced"
+    );
+    server.stop().await.unwrap();
+}
+
+/// Writes wait while the test holds `gate`.
+#[derive(Default)]
+struct Gated {
+    gate: std::sync::RwLock<()>,
+}
+
+impl OnWrite for Gated {
+    fn apply(&self, inner: &MemEngine, ops: Vec<Op>, sync: bool) -> Result<(), StoreError> {
+        let _open = self.gate.read().unwrap();
+        inner.apply(ops, sync)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_without_a_commit_slot_in_time_is_deferred_not_left_waiting() {
+    let cfg = two_tenants(1);
+    let engine = TestEngine::<Gated>::new();
+    let (c, server) = start(&cfg, engine.clone()).await;
+    let (mut a, _) = agent(&server.url, "quiet-token", "na", "GPU-a").await;
+    let (mut b, _) = agent(&server.url, "quiet-token", "nb", "GPU-b").await;
+    let now = SystemClock.now_ms();
+    let batch = |seq: u64, gpu: &str| {
+        raw::batch(
+            seq,
+            gpu,
+            now - 10_000 + seq as i64 * 1000,
+            5,
+            0.4,
+            300.0,
+            None,
+        )
+    };
+    // The disk stalls: a's batch takes the tenant's only slot and waits
+    // in storage; b's waits for the slot.
+    let stalled = engine.gate.write().unwrap();
+    a.send(batch(1, "GPU-a")).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let asked = std::time::Instant::now();
+    b.send(batch(1, "GPU-b")).await;
+    b.send(batch(2, "GPU-b")).await;
+    let (r1, r2) = (b.next().await.unwrap(), b.next().await.unwrap());
+    let waited = asked.elapsed();
+    let (collector_message::Msg::Reject(r1), collector_message::Msg::Reject(r2)) = (r1, r2) else {
+        panic!("expected two deferrals");
+    };
+    // Answered after the slot wait, well before the agent's ack timeout.
+    assert!(
+        waited >= flopwatch_collector::ingest::SLOT_WAIT
+            && waited < flopwatch_agent::client::ACK_TIMEOUT,
+        "{waited:?}"
+    );
+    assert_eq!(
+        (r1.seq, r1.code, r1.reason.as_str()),
+        (1, Code::ResourceExhausted as i32, "busy")
+    );
+    assert!((1000..2000).contains(&r1.retry_after_ms), "{r1:?}");
+    // 2 comes behind the deferred 1: deferred at once, not consumed.
+    assert_eq!((r2.seq, r2.reason.as_str()), (2, "busy"));
+    // The disk comes back: a's batch is stored, and b's, sent again.
+    drop(stalled);
+    assert!(matches!(
+        a.next().await.unwrap(),
+        collector_message::Msg::Ack(_)
+    ));
+    tokio::time::sleep(Duration::from_millis(r1.retry_after_ms + 50)).await;
+    for seq in [1, 2] {
+        let r = b.call(batch(seq, "GPU-b")).await.unwrap();
+        assert!(
+            matches!(r, collector_message::Msg::Ack(ref k) if !k.duplicate && k.accepted_samples == 15),
+            "{seq}: {r:?}"
+        );
+    }
+    let rejects = c.stats.batch_rejects();
+    assert!(
+        rejects
+            .iter()
+            .any(|((t, r), n)| t == "quiet" && r == "busy" && *n == 2),
+        "{rejects:?}"
     );
     server.stop().await.unwrap();
 }

@@ -708,6 +708,38 @@ async fn agents_write_only_their_tenant_and_their_own_nodes() {
     .await
     .unwrap();
     assert_eq!(w.tenant, alpha.name);
+    // Two principals racing for a new node, and for a new GPU under two
+    // new nodes: in each race, only one principal is ever welcomed.
+    let races = [
+        [("node-race", "GPU-race-1"), ("node-race", "GPU-race-2")],
+        [("node-race-a", "GPU-race-3"), ("node-race-b", "GPU-race-3")],
+    ];
+    for [(node_1, gpu_1), (node_2, gpu_2)] in races {
+        let tries = (0..8).map(|i| {
+            let (token, node, gpu) = if i % 2 == 0 {
+                (alpha.agent_token.clone(), node_1, gpu_1)
+            } else {
+                (ALPHA_SECOND.to_string(), node_2, gpu_2)
+            };
+            let ch = env.good_channel();
+            async move {
+                let r = open(ch.await, Some(token), raw::hello(node, "h", gpu)).await;
+                (i % 2, r.map(|_| ()).map_err(|s| s.code()))
+            }
+        });
+        let results = futures::future::join_all(tries).await;
+        let winners: std::collections::BTreeSet<_> = results
+            .iter()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(who, _)| *who)
+            .collect();
+        assert_eq!(winners.len(), 1, "{node_1}/{node_2}: {results:?}");
+        for (who, r) in &results {
+            if !winners.contains(who) {
+                assert_eq!(r.as_ref().err(), Some(&Code::PermissionDenied));
+            }
+        }
+    }
     // A certificate bound to one node ({node} pattern) cannot announce
     // another, nor a device of another node.
     let cert = env.charlie_cert(&charlie.node);

@@ -40,6 +40,42 @@ use tracing::{debug, info, warn, Instrument};
 /// Messages queued towards one agent.
 const OUTBOX: usize = 64;
 
+/// How long a batch waits for a commit slot before its agent is told to
+/// send it again later (RESOURCE_EXHAUSTED, reason `busy`, with
+/// `retry_after_ms`): well inside the agent's 4 s acknowledgement timeout,
+/// so a collector with a saturated disk slows its agents down instead of
+/// looking dead to them.
+pub const SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The delay a `busy` deferral asks for, before a jitter of up to as much
+/// again (so deferred agents do not come back together).
+pub const BUSY_RETRY_MS: u64 = 1000;
+
+/// Why a batch was deferred (refused unconsumed, with a delay).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Defer {
+    /// Over the tenant's ingest rate.
+    Rate,
+    /// No commit slot within [`SLOT_WAIT`].
+    Busy,
+}
+
+impl Defer {
+    fn reason(self) -> &'static str {
+        match self {
+            Defer::Rate => "rate_limited",
+            Defer::Busy => "busy",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Defer::Rate => "over the tenant's ingest rate",
+            Defer::Busy => "storage is busy",
+        }
+    }
+}
+
 /// The tonic service.
 #[derive(Clone)]
 pub struct IngestService {
@@ -97,7 +133,7 @@ struct Session {
     /// A batch refused for the tenant's rate, and until when: it and every
     /// later batch are refused (not consumed) until the agent sends it
     /// again.
-    throttled: Option<(u64, i64)>,
+    throttled: Option<(u64, i64, Defer)>,
     agent: AgentKey,
     hello: Hello,
     gpus: HashSet<String>,
@@ -290,12 +326,11 @@ impl Session {
             gpus: gpus.clone(),
             ..Default::default()
         };
-        // Ownership is checked and claimed under one lock, so two agents
-        // racing for a new node cannot both win it; the write takes one of
-        // the tenant's commit slots like any other (crate::limits).
-        let claim_lock = c.claims(&tenant);
-        let claims = claim_lock.lock().await;
-        let slot = c.limits.commit_slot(&tenant).await;
+        // Ownership is checked and claimed under the node's and GPUs' locks,
+        // so two agents racing for a new node cannot both win it; the write
+        // takes one of the tenant's registration slots (crate::limits).
+        let claims = c.claim(&tenant, &hello).await;
+        let slot = c.limits.registration_slot(&tenant).await;
         crate::ownership::check(&c, &identity, &hello)
             .await
             .inspect_err(|e| {
@@ -380,19 +415,26 @@ impl Session {
 
     /// Refuses `seq` for the tenant's ingest rate without consuming it: the
     /// agent sends it (and what follows) again after `retry_after_ms`.
-    fn throttle(&mut self, seq: u64, retry_after_ms: u64, now: i64) -> CollectorMessage {
-        if self.throttled.is_none_or(|(t, _)| seq <= t) {
-            self.throttled = Some((seq, now.saturating_add(retry_after_ms as i64)));
+    fn throttle(
+        &mut self,
+        seq: u64,
+        retry_after_ms: u64,
+        now: i64,
+        why: Defer,
+    ) -> CollectorMessage {
+        if self.throttled.is_none_or(|(t, _, _)| seq <= t) {
+            self.throttled = Some((seq, now.saturating_add(retry_after_ms as i64), why));
         }
-        self.c.stats.batch_rejected(&self.tenant, "rate_limited");
-        debug!(seq, retry_after_ms, "batch over the tenant's ingest rate");
+        self.c.stats.batch_rejected(&self.tenant, why.reason());
+        debug!(seq, retry_after_ms, reason = why.reason(), "batch deferred");
         CollectorMessage {
             msg: Some(collector_message::Msg::Reject(v1::Reject {
                 seq,
                 code: Code::ResourceExhausted as i32,
-                reason: "rate_limited".into(),
+                reason: why.reason().into(),
                 message: format!(
-                    "over the tenant's ingest rate; send this batch again in {retry_after_ms} ms"
+                    "{}; send this batch again in {retry_after_ms} ms",
+                    why.what()
                 ),
                 retry_after_ms,
             })),
@@ -466,9 +508,9 @@ impl Session {
             }));
         }
         let now = self.c.clock.now_ms();
-        if let Some((t, until)) = self.throttled {
+        if let Some((t, until, why)) = self.throttled {
             if seq > t {
-                return Ok(self.throttle(seq, (until - now).max(1) as u64, now));
+                return Ok(self.throttle(seq, (until - now).max(1) as u64, now, why));
             }
         }
         if size > self.c.settings.max_batch_bytes as usize {
@@ -496,9 +538,9 @@ impl Session {
         }
         let samples: usize = wire.series.iter().map(|s| s.timestamps_ms.len()).sum();
         if let Err(RetryAfter(ms)) = self.c.limits.admit(&self.tenant, samples as u64, now) {
-            return Ok(self.throttle(seq, ms, now));
+            return Ok(self.throttle(seq, ms, now, Defer::Rate));
         }
-        if self.throttled.is_some_and(|(t, _)| t == seq) {
+        if self.throttled.is_some_and(|(t, _, _)| t == seq) {
             self.throttled = None;
         }
         let mut batch = match Batch::try_from(wire) {
@@ -514,10 +556,15 @@ impl Session {
             }
         };
         // One of the tenant's commit slots, held through validation and
-        // the write (crate::limits).
+        // the write (crate::limits); none in time: the agent holds the
+        // batch and sends it again later.
         let _slot = tokio::select! {
             s = self.c.limits.commit_slot(&self.tenant) => s,
             _ = agent.closed() => return Err(Status::cancelled("agent went away")),
+            _ = tokio::time::sleep(SLOT_WAIT) => {
+                let jitter = u64::from(arrived.elapsed().subsec_nanos()) % BUSY_RETRY_MS;
+                return Ok(self.throttle(seq, BUSY_RETRY_MS + jitter, now, Defer::Busy));
+            }
         };
         let rules = Rules {
             now_ms: now,

@@ -17,6 +17,7 @@ pub mod events;
 pub mod exporter;
 pub mod fanout;
 pub mod ingest;
+pub mod keylock;
 pub mod limits;
 pub mod live;
 pub mod mfu;

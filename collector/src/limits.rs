@@ -11,7 +11,10 @@
 //! [`COMMITS`] slots shared by every tenant: each commit occupies a
 //! blocking thread until storage returns, and with a slow disk unbounded
 //! concurrency would grow threads (and their memory) with the number of
-//! agents. Time is passed in (`now_ms`), so tests are exact.
+//! agents. A Hello's registration write waits in a line of its own, as
+//! many slots per tenant ([`Limiter::registration_slot`]), so connecting
+//! agents do not queue behind the tenant's batches. Time is passed in
+//! (`now_ms`), so tests are exact.
 
 use flopwatch_config::{CollectorConfig, Limits};
 use flopwatch_proto::model::Batch;
@@ -21,7 +24,7 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Batches (or Hellos) validated and committed at once over all tenants.
+/// Batches and Hellos validated and committed at once over all tenants.
 pub const COMMITS: usize = 32;
 
 /// A series counts as active this long after its last sample.
@@ -79,6 +82,10 @@ struct TenantState {
     bucket: Mutex<Bucket>,
     series: Mutex<SeriesSet>,
     commits: Arc<Semaphore>,
+    /// The same number of slots for Hellos, so an agent registering never
+    /// waits behind the tenant's queued batches (its own cannot be sent
+    /// before it is welcomed).
+    registrations: Arc<Semaphore>,
     permits: Mutex<u32>,
 }
 
@@ -144,6 +151,7 @@ impl Limiter {
                     bucket: Mutex::default(),
                     series: Mutex::default(),
                     commits: Arc::new(Semaphore::new(permits as usize)),
+                    registrations: Arc::new(Semaphore::new(permits as usize)),
                     permits: Mutex::new(permits),
                 })
             })
@@ -232,13 +240,21 @@ impl Limiter {
     /// collector's: a flooding tenant holds at most its own cap of the
     /// shared ones.
     pub async fn commit_slot(&self, tenant: &str) -> Option<CommitSlot> {
-        let own = self
-            .state(tenant)
-            .commits
-            .clone()
-            .acquire_owned()
-            .await
-            .ok()?;
+        let own = self.state(tenant).commits.clone();
+        self.slot(own).await
+    }
+
+    /// The slot a Hello's registration write takes: one of `tenant`'s
+    /// registration slots (as many as its commit slots, but a separate
+    /// line, so a Hello does not queue behind the tenant's batches), then
+    /// one of the collector's shared ones.
+    pub async fn registration_slot(&self, tenant: &str) -> Option<CommitSlot> {
+        let own = self.state(tenant).registrations.clone();
+        self.slot(own).await
+    }
+
+    async fn slot(&self, own: Arc<Semaphore>) -> Option<CommitSlot> {
+        let own = own.acquire_owned().await.ok()?;
         let global = self.global.clone().acquire_owned().await.ok()?;
         Some(CommitSlot {
             _tenant: own,
@@ -262,10 +278,12 @@ impl SeriesSet {
 impl TenantState {
     fn resize(&self, want: u32) {
         let mut have = self.permits.lock().unwrap_or_else(|e| e.into_inner());
-        if want > *have {
-            self.commits.add_permits((want - *have) as usize);
-        } else if want < *have {
-            self.commits.forget_permits((*have - want) as usize);
+        for slots in [&self.commits, &self.registrations] {
+            if want > *have {
+                slots.add_permits((want - *have) as usize);
+            } else if want < *have {
+                slots.forget_permits((*have - want) as usize);
+            }
         }
         *have = want;
     }
@@ -367,5 +385,27 @@ mod tests {
             tokio::time::timeout(std::time::Duration::from_millis(20), l.commit_slot("acme"));
         assert!(third.await.is_ok());
         drop((a, b));
+    }
+
+    #[tokio::test]
+    async fn hellos_do_not_queue_behind_batches() {
+        let l = Limiter::new(LimitTable::default());
+        let wait = std::time::Duration::from_millis(20);
+        let held = [
+            l.commit_slot("acme").await.unwrap(),
+            l.commit_slot("acme").await.unwrap(),
+        ];
+        assert!(tokio::time::timeout(wait, l.commit_slot("acme"))
+            .await
+            .is_err());
+        let r1 = tokio::time::timeout(wait, l.registration_slot("acme"))
+            .await
+            .expect("a Hello while every commit slot is taken");
+        let r2 = l.registration_slot("acme").await;
+        // ... but Hellos have their own cap.
+        assert!(tokio::time::timeout(wait, l.registration_slot("acme"))
+            .await
+            .is_err());
+        drop((held, r1, r2));
     }
 }

@@ -11,8 +11,10 @@
 //!   principal claiming them is refused with PERMISSION_DENIED. Tokens
 //!   sharing a `name` share a principal, so a rotated token keeps its nodes.
 //!
-//! The ingest service holds one lock over this check and the write that
-//! records the owner, so two agents racing for a new node cannot both win.
+//! The ingest service holds the locks of the Hello's node and GPUs over
+//! this check and the write that records the owner
+//! ([`Collector::claim`]), so two agents racing for a new node or GPU
+//! cannot both win it.
 
 use crate::auth::{AgentIdentity, AuthError};
 use crate::state::Collector;

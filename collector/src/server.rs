@@ -16,6 +16,16 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 
+/// HTTP/2 receive window of one stream: what an agent may have sent that
+/// the collector has not read yet (an agent's 8 batches in flight, of
+/// typical sizes, fit; a larger batch just takes more round trips).
+/// Explicit rather than hyper's 1 MiB default, because with a slow disk
+/// every open stream can hold this much (docs/RELIABILITY.md).
+pub const STREAM_WINDOW: u32 = 256 * 1024;
+
+/// HTTP/2 receive window of one connection (all its streams together).
+pub const CONNECTION_WINDOW: u32 = 2 * STREAM_WINDOW;
+
 /// Opens the RocksDB store under `dir` and builds a collector.
 pub fn open(
     dir: &Path,
@@ -158,7 +168,9 @@ pub async fn serve_cluster(
         tracing::info!("shutting down: ending agent streams");
         let _ = stop_tx.send(true);
     };
-    let mut builder = tonic::transport::Server::builder();
+    let mut builder = tonic::transport::Server::builder()
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW);
     if let Some(tls) = serving.tls {
         builder = builder
             .tls_config(tls)

@@ -10,7 +10,7 @@ use crate::stats::Stats;
 use crate::store::{GpuRecord, Store};
 use flopwatch_config::{CollectorConfig, GpuSpec, Precision, RemoteWriteConfig, SpecTable};
 use flopwatch_proto::clock::Clock;
-use flopwatch_proto::model::Policy;
+use flopwatch_proto::model::{Hello, Policy};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
@@ -97,9 +97,9 @@ pub struct Collector {
     auth: RwLock<Arc<Auth>>,
     /// Per-tenant ingest limits and their state.
     pub limits: Limiter,
-    /// Per tenant, held while a Hello's node ownership is checked and
-    /// recorded.
-    claims: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Locks held while a Hello's node ownership is checked and recorded
+    /// ([`Collector::claim`]).
+    claims: crate::keylock::KeyLocks,
     /// Settings.
     pub settings: Settings,
     /// Counters.
@@ -136,7 +136,7 @@ impl Collector {
             specs,
             auth: RwLock::new(Arc::new(auth)),
             limits: Limiter::new(settings.limits.clone()),
-            claims: std::sync::Mutex::new(HashMap::new()),
+            claims: Default::default(),
             settings: settings.clone(),
             stats: Stats::default(),
             clock,
@@ -155,12 +155,18 @@ impl Collector {
         }))
     }
 
-    /// The lock under which a Hello of `tenant` checks and records node
-    /// ownership ([`crate::ownership`]): one per tenant, so one tenant's
-    /// reconnecting agents never wait for another's.
-    pub fn claims(&self, tenant: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut m = self.claims.lock().unwrap_or_else(|e| e.into_inner());
-        m.entry(tenant.to_string()).or_default().clone()
+    /// The locks under which a Hello of `tenant` checks and records the
+    /// ownership of its node and GPUs ([`crate::ownership`]): one per node
+    /// id and per GPU UUID. Two Hellos naming the same node or GPU run one
+    /// after the other, so they cannot both win it; Hellos for different
+    /// nodes (a fleet reconnecting at once) do not wait for each other.
+    pub async fn claim(&self, tenant: &str, hello: &Hello) -> crate::keylock::Held<'_> {
+        let node = std::iter::once(format!("{tenant}\0node\0{}", hello.node.node_id));
+        let gpus = hello
+            .gpus
+            .iter()
+            .map(|g| format!("{tenant}\0gpu\0{}", g.uuid));
+        self.claims.lock(node.chain(gpus).collect()).await
     }
 
     /// The current credential table.

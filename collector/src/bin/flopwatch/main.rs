@@ -9,6 +9,7 @@
 //! ```
 
 mod agent_cmd;
+mod alloc;
 mod bench;
 mod collector_cmd;
 mod conn;
@@ -64,6 +65,7 @@ fn init_tracing(default: &str) {
 }
 
 fn main() -> std::process::ExitCode {
+    alloc::tune();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(a) => {

@@ -541,10 +541,11 @@ fn summarize(a: &BackpressureArgs, samples: &[Sample], rss0: u64) -> anyhow::Res
     // What one stream may hold (docs/RELIABILITY.md): the agent's window
     // of 8 batches, within one HTTP/2 stream window of unread data, plus
     // the batch in commit.
-    let window = 1048576.0;
+    let window = f64::from(server::STREAM_WINDOW);
     let per_stream = (8.0 * batch).min(window) + batch;
     println!(
-        "bound per stream: min(8 batches, HTTP/2 window 1 MiB) + the batch in commit = {:.0} KiB for {:.0} KiB batches -> {} agents: {:.0} MiB",
+        "bound per stream: min(8 batches, HTTP/2 window {:.0} KiB) + the batch in commit = {:.0} KiB for {:.0} KiB batches -> {} agents: {:.0} MiB",
+        window / 1024.0,
         per_stream / 1024.0,
         batch / 1024.0,
         a.agents,

@@ -388,6 +388,21 @@ async fn flopwatch_bytes(
     })
     .await??;
     check_stored(&store, expect)?;
+    // What each column family holds, before RocksDB's own framing.
+    let engine = store.engine();
+    let mut parts = Vec::new();
+    for cf in Cf::ALL {
+        let (mut keys, mut bytes) = (0u64, 0u64);
+        engine.scan(cf, &[], &[0xff; 600], &mut |k, v| {
+            keys += 1;
+            bytes += (k.len() + v.len()) as u64;
+            true
+        })?;
+        if keys > 0 {
+            parts.push(format!("{} {bytes} B in {keys} keys", cf.name()));
+        }
+    }
+    println!("  keys and values: {}", parts.join(", "));
     drop(store);
     drop(collector);
     let (sst, wal, other) = dir_kinds(dir);
