@@ -7,9 +7,9 @@
 //! then grows with time even when what it holds does not. Measured with
 //! `flopwatch bench backpressure` (200 streams open throughout, RocksDB's
 //! own memory cycling between 5 and 84 MiB): with glibc's defaults the
-//! rest of the resident memory went from 106 to 173 MiB in 90 s; with a
-//! fixed 64 KiB threshold and 2 arenas it stayed between 70 and 76 MiB
-//! (docs/BENCHMARKS.md). Each setting is left alone when its glibc
+//! rest of the resident memory went from 106 to 173 MiB in 86 s; with a
+//! fixed threshold (64 KiB or 1 MiB) and 2 arenas it stayed between 66
+//! and 76 MiB (docs/BENCHMARKS.md). Each setting is left alone when its glibc
 //! environment variable (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_ARENA_MAX`)
 //! is set, so an operator can still choose.
 
@@ -27,7 +27,7 @@ pub fn tune() {
                 }
             }
         };
-        set("MALLOC_MMAP_THRESHOLD_", libc::M_MMAP_THRESHOLD, 64 * 1024);
+        set("MALLOC_MMAP_THRESHOLD_", libc::M_MMAP_THRESHOLD, 1024 * 1024);
         set("MALLOC_ARENA_MAX", libc::M_ARENA_MAX, 2);
     }
 }
