@@ -27,7 +27,11 @@ pub fn tune() {
                 }
             }
         };
-        set("MALLOC_MMAP_THRESHOLD_", libc::M_MMAP_THRESHOLD, 1024 * 1024);
+        set(
+            "MALLOC_MMAP_THRESHOLD_",
+            libc::M_MMAP_THRESHOLD,
+            1024 * 1024,
+        );
         set("MALLOC_ARENA_MAX", libc::M_ARENA_MAX, 2);
     }
 }
