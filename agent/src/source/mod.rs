@@ -6,7 +6,8 @@
 //!
 //! * [`sim::SimSource`]: the simulated node (embedded default),
 //! * [`nvml::NvmlSource`]: NVML through nvml-wrapper, GPM on Hopper+,
-//! * [`replay::ReplaySource`]: a recorded long-form CSV trace.
+//! * [`replay::ReplaySource`]: a recorded long-form CSV trace,
+//! * [`dcgm::DcgmExporterSource`]: a local dcgm-exporter `/metrics` page.
 //!
 //! Node-level devices (InfiniBand ports, NUMA nodes, the host;
 //! docs/COUNTERS.md) come from [`node::DeviceReader`]s
@@ -15,6 +16,7 @@
 
 use flopwatch_proto::model::{DeviceInfo, Event, GpuInfo, JobAssignment};
 
+pub mod dcgm;
 pub mod host;
 pub mod infiniband;
 pub mod node;
@@ -103,6 +105,14 @@ pub enum SourceError {
     /// Reading a file failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// A dcgm-exporter scrape failed, or its page is unusable.
+    #[error("dcgm-exporter {url}: {message}")]
+    Exporter {
+        /// The URL scraped.
+        url: String,
+        /// What went wrong (with the page's line number for a bad line).
+        message: String,
+    },
     /// A configuration the source cannot use.
     #[error("{0}")]
     Config(String),
@@ -239,24 +249,17 @@ fn open_gpus(
     Ok(match kind {
         SourceKind::Sim => {
             let s = &cfg.sim;
-            let fleet = flopwatch_sim::FleetPlan::new(
-                s.nodes,
-                s.gpus,
-                s.regress_after.as_millis() as i64,
-            );
+            let fleet =
+                flopwatch_sim::FleetPlan::new(s.nodes, s.gpus, s.regress_after.as_millis() as i64);
             Box::new(sim::SimSource::new(&fleet, s.node_index, start_ms, s.seed))
         }
         SourceKind::Nvml => Box::new(nvml::NvmlSource::open(cfg.nvml.library_path.as_deref())?),
-        SourceKind::Replay(path) => {
-            Box::new(replay::ReplaySource::open(path, "NVIDIA H100 80GB HBM3").map_err(|e| match e {
+        SourceKind::Replay(path) => Box::new(
+            replay::ReplaySource::open(path, "NVIDIA H100 80GB HBM3").map_err(|e| match e {
                 SourceError::Io(io) => SourceError::Config(format!("{}: {io}", path.display())),
                 other => other,
-            })?)
-        }
-        SourceKind::DcgmExporter(url) => {
-            return Err(SourceError::Config(format!(
-                "source dcgm-exporter:{url} is not available in this version; use nvml, sim or replay:FILE"
-            )))
-        }
+            })?,
+        ),
+        SourceKind::DcgmExporter(url) => Box::new(dcgm::DcgmExporterSource::open(url)?),
     })
 }

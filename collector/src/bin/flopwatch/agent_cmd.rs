@@ -1,4 +1,4 @@
-//! `flopwatch agent --config agent.toml [--source nvml|sim|replay:FILE]`
+//! `flopwatch agent --config agent.toml [--source nvml|sim|replay:FILE|dcgm-exporter:URL]`
 
 use crate::collector_cmd::{read_metric_set, shutdown_signal};
 use anyhow::Context;
