@@ -304,14 +304,6 @@ impl OfuAgg {
 }
 
 /// A rollup record: the hour, then the minutes that have samples.
-///
-/// Layout: a little-endian `u64` header (bits 0–59: the minutes present;
-/// bit 63: packed), the hour's [`OfuAgg`] as 56 bytes, then the minutes'
-/// aggregates: packed, one codec block ([`Block::encode_compact`]) whose
-/// rows are the minutes present and whose seven columns are the
-/// aggregate's fields, each exact; unpacked (records written before the
-/// packed form), 56 bytes per minute. The hour sits at a fixed offset so
-/// an hourly read never decodes the minutes.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct Rollup {
     pub hour: OfuAgg,
@@ -319,115 +311,33 @@ pub(super) struct Rollup {
     pub minutes: Vec<(u8, OfuAgg)>,
 }
 
-/// Header bit: the minutes follow as one codec block.
-const ROLLUP_PACKED: u64 = 1 << 63;
-const MINUTE_MASK: u64 = (1 << 60) - 1;
-const ROLLUP_HEAD: usize = 8 + OfuAgg::BYTES;
-
 impl Rollup {
     pub(super) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + OfuAgg::BYTES * (1 + self.minutes.len()));
         let mask = self.minutes.iter().fold(0u64, |m, (i, _)| m | (1u64 << i));
-        let packed = self.packed_minutes();
-        let header = if packed.is_some() {
-            mask | ROLLUP_PACKED
-        } else {
-            mask
-        };
-        let mut out = Vec::with_capacity(ROLLUP_HEAD + OfuAgg::BYTES * self.minutes.len());
-        out.extend_from_slice(&header.to_le_bytes());
+        out.extend_from_slice(&mask.to_le_bytes());
         self.hour.encode(&mut out);
-        match packed {
-            Some(block) => out.extend_from_slice(&block),
-            None => {
-                for (_, a) in &self.minutes {
-                    a.encode(&mut out);
-                }
-            }
+        for (_, a) in &self.minutes {
+            a.encode(&mut out);
         }
         out
     }
 
-    /// The minutes as a codec block, when there are some and it encodes.
-    fn packed_minutes(&self) -> Option<Vec<u8>> {
-        if self.minutes.is_empty() || self.minutes.iter().any(|(_, a)| a.count >= 1 << 53) {
+    pub(super) fn decode(b: &[u8]) -> Option<Self> {
+        let mask = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+        if mask >> 60 != 0 {
             return None;
         }
-        let col = |f: fn(&OfuAgg) -> f64| self.minutes.iter().map(|(_, a)| f(a)).collect();
-        Block {
-            ts: self.minutes.iter().map(|(i, _)| i64::from(*i)).collect(),
-            cols: vec![
-                col(|a| a.count as f64),
-                col(|a| a.weight),
-                col(|a| a.sum),
-                col(|a| a.tpa_sum),
-                col(|a| a.clk_sum),
-                col(|a| a.min),
-                col(|a| a.max),
-            ],
-            windows: Vec::new(),
-        }
-        .encode_compact()
-        .ok()
-    }
-
-    fn header(b: &[u8]) -> Option<u64> {
-        let h = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
-        (h & !(MINUTE_MASK | ROLLUP_PACKED) == 0).then_some(h)
-    }
-
-    /// The hour's aggregate alone.
-    pub(super) fn decode_hour(b: &[u8]) -> Option<OfuAgg> {
-        Self::header(b)?;
-        OfuAgg::decode(b.get(8..)?)
-    }
-
-    pub(super) fn decode(b: &[u8]) -> Option<Self> {
-        let header = Self::header(b)?;
-        let mask = header & MINUTE_MASK;
         let hour = OfuAgg::decode(b.get(8..)?)?;
-        let present = (0..60u8).filter(|i| mask & (1 << i) != 0);
-        let rest = b.get(ROLLUP_HEAD..)?;
-        let minutes = if header & ROLLUP_PACKED != 0 {
-            let block = Block::decode(rest).ok()?;
-            let n = mask.count_ones() as usize;
-            if block.len() != n || block.cols.len() != 7 || !block.windows.is_empty() {
-                return None;
+        let mut minutes = Vec::new();
+        let mut pos = 8 + OfuAgg::BYTES;
+        for i in 0..60u8 {
+            if mask & (1 << i) != 0 {
+                minutes.push((i, OfuAgg::decode(b.get(pos..)?)?));
+                pos += OfuAgg::BYTES;
             }
-            let mut minutes = Vec::with_capacity(n);
-            for (row, i) in present.enumerate() {
-                if block.ts[row] != i64::from(i) {
-                    return None;
-                }
-                let c = |k: usize| block.cols[k][row];
-                let count = c(0);
-                // Counts are whole and far below 2^53: exact in an f64.
-                if !(0.0..9.0e15).contains(&count) || count.fract() != 0.0 {
-                    return None;
-                }
-                minutes.push((
-                    i,
-                    OfuAgg {
-                        count: count as u64,
-                        weight: c(1),
-                        sum: c(2),
-                        tpa_sum: c(3),
-                        clk_sum: c(4),
-                        min: c(5),
-                        max: c(6),
-                    },
-                ));
-            }
-            minutes
-        } else {
-            if rest.len() != OfuAgg::BYTES * mask.count_ones() as usize {
-                return None;
-            }
-            present
-                .zip(rest.chunks_exact(OfuAgg::BYTES))
-                .map(|(i, r)| Some((i, OfuAgg::decode(r)?)))
-                .collect::<Option<Vec<_>>>()?
-        };
-        Some(Self { hour, minutes })
+        }
+        (pos == b.len()).then_some(Self { hour, minutes })
     }
 }
 
@@ -1082,17 +992,16 @@ impl Store {
                         if in_head.contains(&w) {
                             return Ok(true);
                         }
-                        let bad = || corrupt(Cf::Rollup, "record");
+                        let r = Rollup::decode(v).ok_or_else(|| corrupt(Cf::Rollup, "record"))?;
                         if usable(w, WINDOW_MS) {
                             covered.insert(w, u64::MAX);
                             f(OfuPiece::Agg {
                                 ts_ms: w,
                                 len_ms: WINDOW_MS,
-                                agg: Rollup::decode_hour(v).ok_or_else(bad)?,
+                                agg: r.hour,
                             });
                             return Ok(true);
                         }
-                        let r = Rollup::decode(v).ok_or_else(bad)?;
                         // Minutes inside the range: from their rollup (those
                         // without samples have nothing to read either).
                         let mut mask = 0u64;
@@ -1263,129 +1172,6 @@ impl Store {
         {
             Some(v) => Ok(Some(from_json(&v)?)),
             None => Ok(None),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn agg(seed: u64) -> OfuAgg {
-        let mut a = OfuAgg::default();
-        for k in 0..(seed % 7 + 1) {
-            let x = ((seed * 31 + k * 17) % 1000) as f64 / 997.0;
-            a.add(x * 0.61, x, 1755.0 + k as f64, 100.0 * (k % 3 + 1) as f64);
-        }
-        a
-    }
-
-    fn rollup(minutes: &[u8]) -> Rollup {
-        let mut r = Rollup::default();
-        for &i in minutes {
-            let a = agg(u64::from(i) + 3);
-            r.minutes.push((i, a));
-            r.hour.add(a.min, 0.0, 0.0, 1.0);
-        }
-        r
-    }
-
-    /// The form written before the minutes were packed.
-    fn unpacked(r: &Rollup) -> Vec<u8> {
-        let mask = r.minutes.iter().fold(0u64, |m, (i, _)| m | (1u64 << i));
-        let mut out = mask.to_le_bytes().to_vec();
-        r.hour.encode(&mut out);
-        for (_, a) in &r.minutes {
-            a.encode(&mut out);
-        }
-        out
-    }
-
-    #[test]
-    fn packed_minutes_round_trip_smaller_than_records() {
-        let r = rollup(&(0..60).collect::<Vec<_>>());
-        let b = r.encode();
-        assert_ne!(
-            u64::from_le_bytes(b[..8].try_into().unwrap()) & ROLLUP_PACKED,
-            0
-        );
-        assert_eq!(Rollup::decode(&b), Some(r.clone()));
-        assert_eq!(Rollup::decode_hour(&b), Some(r.hour));
-        assert!(b.len() < unpacked(&r).len(), "{} bytes", b.len());
-    }
-
-    #[test]
-    fn records_written_unpacked_still_decode() {
-        for minutes in [vec![], vec![0, 5, 59], (0..60).collect()] {
-            let r = rollup(&minutes);
-            assert_eq!(Rollup::decode(&unpacked(&r)), Some(r.clone()));
-            assert_eq!(Rollup::decode_hour(&unpacked(&r)), Some(r.hour));
-        }
-    }
-
-    #[test]
-    fn an_hour_without_minutes_is_not_packed() {
-        let r = rollup(&[]);
-        assert_eq!(r.encode(), unpacked(&r));
-    }
-
-    #[test]
-    fn inconsistent_records_are_refused() {
-        let r = rollup(&[1, 2, 3]);
-        let mut b = r.encode();
-        // A minute more in the mask than the block holds.
-        b[0] |= 1 << 4;
-        assert_eq!(Rollup::decode(&b), None);
-        // Reserved header bits.
-        let mut b = r.encode();
-        b[7] |= 0x20;
-        assert_eq!(Rollup::decode(&b), None);
-        assert_eq!(Rollup::decode_hour(&b), None);
-        // A truncated block.
-        let b = r.encode();
-        assert_eq!(Rollup::decode(&b[..b.len() - 1]), None);
-    }
-
-    proptest! {
-        #[test]
-        fn any_minutes_round_trip(
-            minutes in proptest::collection::btree_map(0u8..60, (0u64..1000, -1e6f64..1e6, any::<f64>()), 0..60)
-        ) {
-            let mut r = Rollup::default();
-            for (i, (c, w, x)) in minutes {
-                let a = OfuAgg { count: c, weight: w, sum: x, tpa_sum: -x, clk_sum: w * 3.0, min: x, max: w };
-                r.minutes.push((i, a));
-            }
-            let b = r.encode();
-            let back = Rollup::decode(&b).expect("decodes");
-            // Bitwise: NaN sums must come back as the same NaN.
-            prop_assert_eq!(back.minutes.len(), r.minutes.len());
-            for ((i, a), (j, c)) in back.minutes.iter().zip(&r.minutes) {
-                prop_assert_eq!(i, j);
-                prop_assert_eq!(a.count, c.count);
-                for (x, y) in [(a.weight, c.weight), (a.sum, c.sum), (a.tpa_sum, c.tpa_sum), (a.clk_sum, c.clk_sum), (a.min, c.min), (a.max, c.max)] {
-                    prop_assert_eq!(x.to_bits(), y.to_bits());
-                }
-            }
-        }
-
-        #[test]
-        fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..600)) {
-            let _ = Rollup::decode(&b);
-            let _ = Rollup::decode_hour(&b);
-        }
-
-        #[test]
-        fn arbitrary_packed_minutes_never_panic(
-            mask in 0u64..(1 << 60),
-            b in proptest::collection::vec(any::<u8>(), 0..600),
-        ) {
-            let mut v = (mask | ROLLUP_PACKED).to_le_bytes().to_vec();
-            OfuAgg::default().encode(&mut v);
-            v.push(3);
-            v.extend_from_slice(&b);
-            let _ = Rollup::decode(&v);
         }
     }
 }
