@@ -528,6 +528,7 @@ impl OnWrite for Gated {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)] // the held write lock is the stalled disk
 async fn a_batch_without_a_commit_slot_in_time_is_deferred_not_left_waiting() {
     let cfg = two_tenants(1);
     let engine = TestEngine::<Gated>::new();
@@ -548,6 +549,8 @@ async fn a_batch_without_a_commit_slot_in_time_is_deferred_not_left_waiting() {
     };
     // The disk stalls: a's batch takes the tenant's only slot and waits
     // in storage; b's waits for the slot.
+    // Held across awaits on purpose: the write lock is the stalled disk.
+    #[allow(clippy::readonly_write_lock)]
     let stalled = engine.gate.write().unwrap();
     a.send(batch(1, "GPU-a")).await;
     tokio::time::sleep(Duration::from_millis(100)).await;

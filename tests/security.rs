@@ -27,6 +27,9 @@ use std::sync::Arc;
 use tonic::transport::Channel;
 use tonic::Code;
 
+/// One call's answer: the reply's bytes or its status.
+type Reply = Result<Vec<u8>, tonic::Status>;
+
 /// One tenant and the strings and values only its data contains.
 struct Tenant {
     name: &'static str,
@@ -399,8 +402,8 @@ async fn no_byte_crosses_tenants_for_any_rpc_or_credential() {
     // own, then `expect` on each result.
     let check = |caller: Option<&Tenant>,
                  target: &Tenant,
-                 calls: &[(String, Result<Vec<u8>, tonic::Status>)],
-                 expect: &dyn Fn(&str, &Result<Vec<u8>, tonic::Status>)| {
+                 calls: &[(String, Reply)],
+                 expect: &dyn Fn(&str, &Reply)| {
         let forbidden: Vec<&Tenant> = ts
             .iter()
             .filter(|t| caller.is_none_or(|c| c.name != t.name))

@@ -35,7 +35,7 @@ pub struct SeqRanges(Vec<(u64, u64)>);
 impl SeqRanges {
     /// From the stored form: (first, last) pairs, u64 big-endian.
     pub fn decode(b: &[u8]) -> Option<Self> {
-        if b.len() % 16 != 0 {
+        if !b.len().is_multiple_of(16) {
             return None;
         }
         let u = |c: &[u8]| u64::from_be_bytes(c.try_into().unwrap_or([0; 8]));
