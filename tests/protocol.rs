@@ -299,3 +299,51 @@ async fn streams_past_max_agents_are_refused_until_one_ends() {
     }
     c.stop().await;
 }
+
+/// A collector stopped right after taking samples of hours already over
+/// (a backfill) compacts those hours on its way out, instead of leaving
+/// them in the head until its next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_compacts_the_sealed_hours() {
+    use flopwatch_collector::store::{rocks::RocksEngine, Cf, Engine, Store, WINDOW_MS};
+    use flopwatch_tests::raw::{self, RawAgent};
+    let dir = tempfile::tempdir().unwrap();
+    let c = TestCollector::start(dir.path()).await;
+    let channel = tonic::transport::Endpoint::from_shared(c.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let (mut a, _) = RawAgent::open(channel, None, raw::hello("n1", "n1", "GPU-1"))
+        .await
+        .unwrap();
+    let now = SystemClock.now_ms();
+    // Two hours ago, well past the 5 min seal delay.
+    let t0 = now.div_euclid(WINDOW_MS) * WINDOW_MS - 2 * WINDOW_MS + 600_000;
+    for seq in 1..=20u64 {
+        let b = raw::batch(seq, "GPU-1", t0 + seq as i64 * 1000, 10, 0.5, 300.0, None);
+        let r = a.call(b).await.unwrap();
+        assert!(matches!(r, collector_message::Msg::Ack(_)), "{r:?}");
+    }
+    drop(a);
+    // Well before the compactor's first scheduled pass (1 min).
+    c.stop().await;
+    let engine = std::sync::Arc::new(RocksEngine::open(dir.path()).unwrap());
+    let count = |cf: Cf| {
+        let mut n = 0;
+        engine
+            .scan(cf, &[], &[0xff; 8], &mut |_, _| {
+                n += 1;
+                true
+            })
+            .unwrap();
+        n
+    };
+    assert_eq!(count(Cf::Head), 0, "the sealed hour left the head");
+    assert_eq!(count(Cf::Raw), 3, "one chunk per series");
+    let store = Store::new(engine.clone(), false);
+    let got = store
+        .series("default", "GPU-1", "power_w", 0, i64::MAX, 1 << 20)
+        .unwrap();
+    assert_eq!(got.len(), 200);
+}

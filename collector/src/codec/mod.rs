@@ -68,6 +68,9 @@ pub enum CodecError {
     /// A header field is out of range.
     #[error("corrupt block: {0}")]
     Corrupt(&'static str),
+    /// The block's timestamps are another chunk's, and were not given.
+    #[error("block shares another chunk's timestamps")]
+    SharedTime,
 }
 
 impl Block {
@@ -95,7 +98,43 @@ impl Block {
             return self.encode_with(true);
         }
         self.check_shape()?;
-        sealed::encode(self)
+        sealed::encode(self, false)
+    }
+
+    /// Encodes a sealed chunk (format 3) without its timestamps and
+    /// windows: the reader supplies them from another chunk that has the
+    /// same ones ([`Block::decode_shared`]). Errors beyond
+    /// [`sealed::MAX_COLS`] columns.
+    pub fn encode_compact_shared(&self) -> Result<Vec<u8>, CodecError> {
+        if self.cols.len() > sealed::MAX_COLS {
+            return Err(CodecError::Corrupt("columns"));
+        }
+        self.check_shape()?;
+        sealed::encode(self, true)
+    }
+
+    /// Whether `buf` holds a chunk written by
+    /// [`Block::encode_compact_shared`], whose timestamps are another's.
+    pub fn shares_time(buf: &[u8]) -> bool {
+        sealed::shares_time(buf)
+    }
+
+    /// The timestamps and windows of a block, without decoding its values
+    /// where the format allows; an error for a block that shares another's.
+    pub fn decode_time(buf: &[u8]) -> Result<(Vec<i64>, Vec<u32>), CodecError> {
+        if buf.first() == Some(&sealed::VERSION_SEALED) {
+            let mut r = Reader { buf, pos: 1 };
+            return sealed::decode_times(&mut r);
+        }
+        let b = Self::decode(buf)?;
+        Ok((b.ts, b.windows))
+    }
+
+    /// Decodes a block; one that shares its timestamps and windows takes
+    /// `ts` and `windows` (and must have as many samples), any other
+    /// ignores them.
+    pub fn decode_shared(buf: &[u8], ts: &[i64], windows: &[u32]) -> Result<Self, CodecError> {
+        Self::decode_with(buf, Some((ts, windows)))
     }
 
     /// Encodes in format 2 (the sealed form before format 3).
@@ -187,12 +226,17 @@ impl Block {
         Ok(out)
     }
 
-    /// Decodes a block.
+    /// Decodes a block (an error for one that shares another's timestamps:
+    /// see [`Block::decode_shared`]).
     pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
+        Self::decode_with(buf, None)
+    }
+
+    fn decode_with(buf: &[u8], time: Option<(&[i64], &[u32])>) -> Result<Self, CodecError> {
         let mut r = Reader { buf, pos: 0 };
         let version = r.u8()?;
         if version == sealed::VERSION_SEALED {
-            let b = sealed::decode(&mut r)?;
+            let b = sealed::decode(&mut r, time)?;
             if r.pos != buf.len() {
                 return Err(CodecError::Corrupt("trailing bytes"));
             }

@@ -5,6 +5,9 @@
 //! greatest common divisor of the intervals; varint), the window mode
 //! byte (when windows are present), the *time stream*, then each column.
 //! Streams are length-prefixed range-coded bytes ([`super::entropy`]).
+//! With the *shared time* flag, everything between the count and the
+//! columns is left out: the block's timestamps and windows are another
+//! block's, which the reader supplies ([`Block::decode_shared`]).
 //!
 //! * **Time stream**: per sample, the change of the interval in units of
 //!   `g` (0 while the interval holds: a few thousandths of a bit), and the
@@ -40,6 +43,9 @@ pub(super) const VERSION_SEALED: u8 = 3;
 /// Most value columns of a version-3 block (more use version 2).
 pub(super) const MAX_COLS: usize = 8;
 const FLAG_WINDOWS: u8 = 1;
+/// The block stores no timestamps or windows: they are another block's,
+/// given to the decoder ([`Block::encode_compact_shared`]).
+const FLAG_SHARED_TIME: u8 = 2;
 
 const WINDOW_VS_GAP: u8 = 0;
 const WINDOW_VS_PREV: u8 = 1;
@@ -488,20 +494,25 @@ fn get_stream<'a>(r: &mut Reader<'a>) -> Result<&'a [u8], CodecError> {
     Ok(s)
 }
 
-/// Encodes `b` (already checked for shape by the caller) as version 3.
-pub(super) fn encode(b: &Block) -> Result<Vec<u8>, CodecError> {
+/// Encodes `b` (already checked for shape by the caller) as version 3;
+/// with `shared_time`, without its timestamps and windows.
+pub(super) fn encode(b: &Block, shared_time: bool) -> Result<Vec<u8>, CodecError> {
     let n = b.ts.len();
-    let mut out = vec![
-        VERSION_SEALED,
-        if b.windows.is_empty() {
-            0
-        } else {
-            FLAG_WINDOWS
-        },
-        b.cols.len() as u8,
-    ];
+    let mut flags = if b.windows.is_empty() {
+        0
+    } else {
+        FLAG_WINDOWS
+    };
+    if shared_time {
+        flags |= FLAG_SHARED_TIME;
+    }
+    let mut out = vec![VERSION_SEALED, flags, b.cols.len() as u8];
     put_varint(&mut out, n as u64);
     if n == 0 {
+        return Ok(out);
+    }
+    if shared_time {
+        encode_columns(&mut out, b)?;
         return Ok(out);
     }
     put_varint(&mut out, zigzag(b.ts[0]));
@@ -521,17 +532,28 @@ pub(super) fn encode(b: &Block) -> Result<Vec<u8>, CodecError> {
         s
     };
     put_stream(&mut out, &time);
-    for (c, col) in b.cols.iter().enumerate() {
-        let first = (c > 0).then(|| b.cols[0].as_slice());
-        encode_column(&mut out, col, &b.windows, first)?;
-    }
+    encode_columns(&mut out, b)?;
     Ok(out)
 }
 
-/// Decodes a version-3 block; `r` is past the version byte.
-pub(super) fn decode(r: &mut Reader<'_>) -> Result<Block, CodecError> {
+fn encode_columns(out: &mut Vec<u8>, b: &Block) -> Result<(), CodecError> {
+    for (c, col) in b.cols.iter().enumerate() {
+        let first = (c > 0).then(|| b.cols[0].as_slice());
+        encode_column(out, col, &b.windows, first)?;
+    }
+    Ok(())
+}
+
+/// Whether the version-3 block in `buf` (version byte included) stores no
+/// timestamps of its own.
+pub(super) fn shares_time(buf: &[u8]) -> bool {
+    buf.first() == Some(&VERSION_SEALED) && buf.get(1).is_some_and(|f| f & FLAG_SHARED_TIME != 0)
+}
+
+/// A version-3 header: flags, columns, count.
+fn header(r: &mut Reader<'_>) -> Result<(u8, usize, usize), CodecError> {
     let flags = r.u8()?;
-    if flags & !FLAG_WINDOWS != 0 {
+    if flags & !(FLAG_WINDOWS | FLAG_SHARED_TIME) != 0 {
         return Err(CodecError::Corrupt("unknown flags"));
     }
     let ncols = usize::from(r.u8()?);
@@ -542,12 +564,21 @@ pub(super) fn decode(r: &mut Reader<'_>) -> Result<Block, CodecError> {
     if n > MAX_BLOCK_SAMPLES {
         return Err(CodecError::Corrupt("count"));
     }
+    Ok((flags, ncols, n))
+}
+
+/// The timestamps and windows of a version-3 block that has its own; `r`
+/// is past the version byte, and is left before the columns.
+fn decode_own_time(
+    r: &mut Reader<'_>,
+    flags: u8,
+    n: usize,
+) -> Result<(Vec<i64>, Vec<u32>), CodecError> {
+    if flags & FLAG_SHARED_TIME != 0 {
+        return Err(CodecError::SharedTime);
+    }
     if n == 0 {
-        return Ok(Block {
-            ts: Vec::new(),
-            cols: vec![Vec::new(); ncols],
-            windows: Vec::new(),
-        });
+        return Ok((Vec::new(), Vec::new()));
     }
     let t0 = unzigzag(r.varint()?);
     let g = i64::try_from(r.varint()?)
@@ -562,7 +593,43 @@ pub(super) fn decode(r: &mut Reader<'_>) -> Result<Block, CodecError> {
     } else {
         None
     };
-    let (ts, windows) = decode_time(get_stream(r)?, n, t0, g, mode)?;
+    decode_time(get_stream(r)?, n, t0, g, mode)
+}
+
+/// Only the timestamps and windows of a version-3 block; `r` is past the
+/// version byte.
+pub(super) fn decode_times(r: &mut Reader<'_>) -> Result<(Vec<i64>, Vec<u32>), CodecError> {
+    let (flags, _, n) = header(r)?;
+    decode_own_time(r, flags, n)
+}
+
+/// Decodes a version-3 block; `r` is past the version byte. `time` gives
+/// the timestamps and windows of a block that shares them.
+pub(super) fn decode(
+    r: &mut Reader<'_>,
+    time: Option<(&[i64], &[u32])>,
+) -> Result<Block, CodecError> {
+    let (flags, ncols, n) = header(r)?;
+    let (ts, windows) = if flags & FLAG_SHARED_TIME != 0 {
+        let (ts, windows) = time.ok_or(CodecError::SharedTime)?;
+        let has_windows = flags & FLAG_WINDOWS != 0;
+        if ts.len() != n
+            || (has_windows && windows.len() != n)
+            || (!has_windows && !windows.is_empty())
+        {
+            return Err(CodecError::Corrupt("shared timestamps do not fit"));
+        }
+        (ts.to_vec(), windows.to_vec())
+    } else {
+        decode_own_time(r, flags, n)?
+    };
+    if n == 0 {
+        return Ok(Block {
+            ts,
+            cols: vec![Vec::new(); ncols],
+            windows,
+        });
+    }
     let mut cols: Vec<Vec<f64>> = Vec::with_capacity(ncols);
     for c in 0..ncols {
         let col = match r.u8()? {

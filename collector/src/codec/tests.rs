@@ -92,6 +92,24 @@ proptest! {
             prop_assert!(same_bits(&d.cols[0], &b.cols[0]));
             prop_assert!(same_bits(&d.cols[1], &b.cols[1]));
             prop_assert_eq!(&d.windows, &b.windows);
+            prop_assert_eq!(Block::decode_time(&bytes).unwrap(), (b.ts.clone(), b.windows.clone()));
+            prop_assert!(!Block::shares_time(&bytes));
+        }
+        // Without timestamps: the values come back with the ones given.
+        let shared = b.encode_compact_shared().unwrap();
+        prop_assert!(Block::shares_time(&shared));
+        prop_assert!(shared.len() <= b.encode_compact().unwrap().len());
+        prop_assert_eq!(Block::decode(&shared), Err(CodecError::SharedTime));
+        prop_assert_eq!(Block::decode_time(&shared), Err(CodecError::SharedTime));
+        let d = Block::decode_shared(&shared, &b.ts, &b.windows).unwrap();
+        prop_assert_eq!(&d.ts, &b.ts);
+        prop_assert!(same_bits(&d.cols[0], &b.cols[0]));
+        prop_assert!(same_bits(&d.cols[1], &b.cols[1]));
+        prop_assert_eq!(&d.windows, &b.windows);
+        // Timestamps of another length do not fit.
+        if n > 1 {
+            prop_assert!(Block::decode_shared(&shared, &b.ts[1..], &b.windows[1..]).is_err());
+            prop_assert!(Block::decode_shared(&shared, &b.ts, &[]).is_err());
         }
     }
 
@@ -141,6 +159,13 @@ proptest! {
         let mut b = bytes;
         if let Some(x) = b.first_mut() { *x = 3; }
         let _ = Block::decode(&b);
+        let _ = Block::decode_time(&b);
+        let ts: Vec<i64> = (0..b.len() as i64).collect();
+        let w = vec![100u32; b.len()];
+        for n in [0, 1, b.len() / 2, b.len()] {
+            let _ = Block::decode_shared(&b, &ts[..n], &w[..n]);
+            let _ = Block::decode_shared(&b, &ts[..n], &[]);
+        }
     }
 
     /// A valid chunk with bytes flipped: an error or some block, never a

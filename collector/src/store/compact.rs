@@ -20,13 +20,14 @@
 
 use super::keys;
 use super::model::{
-    corrupt, derivation_clock, ofu_samples, ofu_value, raw_block, raw_hour, raw_points, ref_clock,
-    resolver, window_of, HourMap, OfuAgg, Rollup, CLOCKS, MINUTE_MS, WINDOW_MS,
+    chunk_times, corrupt, derivation_clock, ofu_block_start, ofu_samples, ofu_value, raw_block,
+    raw_hour, raw_points, ref_clock, resolver, time_ref_prefix, window_of, HourMap, OfuAgg,
+    RefCache, Rollup, Times, CLOCKS, MINUTE_MS, TIME_REF, WINDOW_MS,
 };
 use super::{Cf, OfuSample, Op, Precision, Store, StoreError};
 use crate::codec::Block;
 use flopwatch_proto::clock::Clock;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// What a compaction or expiry pass did.
@@ -65,11 +66,25 @@ impl Store {
     /// Compacts every head hour that ended at least `seal_delay_ms` before
     /// `now_ms`. Each series-hour is one atomic write.
     pub fn compact(&self, now_ms: i64, seal_delay_ms: i64) -> Result<CompactionReport, StoreError> {
+        self.compact_within(now_ms, seal_delay_ms, None)
+    }
+
+    /// [`Store::compact`], stopping between two series-hours once
+    /// `deadline` has passed (what is left waits for the next pass).
+    pub fn compact_within(
+        &self,
+        now_ms: i64,
+        seal_delay_ms: i64,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<CompactionReport, StoreError> {
         let sealed_before = window_of(now_ms.saturating_sub(seal_delay_ms));
         let mut report = CompactionReport::default();
         let mut cursor: Vec<u8> = Vec::new();
         let end = vec![0xff; 8];
         loop {
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                break;
+            }
             let group = self.next_group(&mut cursor, &end, sealed_before)?;
             let Some(g) = group else { break };
             match self.compact_group(&g, &mut report) {
@@ -161,6 +176,27 @@ impl Store {
         } else {
             Cf::Ofu
         };
+        // The GPU's reference series, whose chunk's timestamps this one
+        // may share (`None`: this is the reference).
+        let time_ref = if chunk_cf == Cf::Raw {
+            time_ref_prefix(&g.prefix)
+        } else {
+            let mut p = g.prefix.clone();
+            keys::put_str(&mut p, TIME_REF);
+            Some(p)
+        };
+        if let Some(rp) = &time_ref {
+            // The GPU's reference series of the hour first, so this one
+            // can share the timestamps of its final chunk.
+            if let Some(rg) = self.head_group(rp, g.window)? {
+                match self.compact_group(&rg, report) {
+                    Err(e @ StoreError::Corrupt { .. }) => {
+                        tracing::warn!(error = %e, window = g.window, "series-hour not compacted")
+                    }
+                    r => r?,
+                }
+            }
+        }
         // The hour's existing chunks (late data after an earlier pass).
         let mut from = g.prefix.clone();
         keys::put_ts(&mut from, g.window);
@@ -182,9 +218,22 @@ impl Store {
         };
         let samples;
         if chunk_cf == Cf::Raw {
+            // The timestamps this series may share: the reference's chunk
+            // as it now is (any rewrite of it re-encodes the sharers).
+            let mut shared = None;
+            if let Some(rp) = &time_ref {
+                self.engine.view(&mut |view| {
+                    shared = chunk_times(view, rp, g.window)?;
+                    Ok(())
+                })?;
+            }
             let mut points = Vec::new();
             for v in values {
-                let b = Block::decode(v).map_err(|e| corrupt(chunk_cf, e))?;
+                let b = match &shared {
+                    Some((ts, w)) => Block::decode_shared(v, ts, w),
+                    None => Block::decode(v),
+                }
+                .map_err(|e| corrupt(chunk_cf, e))?;
                 points.extend(raw_points(&b)?);
                 if points.len() > MAX_HOUR_SAMPLES {
                     tracing::warn!(samples = points.len(), "series-hour too large to compact");
@@ -203,9 +252,28 @@ impl Store {
             }
             samples = points.len();
             let last = points.last().map_or(g.window, |p| p.ts_ms);
-            let value = raw_block(&points)
-                .encode_compact()
-                .map_err(|e| corrupt(chunk_cf, e))?;
+            let block = raw_block(&points);
+            let shares = !block.is_empty()
+                && shared
+                    .as_ref()
+                    .is_some_and(|(ts, w)| *ts == block.ts && *w == block.windows);
+            let value = if shares {
+                block.encode_compact_shared()
+            } else {
+                block.encode_compact()
+            }
+            .map_err(|e| corrupt(chunk_cf, e))?;
+            if time_ref.is_none() {
+                // The reference series (OFU and the GPU's other raw
+                // series): chunks sharing its old timestamps
+                // are re-encoded in this write if they change.
+                if let Some((_, v)) = old.first() {
+                    let before = Block::decode_time(v).map_err(|e| corrupt(chunk_cf, e))?;
+                    if before.0 != block.ts || before.1 != block.windows {
+                        ops.extend(self.unshare(&g.prefix, g.window, &before)?);
+                    }
+                }
+            }
             for (k, _) in &old {
                 ops.push(Op::Delete(chunk_cf, k.clone()));
             }
@@ -219,11 +287,15 @@ impl Store {
             // chunk refers to instead of storing them again.
             let mut tpa = HourMap::new();
             let mut clocks = Vec::new();
-            let mut cache = HashMap::new();
+            let mut cache = RefCache::default();
             let mut by_job: BTreeMap<String, Vec<super::OfuSample>> = BTreeMap::new();
             let mut n = 0;
             let mut failure = None;
+            let mut shared = None;
             self.engine.view(&mut |view| {
+                if let Some(rp) = &time_ref {
+                    shared = chunk_times(view, rp, g.window)?;
+                }
                 tpa = raw_hour(
                     view,
                     &g.prefix,
@@ -289,7 +361,7 @@ impl Store {
                 ops.push(Op::Put(
                     chunk_cf,
                     keys::block_key(&g.prefix, last, i as u64),
-                    ofu_value(job, s, true, refs)?,
+                    ofu_value(job, s, true, refs, shared.as_ref())?,
                 ));
             }
             samples = n;
@@ -309,6 +381,105 @@ impl Store {
         report.blocks += g.blocks.len() as u64;
         report.samples += samples as u64;
         Ok(())
+    }
+
+    /// The head blocks of the series `prefix` (a raw series prefix) in the
+    /// hour starting at `w`, as a group to compact; `None` when there are
+    /// none.
+    fn head_group(&self, prefix: &[u8], w: i64) -> Result<Option<Group>, StoreError> {
+        let head = keys::kind_prefix(keys::KIND_RAW, prefix);
+        let mut from = head.clone();
+        keys::put_ts(&mut from, w);
+        let mut to = head;
+        keys::put_ts(&mut to, w + WINDOW_MS);
+        let mut blocks = Vec::new();
+        self.engine.scan(Cf::Head, &from, &to, &mut |k, v| {
+            blocks.push((k.to_vec(), v.to_vec()));
+            true
+        })?;
+        Ok((!blocks.is_empty()).then(|| Group {
+            kind: keys::KIND_RAW,
+            prefix: prefix.to_vec(),
+            window: w,
+            blocks,
+        }))
+    }
+
+    /// Puts that re-encode, on their own timestamps, the GPU's raw and OFU
+    /// chunks of the hour starting at `w` that share `before`, the
+    /// timestamps of the reference chunk `ref_prefix` about to change.
+    fn unshare(&self, ref_prefix: &[u8], w: i64, before: &Times) -> Result<Vec<Op>, StoreError> {
+        let mut gpu = 0;
+        keys::get_str(ref_prefix, &mut gpu);
+        keys::get_str(ref_prefix, &mut gpu);
+        let gpu_prefix = &ref_prefix[..gpu];
+        let end = upper(gpu_prefix);
+        let mut cursor = gpu_prefix.to_vec();
+        let mut sharers: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        loop {
+            // The next series of the GPU, then its chunk of the hour.
+            let mut next = None;
+            self.engine.scan(Cf::Raw, &cursor, &end, &mut |k, _| {
+                next = Some(match keys::series_prefix(Cf::Raw, k) {
+                    Some((plen, _)) => Ok(k[..plen].to_vec()),
+                    None => Err(k.to_vec()),
+                });
+                false
+            })?;
+            let prefix = match next {
+                None => break,
+                Some(Ok(p)) => p,
+                Some(Err(mut bad)) => {
+                    bad.push(0);
+                    cursor = bad;
+                    continue;
+                }
+            };
+            if prefix != ref_prefix {
+                let mut from = prefix.clone();
+                keys::put_ts(&mut from, w);
+                let mut to = prefix.clone();
+                keys::put_ts(&mut to, w + WINDOW_MS);
+                self.engine.scan(Cf::Raw, &from, &to, &mut |k, v| {
+                    if Block::shares_time(v) {
+                        sharers.push((k.to_vec(), v.to_vec()));
+                    }
+                    true
+                })?;
+            }
+            cursor = upper(&prefix);
+        }
+        let mut ops = sharers
+            .into_iter()
+            .map(|(k, v)| {
+                let b = Block::decode_shared(&v, &before.0, &before.1)
+                    .and_then(|b| b.encode_compact())
+                    .map_err(|e| corrupt(Cf::Raw, e))?;
+                Ok(Op::Put(Cf::Raw, k, b))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        // The GPU's OFU chunks of the hour (`tenant · gpu · last_ts · n`).
+        let mut from = gpu_prefix.to_vec();
+        keys::put_ts(&mut from, w);
+        let mut to = gpu_prefix.to_vec();
+        keys::put_ts(&mut to, w + WINDOW_MS);
+        let mut ofu = Vec::new();
+        self.engine.scan(Cf::Ofu, &from, &to, &mut |k, v| {
+            ofu.push((k.to_vec(), v.to_vec()));
+            true
+        })?;
+        for (k, v) in ofu {
+            let at = ofu_block_start(&v).ok_or_else(|| corrupt(Cf::Ofu, "job"))?;
+            if Block::shares_time(&v[at..]) {
+                let b = Block::decode_shared(&v[at..], &before.0, &before.1)
+                    .and_then(|b| b.encode_compact())
+                    .map_err(|e| corrupt(Cf::Ofu, e))?;
+                let mut value = v[..at].to_vec();
+                value.extend(b);
+                ops.push(Op::Put(Cf::Ofu, k, value));
+            }
+        }
+        Ok(ops)
     }
 
     /// Deletes every tenant's data of hours wholly before its retention
@@ -440,9 +611,14 @@ fn rounded_refs(
     })
 }
 
+/// Longest the compaction pass at shutdown runs.
+const SHUTDOWN_PASS: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Runs compaction on the store's schedule ([`Store::with_compaction`])
-/// and retention every hour, until `stop` turns true. Failures are logged
-/// and retried on the next round.
+/// and retention every hour, until `stop` turns true; then one last
+/// compaction pass, so hours sealed by then leave the head before the
+/// store is closed (and flushed) rather than at the next start. Failures
+/// are logged and retried on the next round.
 pub async fn run_compactor(
     store: Store,
     clock: Arc<dyn Clock>,
@@ -452,9 +628,23 @@ pub async fn run_compactor(
     let seal_ms = i64::try_from(seal_delay.as_millis()).unwrap_or(i64::MAX);
     let mut last_expiry = i64::MIN;
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stop.wait_for(|s| *s) => return,
+        let stopping = tokio::select! {
+            _ = tokio::time::sleep(every) => false,
+            _ = stop.wait_for(|s| *s) => true,
+        };
+        if stopping {
+            let now = clock.now_ms();
+            let s = store.clone();
+            // Bounded, so a backlog cannot hold up the shutdown.
+            let deadline = std::time::Instant::now() + SHUTDOWN_PASS;
+            let pass = move || s.compact_within(now, seal_ms, Some(deadline));
+            match tokio::task::spawn_blocking(pass).await {
+                Ok(Ok(r)) if r.chunks > 0 => tracing::info!(?r, "compaction at shutdown"),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "compaction at shutdown failed"),
+                Err(e) => tracing::warn!(error = %e, "compaction task failed"),
+            }
+            return;
         }
         let now = clock.now_ms();
         let expire = now.saturating_sub(last_expiry) >= WINDOW_MS;

@@ -3,6 +3,7 @@
 use super::memory::MemEngine;
 use super::rocks::RocksEngine;
 use super::*;
+use crate::codec::Block;
 use flopwatch_proto::model::{Point, SeriesBatch};
 use std::sync::Arc;
 
@@ -716,5 +717,251 @@ fn precision_rounds_at_compaction_and_ofu_follows() {
         })
         .unwrap();
         assert!(bytes < 100, "{bytes} bytes, {name}");
+    }
+}
+
+/// The raw chunk of `metric` on GPU-1 in hour `w`, if any.
+fn raw_chunk(e: &dyn Engine, tenant: &str, metric: &str, w: i64) -> Option<Vec<u8>> {
+    let prefix = keys::raw_prefix(tenant, "GPU-1", metric);
+    let (from, to) = keys::scan_bounds(&prefix, w);
+    let mut out = None;
+    e.scan(Cf::Raw, &from, &to, &mut |_, v| {
+        out = Some(v.to_vec());
+        false
+    })
+    .unwrap();
+    out
+}
+
+#[test]
+fn raw_chunks_share_the_timestamps_of_their_read_group() {
+    // Irregular instants, as the adaptive sampler sends them, with windows.
+    let instants = |from: i64, n: usize| -> Vec<(i64, u32)> {
+        let mut t = from;
+        (0..n)
+            .map(|i| {
+                let w = [100u32, 200, 400, 800, 100, 300][i % 6];
+                t += i64::from(w);
+                (t, w)
+            })
+            .collect()
+    };
+    let batch = |metric: &str, pts: &[(i64, u32)], scale: f64| SeriesBatch {
+        gpu_uuid: "GPU-1".into(),
+        metric: metric.into(),
+        points: pts
+            .iter()
+            .map(|&(t, w)| Point {
+                ts_ms: t,
+                value: ((t / 100) % 97) as f64 * scale,
+                peak: None,
+                window_ms: Some(w),
+            })
+            .collect(),
+    };
+    let metrics = ["sm_clock_mhz", "power_w", "tensor_active", "temperature_c"];
+    for (name, e, _dir) in engines() {
+        let store = Store::new(e.clone(), false);
+        let group = instants(T0, 2000);
+        let other = instants(T0 + 50, 1500);
+        let mut seq = 0;
+        for (g, o) in group.chunks(100).zip(other.chunks(75)) {
+            seq += 1;
+            let set = CommitSet {
+                seq,
+                series: vec![
+                    batch("tensor_active", g, 0.01),
+                    batch("sm_clock_mhz", g, 7.0),
+                    batch("temperature_c", g, 1.0),
+                    batch("power_w", o, 3.0),
+                ],
+                ..Default::default()
+            };
+            store.commit("t1", &set).unwrap();
+        }
+        let all = |store: &Store| -> Vec<Vec<Point>> {
+            metrics
+                .iter()
+                .map(|m| {
+                    store
+                        .series("t1", "GPU-1", m, 0, i64::MAX, 1 << 20)
+                        .unwrap()
+                })
+                .collect()
+        };
+        let shares = |m: &str| Block::shares_time(&raw_chunk(&*e, "t1", m, T0).unwrap());
+        let mut expect = all(&store);
+        store.compact(T0 + 2 * H, 0).unwrap();
+        assert_eq!(count(&*e, Cf::Head), 0, "{name}");
+        assert_eq!(all(&store), expect, "{name}");
+        assert!(shares("sm_clock_mhz") && shares("temperature_c"), "{name}");
+        assert!(!shares("tensor_active") && !shares("power_w"), "{name}");
+
+        // Late data for the reference series alone: the sharers of its
+        // old timestamps are re-encoded on their own, in the same write.
+        let late = instants(T0 + 1_000_000, 3);
+        let mut commit = |series: Vec<SeriesBatch>| {
+            seq += 1;
+            store
+                .commit(
+                    "t1",
+                    &CommitSet {
+                        seq,
+                        series,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+        };
+        commit(vec![batch("tensor_active", &late, 0.01)]);
+        expect = all(&store);
+        store.compact(T0 + 2 * H, 0).unwrap();
+        assert_eq!(all(&store), expect, "{name}");
+        assert!(
+            !shares("sm_clock_mhz") && !shares("temperature_c"),
+            "{name}"
+        );
+
+        // The same instants for one sharer: it shares again.
+        commit(vec![batch("sm_clock_mhz", &late, 7.0)]);
+        expect = all(&store);
+        store.compact(T0 + 2 * H, 0).unwrap();
+        assert_eq!(all(&store), expect, "{name}");
+        assert!(shares("sm_clock_mhz") && !shares("temperature_c"), "{name}");
+
+        // Late data for the whole group in one batch: compacted together,
+        // still shared; the series compacted before the reference in key
+        // order waits for it.
+        let late = instants(T0 + 2_000_000, 4);
+        commit(vec![
+            batch("tensor_active", &late, 0.01),
+            batch("sm_clock_mhz", &late, 7.0),
+        ]);
+        expect = all(&store);
+        store.compact(T0 + 2 * H, 0).unwrap();
+        assert_eq!(count(&*e, Cf::Head), 0, "{name}");
+        assert_eq!(all(&store), expect, "{name}");
+        assert!(shares("sm_clock_mhz"), "{name}");
+
+        // Late data for a sharer alone: it stops sharing, the reference
+        // is untouched.
+        let before = raw_chunk(&*e, "t1", "tensor_active", T0);
+        commit(vec![batch(
+            "sm_clock_mhz",
+            &instants(T0 + 3_000_000, 2),
+            7.0,
+        )]);
+        expect = all(&store);
+        store.compact(T0 + 2 * H, 0).unwrap();
+        assert_eq!(all(&store), expect, "{name}");
+        assert!(!shares("sm_clock_mhz"), "{name}");
+        assert_eq!(raw_chunk(&*e, "t1", "tensor_active", T0), before, "{name}");
+        // Every clock sample is there once.
+        assert_eq!(expect[0].len(), 2000 + 3 + 4 + 2, "{name}");
+    }
+}
+
+#[test]
+fn ofu_chunks_share_the_timestamps_of_the_tensor_series() {
+    let at = |from: i64, n: usize| -> Vec<(i64, u32)> {
+        let mut t = from;
+        (0..n)
+            .map(|i| {
+                let w = [100u32, 300, 700, 100][i % 4];
+                t += i64::from(w);
+                (t, w)
+            })
+            .collect()
+    };
+    let set = |seq: u64, pts: &[(i64, u32)], with_clock: bool| {
+        let tpa: Vec<f64> = pts
+            .iter()
+            .map(|(t, _)| (60_000 + (t * 7919) % 2000) as f64 / 1e5)
+            .collect();
+        let clk: Vec<f64> = pts.iter().map(|(t, _)| 1352.0 + (t % 64) as f64).collect();
+        let batch = |m: &str, v: &[f64]| SeriesBatch {
+            gpu_uuid: "GPU-1".into(),
+            metric: m.into(),
+            points: pts
+                .iter()
+                .zip(v)
+                .map(|(&(t, w), &v)| Point {
+                    ts_ms: t,
+                    value: v,
+                    peak: None,
+                    window_ms: Some(w),
+                })
+                .collect(),
+        };
+        let ofu = pts
+            .iter()
+            .enumerate()
+            .map(|(i, &(t, w))| OfuSample {
+                ts_ms: t,
+                ofu: crate::ofu::ofu(tpa[i], clk[i], 1830.0),
+                tensor_active: tpa[i],
+                sm_clock_mhz: clk[i],
+                window_ms: w,
+            })
+            .collect();
+        let mut series = vec![batch("tensor_active", &tpa)];
+        if with_clock {
+            series.push(batch("sm_clock_avg_mhz", &clk));
+        }
+        CommitSet {
+            seq,
+            series,
+            ofu: if with_clock {
+                vec![("GPU-1".into(), Some("job".into()), ofu)]
+            } else {
+                Vec::new()
+            },
+            ..Default::default()
+        }
+    };
+    for (name, e, _dir) in engines() {
+        let store = Store::new(e.clone(), false);
+        let pts = at(T0, 3000);
+        for (i, c) in pts.chunks(50).enumerate() {
+            store.commit("t1", &set(i as u64 + 1, c, true)).unwrap();
+        }
+        let read = |store: &Store| ofu_all(store, "t1", Some("job"));
+        let ofu_shares = || {
+            let mut v = Vec::new();
+            e.scan(Cf::Ofu, &[], &[0xff; 8], &mut |_, x| {
+                v.push(x.to_vec());
+                true
+            })
+            .unwrap();
+            assert_eq!(v.len(), 1, "{name}");
+            let at = model::ofu_block_start(&v[0]).unwrap();
+            Block::shares_time(&v[0][at..])
+        };
+        let expect = read(&store);
+        assert_eq!(expect.len(), 3000, "{name}");
+        store.compact(T0 + 2 * H, 0).unwrap();
+        assert_eq!(count(&*e, Cf::Head), 0, "{name}");
+        assert_eq!(read(&store), expect, "{name}");
+        assert!(ofu_shares(), "{name}");
+
+        // A late tensor sample without OFU: the OFU chunk takes its own
+        // timestamps back in the tensor chunk's write.
+        store
+            .commit("t1", &set(1000, &at(T0 + 2_000_000, 1), false))
+            .unwrap();
+        store.compact(T0 + 2 * H, 0).unwrap();
+        assert_eq!(read(&store), expect, "{name}");
+        assert!(!ofu_shares(), "{name}");
+
+        // A late batch of everything at new instants: OFU and tensor
+        // match again only if the lone tensor sample has its OFU too, so
+        // the chunk keeps its own timestamps; every sample reads back.
+        let late = at(T0 + 2_500_000, 5);
+        store.commit("t1", &set(1001, &late, true)).unwrap();
+        let expect = read(&store);
+        assert_eq!(expect.len(), 3005, "{name}");
+        store.compact(T0 + 2 * H, 0).unwrap();
+        assert_eq!(read(&store), expect, "{name}");
+        assert!(!ofu_shares(), "{name}");
     }
 }

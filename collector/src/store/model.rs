@@ -449,6 +449,89 @@ pub(super) fn raw_points(b: &Block) -> Result<Vec<Point>, StoreError> {
         .collect())
 }
 
+/// The raw series whose sealed chunk of an hour the GPU's other raw
+/// chunks of that hour may take their timestamps and windows from, when
+/// theirs are the same (a read group: tensor activity and the SM clocks
+/// are read at the same instants). Written by compaction, which keeps the
+/// two consistent: a rewrite of the reference chunk re-encodes the chunks
+/// that share it in the same write.
+pub(super) const TIME_REF: &str = m::TENSOR_ACTIVE;
+
+/// The raw prefix (tenant · gpu · [`TIME_REF`]) of the series whose
+/// timestamps the raw series `prefix` (tenant · gpu · metric) may share;
+/// `None` for the reference series itself or a malformed prefix.
+pub(super) fn time_ref_prefix(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut pos = 0;
+    get_str(prefix, &mut pos)?;
+    get_str(prefix, &mut pos)?;
+    let gpu_end = pos;
+    let metric = get_str(prefix, &mut pos)?;
+    if metric == TIME_REF || pos != prefix.len() {
+        return None;
+    }
+    let mut p = prefix[..gpu_end].to_vec();
+    put_str(&mut p, TIME_REF);
+    Some(p)
+}
+
+/// Timestamps and windows of one chunk.
+pub(super) type Times = (Vec<i64>, Vec<u32>);
+
+/// The timestamps and windows of the sealed raw chunk of the series
+/// `prefix` in the hour starting at `w`, if there is one.
+pub(super) fn chunk_times(
+    view: &dyn View,
+    prefix: &[u8],
+    w: i64,
+) -> Result<Option<Times>, StoreError> {
+    let mut out = None;
+    scan_series(view, Cf::Raw, prefix, w, w + WINDOW_MS, &mut |hour, v| {
+        if hour == w {
+            out = Some(Block::decode_time(v).map_err(|e| corrupt(Cf::Raw, e))?);
+            return Ok(false);
+        }
+        Ok(true)
+    })?;
+    Ok(out)
+}
+
+/// Decodes the raw blocks of one series read through one view: a chunk
+/// that shares its timestamps gets them from the GPU's [`TIME_REF`]
+/// chunk of the same hour (the last hour's kept).
+pub(super) struct RawReader<'a> {
+    view: &'a dyn View,
+    time_ref: Option<Vec<u8>>,
+    cached: Option<(i64, Times)>,
+}
+
+impl<'a> RawReader<'a> {
+    /// A reader for the raw series `prefix` (tenant · gpu · metric).
+    pub(super) fn new(view: &'a dyn View, prefix: &[u8]) -> Self {
+        Self {
+            view,
+            time_ref: time_ref_prefix(prefix),
+            cached: None,
+        }
+    }
+
+    /// The block `v`, read from `cf`, of the hour starting at `w`.
+    pub(super) fn decode(&mut self, cf: Cf, w: i64, v: &[u8]) -> Result<Block, StoreError> {
+        if !Block::shares_time(v) {
+            return Block::decode(v).map_err(|e| corrupt(cf, e));
+        }
+        let Some(rp) = &self.time_ref else {
+            return Err(corrupt(cf, "shared timestamps without a reference series"));
+        };
+        if self.cached.as_ref().map(|(h, _)| *h) != Some(w) {
+            let t = chunk_times(self.view, rp, w)?
+                .ok_or_else(|| corrupt(cf, "the chunk whose timestamps it shares is missing"))?;
+            self.cached = Some((w, t));
+        }
+        let (_, (ts, windows)) = self.cached.as_ref().expect("just set");
+        Block::decode_shared(v, ts, windows).map_err(|e| corrupt(cf, e))
+    }
+}
+
 /// Marks an OFU chunk whose OFU column is not stored but recomputed from
 /// tensor activity and SM clock with the tensor clock that follows it
 /// (block versions are 1 and 2, so the byte is unambiguous).
@@ -519,9 +602,10 @@ pub(super) fn raw_hour(
     put_str(&mut raw, metric);
     let head = keys::kind_prefix(keys::KIND_RAW, &raw);
     let mut map = HourMap::new();
+    let mut reader = RawReader::new(view, &raw);
     for (cf, p) in [(Cf::Raw, &raw), (Cf::Head, &head)] {
-        scan_series(view, cf, p, w, w + WINDOW_MS, &mut |_, v| {
-            let b = Block::decode(v).map_err(|e| corrupt(cf, e))?;
+        scan_series(view, cf, p, w, w + WINDOW_MS, &mut |hour, v| {
+            let b = reader.decode(cf, hour, v)?;
             for pt in raw_points(&b)? {
                 let bits = pt.value.to_bits();
                 map.entry(pt.ts_ms)
@@ -558,11 +642,14 @@ pub(super) fn ref_clock(samples: &[OfuSample], tpa: &HourMap, clocks: &[HourMap]
 /// OFU column when it can be recomputed exactly ([`DERIVED_OFU`]), and the
 /// tensor activity and clock columns too when `refs` names the raw clock
 /// series that holds them ([`REF_OFU`]).
+/// A sealed chunk whose timestamps and windows are exactly `shared` (the
+/// GPU's [`TIME_REF`] chunk's of the hour) leaves them out.
 pub(super) fn ofu_value(
     job: &str,
     samples: &[OfuSample],
     compact: bool,
     refs: Option<u8>,
+    shared: Option<&Times>,
 ) -> Result<Vec<u8>, StoreError> {
     let derived = if compact {
         derivation_clock(samples)
@@ -592,20 +679,35 @@ pub(super) fn ofu_value(
     if let Some(i) = refs {
         value.push(i);
     }
-    let enc = if compact {
-        block.encode_compact()
-    } else {
-        block.encode()
+    let shares =
+        !block.is_empty() && shared.is_some_and(|(ts, w)| *ts == block.ts && *w == block.windows);
+    let enc = match (compact, shares) {
+        (true, true) => block.encode_compact_shared(),
+        (true, false) => block.encode_compact(),
+        _ => block.encode(),
     };
     value.extend(enc.map_err(|e| corrupt(Cf::Ofu, e))?);
     Ok(value)
+}
+
+/// Where the block of an OFU block value starts (after the job id, the
+/// mode byte, the tensor clock and the clock series).
+pub(super) fn ofu_block_start(v: &[u8]) -> Option<usize> {
+    let mut pos = 0;
+    get_str(v, &mut pos)?;
+    match v.get(pos).copied() {
+        Some(DERIVED_OFU) => pos += 9,
+        Some(REF_OFU) => pos += 10,
+        _ => {}
+    }
+    (pos <= v.len()).then_some(pos)
 }
 
 /// Job id and samples of an OFU block value; `resolve` gives a raw series
 /// of the block's hour when the block refers to them.
 pub(super) fn ofu_samples<'v>(
     v: &'v [u8],
-    resolve: &mut dyn FnMut(&'static str) -> Result<Arc<HourMap>, StoreError>,
+    resolve: &mut dyn HourRefs,
 ) -> Result<(&'v str, Vec<OfuSample>), StoreError> {
     let mut pos = 0;
     let job = get_str(v, &mut pos).ok_or_else(|| corrupt(Cf::Ofu, "job"))?;
@@ -626,11 +728,17 @@ pub(super) fn ofu_samples<'v>(
         let clock = *CLOCKS
             .get(usize::from(i))
             .ok_or_else(|| corrupt(Cf::Ofu, "clock series"))?;
-        Some((resolve(m::TENSOR_ACTIVE)?, resolve(clock)?))
+        Some((resolve.raw(m::TENSOR_ACTIVE)?, resolve.raw(clock)?))
     } else {
         None
     };
-    let b = Block::decode(&v[pos..]).map_err(|e| corrupt(Cf::Ofu, e))?;
+    let b = if Block::shares_time(&v[pos..]) {
+        let t = resolve.times()?;
+        Block::decode_shared(&v[pos..], &t.0, &t.1)
+    } else {
+        Block::decode(&v[pos..])
+    }
+    .map_err(|e| corrupt(Cf::Ofu, e))?;
     let ncols = usize::from(derived.is_none()) + if refs.is_some() { 0 } else { 2 };
     if b.cols.len() != ncols
         || b.cols.iter().any(|c| c.len() != b.len())
@@ -664,20 +772,68 @@ pub(super) fn ofu_samples<'v>(
     Ok((job, samples))
 }
 
+/// What [`ofu_samples`] reads besides the block: the GPU's raw series of
+/// the block's hour, and its [`TIME_REF`] chunk's timestamps.
+pub(super) trait HourRefs {
+    /// The raw series `metric` of the hour, by timestamp.
+    fn raw(&mut self, metric: &'static str) -> Result<Arc<HourMap>, StoreError>;
+    /// The timestamps and windows of the hour's [`TIME_REF`] chunk.
+    fn times(&mut self) -> Result<Arc<Times>, StoreError>;
+}
+
+/// Raw hours and reference timestamps read for OFU blocks, kept across
+/// the blocks of one read.
+#[derive(Default)]
+pub(super) struct RefCache {
+    raw: HashMap<(&'static str, i64), Arc<HourMap>>,
+    times: HashMap<i64, Arc<Times>>,
+}
+
+/// [`HourRefs`] of the hour starting at `w` of the GPU whose OFU prefix
+/// is `ofu_prefix`, over `view`.
+pub(super) struct Resolver<'a> {
+    view: &'a dyn View,
+    ofu_prefix: &'a [u8],
+    cache: &'a mut RefCache,
+    w: i64,
+}
+
+impl HourRefs for Resolver<'_> {
+    fn raw(&mut self, metric: &'static str) -> Result<Arc<HourMap>, StoreError> {
+        if let Some(m) = self.cache.raw.get(&(metric, self.w)) {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(raw_hour(self.view, self.ofu_prefix, metric, self.w)?);
+        self.cache.raw.insert((metric, self.w), m.clone());
+        Ok(m)
+    }
+
+    fn times(&mut self) -> Result<Arc<Times>, StoreError> {
+        if let Some(t) = self.cache.times.get(&self.w) {
+            return Ok(t.clone());
+        }
+        let mut p = self.ofu_prefix.to_vec();
+        put_str(&mut p, TIME_REF);
+        let t = chunk_times(self.view, &p, self.w)?
+            .ok_or_else(|| corrupt(Cf::Ofu, "the chunk whose timestamps it shares is missing"))?;
+        let t = Arc::new(t);
+        self.cache.times.insert(self.w, t.clone());
+        Ok(t)
+    }
+}
+
 /// A resolver for [`ofu_samples`] over `view`, caching each raw hour.
 pub(super) fn resolver<'a>(
     view: &'a dyn View,
     ofu_prefix: &'a [u8],
-    cache: &'a mut HashMap<(&'static str, i64), Arc<HourMap>>,
+    cache: &'a mut RefCache,
     w: i64,
-) -> impl FnMut(&'static str) -> Result<Arc<HourMap>, StoreError> + 'a {
-    move |metric| {
-        if let Some(m) = cache.get(&(metric, w)) {
-            return Ok(m.clone());
-        }
-        let m = Arc::new(raw_hour(view, ofu_prefix, metric, w)?);
-        cache.insert((metric, w), m.clone());
-        Ok(m)
+) -> Resolver<'a> {
+    Resolver {
+        view,
+        ofu_prefix,
+        cache,
+        w,
     }
 }
 
@@ -807,7 +963,7 @@ impl Store {
             let prefix = keys::kind_prefix(keys::KIND_OFU, &keys::ofu_prefix(tenant, gpu));
             for run in hour_runs(samples.len(), |i| samples[i].ts_ms) {
                 let samples = &samples[run];
-                let value = ofu_value(job.as_deref().unwrap_or(""), samples, false, None)?;
+                let value = ofu_value(job.as_deref().unwrap_or(""), samples, false, None, None)?;
                 let last = samples.iter().map(|s| s.ts_ms).max().unwrap_or(0);
                 puts.push((Cf::Head, keys::block_key(&prefix, last, set.seq), value));
             }
@@ -891,10 +1047,11 @@ impl Store {
         let prefix = keys::raw_prefix(tenant, gpu, metric);
         let head = keys::kind_prefix(keys::KIND_RAW, &prefix);
         self.engine.view(&mut |view| {
+            let mut reader = RawReader::new(view, &prefix);
             for (cf, p) in [(Cf::Raw, &prefix), (Cf::Head, &head), (Cf::Limbo, &head)] {
                 let mut taken = 0usize;
-                scan_series(view, cf, p, start, end, &mut |_, v| {
-                    let b = Block::decode(v).map_err(|e| corrupt(cf, e))?;
+                scan_series(view, cf, p, start, end, &mut |hour, v| {
+                    let b = reader.decode(cf, hour, v)?;
                     for pt in raw_points(&b)? {
                         if pt.ts_ms >= start && pt.ts_ms < end {
                             out.push(pt);
@@ -1051,7 +1208,7 @@ impl Store {
             }
             ranges.push((Cf::Head, &head, start, end));
             ranges.push((Cf::Limbo, &head, start, end));
-            let mut raw_cache = HashMap::new();
+            let mut raw_cache = RefCache::default();
             for (cf, p, from, to) in ranges {
                 scan_series(view, cf, p, from, to, &mut |w, v| {
                     let mask = if cf == Cf::Ofu {
