@@ -340,6 +340,11 @@ async fn stopping_compacts_the_sealed_hours() {
         n
     };
     assert_eq!(count(Cf::Head), 0, "the sealed hour left the head");
+    assert_eq!(
+        engine.family_bytes(Cf::Head),
+        0,
+        "no tombstones of its blocks on disk"
+    );
     assert_eq!(count(Cf::Raw), 3, "one chunk per series");
     let store = Store::new(engine.clone(), false);
     let got = store

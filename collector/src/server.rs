@@ -4,7 +4,7 @@
 use crate::ingest::IngestService;
 use crate::query::QueryService;
 use crate::state::{Collector, Settings};
-use crate::store::{rocks::RocksEngine, Store};
+use crate::store::{rocks::RocksEngine, Cf, Store};
 use crate::{auth::Auth, CollectorError};
 use flopwatch_config::{CollectorConfig, SpecTable};
 use flopwatch_proto::clock::Clock;
@@ -231,11 +231,25 @@ pub async fn serve_cluster(
         return Err(CollectorError::Setup(format!("storage unwritable: {why}")));
     }
     let store = collector.store.clone();
-    tokio::task::spawn_blocking(move || store.engine().flush())
-        .await
-        .map_err(|e| CollectorError::Setup(e.to_string()))??;
+    tokio::task::spawn_blocking(move || {
+        let engine = store.engine();
+        engine.flush()?;
+        // The head blocks of the hours compacted last are deleted: drop
+        // their tombstones too, so a stopped collector's directory holds
+        // its chunks and little else. Left to RocksDB's own compactions
+        // (at the next start) when the head is large.
+        engine
+            .compact_fully(Cf::Head, HEAD_TIDY_MAX_BYTES)
+            .map(|_| ())
+    })
+    .await
+    .map_err(|e| CollectorError::Setup(e.to_string()))??;
     Ok(())
 }
+
+/// Largest head (bytes of its files) compacted fully at shutdown: about a
+/// second of disk work on a small machine.
+const HEAD_TIDY_MAX_BYTES: u64 = 64 << 20;
 
 /// The Cluster service (peers ask what this store holds) and, when limbo
 /// is on (`peers` and `cluster.peer_token_file` set), the reconciler.

@@ -48,6 +48,18 @@ fn options() -> Options {
     o
 }
 
+/// A family's options: the head, whose blocks are all deleted within
+/// about an hour of being written, has its files compacted once they are
+/// mostly tombstones, so the space of compacted hours comes back while the
+/// collector runs rather than whenever a level fills.
+fn family_options(cf: Cf) -> Options {
+    let mut o = options();
+    if cf == Cf::Head {
+        o.add_compact_on_deletion_collector_factory(1024, 512, 0.5);
+    }
+    o
+}
+
 impl RocksEngine {
     /// Opens (creating if needed) the database in `path`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
@@ -55,7 +67,7 @@ impl RocksEngine {
             .map_err(|e| StoreError::Engine(format!("{}: {e}", path.display())))?;
         let cfs = Cf::ALL
             .iter()
-            .map(|cf| ColumnFamilyDescriptor::new(cf.name(), options()));
+            .map(|cf| ColumnFamilyDescriptor::new(cf.name(), family_options(*cf)));
         let db = DB::open_cf_descriptors(&options(), path, cfs).map_err(err)?;
         Ok(Self {
             db,
@@ -191,6 +203,31 @@ impl Engine for RocksEngine {
     fn compact_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
         self.db.compact_range_cf(self.cf(cf)?, Some(from), Some(to));
         Ok(())
+    }
+
+    fn compact_fully(&self, cf: Cf, max_bytes: u64) -> Result<bool, StoreError> {
+        if self.family_bytes(cf) > max_bytes {
+            return Ok(false);
+        }
+        // A plain range compaction moves a file of tombstones alone to
+        // the last level untouched and leaves it there; forcing the last
+        // level drops them.
+        let mut o = rocksdb::CompactOptions::default();
+        o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::ForceOptimized);
+        self.db
+            .compact_range_cf_opt(self.cf(cf)?, None::<&[u8]>, None::<&[u8]>, &o);
+        Ok(true)
+    }
+
+    fn family_bytes(&self, cf: Cf) -> u64 {
+        let Some(h) = self.db.cf_handle(cf.name()) else {
+            return 0;
+        };
+        self.db
+            .property_int_value_cf(&h, rocksdb::properties::TOTAL_SST_FILES_SIZE)
+            .ok()
+            .flatten()
+            .unwrap_or(0)
     }
 
     fn delete_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {

@@ -7,7 +7,8 @@
 //!    the agent's adaptive sampler (irregular intervals).
 //! 2. flopwatch: a collector in this process; every GPU is an agent stream
 //!    over loopback gRPC sending 1 s batches, acked durably. Then the
-//!    compactor seals every hour, RocksDB is flushed and fully compacted,
+//!    compactor seals every hour, RocksDB is flushed and fully compacted
+//!    (every family, its last level included),
 //!    and the whole data directory is measured (SST files, their indexes,
 //!    MANIFEST, OPTIONS, logs; derived OFU and rollups included).
 //!    Every series is then read back and compared bit for bit with what
@@ -381,7 +382,7 @@ async fn flopwatch_bytes(
         let engine = e.engine();
         engine.flush()?;
         for cf in Cf::ALL {
-            engine.compact_range(cf, &[], &[0xff; 600])?;
+            engine.compact_fully(cf, u64::MAX)?;
         }
         engine.flush()?;
         Ok(())
