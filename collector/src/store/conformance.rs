@@ -965,3 +965,28 @@ fn ofu_chunks_share_the_timestamps_of_the_tensor_series() {
         assert!(!ofu_shares(), "{name}");
     }
 }
+
+#[test]
+fn a_compaction_pass_past_its_deadline_leaves_the_rest_for_the_next() {
+    for (name, e, _dir) in engines() {
+        let store = Store::new(e.clone(), false);
+        ingest(&store, "t1", T0, 20, 0);
+        let before = store
+            .series("t1", "GPU-1", "power_w", 0, i64::MAX, 1 << 20)
+            .unwrap();
+        let past = std::time::Instant::now();
+        let r = store.compact_within(T0 + 2 * H, 0, Some(past)).unwrap();
+        assert_eq!(r.chunks, 0, "{name}");
+        assert_eq!(count(&*e, Cf::Head), 40, "{name}");
+        let r = store.compact_within(T0 + 2 * H, 0, None).unwrap();
+        assert!(r.chunks > 0, "{name}");
+        assert_eq!(count(&*e, Cf::Head), 0, "{name}");
+        assert_eq!(
+            store
+                .series("t1", "GPU-1", "power_w", 0, i64::MAX, 1 << 20)
+                .unwrap(),
+            before,
+            "{name}"
+        );
+    }
+}
