@@ -47,6 +47,9 @@ pub struct CompactionReport {
 /// the head (and logged) rather than growing memory without bound.
 const MAX_HOUR_SAMPLES: usize = crate::codec::MAX_BLOCK_SAMPLES;
 
+/// A key and its value.
+type Entry = (Vec<u8>, Vec<u8>);
+
 /// One series-hour of the head: keys and values of its blocks.
 struct Group {
     kind: u8,
@@ -198,15 +201,7 @@ impl Store {
             }
         }
         // The hour's existing chunks (late data after an earlier pass).
-        let mut from = g.prefix.clone();
-        keys::put_ts(&mut from, g.window);
-        let mut to = g.prefix.clone();
-        keys::put_ts(&mut to, g.window + WINDOW_MS);
-        let mut old: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        self.engine.scan(chunk_cf, &from, &to, &mut |k, v| {
-            old.push((k.to_vec(), v.to_vec()));
-            true
-        })?;
+        let old = self.hour_entries(chunk_cf, &g.prefix, g.window)?;
         let values = old.iter().chain(&g.blocks).map(|(_, v)| v.as_slice());
         let mut ops: Vec<Op> = Vec::new();
         let mut rollup = Rollup::default();
@@ -383,20 +378,27 @@ impl Store {
         Ok(())
     }
 
+    /// The keys and values of `cf` under `prefix` keyed by a time in the
+    /// hour starting at `w` (blocks and chunks by their last sample).
+    fn hour_entries(&self, cf: Cf, prefix: &[u8], w: i64) -> Result<Vec<Entry>, StoreError> {
+        let mut from = prefix.to_vec();
+        keys::put_ts(&mut from, w);
+        let mut to = prefix.to_vec();
+        keys::put_ts(&mut to, w + WINDOW_MS);
+        let mut out = Vec::new();
+        self.engine.scan(cf, &from, &to, &mut |k, v| {
+            out.push((k.to_vec(), v.to_vec()));
+            true
+        })?;
+        Ok(out)
+    }
+
     /// The head blocks of the series `prefix` (a raw series prefix) in the
     /// hour starting at `w`, as a group to compact; `None` when there are
     /// none.
     fn head_group(&self, prefix: &[u8], w: i64) -> Result<Option<Group>, StoreError> {
         let head = keys::kind_prefix(keys::KIND_RAW, prefix);
-        let mut from = head.clone();
-        keys::put_ts(&mut from, w);
-        let mut to = head;
-        keys::put_ts(&mut to, w + WINDOW_MS);
-        let mut blocks = Vec::new();
-        self.engine.scan(Cf::Head, &from, &to, &mut |k, v| {
-            blocks.push((k.to_vec(), v.to_vec()));
-            true
-        })?;
+        let blocks = self.hour_entries(Cf::Head, &head, w)?;
         Ok((!blocks.is_empty()).then(|| Group {
             kind: keys::KIND_RAW,
             prefix: prefix.to_vec(),
@@ -415,7 +417,7 @@ impl Store {
         let gpu_prefix = &ref_prefix[..gpu];
         let end = upper(gpu_prefix);
         let mut cursor = gpu_prefix.to_vec();
-        let mut sharers: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut sharers: Vec<Entry> = Vec::new();
         loop {
             // The next series of the GPU, then its chunk of the hour.
             let mut next = None;
@@ -436,16 +438,11 @@ impl Store {
                 }
             };
             if prefix != ref_prefix {
-                let mut from = prefix.clone();
-                keys::put_ts(&mut from, w);
-                let mut to = prefix.clone();
-                keys::put_ts(&mut to, w + WINDOW_MS);
-                self.engine.scan(Cf::Raw, &from, &to, &mut |k, v| {
-                    if Block::shares_time(v) {
-                        sharers.push((k.to_vec(), v.to_vec()));
-                    }
-                    true
-                })?;
+                sharers.extend(
+                    self.hour_entries(Cf::Raw, &prefix, w)?
+                        .into_iter()
+                        .filter(|(_, v)| Block::shares_time(v)),
+                );
             }
             cursor = upper(&prefix);
         }
@@ -459,16 +456,7 @@ impl Store {
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         // The GPU's OFU chunks of the hour (`tenant · gpu · last_ts · n`).
-        let mut from = gpu_prefix.to_vec();
-        keys::put_ts(&mut from, w);
-        let mut to = gpu_prefix.to_vec();
-        keys::put_ts(&mut to, w + WINDOW_MS);
-        let mut ofu = Vec::new();
-        self.engine.scan(Cf::Ofu, &from, &to, &mut |k, v| {
-            ofu.push((k.to_vec(), v.to_vec()));
-            true
-        })?;
-        for (k, v) in ofu {
+        for (k, v) in self.hour_entries(Cf::Ofu, gpu_prefix, w)? {
             let at = ofu_block_start(&v).ok_or_else(|| corrupt(Cf::Ofu, "job"))?;
             if Block::shares_time(&v[at..]) {
                 let b = Block::decode_shared(&v[at..], &before.0, &before.1)
