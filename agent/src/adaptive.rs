@@ -39,7 +39,9 @@
 //! aggregated sample is weighted by tensor activity, so mean(TPA) × clock =
 //! mean(TPA × clock): OFU (eq. 1) from the sent means equals the mean of
 //! the per-capture OFUs, except for the clamp at f_max (a window that mixes
-//! clocks above and below f_max), which the agent does not know.
+//! clocks above and below f_max), which the agent does not know, and for
+//! the clock's rounding to 1 kHz ([`WEIGHTED_CLOCK_STEPS_PER_MHZ`]: OFU
+//! moves by under 4·10⁻⁷).
 //! Point metrics carry the latest read and the highest read as `peak`,
 //! counters the latest; `window_ms` is the span since the previous send.
 //!
@@ -167,6 +169,22 @@ struct Group {
     change: Change,
     /// The GPU's trigger group snapped: snap at the next read.
     follow: bool,
+}
+
+/// Steps per MHz of the averaged SM clock of an aggregated sample (1 kHz;
+/// the mean is weighted by tensor activity, or by time while the tensor
+/// pipes are idle). A weighted mean has no short decimal form: sent as
+/// computed, its last digits are rounding noise that no store can compress
+/// (about 6 bytes per sample). NVML reports clocks in whole MHz, so a
+/// kilohertz keeps every digit that means something, and OFU (a fraction
+/// of the peak) moves by at most 0.0005 MHz / the tensor peak clock: under
+/// 4·10⁻⁷ (0.00004 percentage points) on any GPU of the spec table.
+pub const WEIGHTED_CLOCK_STEPS_PER_MHZ: f64 = 1000.0;
+
+/// `mhz` to a whole number of kilohertz: the double nearest `k / 1000`,
+/// which a store's decimal coder holds exactly.
+fn whole_khz(mhz: f64) -> f64 {
+    (mhz * WEIGHTED_CLOCK_STEPS_PER_MHZ).round() / WEIGHTED_CLOCK_STEPS_PER_MHZ
 }
 
 /// The adaptive sampler. See the module docs.
@@ -405,8 +423,13 @@ impl Group {
             // activity: mean(TPA) × this clock = mean(TPA × clock) over the
             // sub-windows, and the collector's OFU equals the mean of the
             // per-capture OFUs (up to the clamp at f_max).
-            if t.metric == metrics::SM_CLOCK_AVG_MHZ && t.n > 1 && t.sum_tw > 1e-12 {
-                r.value = t.sum_tvw / t.sum_tw;
+            if t.metric == metrics::SM_CLOCK_AVG_MHZ && t.n > 1 {
+                if t.sum_tw > 1e-12 {
+                    r.value = t.sum_tvw / t.sum_tw;
+                }
+                // Both means to the same kilohertz, so that a chunk's
+                // clock column has one decimal form, weighted or not.
+                r.value = whole_khz(r.value);
             }
             if t.n > 1 && t.agg != Aggregation::Counter && t.peak > f64::MIN {
                 r.peak = Some(t.peak);

@@ -268,6 +268,12 @@ proptest! {
             }
         }
         prop_assert_eq!(sent_tpa.len(), sent_clk.len());
+        // An aggregated clock is a whole number of kilohertz, exactly the
+        // double a decimal coder rebuilds.
+        let steps = flopwatch_agent::adaptive::WEIGHTED_CLOCK_STEPS_PER_MHZ;
+        for &(ts, _, v) in sent_clk.iter().filter(|c| c.1 > 100) {
+            prop_assert_eq!(((v * steps).round() / steps).to_bits(), v.to_bits(), "clock {} at {}", v, ts);
+        }
         let mut ofu = [0.0f64; 7];
         for (a, b) in sent_tpa.iter().zip(&sent_clk) {
             prop_assert_eq!((a.0, a.1), (b.0, b.1));
@@ -276,8 +282,11 @@ proptest! {
             prop_assert!(ts - w >= minute * 60_000 || ts <= 60_000, "sample ({ts}, {w}) straddles a minute");
             ofu[minute as usize] += a.2 * b.2 / 1830.0 * w as f64 / 60_000.0;
         }
+        // The weighted clock is sent to 1 kHz: each minute's OFU may move
+        // by half a kilohertz over the peak clock, and no more.
+        let tolerance = 0.5 / flopwatch_agent::adaptive::WEIGHTED_CLOCK_STEPS_PER_MHZ / 1830.0 + 1e-9;
         for m in 1..6 {
-            prop_assert!((ofu[m] - truth[m]).abs() < 1e-9, "minute {m}: sent {} vs true {}", ofu[m], truth[m]);
+            prop_assert!((ofu[m] - truth[m]).abs() < tolerance, "minute {m}: sent {} vs true {}", ofu[m], truth[m]);
         }
     }
 
