@@ -472,15 +472,9 @@ async fn an_agent_over_its_tenant_rate_slows_down_and_loses_nothing() {
         Box::new(src),
         Box::new(flopwatch_agent::sampler::FixedSampler::new(
             Duration::from_millis(100),
-            None,
         )),
         AgentOptions {
-            node: NodeIdentity {
-                node_id: "rate-node".into(),
-                hostname: "rate-node".into(),
-                boot_id: "b".into(),
-                labels: Default::default(),
-            },
+            node: NodeIdentity::named("rate-node", "b"),
             collectors: vec![server.url.clone()],
             token: None,
             tls: Default::default(),

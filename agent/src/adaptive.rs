@@ -32,10 +32,13 @@
 //! highest reading: Σ value × window over sent samples equals Σ over
 //! captures, so TPA and the average clock over any window whose edges are
 //! sends are exact. Sends are therefore also cut at every multiple of
-//! `sampling.align` (60 s, unix time; the cut does not move the schedule):
-//! a sent window never straddles a 1-min, 10-min or 1-h bucket of the query
-//! grid, and OFU over such a bucket is exact up to one capture's window
-//! when capture times are not aligned. The averaged SM clock of an
+//! `sampling.align` (60 s, unix time; the cut does not move the schedule),
+//! *before* the first capture past the boundary joins: the cut sample ends
+//! at the last capture before the boundary ([`Reading::end_ms`]), so a sent
+//! sample holds captures of one 1-min, 10-min or 1-h bucket of the query
+//! grid only (a sample belongs to the bucket its end falls in), exactly as
+//! a fixed sampler's captures fall, and each bucket's mean is the one at
+//! the minimum interval. The averaged SM clock of an
 //! aggregated sample is weighted by tensor activity, so mean(TPA) × clock =
 //! mean(TPA × clock): OFU (eq. 1) from the sent means equals the mean of
 //! the per-capture OFUs, except for the clamp at f_max (a window that mixes
@@ -79,8 +82,8 @@
 //! Time is injected: `now` is the capture's `ts_ms`; nothing reads the
 //! wall clock.
 
-use crate::sampler::{ReadPlan, Sampler};
-use crate::source::{Capture, Reading};
+use crate::capture::{Capture, ReadPlan, Reading};
+use crate::sampler::Sampler;
 use flopwatch_config::SamplingConfig;
 use flopwatch_proto::metrics::{self, Aggregation};
 use rand::rngs::SmallRng;
@@ -148,6 +151,8 @@ struct Track {
     sum_tw: f64,
     peak: f64,
     last: f64,
+    /// Time of the latest reading in the pending sample.
+    last_ms: i64,
     n: u32,
     /// End of the last sent sample.
     since: Option<i64>,
@@ -161,7 +166,8 @@ struct Group {
     interval_ms: i64,
     /// Start of the current send period (the schedule).
     period_start: i64,
-    /// Time of the last send (a cut at an `align` boundary included).
+    /// Time of the last send, or of the capture that made a cut at an
+    /// `align` boundary.
     last_emit: Option<i64>,
     run_start: i64,
     runs: VecDeque<i64>,
@@ -212,7 +218,7 @@ fn ms(d: Duration) -> i64 {
 }
 
 /// Smallest change worth a snap for metrics whose peak is near zero.
-pub(crate) fn floor_for(metric: &str) -> f64 {
+pub fn floor_for(metric: &str) -> f64 {
     match metrics::lookup(metric).map(|m| m.unit) {
         Some("ratio") => 0.05,
         Some("MHz") => 50.0,
@@ -302,7 +308,10 @@ impl AdaptiveSampler {
             || g.follow
             || self.in_ground_truth(g, now)
             || g.due(now, self.capture_ms)
-            || g.crosses(now, self.align_ms)
+            // The last capture before an `align` cut and the first after
+            // it, so that the cut sample ends at the last read before the
+            // boundary.
+            || g.crosses(now + self.capture_ms, self.align_ms)
     }
 
     fn in_ground_truth(&self, g: &Group, now: i64) -> bool {
@@ -360,6 +369,7 @@ impl AdaptiveSampler {
                 sum_tw: 0.0,
                 peak: f64::MIN,
                 last: 0.0,
+                last_ms: now,
                 n: 0,
                 since: None,
             });
@@ -401,12 +411,36 @@ impl Group {
     /// Emits the pending sample of every track and resets it; `cw` is the
     /// capture's window.
     fn emit(&mut self, now: i64, cw: u64, out: &mut Vec<Reading>) {
+        self.emit_until(now, false, cw, out);
+    }
+
+    /// The `align` cut at the capture at `now`, the first past a
+    /// boundary, before that capture is added: each track's pending sample
+    /// ends at its latest reading, before the boundary, and the capture
+    /// starts the next sample. A sent sample then holds captures of one
+    /// query bucket only, as a fixed sampler's do, so every bucket's mean
+    /// is the same as at the minimum interval.
+    fn cut(&mut self, now: i64, cw: u64, out: &mut Vec<Reading>) {
+        self.emit_until(now, true, cw, out);
+    }
+
+    /// [`Group::emit`]; with `at_last_read` each sample ends at its
+    /// track's latest reading rather than at `now`.
+    fn emit_until(&mut self, now: i64, at_last_read: bool, cw: u64, out: &mut Vec<Reading>) {
         self.last_emit = Some(now);
         for t in &mut self.tracks {
             if t.n == 0 {
                 continue;
             }
+            let now = if at_last_read {
+                t.last_ms.min(now)
+            } else {
+                now
+            };
             let mut r = Reading::new(t.metric, t.last);
+            if at_last_read {
+                r.end_ms = Some(now);
+            }
             let window = if t.agg == Aggregation::WindowMean && t.sum_w > 0 {
                 r.value = t.sum_vw / t.sum_w as f64;
                 t.sum_w
@@ -618,6 +652,12 @@ impl Sampler for AdaptiveSampler {
                 .filter(|(k, g)| k.0 == gpu && !self.group_due(g, now))
                 .map(|(k, _)| *k)
                 .collect();
+            // Cut at an `align` boundary before this capture joins.
+            for (_, g) in self.groups.iter_mut().filter(|(k, _)| k.0 == gpu) {
+                if g.crosses(now, self.align_ms) {
+                    g.cut(now, cw, &mut gc.readings);
+                }
+            }
             let tpa_now = readings
                 .iter()
                 .find(|r| r.metric == metrics::TENSOR_ACTIVE)
@@ -642,6 +682,7 @@ impl Sampler for AdaptiveSampler {
                 }
                 t.n += 1;
                 t.last = r.value;
+                t.last_ms = now;
                 t.peak = t.peak.max(r.peak.unwrap_or(r.value));
                 if checked && w <= fine_ms {
                     let c = t.check(now, r.value, &p);
@@ -682,8 +723,6 @@ impl Sampler for AdaptiveSampler {
                         let next = g.interval_ms as f64 * (2.0 + jitter);
                         g.interval_ms = (next as i64).clamp(g.min_ms, cap.max(g.min_ms));
                     }
-                } else if g.crosses(now, self.align_ms) {
-                    g.emit(now, cw, &mut gc.readings);
                 }
             }
             self.stats.samples += gc.readings.len() as u64;

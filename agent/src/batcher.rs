@@ -1,6 +1,9 @@
 //! Groups captures into batches: samples per GPU × metric, columnar.
+//! Each reading becomes its stored point through
+//! [`Reading::point`](crate::capture::Reading::point), the pipeline's one
+//! conversion.
 
-use crate::source::Capture;
+use crate::capture::Capture;
 use flopwatch_proto::model::{Batch, Event, GpuInfo, JobAssignment, Point, SeriesBatch};
 use std::collections::BTreeMap;
 
@@ -24,12 +27,7 @@ impl Batcher {
                 self.series
                     .entry((g.gpu, r.metric))
                     .or_default()
-                    .push(Point {
-                        ts_ms: capture.ts_ms,
-                        value: r.value,
-                        peak: None,
-                        window_ms: (g.window_ms > 0).then_some(g.window_ms),
-                    });
+                    .push(r.point(capture.ts_ms, g.window_ms));
                 self.samples += 1;
             }
         }
@@ -83,5 +81,48 @@ impl Batcher {
             sent_at_ms: now_ms,
             ..Batch::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::{GpuCapture, Reading};
+    use flopwatch_proto::metrics;
+
+    #[test]
+    fn an_aggregated_reading_keeps_its_window_and_peak() {
+        let inventory = vec![GpuInfo {
+            uuid: "GPU-0".into(),
+            ..Default::default()
+        }];
+        let mut r = Reading::new(metrics::TENSOR_ACTIVE, 0.3);
+        r.window_ms = Some(6_400);
+        r.peak = Some(0.8);
+        let mut b = Batcher::default();
+        b.add(
+            Capture {
+                ts_ms: 10_000,
+                gpus: vec![GpuCapture {
+                    gpu: 0,
+                    window_ms: 100,
+                    readings: vec![r, Reading::new(metrics::POWER_W, 300.0)],
+                }],
+                ..Default::default()
+            },
+            &inventory,
+        );
+        let batch = b.cut(&inventory, "n", "b", 10_000);
+        let by_metric = |m: &str| batch.series.iter().find(|s| s.metric == m).unwrap().points[0];
+        assert_eq!(
+            by_metric(metrics::TENSOR_ACTIVE),
+            Point {
+                ts_ms: 10_000,
+                value: 0.3,
+                peak: Some(0.8),
+                window_ms: Some(6_400)
+            }
+        );
+        assert_eq!(by_metric(metrics::POWER_W).window_ms, Some(100));
     }
 }

@@ -13,10 +13,11 @@
 pub mod adaptive;
 pub mod attribution;
 pub mod batcher;
+pub mod capture;
 pub mod channel;
 pub mod client;
 pub mod clock;
-pub mod eval;
+pub mod filter;
 pub mod identity;
 pub mod metrics_http;
 pub mod mfu;

@@ -168,6 +168,11 @@ impl MfuInbox {
         }
     }
 
+    /// Whether reports wait for the next batch.
+    pub fn has_reports(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     /// The reports gathered since the last call.
     pub fn take(&mut self) -> Vec<MfuReport> {
         std::mem::take(&mut self.pending)

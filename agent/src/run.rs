@@ -5,6 +5,7 @@
 use crate::attribution::{Attribution, AttributionOptions, AttributionStats};
 use crate::batcher::Batcher;
 use crate::client::{self, ClientOptions, ClientState};
+use crate::filter::MetricFilter;
 use crate::outbox::Outbox;
 use crate::sampler::Sampler;
 use crate::source::{GpuSource, SourceError};
@@ -255,25 +256,6 @@ async fn sync_spool(outbox: Arc<Outbox>, every: Duration) {
     }
 }
 
-/// Keeps only the metric set the collector's policy names (a set chosen
-/// by `flopwatch select`), if it names one. The OFU inputs are always kept:
-/// without them the collector cannot compute OFU.
-fn apply_policy_metrics(
-    state: &watch::Receiver<ClientState>,
-    capture: &mut crate::source::Capture,
-) {
-    let s = state.borrow();
-    let Some(policy) = s.policy.as_ref().filter(|p| !p.metrics.is_empty()) else {
-        return;
-    };
-    for g in &mut capture.gpus {
-        g.readings.retain(|r| {
-            flopwatch_proto::metrics::OFU_INPUTS.contains(&r.metric)
-                || policy.metrics.iter().any(|m| m == r.metric)
-        });
-    }
-}
-
 /// Adds the sampler's current intervals and the outbox's backlog to a
 /// batch (the collector exports them), and keeps the intervals for the
 /// agent's own `/metrics`.
@@ -324,6 +306,14 @@ async fn sample_loop(
     let owners = crate::source::series_owners(source.as_ref(), &opts.node.node_id);
     let flush_ms = opts.flush_interval.as_millis() as i64;
     let mut batcher = Batcher::default();
+    let mut filter = MetricFilter::new(opts.metrics.clone());
+    let cut = Cutter {
+        owners: &owners,
+        node: &opts.node,
+        outbox: &outbox,
+        stats: &stats,
+        state: &state,
+    };
     let mut last_flush = clock.now_ms();
     let mut errors_logged = 0u32;
     // Jobs' own MFU reports ride on the next batch (crate::mfu).
@@ -345,8 +335,12 @@ async fn sample_loop(
             break;
         }
         let now = clock.now_ms();
-        // Only what the sampler needs is read (Sampler::due).
-        let plan = sampler.due(now);
+        // Only what the sampler needs and the filter keeps is read
+        // (Sampler::due, MetricFilter::plan).
+        if let Some(p) = state.borrow().policy.as_ref() {
+            filter.set_policy(&p.metrics);
+        }
+        let plan = filter.plan(sampler.due(now));
         stats
             .reads_skipped
             .fetch_add(plan.skipped().len() as u64, Ordering::Relaxed);
@@ -360,6 +354,8 @@ async fn sample_loop(
             Ok(v) => v,
             Err(e) => {
                 warn!(error = %e, "capture task failed; stopping");
+                // The inbox went with the task: nothing of it is left.
+                mfu = crate::mfu::MfuInbox::new(None);
                 break;
             }
         };
@@ -374,15 +370,7 @@ async fn sample_loop(
                 // the source's jobs, then the `job` label.
                 attribution.tick(now, &inventory, || source.processes());
                 attribution.apply(now, &mut capture, &inventory);
-                apply_policy_metrics(&state, &mut capture);
-                if let Some(keep) = &opts.metrics {
-                    for g in &mut capture.gpus {
-                        g.readings.retain(|r| {
-                            flopwatch_proto::metrics::OFU_INPUTS.contains(&r.metric)
-                                || keep.contains(r.metric)
-                        });
-                    }
-                }
+                filter.apply(&mut capture);
                 sampler.observe(&mut capture);
                 batcher.add(capture, &owners);
             }
@@ -399,30 +387,46 @@ async fn sample_loop(
             }
         }
         if now - last_flush >= flush_ms || batcher.len() >= opts.max_batch_samples {
-            stats
-                .samples
-                .fetch_add(batcher.len() as u64, Ordering::Relaxed);
-            let mut b = batcher.cut(&owners, &opts.node.node_id, &opts.node.boot_id, now);
-            annotate(&mut b, sampler.as_ref(), &owners, &outbox, &stats);
-            b.mfu_reports = mfu.take();
-            push_split(&outbox, &state, b.into());
+            cut.cut(&mut batcher, &mut mfu, sampler.as_ref(), now);
             last_flush = now;
         }
     }
-    if !batcher.is_empty() {
-        stats
-            .samples
-            .fetch_add(batcher.len() as u64, Ordering::Relaxed);
-        let now = clock.now_ms();
-        push_split(
-            &outbox,
-            &state,
-            batcher
-                .cut(&owners, &opts.node.node_id, &opts.node.boot_id, now)
-                .into(),
-        );
+    // What is still held goes out as one last batch, the MFU reports
+    // gathered since the last cut with it.
+    if !batcher.is_empty() || mfu.has_reports() {
+        cut.cut(&mut batcher, &mut mfu, sampler.as_ref(), clock.now_ms());
     }
     outbox.close();
+}
+
+/// Cuts batches: the one place a batch is made, in the loop and at
+/// shutdown alike.
+struct Cutter<'a> {
+    owners: &'a [flopwatch_proto::model::GpuInfo],
+    node: &'a flopwatch_proto::model::NodeIdentity,
+    outbox: &'a Outbox,
+    stats: &'a AgentStats,
+    state: &'a watch::Receiver<ClientState>,
+}
+
+impl Cutter<'_> {
+    /// Takes what `batcher` holds, with the jobs' MFU reports, the
+    /// sampler's intervals and the outbox's backlog, and queues it.
+    fn cut(
+        &self,
+        batcher: &mut Batcher,
+        mfu: &mut crate::mfu::MfuInbox,
+        sampler: &dyn Sampler,
+        now: i64,
+    ) {
+        self.stats
+            .samples
+            .fetch_add(batcher.len() as u64, Ordering::Relaxed);
+        let mut b = batcher.cut(self.owners, &self.node.node_id, &self.node.boot_id, now);
+        annotate(&mut b, sampler, self.owners, self.outbox, self.stats);
+        b.mfu_reports = mfu.take();
+        push_split(self.outbox, self.state, b.into());
+    }
 }
 
 /// Queues `batch`, split to fit the collector's size limit (the last
@@ -444,3 +448,85 @@ fn push_split(
 
 /// A collector's default `max_batch_bytes`, used until a Welcome says.
 const DEFAULT_MAX_BATCH_BYTES: usize = 4 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::{Capture, GpuCapture, Reading};
+    use crate::sampler::FixedSampler;
+    use flopwatch_proto::model::{GpuInfo, MfuReport};
+
+    /// One GPU whose job reports its MFU at every capture.
+    struct Reporting {
+        inventory: Vec<GpuInfo>,
+    }
+
+    impl GpuSource for Reporting {
+        fn name(&self) -> &'static str {
+            "reporting"
+        }
+
+        fn inventory(&self) -> &[GpuInfo] {
+            &self.inventory
+        }
+
+        fn capture(&mut self, now_ms: i64) -> Result<Capture, SourceError> {
+            Ok(Capture {
+                ts_ms: now_ms,
+                gpus: vec![GpuCapture {
+                    gpu: 0,
+                    window_ms: 100,
+                    readings: vec![Reading::new(flopwatch_proto::metrics::TENSOR_ACTIVE, 0.5)],
+                }],
+                ..Default::default()
+            })
+        }
+
+        fn mfu_reports(&mut self, now_ms: i64) -> Vec<MfuReport> {
+            vec![MfuReport {
+                job_id: "job".into(),
+                ts_ms: now_ms,
+                mfu: Some(0.4),
+                ..Default::default()
+            }]
+        }
+    }
+
+    /// The batch cut at shutdown is made like every other: the MFU reports
+    /// gathered since the last cut ride on it (they were once dropped).
+    #[tokio::test(start_paused = true)]
+    async fn the_last_batch_carries_pending_mfu_reports() {
+        let agent = Agent::start(
+            Box::new(Reporting {
+                inventory: vec![GpuInfo {
+                    uuid: "GPU-0".into(),
+                    ..Default::default()
+                }],
+            }),
+            Box::new(FixedSampler::new(Duration::from_millis(100))),
+            AgentOptions {
+                node: NodeIdentity::named("n", "b"),
+                // Nothing listens there: every batch stays in the outbox.
+                collectors: vec!["http://127.0.0.1:9".into()],
+                token: None,
+                tls: Default::default(),
+                flush_interval: Duration::from_secs(3600),
+                max_batch_samples: 50_000,
+                max_in_flight: 64,
+                job: None,
+                drain_timeout: Duration::from_millis(100),
+                metrics: None,
+            },
+            Arc::new(crate::clock::TokioClock::starting_at(1_000_000)),
+        );
+        tokio::time::sleep(Duration::from_millis(1_050)).await;
+        let outbox = agent.outbox.clone();
+        agent.stop().await;
+        let batches = outbox.next_to_send(16);
+        assert_eq!(batches.len(), 1, "only the shutdown cut");
+        let b = &batches[0];
+        assert_eq!(b.series[0].timestamps_ms.len(), 10);
+        assert_eq!(b.mfu_reports.len(), 10);
+        assert_eq!(b.mfu_reports[0].job_id, "job");
+    }
+}

@@ -237,9 +237,11 @@ proptest! {
         }
     }
 
-    /// Sends are cut at every minute: no sent window straddles one, and
-    /// OFU over each minute from the sent samples equals the mean of the
-    /// per-capture OFUs (clock below f_max).
+    /// Sends are cut at every minute: a sent sample holds captures of one
+    /// minute only (a capture belongs to the minute its end falls in, as
+    /// the collector's query grid has it), and OFU over each minute from
+    /// the sent samples equals the mean of the per-capture OFUs (clock
+    /// below f_max).
     #[test]
     fn minute_windows_exact(seed in 0u64..1000, levels in proptest::collection::vec((0.05f64..0.95, 1000f64..1800.0), 4..40)) {
         let mut s = AdaptiveSampler::new(&cfg(), seed);
@@ -255,14 +257,16 @@ proptest! {
         for k in 1..=n {
             let (tpa, clk) = at(k);
             let ts = k * 100;
-            truth[((ts - 1) / 60_000) as usize] += tpa * clk / 1830.0 / 600.0;
+            truth[(ts / 60_000) as usize] += tpa * clk / 1830.0 / 600.0;
             let mut c = capture(ts, tpa, clk, 500.0);
             s.observe(&mut c);
             for r in &c.gpus[0].readings {
-                let w = r.window_ms.unwrap_or(100);
+                // As the agent's batcher stores it.
+                let p = r.point(ts, 100);
+                let w = p.window_ms.unwrap_or(100);
                 match r.metric {
-                    "tensor_active" => sent_tpa.push((ts, w, r.value)),
-                    "sm_clock_avg_mhz" => sent_clk.push((ts, w, r.value)),
+                    "tensor_active" => sent_tpa.push((p.ts_ms, w, p.value)),
+                    "sm_clock_avg_mhz" => sent_clk.push((p.ts_ms, w, p.value)),
                     _ => {}
                 }
             }
@@ -278,8 +282,9 @@ proptest! {
         for (a, b) in sent_tpa.iter().zip(&sent_clk) {
             prop_assert_eq!((a.0, a.1), (b.0, b.1));
             let (ts, w) = (a.0, i64::from(a.1));
-            let minute = (ts - 1) / 60_000;
-            prop_assert!(ts - w >= minute * 60_000 || ts <= 60_000, "sample ({ts}, {w}) straddles a minute");
+            let minute = ts / 60_000;
+            // Its first capture ends 100 ms after the sample's start.
+            prop_assert_eq!((ts - w + 100) / 60_000, minute, "sample ({}, {}) holds captures of two minutes", ts, w);
             ofu[minute as usize] += a.2 * b.2 / 1830.0 * w as f64 / 60_000.0;
         }
         // The weighted clock is sent to 1 kHz: each minute's OFU may move

@@ -865,7 +865,7 @@ async fn the_agent_loop_sends_attributed_jobs() {
     let uuids: Vec<String> = source.inventory().iter().map(|g| g.uuid.clone()).collect();
     let agent = Agent::start_with_attribution(
         Box::new(source),
-        Box::new(FixedSampler::new(Duration::from_millis(20), None)),
+        Box::new(FixedSampler::new(Duration::from_millis(20))),
         AgentOptions {
             node: NodeIdentity {
                 node_id: "n0".into(),

@@ -15,6 +15,19 @@ pub struct NodeIdentity {
     pub labels: BTreeMap<String, String>,
 }
 
+impl NodeIdentity {
+    /// A node whose id and hostname are `name`, without labels (a
+    /// simulated or test node).
+    pub fn named(name: &str, boot_id: &str) -> Self {
+        Self {
+            node_id: name.to_string(),
+            hostname: name.to_string(),
+            boot_id: boot_id.to_string(),
+            labels: BTreeMap::new(),
+        }
+    }
+}
+
 /// One GPU (or MIG instance) of a node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GpuInfo {

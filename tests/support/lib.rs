@@ -52,16 +52,20 @@ impl TestCollector {
 
     /// From a full configuration (its `data_dir`).
     pub async fn start_config(cfg: &CollectorConfig, auth: Auth, metrics: Vec<String>) -> Self {
+        Self::start_clocked(cfg, auth, metrics, Arc::new(TokioClock::new())).await
+    }
+
+    /// As `start_config`, on `clock` (a clock anchored where the test's
+    /// agents are, under paused time).
+    pub async fn start_clocked(
+        cfg: &CollectorConfig,
+        auth: Auth,
+        metrics: Vec<String>,
+        clock: Arc<dyn flopwatch_proto::clock::Clock>,
+    ) -> Self {
         let dir = &cfg.data_dir;
-        let collector = server::open(
-            dir,
-            cfg,
-            SpecTable::builtin(),
-            auth,
-            metrics,
-            Arc::new(TokioClock::new()),
-        )
-        .expect("collector opens");
+        let collector = server::open(dir, cfg, SpecTable::builtin(), auth, metrics, clock)
+            .expect("collector opens");
         let server = server::Loopback::start(collector.clone()).await.unwrap();
         Self {
             collector,
@@ -84,12 +88,7 @@ impl TestCollector {
 
 /// Starts an agent over `source` sending to `url` every `interval`.
 pub fn agent(source: Box<dyn GpuSource>, node: &str, url: &str, interval: Duration) -> Agent {
-    agent_with(
-        source,
-        Box::new(FixedSampler::new(interval, None)),
-        node,
-        url,
-    )
+    agent_with(source, Box::new(FixedSampler::new(interval)), node, url)
 }
 
 /// Starts an agent over `source` with `sampler`, flushing every 500 ms.
@@ -103,12 +102,7 @@ pub fn agent_with(
         source,
         sampler,
         AgentOptions {
-            node: NodeIdentity {
-                node_id: node.to_string(),
-                hostname: node.to_string(),
-                boot_id: "test-boot".into(),
-                labels: Default::default(),
-            },
+            node: NodeIdentity::named(node, "test-boot"),
             collectors: vec![url.to_string()],
             token: None,
             tls: Default::default(),

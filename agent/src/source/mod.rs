@@ -14,7 +14,7 @@
 //! ([`infiniband::IbReader`], [`host::HostReader`], [`node::SimDevices`])
 //! that [`node::NodeSource`] appends after any GPU source's GPUs.
 
-use flopwatch_proto::model::{DeviceInfo, Event, GpuInfo, JobAssignment};
+use flopwatch_proto::model::{DeviceInfo, GpuInfo};
 
 pub mod dcgm;
 pub mod host;
@@ -24,56 +24,7 @@ pub mod nvml;
 pub mod replay;
 pub mod sim;
 
-/// One metric's value from one capture.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Reading {
-    /// Catalog name ([`flopwatch_proto::metrics`]).
-    pub metric: &'static str,
-    /// Value; for window-mean metrics, the mean since the previous capture.
-    pub value: f64,
-    /// Highest sub-window value, when a sampler aggregated several reads.
-    pub peak: Option<f64>,
-    /// Window this value covers, ms, when it differs from the capture's
-    /// (a sampler that backed off aggregates several captures into one).
-    pub window_ms: Option<u32>,
-}
-
-impl Reading {
-    /// A plain reading covering the capture's window.
-    pub const fn new(metric: &'static str, value: f64) -> Self {
-        Self {
-            metric,
-            value,
-            peak: None,
-            window_ms: None,
-        }
-    }
-}
-
-/// Everything read from one GPU in one capture.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GpuCapture {
-    /// Index into [`GpuSource::inventory`].
-    pub gpu: usize,
-    /// Length of the window the window-mean readings cover, ms (0 for the
-    /// first capture, which has no window yet).
-    pub window_ms: u32,
-    /// The readings.
-    pub readings: Vec<Reading>,
-}
-
-/// One pass over every GPU.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Capture {
-    /// When the capture was taken, unix ms.
-    pub ts_ms: i64,
-    /// Per-GPU readings.
-    pub gpus: Vec<GpuCapture>,
-    /// Current job attribution, when the source knows it.
-    pub jobs: Vec<JobAssignment>,
-    /// Events since the previous capture.
-    pub events: Vec<Event>,
-}
+pub use crate::capture::{Capture, GpuCapture, Reading};
 
 /// Why a source could not read.
 #[derive(Debug, thiserror::Error)]
@@ -141,7 +92,7 @@ pub trait GpuSource: Send {
     fn capture_planned(
         &mut self,
         now_ms: i64,
-        plan: &crate::sampler::ReadPlan,
+        plan: &crate::capture::ReadPlan,
     ) -> Result<Capture, SourceError> {
         let _ = plan;
         self.capture(now_ms)
@@ -203,40 +154,66 @@ pub fn open(
     start_ms: i64,
 ) -> Result<Box<dyn GpuSource>, SourceError> {
     use flopwatch_config::SourceKind;
-    let gpus = open_gpus(kind, cfg, start_ms)?;
     let h = &cfg.host;
-    let mut readers: Vec<Box<dyn node::DeviceReader>> = Vec::new();
     // A simulated node: simulated node counters when `[sim]` asks for
     // them, else the host readers only over trees `[host]` names (a
     // simulated node over a prepared sysfs), never the machine's own.
     let defaults = flopwatch_config::HostSettings::default();
     let own_roots = h.sys_root != defaults.sys_root || h.proc_root != defaults.proc_root;
-    match kind {
-        SourceKind::Replay(_) => {}
-        SourceKind::Sim if !own_roots && !cfg.sim.node_counters => {}
-        SourceKind::Sim if !own_roots => {
-            let s = &cfg.sim;
-            let fleet =
-                flopwatch_sim::FleetPlan::new(s.nodes, s.gpus, s.regress_after.as_millis() as i64);
-            let model = flopwatch_sim::SimModel::new(&fleet, s.node_index, start_ms, s.seed);
-            readers.push(Box::new(node::SimDevices::new(model)));
+    if matches!(kind, SourceKind::Sim) && !own_roots {
+        let s = &cfg.sim;
+        return Ok(sim_node(
+            &sim_fleet(&cfg.sim),
+            s.node_index,
+            start_ms,
+            s.seed,
+            s.node_counters,
+        ));
+    }
+    let gpus = open_gpus(kind, cfg, start_ms)?;
+    let mut readers: Vec<Box<dyn node::DeviceReader>> = Vec::new();
+    if !matches!(kind, SourceKind::Replay(_)) {
+        if h.infiniband {
+            readers.push(Box::new(infiniband::IbReader::discover(&h.sys_root)));
         }
-        _ => {
-            if h.infiniband {
-                readers.push(Box::new(infiniband::IbReader::discover(&h.sys_root)));
-            }
-            if h.cpu_memory {
-                readers.push(Box::new(host::HostReader::discover(
-                    &h.sys_root,
-                    &h.proc_root,
-                )));
-            }
+        if h.cpu_memory {
+            readers.push(Box::new(host::HostReader::discover(
+                &h.sys_root,
+                &h.proc_root,
+            )));
         }
     }
     if readers.is_empty() {
         return Ok(gpus);
     }
     Ok(Box::new(node::NodeSource::new(gpus, readers)))
+}
+
+/// The simulated fleet `[sim]` describes.
+fn sim_fleet(s: &flopwatch_config::SimSettings) -> flopwatch_sim::FleetPlan {
+    flopwatch_sim::FleetPlan::new(s.nodes, s.gpus, s.regress_after.as_millis() as i64)
+}
+
+/// Node `node` of the simulated `fleet`: its GPUs and, with
+/// `node_counters`, its simulated InfiniBand ports, NUMA nodes and host
+/// ([`node::SimDevices`]). The one way a simulated node is built, for the
+/// agent's `source = "sim"` and the demo alike.
+pub fn sim_node(
+    fleet: &flopwatch_sim::FleetPlan,
+    node: usize,
+    start_ms: i64,
+    seed: u64,
+    node_counters: bool,
+) -> Box<dyn GpuSource> {
+    let gpus = sim::SimSource::new(fleet, node, start_ms, seed);
+    if !node_counters {
+        return Box::new(gpus);
+    }
+    let devices = node::SimDevices::new(gpus.model().clone());
+    Box::new(node::NodeSource::new(
+        Box::new(gpus),
+        vec![Box::new(devices)],
+    ))
 }
 
 /// The GPU source alone.
@@ -249,9 +226,12 @@ fn open_gpus(
     Ok(match kind {
         SourceKind::Sim => {
             let s = &cfg.sim;
-            let fleet =
-                flopwatch_sim::FleetPlan::new(s.nodes, s.gpus, s.regress_after.as_millis() as i64);
-            Box::new(sim::SimSource::new(&fleet, s.node_index, start_ms, s.seed))
+            Box::new(sim::SimSource::new(
+                &sim_fleet(s),
+                s.node_index,
+                start_ms,
+                s.seed,
+            ))
         }
         SourceKind::Nvml => Box::new(nvml::NvmlSource::open(cfg.nvml.library_path.as_deref())?),
         SourceKind::Replay(path) => Box::new(

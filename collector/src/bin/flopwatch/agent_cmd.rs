@@ -75,7 +75,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             seed,
         ))
     } else {
-        Box::new(FixedSampler::new(cfg.interval, None))
+        Box::new(FixedSampler::new(cfg.interval))
     };
     let tls = flopwatch_agent::channel::TlsClient::load(&cfg.tls, &config_dir(&args.config), "tls")
         .with_context(|| args.config.display().to_string())?;

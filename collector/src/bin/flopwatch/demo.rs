@@ -8,9 +8,7 @@ use anyhow::Context;
 use flopwatch_agent::clock::TokioClock;
 use flopwatch_agent::identity::boot_id;
 use flopwatch_agent::sampler::FixedSampler;
-use flopwatch_agent::source::node::{NodeSource, SimDevices};
-use flopwatch_agent::source::sim::SimSource;
-use flopwatch_agent::{Agent, AgentOptions};
+use flopwatch_agent::{source, Agent, AgentOptions};
 use flopwatch_collector::{auth::Auth, server, stats::Stats};
 use flopwatch_config::{CollectorConfig, SpecTable};
 use flopwatch_proto::clock::Clock;
@@ -191,20 +189,13 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
             // One seed for the fleet (the model mixes in the node): each
             // node can then model its peers, as the simulated jobs' MFU
             // reports need.
-            let source = SimSource::new(&fleet, n, start, 0x5eed);
             // Simulated InfiniBand ports (one per GPU), NUMA nodes and host.
-            let devices = SimDevices::new(source.model().clone());
-            let source = NodeSource::new(Box::new(source), vec![Box::new(devices)]);
+            let source = source::sim_node(&fleet, n, start, 0x5eed, true);
             Agent::start(
-                Box::new(source),
-                Box::new(FixedSampler::new(interval, None)),
+                source,
+                Box::new(FixedSampler::new(interval)),
                 AgentOptions {
-                    node: NodeIdentity {
-                        node_id: name.clone(),
-                        hostname: name,
-                        boot_id: boot.clone(),
-                        labels: Default::default(),
-                    },
+                    node: NodeIdentity::named(&name, &boot),
                     collectors: vec![url.clone()],
                     token: None,
                     tls: Default::default(),

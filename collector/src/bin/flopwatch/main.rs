@@ -14,6 +14,7 @@ mod bench;
 mod collector_cmd;
 mod conn;
 mod demo;
+mod eval;
 mod query_cmd;
 mod query_jobs;
 mod select_store;
@@ -46,7 +47,7 @@ enum Command {
     /// Select a non-redundant metric set from recorded data (Moneo §2.2).
     Select(flopwatch_selector::SelectArgs),
     /// Compare adaptive with fixed-interval sampling on a trace (Moneo §2.3).
-    EvalSampling(flopwatch_agent::eval::EvalArgs),
+    EvalSampling(eval::EvalArgs),
     /// Measure the collector (see docs/BENCHMARKS.md).
     Bench(bench::BenchArgs),
     /// Tile-quantization overhead of a GEMM and the corrected OFU (OFU paper eq. 2-4, 8).
@@ -107,9 +108,8 @@ fn main() -> std::process::ExitCode {
         }
         Command::EvalSampling(a) => {
             init_tracing("warn");
-            flopwatch_agent::eval::run(&a)
-                .map(|_| ())
-                .map_err(Into::into)
+            // Each run has its own paused-time runtime.
+            eval::run(&a).map(|_| ())
         }
     };
     match result {

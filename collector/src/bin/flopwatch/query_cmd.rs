@@ -309,15 +309,26 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
                 .series
                 .unwrap_or_default();
             if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(
-                        &json!({"timestamps_ms": s.timestamps_ms, "values": s.values})
-                    )?
-                );
+                // Peaks and windows when the samples carry them (an
+                // adaptive agent's aggregates).
+                let mut out = json!({"timestamps_ms": s.timestamps_ms, "values": s.values});
+                if !s.window_ms.is_empty() {
+                    out["window_ms"] = json!(s.window_ms);
+                }
+                if !s.peaks.is_empty() {
+                    out["peaks"] = json!(s.peaks);
+                }
+                println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
-                for (t, v) in s.timestamps_ms.iter().zip(&s.values) {
-                    println!("{t} {v}");
+                for (i, (t, v)) in s.timestamps_ms.iter().zip(&s.values).enumerate() {
+                    let mut line = format!("{t} {v}");
+                    if let Some(w) = s.window_ms.get(i) {
+                        line += &format!(" window={w}ms");
+                    }
+                    if let Some(p) = s.peaks.get(i) {
+                        line += &format!(" peak={p}");
+                    }
+                    println!("{line}");
                 }
             }
         }

@@ -24,6 +24,7 @@
 
 use anyhow::{bail, Context};
 use flopwatch_agent::adaptive::AdaptiveSampler;
+use flopwatch_agent::batcher::Batcher;
 use flopwatch_agent::clock::TokioClock;
 use flopwatch_agent::sampler::{PlanCarry, Sampler};
 use flopwatch_agent::source::replay::ReplaySource;
@@ -34,6 +35,8 @@ use flopwatch_collector::store::{
 use flopwatch_collector::{auth::Auth, server};
 use flopwatch_config::{CollectorConfig, SamplingConfig, SpecTable};
 use flopwatch_proto::clock::Clock;
+use flopwatch_proto::metrics;
+use flopwatch_proto::model::GpuInfo;
 use flopwatch_proto::v1::{
     self, agent_message, collector_message, ingest_client::IngestClient, query_client::QueryClient,
     AgentMessage,
@@ -120,32 +123,76 @@ fn tiled(trace: &[Capture], skip: usize, t0: i64, hours: i64) -> Vec<Capture> {
         .collect()
 }
 
-fn samples(traces: &[Vec<Capture>], gpus: usize, t0: i64, hours: i64, adaptive: bool) -> Samples {
-    let mut out = Samples::new();
+/// What the bench's agents send: each GPU's batches, and the samples in
+/// them.
+struct Sent {
+    batches: BTreeMap<String, Vec<v1::Batch>>,
+    samples: Samples,
+}
+
+/// Each GPU's samples as its agent sends them: the sampler (with the read
+/// plan applied as a field-by-field source would), then the agent's
+/// [`Batcher`] (the pipeline's one reading → point conversion), cut every
+/// second.
+fn agents(traces: &[Vec<Capture>], gpus: usize, t0: i64, hours: i64, adaptive: bool) -> Sent {
+    let mut out = Sent {
+        batches: BTreeMap::new(),
+        samples: Samples::new(),
+    };
     for g in 0..gpus {
         let trace = &traces[g % traces.len()];
         let uuid = format!("GPU-bench-{g:03}");
+        let inventory = [GpuInfo {
+            uuid: uuid.clone(),
+            model: "NVIDIA H100 80GB HBM3".into(),
+            ..Default::default()
+        }];
         let cfg = SamplingConfig {
             adaptive,
             ..Default::default()
         };
         let mut sampler = AdaptiveSampler::new(&cfg, g as u64 + 1);
         let mut carry = PlanCarry::default();
+        let mut batcher = Batcher::default();
+        let mut batches = Vec::new();
+        let mut last_cut = t0;
+        // The node `flopwatch_bytes` streams this GPU's batches as.
+        let node = format!("bench-node-{g:03}");
         // GPUs sharing a trace start at different points of it.
         for mut c in tiled(trace, (g / traces.len()) * 997, t0, hours) {
             let plan = sampler.due(c.ts_ms);
             carry.apply(&plan, &mut c);
             sampler.observe(&mut c);
-            for gc in &c.gpus {
-                for r in &gc.readings {
-                    out.entry((uuid.clone(), r.metric)).or_default().push((
-                        c.ts_ms,
-                        r.value,
-                        r.window_ms.unwrap_or(gc.window_ms),
-                    ));
-                }
+            let now = c.ts_ms;
+            batcher.add(c, &inventory);
+            if now - last_cut >= 1000 {
+                batches.push(batcher.cut(&inventory, &node, "bench", now));
+                last_cut = now;
             }
         }
+        if !batcher.is_empty() {
+            batches.push(batcher.cut(&inventory, &node, "bench", last_cut + 1000));
+        }
+        let mut wire = Vec::with_capacity(batches.len());
+        for (i, mut b) in batches.into_iter().enumerate() {
+            b.seq = i as u64 + 1;
+            for series in &b.series {
+                let Some(metric) = metrics::lookup(&series.metric).map(|d| d.name) else {
+                    continue;
+                };
+                out.samples
+                    .entry((uuid.clone(), metric))
+                    .or_default()
+                    .extend(
+                        series
+                            .points
+                            .iter()
+                            .map(|p| (p.ts_ms, p.value, p.window_ms.unwrap_or(0))),
+                    );
+            }
+            wire.push(b.into());
+        }
+        out.batches.insert(uuid, wire);
     }
     out
 }
@@ -205,49 +252,6 @@ fn hello(node: &str, uuid: &str) -> v1::Hello {
         protocol_version: 1,
         ..Default::default()
     }
-}
-
-/// 1 s batches of one GPU's series, as an agent cuts them.
-fn batches(s: &Samples, uuid: &str) -> Vec<v1::Batch> {
-    let mut by_sec: BTreeMap<i64, Vec<v1::Series>> = BTreeMap::new();
-    for ((g, metric), pts) in s.range((uuid.to_string(), "")..) {
-        if g != uuid {
-            break;
-        }
-        let mut cur: Option<(i64, v1::Series)> = None;
-        for &(ts, v, w) in pts {
-            let sec = ts.div_euclid(1000);
-            if cur.as_ref().is_some_and(|(s, _)| *s != sec) {
-                let (s, series) = cur.take().expect("checked");
-                by_sec.entry(s).or_default().push(series);
-            }
-            let (_, series) = cur.get_or_insert_with(|| {
-                (
-                    sec,
-                    v1::Series {
-                        gpu_uuid: uuid.into(),
-                        metric: (*metric).into(),
-                        ..Default::default()
-                    },
-                )
-            });
-            series.timestamps_ms.push(ts);
-            series.values.push(v);
-            series.window_ms.push(w);
-        }
-        if let Some((s, series)) = cur {
-            by_sec.entry(s).or_default().push(series);
-        }
-    }
-    by_sec
-        .into_values()
-        .enumerate()
-        .map(|(i, series)| v1::Batch {
-            seq: i as u64 + 1,
-            series,
-            ..Default::default()
-        })
-        .collect()
 }
 
 async fn push(
@@ -334,7 +338,7 @@ fn check_stored(store: &Store, expect: &Samples) -> anyhow::Result<()> {
 /// flopwatch's bytes for `s`: ingested over gRPC, compacted, checked
 /// against `expect` (what must be stored), measured.
 async fn flopwatch_bytes(
-    s: &Samples,
+    sent: &Sent,
     expect: &Samples,
     precision: &[(String, f64)],
     dir: &Path,
@@ -353,20 +357,14 @@ async fn flopwatch_bytes(
         clock,
     )?;
     let srv = server::Loopback::start(collector.clone()).await?;
-    let gpus: Vec<String> = {
-        let mut g: Vec<String> = s.keys().map(|(g, _)| g.clone()).collect();
-        g.dedup();
-        g
-    };
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for (i, uuid) in gpus.iter().enumerate() {
-        let b = batches(s, uuid);
+    for (i, (uuid, b)) in sent.batches.iter().enumerate() {
         tasks.push(tokio::spawn(push(
             srv.url.clone(),
             format!("bench-node-{i:03}"),
             uuid.clone(),
-            b,
+            b.clone(),
         )));
     }
     let mut acked = 0;
@@ -623,7 +621,8 @@ pub async fn run(a: StorageArgs) -> anyhow::Result<()> {
         .collect::<Vec<_>>()
         .join(", ");
     for (name, adaptive) in [("fixed 100 ms", false), ("adaptive", true)] {
-        let s = samples(&loaded, a.gpus, t0, a.hours, adaptive);
+        let sent = agents(&loaded, a.gpus, t0, a.hours, adaptive);
+        let s = &sent.samples;
         let n: u64 = s.values().map(|v| v.len() as u64).sum();
         let tag = if adaptive { "adaptive" } else { "fixed" };
         let mut runs = vec![("lossless".to_string(), Vec::new(), s.clone())];
@@ -631,13 +630,13 @@ pub async fn run(a: StorageArgs) -> anyhow::Result<()> {
             runs.push((
                 format!("precision {lossy}"),
                 a.precision.clone(),
-                rounded(&s, &decimals),
+                rounded(s, &decimals),
             ));
         }
         for (kind, precision, stored) in runs {
             let dir = work.join(format!("{tag}-flopwatch"));
             let (ours, acked, ingest_s) =
-                flopwatch_bytes(&s, &stored, &precision, &dir, now).await?;
+                flopwatch_bytes(&sent, &stored, &precision, &dir, now).await?;
             if acked != n {
                 bail!("{name}: {acked} samples acknowledged of {n} sent");
             }
