@@ -25,7 +25,7 @@ use tonic::transport::Channel;
 /// real agent's captures are not.
 const T0: i64 = 1_800_000_000_037;
 /// Simulated time.
-const RUN: Duration = Duration::from_secs(300);
+const RUN: Duration = Duration::from_secs(290);
 /// The largest OFU difference allowed, as a fraction (0.1 pp).
 const TOLERANCE: f64 = 0.001;
 
@@ -65,10 +65,12 @@ async fn ofu(q: &mut QueryClient<Channel>, scope: Scope, start: i64, end: i64) -
     (s.mean, s.samples)
 }
 
-async fn stored_samples(q: &mut QueryClient<Channel>, gpu: &str) -> usize {
-    let mut n = 0;
+/// The OFU-input samples stored for `gpu`, and the time its tensor
+/// activity samples cover, ms.
+async fn stored(q: &mut QueryClient<Channel>, gpu: &str) -> (usize, u64) {
+    let (mut n, mut covered) = (0, 0);
     for m in flopwatch_proto::metrics::OFU_INPUTS {
-        n += q
+        let s = q
             .series(v1::SeriesRequest {
                 gpu_uuid: gpu.to_string(),
                 metric: m.to_string(),
@@ -80,11 +82,13 @@ async fn stored_samples(q: &mut QueryClient<Channel>, gpu: &str) -> usize {
             .unwrap()
             .into_inner()
             .series
-            .unwrap()
-            .timestamps_ms
-            .len();
+            .unwrap();
+        n += s.timestamps_ms.len();
+        if m == flopwatch_proto::metrics::TENSOR_ACTIVE {
+            covered = s.window_ms.iter().map(|&w| u64::from(w)).sum();
+        }
     }
-    n
+    (n, covered)
 }
 
 #[tokio::test(start_paused = true)]
@@ -131,8 +135,9 @@ async fn adaptive_and_fixed_sampling_give_the_same_ofu_per_job_and_gpu() {
     );
     tokio::time::sleep(RUN).await;
     let end = clock.now_ms();
-    fixed.stop().await;
-    adaptive.stop().await;
+    // Both stop at the same instant, mid-minute: the adaptive agent then
+    // holds back its latest samples, which it must send as it stops.
+    tokio::join!(fixed.stop(), adaptive.stop());
 
     let mut qf = fixed_c.query().await;
     let mut qa = adaptive_c.query().await;
@@ -159,11 +164,16 @@ async fn adaptive_and_fixed_sampling_give_the_same_ofu_per_job_and_gpu() {
         assert!(jobs.iter().any(|x| x == j), "{j} missing from {jobs:?}");
     }
 
-    // The adaptive agent really backed off: otherwise this proves nothing.
+    // The adaptive agent really backed off (otherwise this proves
+    // nothing), and its samples cover the same time as the fixed agent's:
+    // nothing it held back was lost at the stop.
     let (mut sf, mut sa) = (0, 0);
     for (g, _) in &gpus {
-        sf += stored_samples(&mut qf, g).await;
-        sa += stored_samples(&mut qa, g).await;
+        let (nf, cf) = stored(&mut qf, g).await;
+        let (na, ca) = stored(&mut qa, g).await;
+        assert_eq!(ca, cf, "{g}: adaptive samples cover {ca} ms, fixed {cf} ms");
+        sf += nf;
+        sa += na;
     }
     assert!(
         sa * 3 < sf,

@@ -82,7 +82,7 @@
 //! Time is injected: `now` is the capture's `ts_ms`; nothing reads the
 //! wall clock.
 
-use crate::capture::{Capture, ReadPlan, Reading};
+use crate::capture::{Capture, GpuCapture, ReadPlan, Reading};
 use crate::sampler::Sampler;
 use flopwatch_config::SamplingConfig;
 use flopwatch_proto::metrics::{self, Aggregation};
@@ -602,6 +602,31 @@ struct Params {
 impl Sampler for AdaptiveSampler {
     fn next_delay(&self) -> Duration {
         Duration::from_millis(self.capture_ms as u64)
+    }
+
+    /// Every pending sample, each ending at its latest reading.
+    fn flush(&mut self, now_ms: i64) -> Capture {
+        let mut c = Capture {
+            ts_ms: now_ms,
+            ..Capture::default()
+        };
+        for ((gpu, _), g) in &mut self.groups {
+            let mut out = Vec::new();
+            g.emit_until(now_ms, true, 0, &mut out);
+            if out.is_empty() {
+                continue;
+            }
+            self.stats.samples += out.len() as u64;
+            match c.gpus.iter_mut().find(|x| x.gpu == *gpu) {
+                Some(x) => x.readings.extend(out),
+                None => c.gpus.push(GpuCapture {
+                    gpu: *gpu,
+                    window_ms: 0,
+                    readings: out,
+                }),
+            }
+        }
+        c
     }
 
     fn intervals(&self) -> Vec<(usize, &'static str, u32)> {

@@ -391,8 +391,10 @@ async fn sample_loop(
             last_flush = now;
         }
     }
-    // What is still held goes out as one last batch, the MFU reports
-    // gathered since the last cut with it.
+    // What is still held goes out as one last batch: the sampler's pending
+    // samples, what the batcher holds, the MFU reports gathered since the
+    // last cut.
+    batcher.add(sampler.flush(clock.now_ms()), &owners);
     if !batcher.is_empty() || mfu.has_reports() {
         cut.cut(&mut batcher, &mut mfu, sampler.as_ref(), clock.now_ms());
     }

@@ -38,6 +38,17 @@ pub trait Sampler: Send {
     fn intervals(&self) -> Vec<(usize, &'static str, u32)> {
         Vec::new()
     }
+
+    /// Everything observed and not yet sent, as a capture at `now_ms`
+    /// whose readings say where their windows end: called when the agent
+    /// stops, so that a backed-off sampler's pending samples are not lost.
+    /// The default holds nothing back.
+    fn flush(&mut self, now_ms: i64) -> Capture {
+        Capture {
+            ts_ms: now_ms,
+            ..Capture::default()
+        }
+    }
 }
 
 /// Fixed interval: every capture is sent as read.

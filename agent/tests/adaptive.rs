@@ -336,3 +336,43 @@ proptest! {
         prop_assert!((sent_vw - covered).abs() < 1e-6 * sent_w.max(1) as f64, "{sent_vw} vs {covered}");
     }
 }
+
+/// Stopping loses nothing: what a backed-off sampler still holds comes out
+/// of `flush`, each sample ending at its last reading, and the sent
+/// windows add up to every capture's.
+#[test]
+fn flush_sends_what_is_held_back() {
+    let mut s = AdaptiveSampler::new(&cfg(), 3);
+    let mut covered = 0u64;
+    let mut last_end = 0;
+    let n = 1000;
+    for k in 1..=n {
+        let mut c = capture(k * 100, 0.6 + 0.002 * wobble(k), 1400.0, 500.0);
+        s.observe(&mut c);
+        for r in c.gpus[0]
+            .readings
+            .iter()
+            .filter(|r| r.metric == "tensor_active")
+        {
+            let p = r.point(c.ts_ms, 100);
+            covered += u64::from(p.window_ms.unwrap_or(100));
+            last_end = p.ts_ms;
+        }
+    }
+    assert!(
+        last_end < n * 100 - 1_000,
+        "the steady sampler held nothing back"
+    );
+    let tail = s.flush(n * 100 + 50);
+    let r = tail.gpus[0]
+        .readings
+        .iter()
+        .find(|r| r.metric == "tensor_active")
+        .expect("a pending tensor_active sample");
+    let p = r.point(tail.ts_ms, tail.gpus[0].window_ms);
+    assert_eq!(p.ts_ms, n * 100, "ends at the last reading");
+    covered += u64::from(p.window_ms.unwrap());
+    assert_eq!(covered, n as u64 * 100);
+    // Nothing is held twice.
+    assert!(s.flush(n * 100 + 100).gpus.is_empty());
+}

@@ -38,6 +38,8 @@ enum What {
         #[arg(long, default_value = "10m")]
         since: String,
         /// Bucket width of the series, e.g. 10s; 0 for the summary only.
+        /// Buckets start on multiples of the step (unix time), the first
+        /// at or before `--since`.
         #[arg(long, default_value = "0s")]
         step: String,
     },
@@ -118,11 +120,18 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
                 (_, _, _, Some(t)) => ofu_request::Scope::Tenant(t),
                 _ => ofu_request::Scope::Fleet(true),
             };
+            let step_ms = parse_ms(&step)?;
+            let mut start_ms = now - parse_ms(&since)?;
+            // Buckets on the unix-time grid of the step, as dashboards
+            // align them (and as the adaptive sampler cuts its sends).
+            if step_ms > 0 {
+                start_ms = start_ms.div_euclid(step_ms) * step_ms;
+            }
             let req = v1::OfuRequest {
                 scope: Some(scope.clone()),
-                start_ms: now - parse_ms(&since)?,
+                start_ms,
                 end_ms: 0,
-                step_ms: parse_ms(&step)?,
+                step_ms,
             };
             let r = c.ofu(req).await.map_err(status)?.into_inner();
             let s = r.summary.unwrap_or_default();
