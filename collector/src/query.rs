@@ -99,12 +99,7 @@ fn compute(
                         p.add(s.ofu, s.tensor_active, s.sm_clock_mhz, s.window_ms);
                         (s.ts_ms, p)
                     }
-                    OfuPiece::Agg { ts_ms, agg: a, .. } => (
-                        ts_ms,
-                        Mean::from_parts(
-                            a.count, a.weight, a.sum, a.tpa_sum, a.clk_sum, a.min, a.max,
-                        ),
-                    ),
+                    OfuPiece::Agg { ts_ms, agg, .. } => (ts_ms, agg),
                 };
                 m.merge(&part);
                 over_time
