@@ -458,11 +458,7 @@ fn changes(s: &[Sent], window_ms: i64, theta: f64, floor: f64) -> Vec<(i64, i64)
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((p / 100.0) * (v.len() - 1) as f64).round() as usize]
+    flopwatch_proto::stats::quantile(v, p / 100.0).unwrap_or(0.0)
 }
 
 fn score(

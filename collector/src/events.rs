@@ -32,6 +32,7 @@
 //! `/metrics` and listed by the `ListEvents` query.
 
 use crate::store::OfuSample;
+use flopwatch_proto::stats::quantile;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
@@ -154,16 +155,10 @@ pub struct Analyzer {
     counts: Mutex<BTreeMap<String, EventCounts>>,
 }
 
+/// The median by the shared nearest-rank definition: of an even number of
+/// values, the lower middle one (0 for none).
 fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        0.0
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    quantile(v, 0.5).unwrap_or(0.0)
 }
 
 impl Analyzer {
@@ -526,7 +521,9 @@ mod tests {
         let st: Vec<_> = events.iter().filter(|e| e.kind == "straggler").collect();
         assert_eq!(st.len(), 1, "{events:?}");
         assert_eq!(st[0].gpu_uuid, "GPU-2");
-        assert!((st[0].baseline - 0.605).abs() < 1e-9);
+        // The job median of four GPUs is the lower middle one (nearest
+        // rank), 0.6, not the average 0.605 of the middle two.
+        assert!((st[0].baseline - 0.6).abs() < 1e-9);
         assert!(events.iter().all(|e| e.kind != "regression"));
     }
 

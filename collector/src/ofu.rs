@@ -145,15 +145,9 @@ impl Mean {
     }
 }
 
-/// The `q`-quantile (0..=1) of `v` by nearest rank; `None` when empty.
-pub fn quantile(v: &mut [f64], q: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let rank = ((q.clamp(0.0, 1.0) * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    Some(v[rank - 1])
-}
+/// OFU percentiles (over GPUs, over time) rank by the one definition the
+/// agent shares: nearest rank.
+pub use flopwatch_proto::stats::quantile;
 
 #[cfg(test)]
 mod tests {
@@ -201,13 +195,5 @@ mod tests {
         assert_eq!(a, m);
         let (count, parts) = m.parts();
         assert_eq!(Mean::from_parts(count, parts), m);
-    }
-
-    #[test]
-    fn quantiles() {
-        let mut v = vec![5.0, 1.0, 3.0, 2.0, 4.0];
-        assert_eq!(quantile(&mut v, 0.5), Some(3.0));
-        assert_eq!(quantile(&mut v, 0.1), Some(1.0));
-        assert_eq!(quantile(&mut [], 0.5), None);
     }
 }
