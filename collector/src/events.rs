@@ -32,6 +32,7 @@
 //! `/metrics` and listed by the `ListEvents` query.
 
 use crate::store::OfuSample;
+use flopwatch_config::AnalysisConfig;
 use flopwatch_proto::stats::quantile;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -56,17 +57,26 @@ pub struct AnalysisSettings {
     pub mfu_tolerance: f64,
 }
 
+impl AnalysisSettings {
+    /// From `[analysis]` of the config file.
+    pub fn from_config(c: &AnalysisConfig) -> Self {
+        Self {
+            window_ms: i64::try_from(c.window.as_millis()).unwrap_or(i64::MAX),
+            baseline_windows: c.baseline_windows,
+            regression_factor: c.regression_factor,
+            confirm_windows: c.confirm_windows,
+            straggler_threshold: c.straggler_threshold,
+            min_ofu: c.min_ofu,
+            mfu_tolerance: c.mfu_tolerance,
+        }
+    }
+}
+
+/// The config file's defaults, which are kept in one place
+/// ([`AnalysisConfig::default`]).
 impl Default for AnalysisSettings {
     fn default() -> Self {
-        Self {
-            window_ms: 60_000,
-            baseline_windows: 10,
-            regression_factor: 2.0,
-            confirm_windows: 3,
-            straggler_threshold: 0.25,
-            min_ofu: 0.05,
-            mfu_tolerance: 0.10,
-        }
+        Self::from_config(&AnalysisConfig::default())
     }
 }
 
@@ -478,6 +488,23 @@ mod tests {
             window_ms: 1_000,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn settings_are_the_config_section_and_its_defaults() {
+        let section: AnalysisConfig = toml::from_str("window = \"30s\"\nmin_ofu = 0.1\n").unwrap();
+        let expect = AnalysisSettings {
+            window_ms: 30_000,
+            min_ofu: 0.1,
+            ..AnalysisSettings::default()
+        };
+        assert_eq!(AnalysisSettings::from_config(&section), expect);
+        // A file without the section runs the analyzer's defaults.
+        let empty: AnalysisConfig = toml::from_str("").unwrap();
+        assert_eq!(
+            AnalysisSettings::from_config(&empty),
+            AnalysisSettings::default()
+        );
     }
 
     #[test]
