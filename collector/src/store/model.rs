@@ -7,7 +7,7 @@ use crate::events::EventRecord;
 use crate::ofu::Mean;
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::metrics as m;
-use flopwatch_proto::model::{Point, SeriesBatch};
+use flopwatch_proto::model::{GpuInfo, Point, SeriesBatch};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -113,6 +113,52 @@ pub struct GpuRecord {
     pub job_id: Option<String>,
     /// Last seen, unix ms.
     pub last_seen_ms: i64,
+}
+
+impl GpuRecord {
+    /// The record of a GPU its agent described in `Hello`, on `node_id`,
+    /// running `job_id`, seen at `last_seen_ms`.
+    pub fn from_info(
+        g: &GpuInfo,
+        node_id: &str,
+        job_id: Option<String>,
+        last_seen_ms: i64,
+    ) -> Self {
+        Self {
+            uuid: g.uuid.clone(),
+            node_id: node_id.to_string(),
+            index: g.index,
+            model: g.model.clone(),
+            sm_count: g.sm_count,
+            max_sm_clock_mhz: g.max_sm_clock_mhz,
+            max_mem_clock_mhz: g.max_mem_clock_mhz,
+            driver_version: g.driver_version.clone(),
+            pci_bus_id: g.pci_bus_id.clone(),
+            gpm_supported: g.gpm_supported,
+            memory_total_bytes: g.memory_total_bytes,
+            mig_parent_uuid: g.mig_parent_uuid.clone(),
+            job_id,
+            last_seen_ms,
+        }
+    }
+
+    /// The GPU as its agent described it (what [`GpuRecord::from_info`]
+    /// took).
+    pub fn info(&self) -> GpuInfo {
+        GpuInfo {
+            index: self.index,
+            uuid: self.uuid.clone(),
+            model: self.model.clone(),
+            sm_count: self.sm_count,
+            max_sm_clock_mhz: self.max_sm_clock_mhz,
+            max_mem_clock_mhz: self.max_mem_clock_mhz,
+            driver_version: self.driver_version.clone(),
+            pci_bus_id: self.pci_bus_id.clone(),
+            gpm_supported: self.gpm_supported,
+            memory_total_bytes: self.memory_total_bytes,
+            mig_parent_uuid: self.mig_parent_uuid.clone(),
+        }
+    }
 }
 
 /// A job seen on one GPU.
@@ -1320,5 +1366,30 @@ mod tests {
         assert_eq!(r.encode(), want);
         assert_eq!(Rollup::decode(&want), Some(r));
         assert_eq!(Rollup::decode(&want[..want.len() - 1]), None);
+    }
+
+    /// A GPU record gives back every field of the agent's description (the
+    /// `ListGpus` answer is built from it through the wire conversion).
+    #[test]
+    fn gpu_records_keep_the_agents_description() {
+        let info = GpuInfo {
+            index: 3,
+            uuid: "MIG-1".into(),
+            model: "NVIDIA H100 80GB HBM3".into(),
+            sm_count: 132,
+            max_sm_clock_mhz: 1980,
+            max_mem_clock_mhz: 2619,
+            driver_version: "550.54".into(),
+            pci_bus_id: "0000:19:00.0".into(),
+            gpm_supported: true,
+            memory_total_bytes: 80 << 30,
+            mig_parent_uuid: Some("GPU-1".into()),
+        };
+        let r = GpuRecord::from_info(&info, "node-a", Some("job".into()), 42);
+        assert_eq!(r.info(), info);
+        assert_eq!(
+            (r.node_id.as_str(), r.job_id.as_deref(), r.last_seen_ms),
+            ("node-a", Some("job"), 42)
+        );
     }
 }
