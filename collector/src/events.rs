@@ -32,6 +32,8 @@
 //! `/metrics` and listed by the `ListEvents` query.
 
 use crate::store::OfuSample;
+use flopwatch_config::AnalysisConfig;
+use flopwatch_proto::stats::quantile;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
@@ -55,17 +57,26 @@ pub struct AnalysisSettings {
     pub mfu_tolerance: f64,
 }
 
+impl AnalysisSettings {
+    /// From `[analysis]` of the config file.
+    pub fn from_config(c: &AnalysisConfig) -> Self {
+        Self {
+            window_ms: i64::try_from(c.window.as_millis()).unwrap_or(i64::MAX),
+            baseline_windows: c.baseline_windows,
+            regression_factor: c.regression_factor,
+            confirm_windows: c.confirm_windows,
+            straggler_threshold: c.straggler_threshold,
+            min_ofu: c.min_ofu,
+            mfu_tolerance: c.mfu_tolerance,
+        }
+    }
+}
+
+/// The config file's defaults, which are kept in one place
+/// ([`AnalysisConfig::default`]).
 impl Default for AnalysisSettings {
     fn default() -> Self {
-        Self {
-            window_ms: 60_000,
-            baseline_windows: 10,
-            regression_factor: 2.0,
-            confirm_windows: 3,
-            straggler_threshold: 0.25,
-            min_ofu: 0.05,
-            mfu_tolerance: 0.10,
-        }
+        Self::from_config(&AnalysisConfig::default())
     }
 }
 
@@ -154,16 +165,10 @@ pub struct Analyzer {
     counts: Mutex<BTreeMap<String, EventCounts>>,
 }
 
+/// The median by the shared definition (Prometheus's): of an even number
+/// of values, the mean of the middle two (0 for none).
 fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        0.0
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    quantile(v, 0.5).unwrap_or(0.0)
 }
 
 impl Analyzer {
@@ -486,6 +491,23 @@ mod tests {
     }
 
     #[test]
+    fn settings_are_the_config_section_and_its_defaults() {
+        let section: AnalysisConfig = toml::from_str("window = \"30s\"\nmin_ofu = 0.1\n").unwrap();
+        let expect = AnalysisSettings {
+            window_ms: 30_000,
+            min_ofu: 0.1,
+            ..AnalysisSettings::default()
+        };
+        assert_eq!(AnalysisSettings::from_config(&section), expect);
+        // A file without the section runs the analyzer's defaults.
+        let empty: AnalysisConfig = toml::from_str("").unwrap();
+        assert_eq!(
+            AnalysisSettings::from_config(&empty),
+            AnalysisSettings::default()
+        );
+    }
+
+    #[test]
     fn a_2_5x_drop_is_one_regression_and_a_1_8x_drop_is_none() {
         for (factor, expected) in [(2.5, 1), (1.8, 0)] {
             let a = Analyzer::new(settings());
@@ -526,6 +548,7 @@ mod tests {
         let st: Vec<_> = events.iter().filter(|e| e.kind == "straggler").collect();
         assert_eq!(st.len(), 1, "{events:?}");
         assert_eq!(st[0].gpu_uuid, "GPU-2");
+        // The job median of four GPUs: the mean of the middle two.
         assert!((st[0].baseline - 0.605).abs() < 1e-9);
         assert!(events.iter().all(|e| e.kind != "regression"));
     }

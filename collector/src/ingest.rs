@@ -296,21 +296,9 @@ impl Session {
         let gpus: Vec<GpuRecord> = hello
             .gpus
             .iter()
-            .map(|g| GpuRecord {
-                uuid: g.uuid.clone(),
-                node_id: hello.node.node_id.clone(),
-                index: g.index,
-                model: g.model.clone(),
-                sm_count: g.sm_count,
-                max_sm_clock_mhz: g.max_sm_clock_mhz,
-                max_mem_clock_mhz: g.max_mem_clock_mhz,
-                driver_version: g.driver_version.clone(),
-                pci_bus_id: g.pci_bus_id.clone(),
-                gpm_supported: g.gpm_supported,
-                memory_total_bytes: g.memory_total_bytes,
-                mig_parent_uuid: g.mig_parent_uuid.clone(),
-                job_id: c.gpu(&tenant, &g.uuid).and_then(|r| r.job_id),
-                last_seen_ms: now,
+            .map(|g| {
+                let job_id = c.gpu(&tenant, &g.uuid).and_then(|r| r.job_id);
+                GpuRecord::from_info(g, &hello.node.node_id, job_id, now)
             })
             .collect();
         for g in &gpus {

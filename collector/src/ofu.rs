@@ -29,7 +29,9 @@ pub fn ofu(tensor_active: f64, sm_clock_mhz: f64, tensor_clock_mhz: f64) -> f64 
     tpa * clk / tensor_clock_mhz
 }
 
-/// Running window-weighted mean, min and max (eq. 11).
+/// Running window-weighted mean, min and max (eq. 11). The store's rollups
+/// keep the same aggregate per hour and minute; for a raw series the OFU
+/// column holds the series' value and the other two sums stay 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Mean {
     sum: f64,
@@ -61,19 +63,25 @@ impl Mean {
         self.count += 1;
     }
 
-    /// A mean from stored aggregates (a rollup bucket): sample count,
-    /// total weight, weighted sums of OFU, tensor activity and SM clock,
-    /// smallest and largest OFU.
-    #[allow(clippy::too_many_arguments)]
-    pub fn from_parts(
-        count: u64,
-        weight: f64,
-        sum: f64,
-        tpa_sum: f64,
-        clk_sum: f64,
-        min: f64,
-        max: f64,
-    ) -> Self {
+    /// The aggregate as a store keeps it (a rollup bucket): the sample
+    /// count and `[weight, Σ w·OFU, Σ w·TPA, Σ w·f_SM, min, max]`, which
+    /// [`Mean::from_parts`] takes back.
+    pub fn parts(&self) -> (u64, [f64; 6]) {
+        let Self {
+            sum,
+            weight,
+            count,
+            min,
+            max,
+            tpa_sum,
+            clk_sum,
+        } = *self;
+        (count, [weight, sum, tpa_sum, clk_sum, min, max])
+    }
+
+    /// A mean from the [`Mean::parts`] of one.
+    pub fn from_parts(count: u64, parts: [f64; 6]) -> Self {
+        let [weight, sum, tpa_sum, clk_sum, min, max] = parts;
         Self {
             sum,
             weight,
@@ -137,15 +145,9 @@ impl Mean {
     }
 }
 
-/// The `q`-quantile (0..=1) of `v` by nearest rank; `None` when empty.
-pub fn quantile(v: &mut [f64], q: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let rank = ((q.clamp(0.0, 1.0) * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    Some(v[rank - 1])
-}
+/// OFU percentiles (over GPUs, over time) rank by the one definition the
+/// agent shares: nearest rank.
+pub use flopwatch_proto::stats::quantile;
 
 #[cfg(test)]
 mod tests {
@@ -191,13 +193,7 @@ mod tests {
         b.add(0.0, 0.0, 1830.0, 900);
         a.merge(&b);
         assert_eq!(a, m);
-    }
-
-    #[test]
-    fn quantiles() {
-        let mut v = vec![5.0, 1.0, 3.0, 2.0, 4.0];
-        assert_eq!(quantile(&mut v, 0.5), Some(3.0));
-        assert_eq!(quantile(&mut v, 0.1), Some(1.0));
-        assert_eq!(quantile(&mut [], 0.5), None);
+        let (count, parts) = m.parts();
+        assert_eq!(Mean::from_parts(count, parts), m);
     }
 }

@@ -99,12 +99,7 @@ fn compute(
                         p.add(s.ofu, s.tensor_active, s.sm_clock_mhz, s.window_ms);
                         (s.ts_ms, p)
                     }
-                    OfuPiece::Agg { ts_ms, agg: a, .. } => (
-                        ts_ms,
-                        Mean::from_parts(
-                            a.count, a.weight, a.sum, a.tpa_sum, a.clk_sum, a.min, a.max,
-                        ),
-                    ),
+                    OfuPiece::Agg { ts_ms, agg, .. } => (ts_ms, agg),
                 };
                 m.merge(&part);
                 over_time
@@ -352,19 +347,7 @@ impl v1::query_server::Query for QueryService {
             .into_iter()
             .filter(|(t, g)| scope.allows(t) && g.last_seen_ms >= since)
             .map(|(t, g)| v1::GpuEntry {
-                info: Some(v1::GpuInfo {
-                    index: g.index,
-                    uuid: g.uuid,
-                    model: g.model,
-                    sm_count: g.sm_count,
-                    max_sm_clock_mhz: g.max_sm_clock_mhz,
-                    max_mem_clock_mhz: g.max_mem_clock_mhz,
-                    driver_version: g.driver_version,
-                    pci_bus_id: g.pci_bus_id,
-                    gpm_supported: g.gpm_supported,
-                    memory_total_bytes: g.memory_total_bytes,
-                    mig_parent_uuid: g.mig_parent_uuid.unwrap_or_default(),
-                }),
+                info: Some(g.info().into()),
                 node_id: g.node_id,
                 tenant: t,
                 job_id: g.job_id.unwrap_or_default(),

@@ -63,15 +63,7 @@ impl Settings {
                 flush_interval_ms: ms(c.policy.flush_interval) as u32,
                 ..Policy::default()
             },
-            analysis: AnalysisSettings {
-                window_ms: ms(c.analysis.window),
-                baseline_windows: c.analysis.baseline_windows,
-                regression_factor: c.analysis.regression_factor,
-                confirm_windows: c.analysis.confirm_windows,
-                straggler_threshold: c.analysis.straggler_threshold,
-                min_ofu: c.analysis.min_ofu,
-                mfu_tolerance: c.analysis.mfu_tolerance,
-            },
+            analysis: AnalysisSettings::from_config(&c.analysis),
             remote_write: c.remote_write.clone(),
             limits: LimitTable::from_config(c),
         }

@@ -12,6 +12,13 @@ pub(super) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
+/// Writes `b` as its length (a varint) and the bytes, as
+/// [`Reader::bytes`] reads them.
+pub(super) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
 pub(super) fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
@@ -42,6 +49,16 @@ impl<'a> Reader<'a> {
             }
         }
         Err(CodecError::Corrupt("varint too long"))
+    }
+
+    /// A run of bytes written as its length (a varint) and the bytes;
+    /// `what` names the length in the error when it cannot be one.
+    pub(super) fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], CodecError> {
+        let len = usize::try_from(self.varint()?).map_err(|_| CodecError::Corrupt(what))?;
+        let end = self.pos.checked_add(len).ok_or(CodecError::Truncated)?;
+        let b = self.buf.get(self.pos..end).ok_or(CodecError::Truncated)?;
+        self.pos = end;
+        Ok(b)
     }
 }
 
@@ -118,15 +135,11 @@ pub(super) fn encode_xor(out: &mut Vec<u8>, col: &[f64]) {
             w.bits(x >> t, len);
         }
     }
-    put_varint(out, w.out.len() as u64);
-    out.extend_from_slice(&w.out);
+    put_bytes(out, &w.out);
 }
 
 pub(super) fn decode_xor(r: &mut Reader<'_>, n: usize) -> Result<Vec<f64>, CodecError> {
-    let len = usize::try_from(r.varint()?).map_err(|_| CodecError::Corrupt("column length"))?;
-    let end = r.pos.checked_add(len).ok_or(CodecError::Truncated)?;
-    let buf = r.buf.get(r.pos..end).ok_or(CodecError::Truncated)?;
-    r.pos = end;
+    let buf = r.bytes("column length")?;
     let mut br = BitReader { buf, bit: 0 };
     let mut out = Vec::with_capacity(n);
     let mut prev = 0u64;
@@ -220,8 +233,7 @@ pub(super) fn encode_decimal(out: &mut Vec<u8>, scale: u8, ints: &[i64]) {
     };
     let deltas: Vec<u64> = ints.windows(2).map(|p| zigzag(p[1] - p[0])).collect();
     pack_groups(&mut w, &deltas);
-    put_varint(out, w.out.len() as u64);
-    out.extend_from_slice(&w.out);
+    put_bytes(out, &w.out);
 }
 
 pub(super) fn decode_decimal(r: &mut Reader<'_>, n: usize) -> Result<Vec<f64>, CodecError> {
@@ -231,10 +243,7 @@ pub(super) fn decode_decimal(r: &mut Reader<'_>, n: usize) -> Result<Vec<f64>, C
     }
     let p = 10f64.powi(i32::from(scale));
     let first = unzigzag(r.varint()?);
-    let len = usize::try_from(r.varint()?).map_err(|_| CodecError::Corrupt("column length"))?;
-    let end = r.pos.checked_add(len).ok_or(CodecError::Truncated)?;
-    let buf = r.buf.get(r.pos..end).ok_or(CodecError::Truncated)?;
-    r.pos = end;
+    let buf = r.bytes("column length")?;
     let mut br = BitReader { buf, bit: 0 };
     let mut out = Vec::with_capacity(n);
     let mut cur = first;
@@ -283,16 +292,12 @@ pub(super) fn encode_ts(out: &mut Vec<u8>, ts: &[i64]) {
         prev = t;
         prev_delta = delta;
     }
-    put_varint(out, w.out.len() as u64);
-    out.extend_from_slice(&w.out);
+    put_bytes(out, &w.out);
 }
 
 pub(super) fn decode_ts(r: &mut Reader<'_>, n: usize) -> Result<Vec<i64>, CodecError> {
     let first = unzigzag(r.varint()?);
-    let len = usize::try_from(r.varint()?).map_err(|_| CodecError::Corrupt("ts length"))?;
-    let end = r.pos.checked_add(len).ok_or(CodecError::Truncated)?;
-    let buf = r.buf.get(r.pos..end).ok_or(CodecError::Truncated)?;
-    r.pos = end;
+    let buf = r.bytes("ts length")?;
     let mut br = BitReader { buf, bit: 0 };
     let mut ts = Vec::with_capacity(n);
     ts.push(first);
@@ -314,4 +319,30 @@ pub(super) fn decode_ts(r: &mut Reader<'_>, n: usize) -> Result<Vec<i64>, CodecE
         ts.push(prev);
     }
     Ok(ts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn length_prefixed_bytes_round_trip_and_stop_at_the_end() {
+        let mut out = Vec::new();
+        put_bytes(&mut out, b"abc");
+        put_bytes(&mut out, &[]);
+        out.push(7);
+        let mut r = Reader { buf: &out, pos: 0 };
+        assert_eq!(r.bytes("x"), Ok(&b"abc"[..]));
+        assert_eq!(r.bytes("x"), Ok(&[][..]));
+        assert_eq!(r.u8(), Ok(7));
+        // A length past the end of the buffer, or past any buffer, is a
+        // truncation, never a panic.
+        for len in [5, u64::MAX] {
+            let mut bad = Vec::new();
+            put_varint(&mut bad, len);
+            bad.extend_from_slice(b"ab");
+            let mut r = Reader { buf: &bad, pos: 0 };
+            assert_eq!(r.bytes("x"), Err(CodecError::Truncated), "{len}");
+        }
+    }
 }

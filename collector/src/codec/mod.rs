@@ -26,7 +26,8 @@ mod sealed;
 
 use bits::{
     decimal_scale, decode_decimal, decode_ts, decode_xor, encode_decimal, encode_ts, encode_xor,
-    pack_groups, put_varint, unpack_groups, unzigzag, zigzag, BitReader, BitWriter, Reader,
+    pack_groups, put_bytes, put_varint, unpack_groups, unzigzag, zigzag, BitReader, BitWriter,
+    Reader,
 };
 
 const VERSION: u8 = 1;
@@ -214,8 +215,7 @@ impl Block {
             };
             pack_groups(&mut w, &d);
             let mut gap = Vec::new();
-            put_varint(&mut gap, w.out.len() as u64);
-            gap.extend_from_slice(&w.out);
+            put_bytes(&mut gap, &w.out);
             if gap.len() < rle.len() {
                 out[1] |= FLAG_WINDOWS_GAP;
                 out.extend_from_slice(&gap);
@@ -289,11 +289,7 @@ impl Block {
         }
         let mut windows = Vec::new();
         if flags & FLAG_WINDOWS_GAP != 0 {
-            let len =
-                usize::try_from(r.varint()?).map_err(|_| CodecError::Corrupt("window length"))?;
-            let end = r.pos.checked_add(len).ok_or(CodecError::Truncated)?;
-            let buf = r.buf.get(r.pos..end).ok_or(CodecError::Truncated)?;
-            r.pos = end;
+            let buf = r.bytes("window length")?;
             let mut br = BitReader { buf, bit: 0 };
             let d = unpack_groups(&mut br, n)?;
             windows.reserve(n);

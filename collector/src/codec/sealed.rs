@@ -34,7 +34,7 @@
 //! are single IEEE operations (exact on every platform), and the entropy
 //! models are integers, so a chunk decodes identically on any host.
 
-use super::bits::{decode_xor, encode_xor, put_varint, unzigzag, zigzag, Reader};
+use super::bits::{decode_xor, encode_xor, put_bytes, put_varint, unzigzag, zigzag, Reader};
 use super::entropy::{Decoder, Encoder, Model, Patterns, Residuals};
 use super::{Block, CodecError, MAX_BLOCK_SAMPLES};
 use std::collections::VecDeque;
@@ -402,8 +402,7 @@ fn encode_column(
     let c = code(chosen.1);
     let stream = encode_scaled(col, windows, first, c)?;
     let mut scaled = vec![COL_SCALED, scale.j as u8, c.flags(), c.pred];
-    put_varint(&mut scaled, stream.len() as u64);
-    scaled.extend_from_slice(&stream);
+    put_bytes(&mut scaled, &stream);
     if scaled.len() < best.len() {
         best = scaled;
     }
@@ -481,19 +480,6 @@ fn decode_time(
     Ok((ts, windows))
 }
 
-fn put_stream(out: &mut Vec<u8>, s: &[u8]) {
-    put_varint(out, s.len() as u64);
-    out.extend_from_slice(s);
-}
-
-fn get_stream<'a>(r: &mut Reader<'a>) -> Result<&'a [u8], CodecError> {
-    let len = usize::try_from(r.varint()?).map_err(|_| CodecError::Corrupt("stream length"))?;
-    let end = r.pos.checked_add(len).ok_or(CodecError::Truncated)?;
-    let s = r.buf.get(r.pos..end).ok_or(CodecError::Truncated)?;
-    r.pos = end;
-    Ok(s)
-}
-
 /// Encodes `b` (already checked for shape by the caller) as version 3;
 /// with `shared_time`, without its timestamps and windows.
 pub(super) fn encode(b: &Block, shared_time: bool) -> Result<Vec<u8>, CodecError> {
@@ -531,7 +517,7 @@ pub(super) fn encode(b: &Block, shared_time: bool) -> Result<Vec<u8>, CodecError
         out.push(mode);
         s
     };
-    put_stream(&mut out, &time);
+    put_bytes(&mut out, &time);
     encode_columns(&mut out, b)?;
     Ok(out)
 }
@@ -593,7 +579,7 @@ fn decode_own_time(
     } else {
         None
     };
-    decode_time(get_stream(r)?, n, t0, g, mode)
+    decode_time(r.bytes("stream length")?, n, t0, g, mode)
 }
 
 /// Only the timestamps and windows of a version-3 block; `r` is past the
@@ -658,7 +644,7 @@ pub(super) fn decode(
                     pred,
                 };
                 let first = (c > 0).then(|| cols[0].as_slice());
-                decode_scaled(get_stream(r)?, n, &windows, first, code)?
+                decode_scaled(r.bytes("stream length")?, n, &windows, first, code)?
             }
             _ => return Err(CodecError::Corrupt("column mode")),
         };

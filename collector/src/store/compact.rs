@@ -21,11 +21,12 @@
 use super::keys;
 use super::model::{
     chunk_times, corrupt, derivation_clock, ofu_block_start, ofu_samples, ofu_value, raw_block,
-    raw_hour, raw_points, ref_clock, resolver, time_ref_prefix, window_of, HourMap, OfuAgg,
-    RefCache, Rollup, Times, CLOCKS, MINUTE_MS, TIME_REF, WINDOW_MS,
+    raw_hour, raw_points, ref_clock, resolver, time_ref_prefix, window_of, HourMap, RefCache,
+    Rollup, Times, CLOCKS, MINUTE_MS, TIME_REF, WINDOW_MS,
 };
 use super::{Cf, OfuSample, Op, Precision, Store, StoreError};
 use crate::codec::Block;
+use crate::ofu::Mean;
 use flopwatch_proto::clock::Clock;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -205,11 +206,13 @@ impl Store {
         let values = old.iter().chain(&g.blocks).map(|(_, v)| v.as_slice());
         let mut ops: Vec<Op> = Vec::new();
         let mut rollup = Rollup::default();
-        let mut minutes: BTreeMap<u8, OfuAgg> = BTreeMap::new();
-        let mut add = |ts: i64, v: f64, tpa: f64, clk: f64, w: f64| {
-            rollup.hour.add(v, tpa, clk, w);
+        let mut minutes: BTreeMap<u8, Mean> = BTreeMap::new();
+        // Every sample weighs its window, raw or OFU: with adaptive
+        // sampling one sample may stand for seconds, another for 100 ms.
+        let mut add = |ts: i64, v: f64, tpa: f64, clk: f64, window_ms: u32| {
+            rollup.hour.add(v, tpa, clk, window_ms);
             let m = ((ts - g.window) / MINUTE_MS).clamp(0, 59) as u8;
-            minutes.entry(m).or_default().add(v, tpa, clk, w);
+            minutes.entry(m).or_default().add(v, tpa, clk, window_ms);
         };
         let samples;
         if chunk_cf == Cf::Raw {
@@ -243,7 +246,7 @@ impl Store {
                 }
             }
             for p in &points {
-                add(p.ts_ms, p.value, 0.0, 0.0, 1.0);
+                add(p.ts_ms, p.value, 0.0, 0.0, p.window_ms.unwrap_or(0));
             }
             samples = points.len();
             let last = points.last().map_or(g.window, |p| p.ts_ms);
@@ -344,13 +347,7 @@ impl Store {
                     ref_clock(s, &tpa, &clocks)
                 };
                 for x in s.iter() {
-                    add(
-                        x.ts_ms,
-                        x.ofu,
-                        x.tensor_active,
-                        x.sm_clock_mhz,
-                        f64::from(x.window_ms.max(1)),
-                    );
+                    add(x.ts_ms, x.ofu, x.tensor_active, x.sm_clock_mhz, x.window_ms);
                 }
                 let last = s.last().map_or(g.window, |x| x.ts_ms);
                 ops.push(Op::Put(

@@ -405,27 +405,23 @@ fn rollups_answer_coarse_queries_with_the_same_totals() {
         }
         store.compact(T0 + 4 * H, 0).unwrap(); // hours 0..=3 sealed, 4 in the head
         let sum = |start: i64, end: i64, step: Option<i64>| {
-            let (mut n, mut aggs, mut w, mut s) = (0u64, 0, 0.0, 0.0);
+            let (mut total, mut aggs) = (crate::ofu::Mean::default(), 0);
             store
                 .ofu_pieces("t1", "GPU-1", start, end, None, step, &mut |p| match p {
                     OfuPiece::Sample(x) => {
-                        n += 1;
-                        w += f64::from(x.window_ms);
-                        s += x.ofu * f64::from(x.window_ms);
+                        total.add(x.ofu, x.tensor_active, x.sm_clock_mhz, x.window_ms);
                     }
                     OfuPiece::Agg { agg, ts_ms, len_ms } => {
                         assert!(ts_ms >= start && ts_ms + len_ms <= end);
                         if let Some(st) = step.filter(|&st| st > 0 && st < H) {
                             assert_eq!((ts_ms - start) / st, (ts_ms + len_ms - 1 - start) / st);
                         }
-                        n += agg.count;
                         aggs += 1;
-                        w += agg.weight;
-                        s += agg.sum;
+                        total.merge(&agg);
                     }
                 })
                 .unwrap();
-            (n, aggs, s / w)
+            (total.count, aggs, total.mean().unwrap_or(f64::NAN))
         };
         let (n_raw, a_raw, m_raw) = sum(T0, T0 + 5 * H, None);
         assert_eq!((n_raw, a_raw), (4500, 0), "{name}");
@@ -463,6 +459,52 @@ fn rollups_answer_coarse_queries_with_the_same_totals() {
             )
             .unwrap();
         assert_eq!(jobs, 2250, "{name}");
+    }
+}
+
+/// The hour rollups of every series in the store.
+fn hour_rollups(e: &dyn Engine) -> Vec<crate::ofu::Mean> {
+    let mut out = Vec::new();
+    e.scan(Cf::Rollup, &[], &[0xff; 8], &mut |_, v| {
+        out.push(super::model::Rollup::decode(v).unwrap().hour);
+        true
+    })
+    .unwrap();
+    out
+}
+
+#[test]
+fn raw_rollups_weigh_each_sample_by_its_window() {
+    for (name, e, _dir) in engines() {
+        let store = Store::new(e.clone(), false);
+        // Adaptive sampling: a 100 ms burst at 400 W, then 900 ms of quiet
+        // sent as one backed-off sample at 100 W.
+        let points = [(T0 + 100, 400.0, 100), (T0 + 1000, 100.0, 900)]
+            .map(|(ts_ms, value, w)| Point {
+                ts_ms,
+                value,
+                peak: None,
+                window_ms: Some(w),
+            })
+            .to_vec();
+        let set = CommitSet {
+            seq: 1,
+            series: vec![SeriesBatch {
+                gpu_uuid: "GPU-1".into(),
+                metric: "power_w".into(),
+                points,
+            }],
+            ..Default::default()
+        };
+        store.commit("t1", &set).unwrap();
+        store.compact(T0 + 2 * H, 0).unwrap();
+        let rollups = hour_rollups(&*e);
+        assert_eq!(rollups.len(), 1, "{name}");
+        let hour = rollups[0];
+        assert_eq!(hour.count, 2, "{name}");
+        // (400 · 100 + 100 · 900) / 1000, not the plain mean 250.
+        assert_eq!(hour.mean(), Some(130.0), "{name}");
+        assert_eq!((hour.min(), hour.max()), (100.0, 400.0), "{name}");
     }
 }
 

@@ -33,8 +33,8 @@ pub use compact::{run_compactor, CompactionReport};
 pub use limbo::{LimboBatch, Settle};
 pub use membership::SeqRanges;
 pub use model::{
-    AgentKey, CommitSet, DeviceRecord, GpuRecord, JobRecord, NodeRecord, OfuAgg, OfuPiece,
-    OfuSample, Retention, Store, StoredSeries, WINDOW_MS,
+    AgentKey, CommitSet, DeviceRecord, GpuRecord, JobRecord, NodeRecord, OfuPiece, OfuSample,
+    Retention, Store, StoredSeries, WINDOW_MS,
 };
 pub use precision::{round_decimals, Precision};
 

@@ -4,9 +4,10 @@ use super::keys::{self, get_str, put_str};
 use super::{Cf, Engine, Put, StoreError, View};
 use crate::codec::Block;
 use crate::events::EventRecord;
+use crate::ofu::Mean;
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::metrics as m;
-use flopwatch_proto::model::{Point, SeriesBatch};
+use flopwatch_proto::model::{GpuInfo, Point, SeriesBatch};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -112,6 +113,52 @@ pub struct GpuRecord {
     pub job_id: Option<String>,
     /// Last seen, unix ms.
     pub last_seen_ms: i64,
+}
+
+impl GpuRecord {
+    /// The record of a GPU its agent described in `Hello`, on `node_id`,
+    /// running `job_id`, seen at `last_seen_ms`.
+    pub fn from_info(
+        g: &GpuInfo,
+        node_id: &str,
+        job_id: Option<String>,
+        last_seen_ms: i64,
+    ) -> Self {
+        Self {
+            uuid: g.uuid.clone(),
+            node_id: node_id.to_string(),
+            index: g.index,
+            model: g.model.clone(),
+            sm_count: g.sm_count,
+            max_sm_clock_mhz: g.max_sm_clock_mhz,
+            max_mem_clock_mhz: g.max_mem_clock_mhz,
+            driver_version: g.driver_version.clone(),
+            pci_bus_id: g.pci_bus_id.clone(),
+            gpm_supported: g.gpm_supported,
+            memory_total_bytes: g.memory_total_bytes,
+            mig_parent_uuid: g.mig_parent_uuid.clone(),
+            job_id,
+            last_seen_ms,
+        }
+    }
+
+    /// The GPU as its agent described it (what [`GpuRecord::from_info`]
+    /// took).
+    pub fn info(&self) -> GpuInfo {
+        GpuInfo {
+            index: self.index,
+            uuid: self.uuid.clone(),
+            model: self.model.clone(),
+            sm_count: self.sm_count,
+            max_sm_clock_mhz: self.max_sm_clock_mhz,
+            max_mem_clock_mhz: self.max_mem_clock_mhz,
+            driver_version: self.driver_version.clone(),
+            pci_bus_id: self.pci_bus_id.clone(),
+            gpm_supported: self.gpm_supported,
+            memory_total_bytes: self.memory_total_bytes,
+            mig_parent_uuid: self.mig_parent_uuid.clone(),
+        }
+    }
 }
 
 /// A job seen on one GPU.
@@ -234,91 +281,46 @@ impl Retention {
     }
 }
 
-/// Aggregate of samples: count, weight (ms of window, or 1 per sample),
-/// weighted sums, min and max of the first column.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct OfuAgg {
-    /// Samples.
-    pub count: u64,
-    /// Sum of weights.
-    pub weight: f64,
-    /// Weighted sum of OFU (of the value for raw series).
-    pub sum: f64,
-    /// Weighted sum of tensor activity (OFU rollups).
-    pub tpa_sum: f64,
-    /// Weighted sum of SM clock (OFU rollups).
-    pub clk_sum: f64,
-    /// Smallest OFU (value).
-    pub min: f64,
-    /// Largest OFU (value).
-    pub max: f64,
+/// Bytes of one aggregate in a rollup record: the sample count (u64), then
+/// weight, weighted sums of OFU (the value, for a raw series), tensor
+/// activity and SM clock, min and max (f64), all little-endian — the
+/// order of [`Mean::parts`].
+const AGG_BYTES: usize = 56;
+
+fn encode_agg(m: &Mean, out: &mut Vec<u8>) {
+    let (count, parts) = m.parts();
+    out.extend_from_slice(&count.to_le_bytes());
+    for f in parts {
+        out.extend_from_slice(&f.to_le_bytes());
+    }
 }
 
-impl OfuAgg {
-    /// Adds one sample of weight `w`.
-    pub fn add(&mut self, v: f64, tpa: f64, clk: f64, w: f64) {
-        if self.count == 0 {
-            self.min = v;
-            self.max = v;
-        } else {
-            self.min = self.min.min(v);
-            self.max = self.max.max(v);
-        }
-        self.count += 1;
-        self.weight += w;
-        self.sum += v * w;
-        self.tpa_sum += tpa * w;
-        self.clk_sum += clk * w;
+fn decode_agg(b: &[u8]) -> Option<Mean> {
+    let b = b.get(..AGG_BYTES)?;
+    let u = |i: usize| -> Option<[u8; 8]> { b.get(i * 8..i * 8 + 8)?.try_into().ok() };
+    let mut parts = [0.0; 6];
+    for (i, f) in parts.iter_mut().enumerate() {
+        *f = f64::from_le_bytes(u(i + 1)?);
     }
-
-    const BYTES: usize = 56;
-
-    fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.count.to_le_bytes());
-        for f in [
-            self.weight,
-            self.sum,
-            self.tpa_sum,
-            self.clk_sum,
-            self.min,
-            self.max,
-        ] {
-            out.extend_from_slice(&f.to_le_bytes());
-        }
-    }
-
-    fn decode(b: &[u8]) -> Option<Self> {
-        let b = b.get(..Self::BYTES)?;
-        let u = |i: usize| -> Option<[u8; 8]> { b.get(i * 8..i * 8 + 8)?.try_into().ok() };
-        let f = |i: usize| u(i).map(f64::from_le_bytes);
-        Some(Self {
-            count: u64::from_le_bytes(u(0)?),
-            weight: f(1)?,
-            sum: f(2)?,
-            tpa_sum: f(3)?,
-            clk_sum: f(4)?,
-            min: f(5)?,
-            max: f(6)?,
-        })
-    }
+    Some(Mean::from_parts(u64::from_le_bytes(u(0)?), parts))
 }
 
 /// A rollup record: the hour, then the minutes that have samples.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct Rollup {
-    pub hour: OfuAgg,
+    pub hour: Mean,
     /// Minute index (0..60) and its aggregate.
-    pub minutes: Vec<(u8, OfuAgg)>,
+    pub minutes: Vec<(u8, Mean)>,
 }
 
 impl Rollup {
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(8 + OfuAgg::BYTES * (1 + self.minutes.len()));
+        let mut out = Vec::with_capacity(8 + AGG_BYTES * (1 + self.minutes.len()));
         let mask = self.minutes.iter().fold(0u64, |m, (i, _)| m | (1u64 << i));
         out.extend_from_slice(&mask.to_le_bytes());
-        self.hour.encode(&mut out);
+        encode_agg(&self.hour, &mut out);
         for (_, a) in &self.minutes {
-            a.encode(&mut out);
+            encode_agg(a, &mut out);
         }
         out
     }
@@ -328,13 +330,13 @@ impl Rollup {
         if mask >> 60 != 0 {
             return None;
         }
-        let hour = OfuAgg::decode(b.get(8..)?)?;
+        let hour = decode_agg(b.get(8..)?)?;
         let mut minutes = Vec::new();
-        let mut pos = 8 + OfuAgg::BYTES;
+        let mut pos = 8 + AGG_BYTES;
         for i in 0..60u8 {
             if mask & (1 << i) != 0 {
-                minutes.push((i, OfuAgg::decode(b.get(pos..)?)?));
-                pos += OfuAgg::BYTES;
+                minutes.push((i, decode_agg(b.get(pos..)?)?));
+                pos += AGG_BYTES;
             }
         }
         (pos == b.len()).then_some(Self { hour, minutes })
@@ -354,7 +356,7 @@ pub enum OfuPiece {
         /// Bucket width.
         len_ms: i64,
         /// Its samples' aggregate.
-        agg: OfuAgg,
+        agg: Mean,
     },
 }
 
@@ -1330,5 +1332,64 @@ impl Store {
             Some(v) => Ok(Some(from_json(&v)?)),
             None => Ok(None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rollup record layout that stores already hold: a minute mask,
+    /// then 56 bytes per aggregate (count, weight, Σ value, Σ TPA, Σ clock,
+    /// min, max, little-endian).
+    #[test]
+    fn rollup_records_keep_their_byte_layout() {
+        let mut hour = Mean::default();
+        hour.add(0.5, 0.6, 1500.0, 100);
+        hour.add(0.25, 0.3, 1200.0, 300);
+        let mut minute = Mean::default();
+        minute.add(0.25, 0.3, 1200.0, 300);
+        let r = Rollup {
+            hour,
+            minutes: vec![(7, minute)],
+        };
+        let mut want = (1u64 << 7).to_le_bytes().to_vec();
+        for (count, fs) in [
+            (2u64, [400.0, 125.0, 150.0, 510_000.0, 0.25, 0.5]),
+            (1, [300.0, 75.0, 90.0, 360_000.0, 0.25, 0.25]),
+        ] {
+            want.extend_from_slice(&count.to_le_bytes());
+            for f in fs {
+                want.extend_from_slice(&f64::to_le_bytes(f));
+            }
+        }
+        assert_eq!(r.encode(), want);
+        assert_eq!(Rollup::decode(&want), Some(r));
+        assert_eq!(Rollup::decode(&want[..want.len() - 1]), None);
+    }
+
+    /// A GPU record gives back every field of the agent's description (the
+    /// `ListGpus` answer is built from it through the wire conversion).
+    #[test]
+    fn gpu_records_keep_the_agents_description() {
+        let info = GpuInfo {
+            index: 3,
+            uuid: "MIG-1".into(),
+            model: "NVIDIA H100 80GB HBM3".into(),
+            sm_count: 132,
+            max_sm_clock_mhz: 1980,
+            max_mem_clock_mhz: 2619,
+            driver_version: "550.54".into(),
+            pci_bus_id: "0000:19:00.0".into(),
+            gpm_supported: true,
+            memory_total_bytes: 80 << 30,
+            mig_parent_uuid: Some("GPU-1".into()),
+        };
+        let r = GpuRecord::from_info(&info, "node-a", Some("job".into()), 42);
+        assert_eq!(r.info(), info);
+        assert_eq!(
+            (r.node_id.as_str(), r.job_id.as_deref(), r.last_seen_ms),
+            ("node-a", Some("job"), 42)
+        );
     }
 }

@@ -669,7 +669,7 @@ fn score(
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
-    flopwatch_collector::ofu::quantile(v, p / 100.0).unwrap_or(0.0)
+    flopwatch_proto::stats::quantile(v, p / 100.0).unwrap_or(0.0)
 }
 
 /// The truth's OFU over `[a, a + len)` per GPU: eq. 1 per sample,
