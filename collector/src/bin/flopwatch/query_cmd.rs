@@ -37,6 +37,8 @@ enum What {
         /// How far back, e.g. 10m, 1h.
         #[arg(long, default_value = "10m")]
         since: String,
+        #[command(flatten)]
+        range: Range,
         /// Bucket width of the series, e.g. 10s; 0 for the summary only.
         #[arg(long, default_value = "0s")]
         step: String,
@@ -89,10 +91,42 @@ enum What {
         /// How far back.
         #[arg(long, default_value = "10m")]
         since: String,
+        #[command(flatten)]
+        range: Range,
         /// Most samples.
         #[arg(long, default_value_t = 1000)]
         limit: u32,
     },
+}
+
+/// An explicit range `[start, end)` in unix ms, instead of `--since`.
+#[derive(clap::Args)]
+struct Range {
+    /// Range start, unix ms (replaces --since).
+    #[arg(long, value_name = "UNIX_MS")]
+    start: Option<i64>,
+    /// Range end, unix ms, exclusive (default: now).
+    #[arg(long, value_name = "UNIX_MS", requires = "start")]
+    end: Option<i64>,
+}
+
+impl Range {
+    /// `(start_ms, end_ms)` for a request: `--start`/`--end`, or the last
+    /// `since` before `now` (end 0: now, as the collector reads it).
+    fn resolve(&self, since: &str, now: i64) -> anyhow::Result<(i64, i64)> {
+        match self.start {
+            Some(start) => {
+                let end = self.end.unwrap_or(0);
+                if start <= 0 || (end != 0 && end <= start) {
+                    anyhow::bail!(
+                        "--start {start} --end {end}: expected 0 < start < end (unix ms)"
+                    );
+                }
+                Ok((start, end))
+            }
+            None => Ok((now - parse_ms(since)?, 0)),
+        }
+    }
 }
 
 pub fn status(s: tonic::Status) -> anyhow::Error {
@@ -109,6 +143,7 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
             gpu,
             tenant,
             since,
+            range,
             step,
         } => {
             let scope = match (job, node, gpu, tenant) {
@@ -118,10 +153,11 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
                 (_, _, _, Some(t)) => ofu_request::Scope::Tenant(t),
                 _ => ofu_request::Scope::Fleet(true),
             };
+            let (start_ms, end_ms) = range.resolve(&since, now)?;
             let req = v1::OfuRequest {
                 scope: Some(scope.clone()),
-                start_ms: now - parse_ms(&since)?,
-                end_ms: 0,
+                start_ms,
+                end_ms,
                 step_ms: parse_ms(&step)?,
             };
             let r = c.ofu(req).await.map_err(status)?.into_inner();
@@ -184,7 +220,9 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
             if args.json {
                 let v: Vec<_> = r.gpus.iter().map(|g| {
                     let i = g.info.clone().unwrap_or_default();
-                    json!({"uuid": i.uuid, "model": i.model, "index": i.index, "node_id": g.node_id, "tenant": g.tenant, "job_id": g.job_id})
+                    json!({"uuid": i.uuid, "model": i.model, "index": i.index, "node_id": g.node_id, "tenant": g.tenant, "job_id": g.job_id,
+                           "driver_version": i.driver_version, "gpm_supported": i.gpm_supported,
+                           "sm_count": i.sm_count, "max_sm_clock_mhz": i.max_sm_clock_mhz})
                 }).collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -292,13 +330,15 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
             gpu,
             metric,
             since,
+            range,
             limit,
         } => {
+            let (start_ms, end_ms) = range.resolve(&since, now)?;
             let req = v1::SeriesRequest {
                 gpu_uuid: gpu,
                 metric,
-                start_ms: now - parse_ms(&since)?,
-                end_ms: 0,
+                start_ms,
+                end_ms,
                 limit,
             };
             let s = c
@@ -312,7 +352,8 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
                 println!(
                     "{}",
                     serde_json::to_string_pretty(
-                        &json!({"timestamps_ms": s.timestamps_ms, "values": s.values})
+                        &json!({"timestamps_ms": s.timestamps_ms, "values": s.values,
+                                "window_ms": s.window_ms, "peaks": s.peaks})
                     )?
                 );
             } else {
