@@ -8,6 +8,13 @@
 //! XID errors are scheduled with `xid=GPU:CODE@MS` (an XID `CODE` on GPU
 //! `GPU`, `MS` milliseconds after the fleet start); several are separated by
 //! `;` or given by repeating the key: `xid=2:79@1500;0:13@2000,xid=1:48@0`.
+//!
+//! `schedule=PATH` makes GPU 0 follow a load generator instead of its
+//! simulated job: PATH holds lines `UNIX_MS TENSOR_ACTIVE` (tensor activity,
+//! 0..=1, from that time on; idle before the first line), appended as the
+//! load runs and re-read when the file grows (the `schedule` module).
+//! `deploy/gpu/validate.sh --dry-run` drives it. The path cannot contain a
+//! comma.
 
 /// Name of the environment variable read at `nvmlInit`.
 pub const ENV_VAR: &str = "FLOPWATCH_FAKE_NVML";
@@ -51,6 +58,9 @@ pub struct FakeConfig {
     /// Replay errors counted on each active NVLink link (`nvlink_replays`,
     /// default 0).
     pub nvlink_replays: u64,
+    /// A load schedule GPU 0 follows (`schedule`, a file path; default
+    /// none: GPU 0 runs its simulated job).
+    pub schedule: Option<std::path::PathBuf>,
 }
 
 /// NVLink links an NVML device exposes (`NVML_NVLINK_MAX_LINKS`).
@@ -97,6 +107,7 @@ impl Default for FakeConfig {
             xids: Vec::new(),
             nvlinks: MAX_NVLINKS,
             nvlink_replays: 0,
+            schedule: None,
         }
     }
 }
@@ -108,7 +119,7 @@ pub enum ConfigError {
     #[error("`{0}` is not key=value")]
     NotAPair(String),
     /// A key the fake does not know.
-    #[error("unknown key `{0}` (known: gpus, nodes, node, seed, start_ms, regress_after_ms, gpm, driver, ring, events, mig, xid, nvlinks, nvlink_replays)")]
+    #[error("unknown key `{0}` (known: gpus, nodes, node, seed, start_ms, regress_after_ms, gpm, driver, ring, events, mig, xid, nvlinks, nvlink_replays, schedule)")]
     UnknownKey(String),
     /// A value that does not parse or is out of range.
     #[error("bad value for `{key}`: `{value}` ({why})")]
@@ -169,6 +180,8 @@ impl FakeConfig {
                 "nvlink_replays" => {
                     c.nvlink_replays = value.parse().map_err(|_| bad("not an unsigned integer"))?
                 }
+                "schedule" if !value.is_empty() => c.schedule = Some(value.into()),
+                "schedule" => return Err(bad("empty path")),
                 _ => return Err(ConfigError::UnknownKey(key.to_string())),
             }
         }
@@ -197,7 +210,7 @@ mod tests {
     #[test]
     fn parses_every_key_and_defaults_the_rest() {
         let c = FakeConfig::parse(
-            " gpus=4, nodes=2,node=1,seed=3,start_ms=-5,gpm=0,driver=535.1,ring=7,nvlinks=12,nvlink_replays=3 ",
+            " gpus=4, nodes=2,node=1,seed=3,start_ms=-5,gpm=0,driver=535.1,ring=7,nvlinks=12,nvlink_replays=3,schedule=/tmp/load.txt ",
         )
         .unwrap();
         assert_eq!(
@@ -213,6 +226,7 @@ mod tests {
                 ring: 7,
                 nvlinks: 12,
                 nvlink_replays: 3,
+                schedule: Some("/tmp/load.txt".into()),
                 ..FakeConfig::default()
             }
         );
@@ -268,6 +282,10 @@ mod tests {
         ));
         assert!(matches!(
             FakeConfig::parse("gpm=maybe"),
+            Err(ConfigError::BadValue { .. })
+        ));
+        assert!(matches!(
+            FakeConfig::parse("schedule="),
             Err(ConfigError::BadValue { .. })
         ));
         assert!(matches!(

@@ -33,6 +33,8 @@
 //! * `nvmlDeviceGetMigMode` is `NOT_SUPPORTED` (no MIG), or enabled with
 //!   `mig=1` (no MIG instances are modelled);
 //! * `gpm=0` models a pre-Hopper GPU: no GPM support;
+//! * `schedule=PATH` makes GPU 0 follow a load generator's schedule file
+//!   instead of its simulated job (the `schedule` module);
 //! * NVLink and PCIe without GPM: `nvmlDeviceGetFieldValues` answers
 //!   `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX` with the integral (KiB) of
 //!   the simulated NVLink throughput, per link (`scopeId` = link, traffic
@@ -58,6 +60,7 @@
 pub mod config;
 pub mod control;
 mod exports;
+mod schedule;
 mod state;
 
 use std::path::PathBuf;

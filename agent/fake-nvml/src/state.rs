@@ -6,7 +6,8 @@
 //! to and from these methods, so the logic is testable without FFI.
 
 use crate::config::{ConfigError, FakeConfig, ENV_VAR};
-use flopwatch_sim::{FleetPlan, GpuState, SimModel, WindowMean, TICK_MS};
+use crate::schedule::Schedule;
+use flopwatch_sim::{FleetPlan, GpuPlan, GpuState, SimModel, WindowMean, Workload, TICK_MS};
 use nvml_wrapper_sys::bindings as sys;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -133,7 +134,10 @@ pub(crate) fn configure(spec: &str) -> Result<(), ConfigError> {
 /// Runs `f` on the initialized state; `NVML_ERROR_UNINITIALIZED` otherwise.
 pub(crate) fn with<R>(f: impl FnOnce(&mut Fake) -> Result<R, Ret>) -> Result<R, Ret> {
     match lock().as_mut() {
-        Some(fake) if fake.init_count > 0 => f(fake),
+        Some(fake) if fake.init_count > 0 => {
+            fake.follow_schedule();
+            f(fake)
+        }
         _ => Err(sys::nvmlReturn_enum_NVML_ERROR_UNINITIALIZED),
     }
 }
@@ -195,6 +199,8 @@ pub(crate) struct Fake {
     nvlink: Vec<(i64, f64, f64)>,
     event_sets: HashMap<usize, EventSet>,
     next_event_set: usize,
+    /// The load schedule GPU 0 follows (`schedule=PATH`).
+    schedule: Option<Schedule>,
 }
 
 impl Fake {
@@ -202,7 +208,16 @@ impl Fake {
     pub fn new(config: FakeConfig, now_ms: i64) -> Self {
         let fleet = FleetPlan::new(config.nodes, config.gpus, config.regress_after_ms);
         let start = config.start_ms.unwrap_or(now_ms);
-        let model = SimModel::new(&fleet, config.node, start, config.seed);
+        let mut model = SimModel::new(&fleet, config.node, start, config.seed);
+        let schedule = config.schedule.clone().map(|path| {
+            // A load process owns GPU 0 from the start; it is idle until
+            // the schedule's first step.
+            model.plans[0] = GpuPlan {
+                job: Some("load".to_string()),
+                workload: Workload::Steps { steps: Vec::new() },
+            };
+            Schedule::new(path)
+        });
         let energy = vec![
             EnergyMeter {
                 t_ms: now_ms,
@@ -221,7 +236,20 @@ impl Fake {
             nvlink,
             event_sets: HashMap::new(),
             next_event_set: 0,
+            schedule,
         }
+    }
+
+    /// GPU 0 takes the schedule file's steps, when it changed (unix ms in
+    /// the file, ms after the fleet start in the workload).
+    pub fn follow_schedule(&mut self) {
+        let Some(steps) = self.schedule.as_mut().and_then(Schedule::refresh) else {
+            return;
+        };
+        let start = self.model.start_ms;
+        self.model.plans[0].workload = Workload::Steps {
+            steps: steps.iter().map(|&(t, v)| (t - start, v)).collect(),
+        };
     }
 
     /// The opaque handle of GPU `gpu`.
@@ -660,6 +688,27 @@ mod tests {
 
     fn fake(spec: &str) -> Fake {
         Fake::new(FakeConfig::parse(spec).unwrap(), 1_000_000)
+    }
+
+    #[test]
+    fn gpu_zero_follows_the_schedule_file() {
+        let path = std::env::temp_dir().join(format!(
+            "flopwatch-fake-nvml-state-schedule-{}.txt",
+            std::process::id()
+        ));
+        std::fs::write(&path, "").unwrap();
+        let mut f = fake(&format!("gpus=2,start_ms=0,schedule={}", path.display()));
+        f.follow_schedule();
+        assert_eq!(f.processes(0, 500).len(), 1, "the load owns GPU 0");
+        assert_eq!(f.model.window(0, 0, 10_000).mean.tensor_active, 0.0);
+        std::fs::write(&path, "2000 0.6\n4000 0\n").unwrap();
+        f.follow_schedule();
+        let busy = f.model.window(0, 2_000, 4_000).mean.tensor_active;
+        assert!((busy - 0.6).abs() < 0.005, "{busy}");
+        assert_eq!(f.model.window(0, 4_000, 9_000).mean.tensor_active, 0.0);
+        // GPU 1 keeps its simulated job.
+        assert!(f.model.window(1, 0, 10_000).mean.tensor_active > 0.1);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

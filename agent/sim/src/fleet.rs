@@ -307,6 +307,39 @@ mod tests {
     }
 
     #[test]
+    fn steps_follow_their_schedule() {
+        let m = SimModel::with_plans(
+            vec![GpuPlan {
+                job: Some("load".into()),
+                workload: Workload::Steps {
+                    steps: vec![(1_000, 0.7), (3_000, 0.0), (4_000, 0.3)],
+                },
+            }],
+            10_000,
+            5,
+        );
+        let tpa = |from: i64, to: i64| m.window(0, 10_000 + from, 10_000 + to).mean.tensor_active;
+        assert_eq!(tpa(0, 1_000), 0.0, "idle before the first step");
+        assert!(
+            (tpa(1_000, 3_000) - 0.7).abs() < 0.005,
+            "{}",
+            tpa(1_000, 3_000)
+        );
+        assert_eq!(tpa(3_000, 4_000), 0.0, "idle at a zero step");
+        assert!(
+            (tpa(4_000, 9_000) - 0.3).abs() < 0.005,
+            "{}",
+            tpa(4_000, 9_000)
+        );
+        // A window across a boundary is the time-weighted mix.
+        assert!(
+            (tpa(2_000, 4_000) - 0.35).abs() < 0.005,
+            "{}",
+            tpa(2_000, 4_000)
+        );
+    }
+
+    #[test]
     fn window_is_exact_mean_of_ticks() {
         let f = FleetPlan::new(1, 8, 10_000);
         let m = SimModel::new(&f, 0, 0, 3);

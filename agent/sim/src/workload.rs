@@ -62,6 +62,15 @@ pub enum Workload {
         /// Divisor applied to tensor activity afterwards.
         factor: f64,
     },
+    /// A load that follows a schedule of steps (a load generator telling
+    /// the fake driver what it runs): each `(ms, tensor_active)` sets the
+    /// tensor activity from `ms` (after the fleet's start) until the next
+    /// step, a steady GEMM at that level, or idle at 0. Idle before the
+    /// first step. Steps are in time order.
+    Steps {
+        /// `(ms after the start, tensor activity 0..=1)`, ascending in time.
+        steps: Vec<(i64, f64)>,
+    },
 }
 
 /// InfiniBand traffic of one GPU's NIC during a data-parallel all-reduce
@@ -174,6 +183,22 @@ impl Workload {
                 };
                 training(t, step_ms, comm_ms)
             }
+            Workload::Steps { ref steps } => {
+                // The last step at or before this time; idle before the first.
+                let at = steps.partition_point(|&(t, _)| t <= rel_ms);
+                match at.checked_sub(1).map(|i| steps[i].1.clamp(0.0, 1.0)) {
+                    Some(level) if level > 0.0 => Phase {
+                        tensor: level,
+                        busy: 0.99,
+                        comm: Comm::None,
+                    },
+                    _ => Phase {
+                        tensor: 0.0,
+                        busy: 0.0,
+                        comm: Comm::None,
+                    },
+                }
+            }
         }
     }
 
@@ -223,7 +248,11 @@ impl Workload {
             power_w: ((power + 8.0 * normal(h ^ 4)) * 1000.0).round() / 1000.0,
             temp_c: 32.0 + 38.0 * (0.3 * busy + 0.7 * load),
             // Whole bytes (`nvmlDeviceGetMemoryInfo`).
-            mem_used_bytes: if busy > 0.0 || matches!(self, Workload::Bursty { .. }) {
+            // A service between bursts, or a load between steps, keeps
+            // its memory.
+            mem_used_bytes: if busy > 0.0
+                || matches!(self, Workload::Bursty { .. } | Workload::Steps { .. })
+            {
                 (0.72 * model.memory_total_bytes as f64).round()
             } else {
                 0.6e9

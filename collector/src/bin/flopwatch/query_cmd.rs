@@ -37,9 +37,11 @@ enum What {
         /// How far back, e.g. 10m, 1h.
         #[arg(long, default_value = "10m")]
         since: String,
+        #[command(flatten)]
+        range: Range,
         /// Bucket width of the series, e.g. 10s; 0 for the summary only.
         /// Buckets start on multiples of the step (unix time), the first
-        /// at or before `--since`.
+        /// at or before `--since` (or at `--start`).
         #[arg(long, default_value = "0s")]
         step: String,
     },
@@ -91,10 +93,42 @@ enum What {
         /// How far back.
         #[arg(long, default_value = "10m")]
         since: String,
+        #[command(flatten)]
+        range: Range,
         /// Most samples.
         #[arg(long, default_value_t = 1000)]
         limit: u32,
     },
+}
+
+/// An explicit range `[start, end)` in unix ms, instead of `--since`.
+#[derive(clap::Args)]
+struct Range {
+    /// Range start, unix ms (replaces --since).
+    #[arg(long, value_name = "UNIX_MS")]
+    start: Option<i64>,
+    /// Range end, unix ms, exclusive (default: now).
+    #[arg(long, value_name = "UNIX_MS", requires = "start")]
+    end: Option<i64>,
+}
+
+impl Range {
+    /// `(start_ms, end_ms)` for a request: `--start`/`--end`, or the last
+    /// `since` before `now` (end 0: now, as the collector reads it).
+    fn resolve(&self, since: &str, now: i64) -> anyhow::Result<(i64, i64)> {
+        match self.start {
+            Some(start) => {
+                let end = self.end.unwrap_or(0);
+                if start <= 0 || (end != 0 && end <= start) {
+                    anyhow::bail!(
+                        "--start {start} --end {end}: expected 0 < start < end (unix ms)"
+                    );
+                }
+                Ok((start, end))
+            }
+            None => Ok((now - parse_ms(since)?, 0)),
+        }
+    }
 }
 
 pub fn status(s: tonic::Status) -> anyhow::Error {
@@ -111,6 +145,7 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
             gpu,
             tenant,
             since,
+            range,
             step,
         } => {
             let scope = match (job, node, gpu, tenant) {
@@ -121,16 +156,17 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
                 _ => ofu_request::Scope::Fleet(true),
             };
             let step_ms = parse_ms(&step)?;
-            let mut start_ms = now - parse_ms(&since)?;
+            let (mut start_ms, end_ms) = range.resolve(&since, now)?;
             // Buckets on the unix-time grid of the step, as dashboards
-            // align them (and as the adaptive sampler cuts its sends).
-            if step_ms > 0 {
+            // align them (and as the adaptive sampler cuts its sends),
+            // unless --start names the first.
+            if step_ms > 0 && range.start.is_none() {
                 start_ms = start_ms.div_euclid(step_ms) * step_ms;
             }
             let req = v1::OfuRequest {
                 scope: Some(scope.clone()),
                 start_ms,
-                end_ms: 0,
+                end_ms,
                 step_ms,
             };
             let r = c.ofu(req).await.map_err(status)?.into_inner();
@@ -193,7 +229,9 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
             if args.json {
                 let v: Vec<_> = r.gpus.iter().map(|g| {
                     let i = g.info.clone().unwrap_or_default();
-                    json!({"uuid": i.uuid, "model": i.model, "index": i.index, "node_id": g.node_id, "tenant": g.tenant, "job_id": g.job_id})
+                    json!({"uuid": i.uuid, "model": i.model, "index": i.index, "node_id": g.node_id, "tenant": g.tenant, "job_id": g.job_id,
+                           "driver_version": i.driver_version, "gpm_supported": i.gpm_supported,
+                           "sm_count": i.sm_count, "max_sm_clock_mhz": i.max_sm_clock_mhz})
                 }).collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -301,13 +339,15 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
             gpu,
             metric,
             since,
+            range,
             limit,
         } => {
+            let (start_ms, end_ms) = range.resolve(&since, now)?;
             let req = v1::SeriesRequest {
                 gpu_uuid: gpu,
                 metric,
-                start_ms: now - parse_ms(&since)?,
-                end_ms: 0,
+                start_ms,
+                end_ms,
                 limit,
             };
             let s = c
