@@ -474,16 +474,13 @@ async fn an_agent_over_its_tenant_rate_slows_down_and_loses_nothing() {
             Duration::from_millis(100),
         )),
         AgentOptions {
-            node: NodeIdentity::named("rate-node", "b"),
-            collectors: vec![server.url.clone()],
-            token: None,
-            tls: Default::default(),
             flush_interval: Duration::from_millis(500),
-            max_batch_samples: 50_000,
             max_in_flight: 1024,
-            job: None,
             drain_timeout: Duration::from_secs(30),
-            metrics: None,
+            ..AgentOptions::new(
+                NodeIdentity::named("rate-node", "b"),
+                vec![server.url.clone()],
+            )
         },
         Arc::new(flopwatch_agent::clock::TokioClock::new()),
     );

@@ -34,16 +34,8 @@ fn agent(fleet: &FleetPlan, sampler: Box<dyn Sampler>, url: &str, clock: Arc<Tok
         source::sim_node(fleet, 0, T0, 3, false),
         sampler,
         AgentOptions {
-            node: NodeIdentity::named("node-0", "boot"),
-            collectors: vec![url.to_string()],
-            token: None,
-            tls: Default::default(),
-            flush_interval: Duration::from_secs(1),
-            max_batch_samples: 50_000,
-            max_in_flight: 64,
-            job: None,
             drain_timeout: Duration::from_secs(30),
-            metrics: None,
+            ..AgentOptions::new(NodeIdentity::named("node-0", "boot"), vec![url.to_string()])
         },
         clock,
     )

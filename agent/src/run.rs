@@ -42,6 +42,27 @@ pub struct AgentOptions {
     pub metrics: Option<std::collections::HashSet<String>>,
 }
 
+impl AgentOptions {
+    /// `node` streaming to `collectors` with the configuration file's
+    /// defaults: a batch every second of at most 50,000 samples, 64 batches
+    /// in flight, every metric kept, 5 s to drain at shutdown, no
+    /// credentials, plaintext.
+    pub fn new(node: NodeIdentity, collectors: Vec<String>) -> Self {
+        Self {
+            node,
+            collectors,
+            token: None,
+            tls: Default::default(),
+            flush_interval: Duration::from_secs(1),
+            max_batch_samples: 50_000,
+            max_in_flight: 64,
+            job: None,
+            drain_timeout: Duration::from_secs(5),
+            metrics: None,
+        }
+    }
+}
+
 /// Delivery guarantees beyond the in-memory outbox.
 #[derive(Debug, Clone, Default)]
 pub struct DeliveryOptions {
@@ -507,17 +528,13 @@ mod tests {
             }),
             Box::new(FixedSampler::new(Duration::from_millis(100))),
             AgentOptions {
-                node: NodeIdentity::named("n", "b"),
-                // Nothing listens there: every batch stays in the outbox.
-                collectors: vec!["http://127.0.0.1:9".into()],
-                token: None,
-                tls: Default::default(),
                 flush_interval: Duration::from_secs(3600),
-                max_batch_samples: 50_000,
-                max_in_flight: 64,
-                job: None,
                 drain_timeout: Duration::from_millis(100),
-                metrics: None,
+                // Nothing listens there: every batch stays in the outbox.
+                ..AgentOptions::new(
+                    NodeIdentity::named("n", "b"),
+                    vec!["http://127.0.0.1:9".into()],
+                )
             },
             Arc::new(crate::clock::TokioClock::starting_at(1_000_000)),
         );

@@ -867,22 +867,14 @@ async fn the_agent_loop_sends_attributed_jobs() {
         Box::new(source),
         Box::new(FixedSampler::new(Duration::from_millis(20))),
         AgentOptions {
-            node: NodeIdentity {
-                node_id: "n0".into(),
-                hostname: "n0".into(),
-                boot_id: "b".into(),
-                labels: Default::default(),
-            },
-            // Nothing listens there: batches wait in the outbox.
-            collectors: vec!["http://127.0.0.1:1".into()],
-            token: None,
-            tls: Default::default(),
             flush_interval: Duration::from_millis(40),
-            max_batch_samples: 50_000,
             max_in_flight: 1024,
-            job: None,
             drain_timeout: Duration::from_millis(10),
-            metrics: None,
+            // Nothing listens there: batches wait in the outbox.
+            ..AgentOptions::new(
+                NodeIdentity::named("n0", "b"),
+                vec!["http://127.0.0.1:1".into()],
+            )
         },
         opts(&fixture_proc()),
         Arc::new(TokioClock::new()),

@@ -7,6 +7,10 @@
 #
 #   deploy/dev/compare-sampling.sh [SECONDS]      (default 45)
 #
+# CONTROL=1 runs both agents at a fixed 100 ms: what two processes started
+# together differ by with the same sampling (their simulated fleets start
+# milliseconds apart, and their captures fall at other instants).
+#
 # FLOPWATCH_BIN names the binary (default: target/release/flopwatch, built
 # if missing).
 set -euo pipefail
@@ -40,7 +44,7 @@ data_dir = "$work/$kind-data"
 anonymous_tenant = "default"
 TOML
   adaptive=false
-  [ "$kind" = adaptive ] && adaptive=true
+  [ "$kind" = adaptive ] && [ -z "${CONTROL:-}" ] && adaptive=true
   cat >"$work/$kind-agent.toml" <<TOML
 node_id = "node-$kind"
 collectors = ["${url[$kind]}"]

@@ -102,16 +102,11 @@ pub fn agent_with(
         source,
         sampler,
         AgentOptions {
-            node: NodeIdentity::named(node, "test-boot"),
-            collectors: vec![url.to_string()],
-            token: None,
-            tls: Default::default(),
             flush_interval: Duration::from_millis(500),
-            max_batch_samples: 50_000,
-            max_in_flight: 64,
-            job: None,
-            drain_timeout: Duration::from_secs(5),
-            metrics: None,
+            ..AgentOptions::new(
+                NodeIdentity::named(node, "test-boot"),
+                vec![url.to_string()],
+            )
         },
         Arc::new(TokioClock::new()),
     )

@@ -194,18 +194,7 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
             Agent::start(
                 source,
                 Box::new(FixedSampler::new(interval)),
-                AgentOptions {
-                    node: NodeIdentity::named(&name, &boot),
-                    collectors: vec![url.clone()],
-                    token: None,
-                    tls: Default::default(),
-                    flush_interval: Duration::from_secs(1),
-                    max_batch_samples: 50_000,
-                    max_in_flight: 64,
-                    job: None,
-                    drain_timeout: Duration::from_secs(5),
-                    metrics: None,
-                },
+                AgentOptions::new(NodeIdentity::named(&name, &boot), vec![url.clone()]),
                 clock.clone(),
             )
         })

@@ -425,16 +425,11 @@ async fn pipeline_in(
         }),
         sampler,
         AgentOptions {
-            node: NodeIdentity::named("eval-node", "eval-boot"),
-            collectors: vec![server.url.clone()],
-            token: None,
-            tls: Default::default(),
-            flush_interval: Duration::from_secs(1),
-            max_batch_samples: 50_000,
-            max_in_flight: 64,
-            job: None,
             drain_timeout: Duration::from_secs(60),
-            metrics: None,
+            ..AgentOptions::new(
+                NodeIdentity::named("eval-node", "eval-boot"),
+                vec![server.url.clone()],
+            )
         },
         clock,
     );
