@@ -375,6 +375,39 @@ fn only_container(spec: &PodSpec) -> &Container {
     &spec.containers[0]
 }
 
+/// What a pod advertises for scraping (its `metrics` port and its
+/// `prometheus.io/port` annotation) is what the process binds, on every
+/// interface, so that Prometheus in another pod reaches it.
+fn assert_scrapeable(pod: &PodTemplateSpec, c: &Container, metrics_listen: &str) {
+    let bound: std::net::SocketAddr = metrics_listen
+        .parse()
+        .unwrap_or_else(|e| panic!("metrics_listen `{metrics_listen}`: {e}"));
+    assert!(
+        bound.ip().is_unspecified(),
+        "{}: metrics_listen {bound} is not reachable from other pods",
+        c.name
+    );
+    assert_eq!(
+        i32::from(bound.port()),
+        port_named(c, "metrics"),
+        "{}",
+        c.name
+    );
+    let annotated = pod
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get("prometheus.io/port"));
+    if let Some(a) = annotated {
+        assert_eq!(
+            a,
+            &bound.port().to_string(),
+            "{}: prometheus.io/port",
+            c.name
+        );
+    }
+}
+
 fn port_named(c: &Container, name: &str) -> i32 {
     c.ports
         .iter()
@@ -523,6 +556,7 @@ fn agent_daemonset_reads_the_host_without_privilege() {
         (Path::new(&hp.path).join(rest), ro)
     };
     let cfg: AgentConfig = load_pod_config(spec);
+    assert_scrapeable(&pod, c, &cfg.metrics_listen);
     assert_eq!(
         host(&cfg.attribution.proc_root),
         (PathBuf::from("/proc"), true)
@@ -713,7 +747,7 @@ fn collector_statefulset_keeps_its_data_and_has_a_governing_headless_service() {
     );
     assert!(!read_only);
     assert_eq!(cfg.listen.port() as i32, port_named(c, "grpc"));
-    assert_eq!(cfg.metrics_listen.port() as i32, port_named(c, "metrics"));
+    assert_scrapeable(&spec.template, c, &cfg.metrics_listen.to_string());
     assert_eq!(port_named(c, "grpc"), 7070);
     assert_eq!(port_named(c, "metrics"), 9400);
     assert!(

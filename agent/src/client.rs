@@ -1,6 +1,6 @@
 //! The agent's side of the Ingest stream: connect, Hello, Welcome, send
 //! batches from the [`Outbox`], apply Acks and Rejects, reconnect with
-//! backoff on any failure.
+//! backoff with full jitter ([`crate::backoff`]) on any failure.
 //!
 //! Collectors are tried in the node's rendezvous order
 //! ([`crate::placement`]): the home collector first, then the next when a
@@ -94,7 +94,11 @@ pub async fn run(opts: ClientOptions, outbox: Arc<Outbox>, state: watch::Sender<
         return;
     }
     info!(home = %opts.collectors[order[0]], "home collector (rendezvous hashing)");
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = crate::backoff::Backoff::new(
+        Duration::from_millis(100),
+        Duration::from_secs(5),
+        crate::backoff::seed_for(&opts.hello.node.node_id),
+    );
     let mut i = 0usize;
     let mut failed_in_row = 0usize;
     let mut deadline: Option<Instant> = None;
@@ -122,7 +126,7 @@ pub async fn run(opts: ClientOptions, outbox: Arc<Outbox>, state: watch::Sender<
                 info!(collector = %opts.collectors[order[0]], "home collector is back");
                 i = 0;
                 failed_in_row = 0;
-                backoff = Duration::from_millis(100);
+                backoff.reset();
                 continue;
             }
             End::Failed { why, welcomed } => {
@@ -130,7 +134,7 @@ pub async fn run(opts: ClientOptions, outbox: Arc<Outbox>, state: watch::Sender<
                 if welcomed {
                     warn!(collector = %url, %why, "stream ended; trying the next collector");
                     failed_in_row = 0;
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
                 } else {
                     debug!(collector = %url, %why, "cannot stream");
                     failed_in_row += 1;
@@ -139,11 +143,11 @@ pub async fn run(opts: ClientOptions, outbox: Arc<Outbox>, state: watch::Sender<
         }
         i += 1;
         if failed_in_row >= order.len() {
-            // Every collector refused: wait, then start again from home.
+            // Every collector refused: wait (jittered, so that a fleet
+            // does not come back all at once), then start again from home.
             failed_in_row = 0;
             i = 0;
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            tokio::time::sleep(backoff.next_wait()).await;
         }
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod adaptive;
 pub mod attribution;
+pub mod backoff;
 pub mod batcher;
 pub mod capture;
 pub mod channel;
