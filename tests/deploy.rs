@@ -41,9 +41,10 @@ const EXPORTED_METRICS: &[&str] = &[
     "flopwatch_ingest_rejected_batches_total",
     "flopwatch_ack_latency_seconds",
     "flopwatch_agents_connected",
-    "flopwatch_agent_spool_bytes",
+    "flopwatch_agent_backlog_bytes",
     "flopwatch_regressions_total",
     "flopwatch_stragglers_total",
+    "flopwatch_agent_spool_bytes",
     "flopwatch_agent_sample_interval_seconds",
     "flopwatch_agent_samples_total",
     "flopwatch_agent_captures_total",
@@ -1010,6 +1011,28 @@ fn dashboard_metric_names_finds_every_name_and_strips_histogram_suffixes() {
     );
 }
 
+/// The Job variable filters every panel whose series carry `job_id` (the
+/// per-GPU and per-job families), not one panel of them.
+#[test]
+fn the_job_variable_filters_every_panel_with_job_labels() {
+    let queries = dashboard_queries(&dashboard());
+    let mut filtered = 0;
+    // Panels' queries, not the variables' own.
+    for q in queries.iter().filter(|q| !q.starts_with("label_values(")) {
+        let names = [
+            "flopwatch_ofu{",
+            "flopwatch_tensor_active{",
+            "flopwatch_sm_clock_mhz{",
+            "flopwatch_job_ofu{",
+        ];
+        if names.iter().any(|n| q.contains(n)) {
+            assert!(q.contains("job_id=~\"$job\""), "not filtered by $job: {q}");
+            filtered += 1;
+        }
+    }
+    assert!(filtered >= 5, "{filtered} panels");
+}
+
 #[test]
 fn dashboard_uses_only_exported_metrics() {
     let used = dashboard_metric_names(&dashboard());
@@ -1026,7 +1049,7 @@ fn dashboard_uses_only_exported_metrics() {
         "flopwatch_ingest_rejected_samples_total",
         "flopwatch_ack_latency_seconds",
         "flopwatch_agents_connected",
-        "flopwatch_agent_spool_bytes",
+        "flopwatch_agent_backlog_bytes",
         "flopwatch_agent_sample_interval_seconds",
         "flopwatch_agent_samples_total",
     ] {

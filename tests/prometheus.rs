@@ -5,11 +5,15 @@
 //! Prometheus really got.
 
 use flopwatch_agent::adaptive::AdaptiveSampler;
+use flopwatch_agent::attribution::AttributionOptions;
 use flopwatch_agent::clock::TokioClock;
 use flopwatch_agent::source::sim::SimSource;
+use flopwatch_agent::spool::SpoolOptions;
+use flopwatch_agent::{AgentOptions, DeliveryOptions};
 use flopwatch_collector::auth::Auth;
 use flopwatch_config::{CollectorConfig, RemoteWriteConfig, SamplingConfig};
 use flopwatch_proto::clock::Clock;
+use flopwatch_proto::model::NodeIdentity;
 use flopwatch_proto::v1::{ofu_request, OfuRequest};
 use flopwatch_sim::FleetPlan;
 use flopwatch_tests::TestCollector;
@@ -163,19 +167,36 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
     };
     let collector = TestCollector::start_config(&cfg, Auth::anonymous("default"), Vec::new()).await;
 
-    // One simulated node of 4 GPUs, adaptive sampling, its own /metrics.
+    // One simulated node of 4 GPUs, adaptive sampling, a disk spool, its
+    // own /metrics.
     let clock = Arc::new(TokioClock::new());
     let fleet = FleetPlan::new(1, 4, 3_600_000);
     let sampling = SamplingConfig {
         adaptive: true,
         ..Default::default()
     };
-    let agent = flopwatch_tests::agent_with(
+    let agent = flopwatch_agent::Agent::start_with_delivery(
         Box::new(SimSource::new(&fleet, 0, clock.now_ms(), 7)),
         Box::new(AdaptiveSampler::new(&sampling, 7)),
-        "node-a",
-        &collector.url,
-    );
+        AgentOptions {
+            flush_interval: Duration::from_millis(500),
+            ..AgentOptions::new(
+                NodeIdentity::named("node-a", "test-boot"),
+                vec![collector.url.clone()],
+            )
+        },
+        AttributionOptions::disabled(),
+        clock.clone(),
+        DeliveryOptions {
+            spool: Some(SpoolOptions {
+                dir: dir.path().join("spool"),
+                max_bytes: 64 << 20,
+                fsync_interval: Duration::from_secs(1),
+            }),
+            max_batches_per_second: None,
+        },
+    )
+    .unwrap();
     let agent_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let agent_addr = agent_listener.local_addr().unwrap();
     let (agent_stop, agent_stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -292,6 +313,7 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
     );
 
     // promtool on both pages, as curl gets them (Prometheus text format).
+    let mut families = Vec::new();
     for url in [
         collector.metrics_url.clone(),
         format!("http://{agent_addr}/metrics"),
@@ -300,7 +322,20 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
         assert!(page.contains("flopwatch_"), "{url}: {page}");
         let findings = promtool_findings(&page);
         assert!(findings.is_empty(), "{url}: promtool: {findings:#?}");
+        families.push(
+            page.lines()
+                .filter_map(|l| l.strip_prefix("# TYPE "))
+                .filter_map(|l| l.split_whitespace().next())
+                .map(str::to_string)
+                .collect::<BTreeSet<String>>(),
+        );
     }
+    // A family means one thing: none is on both pages (the collector once
+    // exported the agents' reported backlog under the name of the agent's
+    // own spool gauge).
+    assert!(families[1].contains("flopwatch_agent_spool_bytes"));
+    let both: Vec<&String> = families[0].intersection(&families[1]).collect();
+    assert!(both.is_empty(), "on both pages: {both:?}");
 
     // Every metric the dashboard queries exists in what Prometheus got.
     let names: BTreeSet<String> = {

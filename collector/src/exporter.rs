@@ -17,7 +17,7 @@
 //! | `flopwatch_sampling_interval_seconds` | gauge | GPU labels + `metric` |
 //! | `flopwatch_device_metric` | gauge, last value of a node device's counter | device labels + `metric` |
 //! | `flopwatch_device_sampling_interval_seconds` | gauge | device labels + `metric` |
-//! | `flopwatch_agent_spool_bytes`, `flopwatch_agent_pending_batches` | gauge | `tenant`, `agent`, `hostname` |
+//! | `flopwatch_agent_backlog_bytes`, `flopwatch_agent_backlog_batches` | gauge | `tenant`, `agent`, `hostname` |
 //! | `flopwatch_agents_connected` | gauge | |
 //! | `flopwatch_storage_memory_bytes` | gauge, RocksDB memtables, block cache and table readers | |
 //! | `flopwatch_ingest_samples_total`, `flopwatch_ingest_batches_total`, `flopwatch_ingest_duplicate_batches_total`, `flopwatch_ingest_rejected_batches_total`, `flopwatch_ofu_samples_total` | counter | |
@@ -272,16 +272,16 @@ impl prometheus_client::collector::Collector for Exporter {
         };
         gauges(
             &mut enc,
-            "flopwatch_agent_spool_bytes",
-            "Bytes waiting in an agent for an acknowledgement (memory outbox and disk spool).",
+            "flopwatch_agent_backlog_bytes",
+            "Bytes waiting in an agent for an acknowledgement (memory outbox and disk spool), as the agent reports it.",
             agents
                 .iter()
                 .map(|a| (agent_labels(a), a.pending_bytes as f64)),
         )?;
         gauges(
             &mut enc,
-            "flopwatch_agent_pending_batches",
-            "Batches waiting in an agent for an acknowledgement.",
+            "flopwatch_agent_backlog_batches",
+            "Batches waiting in an agent for an acknowledgement, as the agent reports it.",
             agents
                 .iter()
                 .map(|a| (agent_labels(a), f64::from(a.pending_batches))),
