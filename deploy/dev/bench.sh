@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ./deploy/dev/setup.sh
 secs="${1:-60}"
-cargo build --quiet --release --bin flopwatch -p flopwatch-collector
+cargo build --quiet --release --bin flopwatch -p flopwatch-cli
 cargo build --quiet --release -p flopwatch-fake-nvml
 target="${CARGO_TARGET_DIR:-target}/release"
 bin="$target/flopwatch"

@@ -19,7 +19,7 @@ secs="${1:-45}"
 bin="${FLOPWATCH_BIN:-target/release/flopwatch}"
 if [ ! -x "$bin" ]; then
   ./deploy/dev/setup.sh
-  cargo build --release -p flopwatch-collector --bin flopwatch
+  cargo build --release -p flopwatch-cli --bin flopwatch
 fi
 work="$(mktemp -d)"
 pids=()

@@ -36,7 +36,7 @@
 # Options:
 #   --dry-run              no GPU: fake NVML and a CPU stand-in (not a measurement)
 #   --bin PATH             flopwatch binary to use (env FLOPWATCH_BIN); default:
-#                          cargo build --release -p flopwatch-collector --bin flopwatch
+#                          cargo build --release -p flopwatch-cli --bin flopwatch
 #   --fake-nvml PATH       dry run: libflopwatch_fake_nvml.so (env FLOPWATCH_FAKE_NVML_LIB);
 #                          default: beside the binary, else built with cargo
 #   --out PATH             report file (env FLOPWATCH_VALIDATE_OUT)
@@ -160,7 +160,7 @@ fi
 if [[ -z $bin ]]; then
     command -v cargo >/dev/null 2>&1 || die "no --bin given and cargo not found to build flopwatch"
     echo "building flopwatch (release; a first build compiles RocksDB, minutes)..." >&2
-    (cd "$repo" && cargo build --release --quiet -p flopwatch-collector --bin flopwatch)
+    (cd "$repo" && cargo build --release --quiet -p flopwatch-cli --bin flopwatch)
     if [[ $dry == 1 && -z $fake_lib ]]; then
         (cd "$repo" && cargo build --release --quiet -p flopwatch-fake-nvml)
     fi

@@ -125,7 +125,7 @@ async fn collector(a: BackpressureArgs) -> anyhow::Result<()> {
         listener,
         Some(metrics),
         server::Serving::default(),
-        crate::collector_cmd::shutdown_signal(),
+        crate::shared::shutdown_signal(),
     )
     .await?;
     Ok(())

@@ -6,20 +6,47 @@
 //! flopwatch agent      the node agent
 //! flopwatch query      OFU, nodes, GPUs, jobs, series from a collector
 //! flopwatch select     offline metric selection (Moneo §2.2)
+//! flopwatch top        live terminal view
 //! ```
+//!
+//! Each role is a Cargo feature (`agent`, `collector`, `select`, `tui`,
+//! `bench`; all on by default), so a node can run a `flopwatch` built with
+//! `--no-default-features --features agent`: the agent and `query`, without
+//! RocksDB, the collector, the selector or the terminal view.
 
+// A build with some roles left out leaves some shared helpers unused.
+#![cfg_attr(
+    not(all(
+        feature = "agent",
+        feature = "collector",
+        feature = "select",
+        feature = "tui",
+        feature = "bench"
+    )),
+    allow(dead_code, unused_imports)
+)]
+
+#[cfg(feature = "agent")]
 mod agent_cmd;
 mod alloc;
+#[cfg(feature = "bench")]
 mod bench;
+#[cfg(feature = "collector")]
 mod collector_cmd;
 mod conn;
+#[cfg(all(feature = "agent", feature = "collector"))]
 mod demo;
+#[cfg(all(feature = "agent", feature = "collector"))]
 mod eval;
 mod query_cmd;
 mod query_jobs;
+#[cfg(all(feature = "select", feature = "collector"))]
 mod select_store;
+mod shared;
 mod table;
+#[cfg(feature = "collector")]
 mod tile_cmd;
+#[cfg(feature = "tui")]
 mod top;
 
 use clap::{Parser, Subcommand};
@@ -27,7 +54,7 @@ use clap::{Parser, Subcommand};
 /// Non-intrusive GPU fleet monitor: Overall FLOP Utilization (OFU) for every
 /// GPU, job, node and tenant.
 #[derive(Parser)]
-#[command(name = "flopwatch", version, about, long_about = None)]
+#[command(name = "flopwatch", version, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -37,22 +64,30 @@ struct Cli {
 enum Command {
     /// Run a collector with embedded RocksDB and a simulated fleet, with a
     /// live OFU table.
+    #[cfg(all(feature = "agent", feature = "collector"))]
     Demo(demo::DemoArgs),
     /// Run a collector.
+    #[cfg(feature = "collector")]
     Collector(collector_cmd::CollectorArgs),
     /// Run a node agent.
+    #[cfg(feature = "agent")]
     Agent(agent_cmd::AgentArgs),
     /// Query a collector.
     Query(query_cmd::QueryArgs),
     /// Select a non-redundant metric set from recorded data (Moneo §2.2).
+    #[cfg(feature = "select")]
     Select(flopwatch_selector::SelectArgs),
     /// Compare adaptive with fixed-interval sampling on a trace (Moneo §2.3).
+    #[cfg(all(feature = "agent", feature = "collector"))]
     EvalSampling(eval::EvalArgs),
     /// Measure the collector (see docs/BENCHMARKS.md).
+    #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
     /// Tile-quantization overhead of a GEMM and the corrected OFU (OFU paper eq. 2-4, 8).
+    #[cfg(feature = "collector")]
     Tile(tile_cmd::TileArgs),
     /// Live terminal view of nodes, GPUs and jobs with OFU bars.
+    #[cfg(feature = "tui")]
     Top(top::TopArgs),
 }
 
@@ -69,14 +104,17 @@ fn main() -> std::process::ExitCode {
     alloc::tune();
     let cli = Cli::parse();
     let result = match cli.command {
+        #[cfg(all(feature = "agent", feature = "collector"))]
         Command::Demo(a) => {
             init_tracing("warn");
             runtime().and_then(|rt| rt.block_on(demo::run(a)))
         }
+        #[cfg(feature = "collector")]
         Command::Collector(a) => {
             init_tracing("info");
             runtime().and_then(|rt| rt.block_on(collector_cmd::run(a)))
         }
+        #[cfg(feature = "agent")]
         Command::Agent(a) => {
             init_tracing("info");
             // One node agent does little work: a single-threaded runtime
@@ -92,20 +130,25 @@ fn main() -> std::process::ExitCode {
             init_tracing("warn");
             runtime().and_then(|rt| rt.block_on(query_cmd::run(a)))
         }
+        #[cfg(feature = "select")]
         Command::Select(a) => {
             init_tracing("warn");
             run_select(a)
         }
+        #[cfg(feature = "bench")]
         Command::Bench(a) => {
             init_tracing("warn");
             runtime().and_then(|rt| rt.block_on(bench::run(a)))
         }
+        #[cfg(feature = "collector")]
         Command::Tile(a) => tile_cmd::run(a),
+        #[cfg(feature = "tui")]
         Command::Top(a) => {
             // Log lines would tear the full-screen view: errors only.
             init_tracing("error");
             runtime().and_then(|rt| rt.block_on(top::run(a)))
         }
+        #[cfg(all(feature = "agent", feature = "collector"))]
         Command::EvalSampling(a) => {
             init_tracing("warn");
             // Each run has its own paused-time runtime.
@@ -127,9 +170,13 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+#[cfg(feature = "select")]
 fn run_select(a: flopwatch_selector::SelectArgs) -> anyhow::Result<()> {
     if a.store.is_some() {
+        #[cfg(feature = "collector")]
         return select_store::run(&a);
+        #[cfg(not(feature = "collector"))]
+        anyhow::bail!("--store reads a collector's RocksDB store: this flopwatch was built without the `collector` feature");
     }
     flopwatch_selector::run_csv(&a)?;
     Ok(())

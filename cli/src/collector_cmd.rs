@@ -1,5 +1,6 @@
 //! `flopwatch collector --config collector.toml`
 
+use crate::shared::{read_metric_set, shutdown_signal};
 use anyhow::Context;
 use flopwatch_collector::{auth::Auth, server};
 use flopwatch_config::{load_file, CollectorConfig, SpecTable};
@@ -24,22 +25,6 @@ pub struct CollectorArgs {
     metrics_listen: Option<std::net::SocketAddr>,
 }
 
-/// Reads the metric set a `metrics_file` names (`metrics = [...]`).
-pub fn read_metric_set(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
-    #[derive(serde::Deserialize)]
-    struct Set {
-        metrics: Vec<String>,
-    }
-    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
-    let set: Set = toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
-    for m in &set.metrics {
-        if flopwatch_proto::metrics::lookup(m).is_none() {
-            anyhow::bail!("{}: key `metrics`: unknown metric `{m}`", path.display());
-        }
-    }
-    Ok(set.metrics)
-}
-
 pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
     let mut cfg: CollectorConfig = load_file(&args.config)?;
     if let Some(l) = args.listen {
@@ -62,7 +47,7 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
         Some(p) => read_metric_set(&flopwatch_config::relative_to(&args.config, p))?,
         None => Vec::new(),
     };
-    let base = crate::agent_cmd::config_dir(&args.config);
+    let base = crate::shared::config_dir(&args.config);
     let tls = match &cfg.tls {
         Some(t) => Some(
             flopwatch_collector::tls::server_config(t, &base)
@@ -154,26 +139,4 @@ async fn reload_on_sighup(collector: Arc<flopwatch_collector::Collector>, path: 
         let _ = (collector, path);
         std::future::pending::<()>().await;
     }
-}
-
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

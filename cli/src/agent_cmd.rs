@@ -1,6 +1,6 @@
 //! `flopwatch agent --config agent.toml [--source nvml|sim|replay:FILE|dcgm-exporter:URL]`
 
-use crate::collector_cmd::{read_metric_set, shutdown_signal};
+use crate::shared::{config_dir, read_metric_set, shutdown_signal};
 use anyhow::Context;
 use flopwatch_agent::clock::TokioClock;
 use flopwatch_agent::identity::node_identity;
@@ -179,9 +179,4 @@ async fn wait_sampling_done(agent: &Agent) {
             return;
         }
     }
-}
-
-/// The directory relative paths of a config file are resolved against.
-pub fn config_dir(config: &std::path::Path) -> PathBuf {
-    config.parent().map(|p| p.to_path_buf()).unwrap_or_default()
 }

@@ -2,7 +2,7 @@
 //! under `--data-dir`, and `--nodes` × `--gpus` simulated agents talking
 //! real gRPC to it; a live table of OFU per job and node; a summary.
 
-use crate::collector_cmd::shutdown_signal;
+use crate::shared::shutdown_signal;
 use crate::{parse_ms, table};
 use anyhow::Context;
 use flopwatch_agent::clock::TokioClock;
