@@ -18,8 +18,8 @@ mod tenants;
 
 use anyhow::Context;
 use flopwatch_agent::clock::TokioClock;
-use flopwatch_collector::{auth::Auth, server};
-use flopwatch_config::{CollectorConfig, SpecTable};
+use flopwatch_collector::server;
+use flopwatch_config::CollectorConfig;
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::metrics::CATALOG;
 use flopwatch_proto::v1::{
@@ -154,16 +154,9 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let clock = Arc::new(TokioClock::new());
-    let collector = server::open(
-        &dir,
-        &cfg,
-        SpecTable::builtin(),
-        Auth::anonymous("default"),
-        Vec::new(),
-        clock.clone(),
-    )
-    .with_context(|| format!("opening {}", dir.display()))?;
-    let server = server::Loopback::start(collector.clone()).await?;
+    let (collector, server) = server::Loopback::open(&cfg, clock.clone())
+        .await
+        .with_context(|| format!("opening {}", dir.display()))?;
     let url = server.url.clone();
 
     let acked = Arc::new(AtomicU64::new(0));

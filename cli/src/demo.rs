@@ -9,8 +9,8 @@ use flopwatch_agent::clock::TokioClock;
 use flopwatch_agent::identity::boot_id;
 use flopwatch_agent::sampler::FixedSampler;
 use flopwatch_agent::{source, Agent, AgentOptions};
-use flopwatch_collector::{auth::Auth, server, stats::Stats};
-use flopwatch_config::{CollectorConfig, SpecTable};
+use flopwatch_collector::{server, stats::Stats};
+use flopwatch_config::CollectorConfig;
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::model::NodeIdentity;
 use flopwatch_proto::v1::{self, ofu_request};
@@ -154,16 +154,9 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let clock = Arc::new(TokioClock::new());
-    let collector = server::open(
-        &data_dir,
-        &cfg,
-        SpecTable::builtin(),
-        Auth::anonymous("default"),
-        Vec::new(),
-        clock.clone(),
-    )
-    .with_context(|| format!("opening {}", data_dir.display()))?;
-    let server = server::Loopback::start(collector.clone()).await?;
+    let (collector, server) = server::Loopback::open(&cfg, clock.clone())
+        .await
+        .with_context(|| format!("opening {}", data_dir.display()))?;
     let url = server.url.clone();
     println!("collector: {url}  (try: flopwatch query ofu --collector {url} --job llm-pretrain)");
     println!(

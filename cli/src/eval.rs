@@ -57,7 +57,7 @@ use flopwatch_agent::source::replay::ReplaySource;
 use flopwatch_agent::source::{Capture, GpuSource, SourceError};
 use flopwatch_agent::{Agent, AgentOptions};
 use flopwatch_collector::ofu::ofu;
-use flopwatch_collector::{auth::Auth, server};
+use flopwatch_collector::server;
 use flopwatch_config::{CollectorConfig, SamplingConfig, SpecTable};
 use flopwatch_proto::metrics;
 use flopwatch_proto::model::{GpuInfo, NodeIdentity};
@@ -405,16 +405,9 @@ async fn pipeline_in(
         plaintext: true,
         ..Default::default()
     };
-    let collector = server::open(
-        dir,
-        &cfg,
-        SpecTable::builtin(),
-        Auth::anonymous("default"),
-        Vec::new(),
-        clock.clone(),
-    )
-    .with_context(|| format!("opening {}", dir.display()))?;
-    let server = server::Loopback::start(collector.clone()).await?;
+    let (_collector, server) = server::Loopback::open(&cfg, clock.clone())
+        .await
+        .with_context(|| format!("opening {}", dir.display()))?;
     let source = ReplaySource::parse(text, file, MODEL)?.paced(T0_MS + min_ms);
     let inventory = source.inventory().to_vec();
     let reads = Arc::new(AtomicU64::new(0));

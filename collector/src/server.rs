@@ -347,6 +347,25 @@ pub struct Loopback {
 }
 
 impl Loopback {
+    /// A collector of `config` (RocksDB under its `data_dir`, credentials
+    /// from it, the built-in GPU spec table) serving on `127.0.0.1:0`: how
+    /// the demo, `eval-sampling` and the benches run one in-process.
+    pub async fn open(
+        config: &CollectorConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<(Arc<Collector>, Self), CollectorError> {
+        let collector = open(
+            &config.data_dir,
+            config,
+            SpecTable::builtin(),
+            Auth::from_config(config),
+            Vec::new(),
+            clock,
+        )?;
+        let server = Self::start(collector.clone()).await?;
+        Ok((collector, server))
+    }
+
     /// Serves `collector` on `127.0.0.1:0`.
     pub async fn start(collector: Arc<Collector>) -> Result<Self, CollectorError> {
         Self::start_serving(collector, Serving::default()).await

@@ -2,16 +2,24 @@
 # Reproduces the figures of docs/BENCHMARKS.md on this machine:
 #   1. collector durable ingest rate (flopwatch bench ingest);
 #   2. agent RSS and CPU, 8 GPUs × every metric at 100 ms, with the sim
-#      source and with the NVML source on the fake libnvidia-ml.
+#      source and with the NVML source on the fake libnvidia-ml, on the
+#      agent-only build a node runs; the fake library's own CPU time (the
+#      simulated hardware) is reported apart, and the agent's resident set
+#      is broken down by mapping.
 # Usage: deploy/dev/bench.sh [seconds per agent run, default 60]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ./deploy/dev/setup.sh
 secs="${1:-60}"
+target="${CARGO_TARGET_DIR:-target}/release"
+# The agent-only build first (no RocksDB, collector, selector or TUI), kept
+# aside: the full build below writes the same path.
+cargo build --quiet --release -p flopwatch-cli --no-default-features --features agent
+cp "$target/flopwatch" "$target/flopwatch-agent"
 cargo build --quiet --release --bin flopwatch -p flopwatch-cli
 cargo build --quiet --release -p flopwatch-fake-nvml
-target="${CARGO_TARGET_DIR:-target}/release"
 bin="$target/flopwatch"
+agent_bin="$target/flopwatch-agent"
 work="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
@@ -24,33 +32,70 @@ du -sh "$work/ingest" | awk '{print "data dir after the run: " $1}'
 rm -rf "$work/ingest"
 echo
 
+# Resident set of PID by mapping: the binary, each shared library, heap
+# and anonymous memory (allocator arenas, thread stacks, tokio's buffers),
+# in KiB, largest first.
+rss_breakdown() {
+  python3 - "$1" <<'PY'
+import re, sys
+from collections import defaultdict
+kb = defaultdict(int)
+name = None
+for line in open(f"/proc/{sys.argv[1]}/smaps"):
+    m = re.match(r"^[0-9a-f]+-[0-9a-f]+ (\S+) \S+ \S+ \S+\s*(.*)$", line)
+    if m:
+        perms, path = m.group(1), m.group(2).strip()
+        if not path:
+            name = "anonymous (heap arenas, thread stacks)"
+        elif path.startswith("["):
+            name = path
+        else:
+            kind = "code" if "x" in perms else "data"
+            name = f"{path.rsplit('/', 1)[-1]} ({kind})"
+        continue
+    if line.startswith("Rss:") and name:
+        kb[name] += int(line.split()[1])
+total = sum(kb.values())
+print(f"  resident {total / 1024:.1f} MiB:", ", ".join(
+    f"{n} {v / 1024:.1f}" for n, v in sorted(kb.items(), key=lambda x: -x[1]) if v >= 64))
+PY
+  echo "  threads: $(ls /proc/$1/task | wc -l)"
+}
+
 measure_agent() { # name source [env...]
   local name="$1" source="$2"; shift 2
   "$bin" collector --config config/collector.toml --listen 127.0.0.1:0 --data-dir "$work/c-$name" >"$work/c-$name.out" 2>/dev/null &
   local cpid=$!
   for _ in $(seq 50); do grep -q listening "$work/c-$name.out" 2>/dev/null && break; sleep 0.1; done
   local url="http://$(sed -n 's/^listening on //p' "$work/c-$name.out")"
+  local report="$work/fake-cpu-${source}"
   env "$@" FLOPWATCH_SIM__GPUS=8 FLOPWATCH_LOG=warn \
-    "$bin" agent --config config/agent.toml --source "$source" --collector "$url" &
+    "$agent_bin" agent --config config/agent.toml --source "$source" --collector "$url" &
   local apid=$!
   sleep 5
-  local hz t0 t1 rss hwm
+  local hz t0 t1 f0 f1 rss hwm
   hz=$(getconf CLK_TCK)
   t0=$(awk '{print $14+$15}' /proc/$apid/stat)
+  f0=$(cat "$report" 2>/dev/null || echo 0)
   sleep "$secs"
   t1=$(awk '{print $14+$15}' /proc/$apid/stat)
+  f1=$(cat "$report" 2>/dev/null || echo 0)
   rss=$(awk '/VmRSS/{print $2}' /proc/$apid/status)
   hwm=$(awk '/VmHWM/{print $2}' /proc/$apid/status)
+  rss_breakdown $apid
   kill -TERM $apid; wait $apid || true
   local stored
   stored=$("$bin" query ofu --collector "$url" --since 1h --json | awk -F: '/"samples"/{gsub(/[ ,]/,"",$2); print $2}')
   kill -TERM $cpid; wait $cpid || true
-  awk -v n="$name" -v s="$secs" -v d="$((t1 - t0))" -v hz="$hz" -v rss="$rss" -v hwm="$hwm" -v st="$stored" 'BEGIN {
-    printf "agent %-28s RSS %.1f MiB (peak %.1f MiB), CPU %.2f %% of one core over %d s; %s OFU samples stored\n",
-      n, rss/1024, hwm/1024, 100*d/hz/s, s, st }'
+  awk -v n="$name" -v s="$secs" -v d="$((t1 - t0))" -v hz="$hz" -v rss="$rss" -v hwm="$hwm" -v st="$stored" \
+      -v fake="$(( (f1 - f0) ))" 'BEGIN {
+    all = 100*d/hz/s; sim = 100*fake/1e9/s
+    printf "agent %-28s RSS %.1f MiB (peak %.1f MiB), CPU %.2f %% of one core over %d s", n, rss/1024, hwm/1024, all, s
+    if (fake > 0) printf " (fake libnvidia-ml %.2f %%, the agent %.2f %%)", sim, all - sim
+    printf "; %s OFU samples stored\n", st }'
 }
 
-echo "## agent footprint (8 GPUs, all metrics, 100 ms, 1 s batches)"
+echo "## agent footprint (agent-only build; 8 GPUs, all metrics, 100 ms, 1 s batches)"
 measure_agent "sim" sim
 measure_agent "nvml (fake libnvidia-ml)" nvml \
-  FLOPWATCH_NVML__LIBRARY_PATH="$target/libflopwatch_fake_nvml.so" FLOPWATCH_FAKE_NVML="gpus=8"
+  FLOPWATCH_NVML__LIBRARY_PATH="$target/libflopwatch_fake_nvml.so" FLOPWATCH_FAKE_NVML="gpus=8,cpu_report=$work/fake-cpu-nvml"

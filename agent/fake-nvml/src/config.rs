@@ -15,6 +15,10 @@
 //! load runs and re-read when the file grows (the `schedule` module).
 //! `deploy/gpu/validate.sh --dry-run` drives it. The path cannot contain a
 //! comma.
+//!
+//! `cpu_report=PATH` makes the library write, at most once a second, the
+//! CPU time its own calls have taken so far (nanoseconds, one line) to PATH:
+//! what the simulated hardware costs the process that loads it.
 
 /// Name of the environment variable read at `nvmlInit`.
 pub const ENV_VAR: &str = "FLOPWATCH_FAKE_NVML";
@@ -61,6 +65,11 @@ pub struct FakeConfig {
     /// A load schedule GPU 0 follows (`schedule`, a file path; default
     /// none: GPU 0 runs its simulated job).
     pub schedule: Option<std::path::PathBuf>,
+    /// Where the library reports the CPU time spent inside its own calls
+    /// (`cpu_report`, a file path; default none): the simulated hardware's
+    /// cost, so that a benchmark can tell the agent's share apart (the
+    /// `cpu` module).
+    pub cpu_report: Option<std::path::PathBuf>,
 }
 
 /// NVLink links an NVML device exposes (`NVML_NVLINK_MAX_LINKS`).
@@ -108,6 +117,7 @@ impl Default for FakeConfig {
             nvlinks: MAX_NVLINKS,
             nvlink_replays: 0,
             schedule: None,
+            cpu_report: None,
         }
     }
 }
@@ -182,6 +192,8 @@ impl FakeConfig {
                 }
                 "schedule" if !value.is_empty() => c.schedule = Some(value.into()),
                 "schedule" => return Err(bad("empty path")),
+                "cpu_report" if !value.is_empty() => c.cpu_report = Some(value.into()),
+                "cpu_report" => return Err(bad("empty path")),
                 _ => return Err(ConfigError::UnknownKey(key.to_string())),
             }
         }
@@ -210,7 +222,7 @@ mod tests {
     #[test]
     fn parses_every_key_and_defaults_the_rest() {
         let c = FakeConfig::parse(
-            " gpus=4, nodes=2,node=1,seed=3,start_ms=-5,gpm=0,driver=535.1,ring=7,nvlinks=12,nvlink_replays=3,schedule=/tmp/load.txt ",
+            " gpus=4, nodes=2,node=1,seed=3,start_ms=-5,gpm=0,driver=535.1,ring=7,nvlinks=12,nvlink_replays=3,schedule=/tmp/load.txt,cpu_report=/tmp/cpu ",
         )
         .unwrap();
         assert_eq!(
@@ -227,6 +239,7 @@ mod tests {
                 nvlinks: 12,
                 nvlink_replays: 3,
                 schedule: Some("/tmp/load.txt".into()),
+                cpu_report: Some("/tmp/cpu".into()),
                 ..FakeConfig::default()
             }
         );

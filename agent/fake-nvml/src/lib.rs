@@ -52,13 +52,15 @@
 //! (the rlib it links and the .so nvml-wrapper dlopens), each with its own
 //! globals; [`control`] therefore always goes through the .so.
 //!
-//! Unsafe code is confined to `exports` (C pointers in and out) and
-//! [`control`] (dlopen); the driver logic in `state` is safe Rust.
+//! Unsafe code is confined to `exports` (C pointers in and out),
+//! [`control`] (dlopen) and [`cpu`] (the thread CPU clock); the driver
+//! logic in `state` is safe Rust.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod config;
 pub mod control;
+pub mod cpu;
 mod exports;
 mod schedule;
 mod state;

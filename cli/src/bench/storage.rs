@@ -29,11 +29,11 @@ use flopwatch_agent::clock::TokioClock;
 use flopwatch_agent::sampler::{PlanCarry, Sampler};
 use flopwatch_agent::source::replay::ReplaySource;
 use flopwatch_agent::source::{Capture, GpuSource, SourceError};
+use flopwatch_collector::server;
 use flopwatch_collector::store::{
     rocks::RocksEngine, round_decimals, Cf, CommitSet, GpuRecord, OfuSample, Store, WINDOW_MS,
 };
-use flopwatch_collector::{auth::Auth, server};
-use flopwatch_config::{CollectorConfig, SamplingConfig, SpecTable};
+use flopwatch_config::{CollectorConfig, SamplingConfig};
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::metrics;
 use flopwatch_proto::model::GpuInfo;
@@ -348,15 +348,7 @@ async fn flopwatch_bytes(
     let clock = Arc::new(TokioClock::new());
     let mut cfg = config(dir);
     cfg.storage.precision = precision.iter().cloned().collect();
-    let collector = server::open(
-        dir,
-        &cfg,
-        SpecTable::builtin(),
-        Auth::anonymous("default"),
-        Vec::new(),
-        clock,
-    )?;
-    let srv = server::Loopback::start(collector.clone()).await?;
+    let (collector, srv) = server::Loopback::open(&cfg, clock).await?;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for (i, (uuid, b)) in sent.batches.iter().enumerate() {
@@ -517,15 +509,7 @@ async fn query_bench(dir: &Path, days: i64) -> anyhow::Result<()> {
         built.elapsed().as_secs_f64()
     );
     let clock = Arc::new(TokioClock::new());
-    let collector = server::open(
-        dir,
-        &config(dir),
-        SpecTable::builtin(),
-        Auth::anonymous("default"),
-        Vec::new(),
-        clock,
-    )?;
-    let srv = server::Loopback::start(collector).await?;
+    let (_collector, srv) = server::Loopback::open(&config(dir), clock).await?;
     let mut client = QueryClient::connect(srv.url.clone()).await?;
     let req = |from: i64, step_ms: i64| v1::OfuRequest {
         scope: Some(v1::ofu_request::Scope::GpuUuid(uuid.into())),

@@ -12,9 +12,9 @@
 
 use super::{batch, hello};
 use flopwatch_agent::clock::TokioClock;
-use flopwatch_collector::auth::{digest, Auth};
+use flopwatch_collector::auth::digest;
 use flopwatch_collector::server;
-use flopwatch_config::{CollectorConfig, LimitsOverride, SpecTable, TenantConfig};
+use flopwatch_config::{CollectorConfig, LimitsOverride, TenantConfig};
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::v1::{
     agent_message, collector_message, ingest_client::IngestClient, AgentMessage,
@@ -92,15 +92,7 @@ async fn phase(
         ..Default::default()
     };
     let clock = Arc::new(TokioClock::new());
-    let collector = server::open(
-        &dir,
-        &cfg,
-        SpecTable::builtin(),
-        Auth::from_config(&cfg),
-        Vec::new(),
-        clock.clone(),
-    )?;
-    let srv = server::Loopback::start(collector.clone()).await?;
+    let (_collector, srv) = server::Loopback::open(&cfg, clock.clone()).await?;
     let t0 = clock.now_ms() - 3_600_000;
     let stop = Arc::new(AtomicBool::new(false));
     let flooded = Arc::new(AtomicU64::new(0));
