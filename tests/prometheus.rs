@@ -200,7 +200,7 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
     let agent_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let agent_addr = agent_listener.local_addr().unwrap();
     let (agent_stop, agent_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let agent_http = tokio::spawn(flopwatch_agent::metrics_http::serve(
+    let agent_http = tokio::spawn(flopwatch_transport::metrics_http::serve(
         agent_listener,
         Arc::new(flopwatch_agent::telemetry::registry(&agent)),
         async move {

@@ -7,7 +7,6 @@
 //! (its node ids, hostnames, GPU UUIDs, job ids, tenant name and sample
 //! values are searched for in every encoded response and every error).
 
-use flopwatch_agent::channel::TlsClient;
 use flopwatch_collector::auth::{digest, Auth};
 use flopwatch_collector::limits::LimitTable;
 use flopwatch_collector::server::{self, Serving};
@@ -21,6 +20,7 @@ use flopwatch_proto::v1::{
 };
 use flopwatch_tests::pki::{CertFiles, Pki};
 use flopwatch_tests::raw::{self, RawAgent};
+use flopwatch_transport::channel::TlsClient;
 use prost::Message;
 use std::path::Path;
 use std::sync::Arc;

@@ -10,10 +10,10 @@
 //! goes back once it answers, after the batches on the wire are acknowledged (so a batch is
 //! not sent to two collectors when it can be helped).
 
-use crate::channel::TlsClient;
 use crate::outbox::Outbox;
 use flopwatch_proto::model::{Hello, Policy};
 use flopwatch_proto::v1::{self, agent_message, collector_message, AgentMessage};
+use flopwatch_transport::TlsClient;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -44,7 +44,7 @@ pub struct ClientOptions {
     /// Bearer token.
     pub token: Option<String>,
     /// TLS for `https://` collectors.
-    pub tls: crate::channel::TlsClient,
+    pub tls: flopwatch_transport::TlsClient,
     /// The Hello to open each stream with.
     pub hello: Hello,
     /// How long a shutdown waits for outstanding acks.

@@ -15,12 +15,10 @@ pub mod attribution;
 pub mod backoff;
 pub mod batcher;
 pub mod capture;
-pub mod channel;
 pub mod client;
 pub mod clock;
 pub mod filter;
 pub mod identity;
-pub mod metrics_http;
 pub mod mfu;
 pub mod outbox;
 pub mod placement;
@@ -32,3 +30,5 @@ pub mod spool;
 pub mod telemetry;
 
 pub use run::{Agent, AgentOptions, DeliveryOptions};
+// The TLS settings `AgentOptions` and `client::ClientOptions` carry.
+pub use flopwatch_transport::TlsClient;

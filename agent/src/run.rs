@@ -27,7 +27,7 @@ pub struct AgentOptions {
     /// Bearer token.
     pub token: Option<String>,
     /// TLS for `https://` collectors.
-    pub tls: crate::channel::TlsClient,
+    pub tls: flopwatch_transport::TlsClient,
     /// How often a batch is cut.
     pub flush_interval: Duration,
     /// Most samples per batch.

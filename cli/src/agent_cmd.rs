@@ -77,8 +77,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     } else {
         Box::new(FixedSampler::new(cfg.interval))
     };
-    let tls = flopwatch_agent::channel::TlsClient::load(&cfg.tls, &config_dir(&args.config), "tls")
-        .with_context(|| args.config.display().to_string())?;
+    let tls =
+        flopwatch_transport::channel::TlsClient::load(&cfg.tls, &config_dir(&args.config), "tls")
+            .with_context(|| args.config.display().to_string())?;
     let opts = AgentOptions {
         node: node_identity(&cfg.node_id, cfg.labels.clone()),
         collectors: cfg.collectors.clone(),
@@ -124,7 +125,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             Ok(l) => {
                 tracing::info!(addr = ?l.local_addr().ok(), "serving /metrics");
                 let registry = Arc::new(flopwatch_agent::telemetry::registry(&agent));
-                Some(tokio::spawn(flopwatch_agent::metrics_http::serve(
+                Some(tokio::spawn(flopwatch_transport::metrics_http::serve(
                     l,
                     registry,
                     async move {

@@ -60,7 +60,7 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
             None
         }
     };
-    let peer_tls = flopwatch_agent::channel::TlsClient::load(&cfg.peer_tls, &base, "peer_tls")
+    let peer_tls = flopwatch_transport::channel::TlsClient::load(&cfg.peer_tls, &base, "peer_tls")
         .with_context(|| args.config.display().to_string())?;
     let collector = server::open(
         &cfg.data_dir,

@@ -2,9 +2,9 @@
 //! bearer token and TLS flags, shared so every client takes the same ones.
 
 use anyhow::Context;
-use flopwatch_agent::channel::TlsClient;
 use flopwatch_config::ClientTls;
 use flopwatch_proto::v1::query_client::QueryClient;
+use flopwatch_transport::channel::TlsClient;
 use std::path::PathBuf;
 use std::time::Duration;
 use tonic::metadata::{Ascii, MetadataValue};

@@ -60,6 +60,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per run: a large variant costs nothing worth boxing for.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run a collector with embedded RocksDB and a simulated fleet, with a

@@ -19,8 +19,8 @@
 //! response carries the metadata `x-flopwatch-partial: N` (peers missing).
 
 use crate::query::QueryService;
-use flopwatch_agent::channel::TlsClient;
 use flopwatch_proto::v1::{self, query_client::QueryClient, query_server::Query};
+use flopwatch_transport::channel::TlsClient;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tonic::metadata::MetadataValue;

@@ -73,7 +73,7 @@ pub struct Serving {
     /// Query URLs of the other collectors of a cluster.
     pub peers: Vec<String>,
     /// TLS client for `https://` peers (`[peer_tls]`).
-    pub peer_tls: flopwatch_agent::channel::TlsClient,
+    pub peer_tls: flopwatch_transport::channel::TlsClient,
     /// A plaintext listener serving only `grpc.health.v1` (`health_listen`),
     /// for probes that cannot speak TLS, such as Kubernetes' `grpc:` probes.
     pub health: Option<TcpListener>,
@@ -126,7 +126,7 @@ pub async fn serve_cluster(
         tracing::info!(addr = ?l.local_addr().ok(), "serving /metrics");
         let registry = Arc::new(crate::exporter::registry(collector.clone()));
         let mut stop = stop_rx.clone();
-        tokio::spawn(flopwatch_agent::metrics_http::serve(
+        tokio::spawn(flopwatch_transport::metrics_http::serve(
             l,
             registry,
             async move {
@@ -255,7 +255,7 @@ const HEAD_TIDY_MAX_BYTES: u64 = 64 << 20;
 /// is on (`peers` and `cluster.peer_token_file` set), the reconciler.
 async fn cluster_parts(
     collector: &Arc<Collector>,
-    peer_tls: &flopwatch_agent::channel::TlsClient,
+    peer_tls: &flopwatch_transport::channel::TlsClient,
     stop: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<
     (

@@ -3,8 +3,8 @@
 //! certificates (mTLS), optional or required. Files are read and parsed
 //! before serving, so a bad one stops the collector naming its key and path.
 
-use flopwatch_agent::channel::{read_certs, read_key, TlsFileError};
 use flopwatch_config::ServerTls;
+use flopwatch_transport::channel::{read_certs, read_key, TlsFileError};
 use std::path::Path;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 

@@ -113,7 +113,7 @@ impl GrpcPeer {
     /// Every peer of `settings`, `https://` ones through `tls`.
     pub fn all(
         settings: &super::ClusterSettings,
-        tls: &flopwatch_agent::channel::TlsClient,
+        tls: &flopwatch_transport::channel::TlsClient,
     ) -> Result<Vec<Box<dyn Peer>>, CollectorError> {
         let token = match &settings.peer_token {
             Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| {

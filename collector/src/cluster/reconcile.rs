@@ -171,7 +171,7 @@ async fn blocking<T: Send + 'static>(
 pub async fn run(
     collector: Arc<Collector>,
     store_id: u64,
-    tls: flopwatch_agent::channel::TlsClient,
+    tls: flopwatch_transport::channel::TlsClient,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let settings = &collector.settings.cluster;

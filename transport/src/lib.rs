@@ -1,0 +1,16 @@
+//! What the agent, the collector and the command-line clients share below
+//! the wire protocol: a gRPC [`channel`] to a collector (plain `http://` or
+//! rustls `https://`, with a client certificate for mTLS), and the small
+//! [`metrics_http`] server that serves a process's own `/metrics`.
+//!
+//! It sits under both peers so that the agent and the collector meet only
+//! here, in `flopwatch-config` and in `flopwatch-proto`, never through each
+//! other: a node's agent build carries no collector code, and the
+//! collector no agent code.
+
+#![forbid(unsafe_code)]
+
+pub mod channel;
+pub mod metrics_http;
+
+pub use channel::{ChannelError, TlsClient, TlsFileError};
