@@ -1,8 +1,10 @@
 //! The CPU time the fake library's own calls take: the cost of simulating
-//! the hardware, which a real driver does not have. Every exported call is
-//! timed on its thread's CPU clock; with `cpu_report=PATH` the running
-//! total (nanoseconds) is written to PATH at most once a second, so that a
-//! benchmark can subtract it from the agent's CPU time.
+//! the hardware, which a real driver does not have. With `cpu_report=PATH`
+//! one exported call in [`SAMPLE_EVERY`] is timed on its thread's CPU
+//! clock (a system call, so timing every call would itself cost as much as
+//! the simulation), the estimate of the total (nanoseconds) is written to
+//! PATH at most once a second, and a benchmark subtracts it from the
+//! agent's CPU time. Without `cpu_report` nothing is timed.
 
 use crate::config::{FakeConfig, ENV_VAR};
 use std::path::PathBuf;
@@ -10,8 +12,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-/// CPU nanoseconds spent inside exported calls so far.
+/// One call in this many is timed.
+pub const SAMPLE_EVERY: u64 = 16;
+
+/// CPU nanoseconds spent inside exported calls so far (estimated).
 static SPENT_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Exported calls so far.
+static CALLS: AtomicU64 = AtomicU64::new(0);
 
 /// The report file and when it was last written.
 type Report = Mutex<(PathBuf, Option<Instant>)>;
@@ -39,17 +47,38 @@ pub fn spent_ns() -> u64 {
     SPENT_NS.load(Ordering::Relaxed)
 }
 
-/// Adds one call's CPU time, then writes the report if one is due.
+fn report() -> Option<&'static Report> {
+    REPORT
+        .get_or_init(|| {
+            let spec = std::env::var(ENV_VAR).unwrap_or_default();
+            FakeConfig::parse(&spec)
+                .ok()
+                .and_then(|c| c.cpu_report)
+                .map(|p| Mutex::new((p, None)))
+        })
+        .as_ref()
+}
+
+/// Runs one exported call's `body`, timing it when it is a sampled call
+/// and a report is asked for.
+pub fn timed<R>(body: impl FnOnce() -> R) -> R {
+    if report().is_none()
+        || !CALLS
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(SAMPLE_EVERY)
+    {
+        return body();
+    }
+    let start = thread_cpu_ns();
+    let r = body();
+    account(thread_cpu_ns().saturating_sub(start) * SAMPLE_EVERY);
+    r
+}
+
+/// Adds `ns` of CPU time, then writes the report if one is due.
 pub fn account(ns: u64) {
     let total = SPENT_NS.fetch_add(ns, Ordering::Relaxed) + ns;
-    let report = REPORT.get_or_init(|| {
-        let spec = std::env::var(ENV_VAR).unwrap_or_default();
-        FakeConfig::parse(&spec)
-            .ok()
-            .and_then(|c| c.cpu_report)
-            .map(|p| Mutex::new((p, None)))
-    });
-    let Some(report) = report else { return };
+    let Some(report) = report() else { return };
     let Ok(mut r) = report.try_lock() else { return };
     if r.1.is_some_and(|t| t.elapsed().as_secs() < 1) {
         return;

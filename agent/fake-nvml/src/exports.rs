@@ -22,15 +22,12 @@ const INVALID: Ret = sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
 
 /// Runs an export's body; a panic becomes `NVML_ERROR_UNKNOWN`.
 fn run(body: impl FnOnce() -> Result<(), Ret>) -> Ret {
-    // Every call's CPU time is the simulated hardware's (crate::cpu).
-    let start = crate::cpu::thread_cpu_ns();
-    let r = match catch_unwind(AssertUnwindSafe(body)) {
+    // The call's CPU time is the simulated hardware's (crate::cpu).
+    crate::cpu::timed(|| match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => SUCCESS,
         Ok(Err(code)) => code,
         Err(_) => sys::nvmlReturn_enum_NVML_ERROR_UNKNOWN,
-    };
-    crate::cpu::account(crate::cpu::thread_cpu_ns().saturating_sub(start));
-    r
+    })
 }
 
 /// Resolves `device` on the initialized state and calls `f(fake, gpu, now)`.
