@@ -93,18 +93,8 @@ async fn moe_all_to_all_bursts_show_in_the_infiniband_series() {
         .into_inner()
         .gpus;
     assert_eq!(gpus.len(), 8);
-    let fleet_ofu = q
-        .ofu(v1::OfuRequest {
-            scope: Some(ofu_request::Scope::Fleet(true)),
-            start_ms: 1,
-            end_ms: 0,
-            step_ms: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .summary
-        .unwrap();
+    let fleet_ofu =
+        flopwatch_tests::ofu_summary(&mut q, ofu_request::Scope::Fleet(true), 1, 0).await;
     assert_eq!(fleet_ofu.gpus, 8);
     let err = q
         .series(v1::SeriesRequest {

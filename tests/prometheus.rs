@@ -14,7 +14,7 @@ use flopwatch_collector::auth::Auth;
 use flopwatch_config::{CollectorConfig, RemoteWriteConfig, SamplingConfig};
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::model::NodeIdentity;
-use flopwatch_proto::v1::{ofu_request, OfuRequest};
+use flopwatch_proto::v1::ofu_request;
 use flopwatch_sim::FleetPlan;
 use flopwatch_tests::TestCollector;
 use serde_json::Value;
@@ -285,18 +285,13 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
         let uuid = s["metric"]["UUID"].as_str().unwrap().to_string();
         assert_eq!(s["metric"]["hostname"], "node-a");
         assert_eq!(s["metric"]["tenant"], "default");
-        let ours = q
-            .ofu(OfuRequest {
-                scope: Some(ofu_request::Scope::GpuUuid(uuid.clone())),
-                start_ms: started - 60_000,
-                end_ms: end + 1,
-                step_ms: 0,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .summary
-            .unwrap();
+        let ours = flopwatch_tests::ofu_summary(
+            &mut q,
+            ofu_request::Scope::GpuUuid(uuid.clone()),
+            started - 60_000,
+            end + 1,
+        )
+        .await;
         let theirs = value(s);
         assert!(
             (theirs - ours.mean).abs() < 0.02,

@@ -42,18 +42,7 @@ fn agent(fleet: &FleetPlan, sampler: Box<dyn Sampler>, url: &str, clock: Arc<Tok
 }
 
 async fn ofu(q: &mut QueryClient<Channel>, scope: Scope, start: i64, end: i64) -> (f64, u64) {
-    let s = q
-        .ofu(v1::OfuRequest {
-            scope: Some(scope),
-            start_ms: start,
-            end_ms: end,
-            step_ms: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .summary
-        .unwrap();
+    let s = flopwatch_tests::ofu_summary(q, scope, start, end).await;
     (s.mean, s.samples)
 }
 

@@ -152,3 +152,23 @@ pub fn flopwatch_bin() -> std::path::PathBuf {
     );
     p
 }
+
+/// The OFU summary of `scope` over `[start, end)` (end 0: now).
+pub async fn ofu_summary(
+    q: &mut QueryClient<Channel>,
+    scope: flopwatch_proto::v1::ofu_request::Scope,
+    start: i64,
+    end: i64,
+) -> flopwatch_proto::v1::OfuSummary {
+    q.ofu(flopwatch_proto::v1::OfuRequest {
+        scope: Some(scope),
+        start_ms: start,
+        end_ms: end,
+        step_ms: 0,
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .summary
+    .unwrap()
+}
