@@ -16,6 +16,7 @@ use flopwatch_proto::clock::Clock;
 use flopwatch_proto::model::NodeIdentity;
 use flopwatch_proto::v1::ofu_request;
 use flopwatch_sim::FleetPlan;
+use flopwatch_tests::procs::free_port;
 use flopwatch_tests::TestCollector;
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -43,14 +44,6 @@ fn tool(name: &str) -> String {
         "`{name}` not found: run ./deploy/dev/setup.sh (installs Debian's prometheus package)"
     );
     name.to_string()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn host_port(url: &str) -> String {

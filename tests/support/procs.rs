@@ -32,8 +32,24 @@ pub fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
-/// A free loopback port (bound, read, released).
+/// A free loopback port below the kernel's ephemeral range (32768–60999
+/// by default), checked by binding it. A port the kernel hands out (bind to
+/// port 0) can be given next to any outbound connection of a test running
+/// beside this one, and a collector restarted on its port after `kill -9`
+/// then finds it taken; a port below the range is only ever taken by an
+/// explicit bind. Each process starts at its own offset.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = std::process::id().wrapping_mul(7_919) % SPAN;
+    for _ in 0..SPAN {
+        let port = (LOW + (base + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
