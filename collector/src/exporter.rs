@@ -42,7 +42,8 @@
 //! `node`, `tenant`. Device counters are not GPU counters: they never
 //! enter OFU, GPU gauges or GPU counts.
 
-use crate::live::{group_ofu, DeviceLive, GpuLive};
+use crate::live::group_ofu;
+use crate::series::{device_labels, gpu_labels, Labels};
 use crate::state::Collector;
 use crate::stats::Stats;
 use crate::validate::Reason;
@@ -53,8 +54,6 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-type Labels = Vec<(String, String)>;
 
 /// The registry served on the collector's `/metrics`.
 pub fn registry(collector: Arc<Collector>) -> Registry {
@@ -75,44 +74,6 @@ impl std::fmt::Debug for Collector {
             .field("collector_id", &self.settings.collector_id)
             .finish_non_exhaustive()
     }
-}
-
-/// The labels of one GPU's series.
-pub fn gpu_labels(g: &GpuLive) -> Labels {
-    let mut l: Labels = vec![
-        ("gpu".into(), g.index.to_string()),
-        ("UUID".into(), g.uuid.clone()),
-        ("modelName".into(), g.model.clone()),
-        ("hostname".into(), g.hostname.clone()),
-        ("node".into(), g.node_id.clone()),
-        ("tenant".into(), g.tenant.clone()),
-    ];
-    if let Some(j) = &g.job {
-        for (k, v) in [
-            ("job_id", &j.job_id),
-            ("pod", &j.pod),
-            ("namespace", &j.namespace),
-            ("container", &j.container),
-            ("hpc_job", &j.hpc_job),
-        ] {
-            if !v.is_empty() {
-                l.push((k.into(), v.clone()));
-            }
-        }
-    }
-    l
-}
-
-/// The labels of one node device's series.
-pub fn device_labels(d: &DeviceLive) -> Labels {
-    vec![
-        ("kind".into(), d.kind.clone()),
-        ("device".into(), d.name.clone()),
-        ("device_id".into(), d.id.clone()),
-        ("hostname".into(), d.hostname.clone()),
-        ("node".into(), d.node_id.clone()),
-        ("tenant".into(), d.tenant.clone()),
-    ]
 }
 
 fn with(mut l: Labels, k: &str, v: &str) -> Labels {

@@ -26,6 +26,7 @@ pub mod ownership;
 pub mod peer_cert;
 pub mod query;
 pub mod remote_write;
+pub mod series;
 pub mod server;
 pub mod state;
 pub mod stats;

@@ -13,8 +13,8 @@
 //! full the oldest samples are dropped; both drops are counted on
 //! `/metrics` (`flopwatch_remote_write_dropped_samples_total`).
 
-use crate::exporter::gpu_labels;
 use crate::live::GpuLive;
+use crate::series::gpu_labels;
 use crate::stats::Stats;
 use flopwatch_config::RemoteWriteConfig;
 use prost::Message;

@@ -18,13 +18,15 @@
 //! deletes, then compacts the ranges so the space is reclaimed. Reads are
 //! clamped to the cutoff meanwhile, so expired samples are never returned.
 
+use super::hours::{window_of, MINUTE_MS, WINDOW_MS};
 use super::keys;
-use super::model::{
-    chunk_times, corrupt, derivation_clock, ofu_block_start, ofu_samples, ofu_value, raw_block,
-    raw_hour, raw_points, ref_clock, resolver, time_ref_prefix, window_of, HourMap, RefCache,
-    Rollup, Times, CLOCKS, MINUTE_MS, TIME_REF, WINDOW_MS,
+use super::ofu_chunk::{
+    derivation_clock, ofu_block_start, ofu_samples, ofu_value, raw_hour, ref_clock, resolver,
+    HourMap, RefCache, CLOCKS,
 };
-use super::{Cf, OfuSample, Op, Precision, Store, StoreError};
+use super::raw::{chunk_times, raw_block, raw_points, time_ref_prefix, Times, TIME_REF};
+use super::rollup::Rollup;
+use super::{corrupt, Cf, OfuSample, Op, Precision, Store, StoreError};
 use crate::codec::Block;
 use crate::ofu::Mean;
 use flopwatch_proto::clock::Clock;
@@ -523,7 +525,7 @@ impl Store {
         }
         // Events: `e · tenant · ts`.
         let mut tenants = std::collections::BTreeSet::new();
-        let (efrom, eto) = keys::meta_range(super::model::META_EVENT, &[]);
+        let (efrom, eto) = keys::meta_range(keys::META_EVENT, &[]);
         let mut cursor = efrom;
         loop {
             let mut found = None;
@@ -533,12 +535,12 @@ impl Store {
                 false
             })?;
             let Some(t) = found else { break };
-            let (_, to) = keys::meta_range(super::model::META_EVENT, &[&t]);
+            let (_, to) = keys::meta_range(keys::META_EVENT, &[&t]);
             cursor = to;
             tenants.insert(t);
         }
         for t in tenants {
-            let base = keys::meta_key(super::model::META_EVENT, &[&t]);
+            let base = keys::meta_key(keys::META_EVENT, &[&t]);
             let mut to = base.clone();
             keys::put_ts(&mut to, retention.cutoff(&t));
             self.engine

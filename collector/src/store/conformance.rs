@@ -466,7 +466,7 @@ fn rollups_answer_coarse_queries_with_the_same_totals() {
 fn hour_rollups(e: &dyn Engine) -> Vec<crate::ofu::Mean> {
     let mut out = Vec::new();
     e.scan(Cf::Rollup, &[], &[0xff; 8], &mut |_, v| {
-        out.push(super::model::Rollup::decode(v).unwrap().hour);
+        out.push(super::rollup::Rollup::decode(v).unwrap().hour);
         true
     })
     .unwrap();
@@ -976,7 +976,7 @@ fn ofu_chunks_share_the_timestamps_of_the_tensor_series() {
             })
             .unwrap();
             assert_eq!(v.len(), 1, "{name}");
-            let at = model::ofu_block_start(&v[0]).unwrap();
+            let at = super::ofu_chunk::ofu_block_start(&v[0]).unwrap();
             Block::shares_time(&v[0][at..])
         };
         let expect = read(&store);

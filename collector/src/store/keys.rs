@@ -84,6 +84,23 @@ pub fn scan_bounds(prefix: &[u8], start: i64) -> (Vec<u8>, Vec<u8>) {
     (from, to)
 }
 
+/// Meta kind byte of an agent's acknowledged sequence number.
+pub const META_AGENT: u8 = b'a';
+/// Meta kind byte of a node record.
+pub const META_NODE: u8 = b'n';
+/// Meta kind byte of a GPU record.
+pub const META_GPU: u8 = b'g';
+/// Meta kind byte of a job-on-GPU record.
+pub const META_JOB: u8 = b'j';
+/// Meta kind byte of an event (regression, straggler, MFU mismatch).
+pub const META_EVENT: u8 = b'e';
+/// Meta kind byte of an agent's held sequence ranges (membership).
+pub const META_HELD: u8 = b'm';
+/// Kind byte of a limbo batch record (in the `limbo` family).
+pub const LIMBO_RECORD: u8 = b'b';
+/// The meta key of this store's id (see `Store::store_id`).
+pub const STORE_ID: &[u8] = b"~store_id";
+
 /// Kind byte of raw blocks in the head and rollups.
 pub const KIND_RAW: u8 = b'r';
 /// Kind byte of OFU blocks in the head and rollups.

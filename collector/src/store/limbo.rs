@@ -23,12 +23,9 @@
 
 use super::keys::{self, get_str};
 use super::membership::held_key;
-use super::model::{corrupt, AgentKey};
-use super::{Cf, Op, Put, Store, StoreError, View};
+use super::records::AgentKey;
+use super::{corrupt, Cf, Op, Put, Store, StoreError, View};
 use flopwatch_proto::cluster::Holding;
-
-/// Kind byte of a limbo batch record.
-const RECORD: u8 = b'b';
 
 /// A batch in limbo.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,13 +49,13 @@ pub enum Settle {
 
 /// `b` · tenant · agent · boot · seq.
 fn record_key(a: &AgentKey, seq: u64) -> Vec<u8> {
-    let mut k = keys::meta_key(RECORD, &[&a.tenant, &a.agent_id, &a.boot_id]);
+    let mut k = keys::meta_key(keys::LIMBO_RECORD, &[&a.tenant, &a.agent_id, &a.boot_id]);
     k.extend_from_slice(&seq.to_be_bytes());
     k
 }
 
 fn parse_record_key(k: &[u8]) -> Option<(AgentKey, u64)> {
-    if k.first() != Some(&RECORD) {
+    if k.first() != Some(&keys::LIMBO_RECORD) {
         return None;
     }
     let mut pos = 1;
@@ -81,7 +78,7 @@ fn parse_record_key(k: &[u8]) -> Option<(AgentKey, u64)> {
 fn destination(key: &[u8]) -> Option<Cf> {
     match *key.first()? {
         keys::KIND_RAW | keys::KIND_OFU => Some(Cf::Head),
-        super::model::META_EVENT => Some(Cf::Meta),
+        keys::META_EVENT => Some(Cf::Meta),
         _ => None,
     }
 }
@@ -139,7 +136,7 @@ impl Store {
     /// Batches in limbo (at most `limit`, in key order) and how many there
     /// are in all.
     pub fn limbo(&self, limit: usize) -> Result<(Vec<LimboBatch>, usize), StoreError> {
-        let (from, to) = ([RECORD], [RECORD + 1]);
+        let (from, to) = ([keys::LIMBO_RECORD], [keys::LIMBO_RECORD + 1]);
         let mut out = Vec::new();
         let mut total = 0;
         let mut bad = None;
@@ -220,8 +217,7 @@ impl Store {
     /// ids: the higher lets its copy go. Asked once at start (not safe to
     /// race with itself on a new store).
     pub fn store_id(&self) -> Result<u64, StoreError> {
-        const KEY: &[u8] = b"~store_id";
-        if let Some(v) = self.engine.get(Cf::Meta, KEY)? {
+        if let Some(v) = self.engine.get(Cf::Meta, keys::STORE_ID)? {
             let b: [u8; 8] = v
                 .as_slice()
                 .try_into()
@@ -230,7 +226,7 @@ impl Store {
         }
         let id = random_u64();
         self.engine.write(
-            vec![(Cf::Meta, KEY.to_vec(), id.to_be_bytes().to_vec())],
+            vec![(Cf::Meta, keys::STORE_ID.to_vec(), id.to_be_bytes().to_vec())],
             true,
         )?;
         Ok(id)

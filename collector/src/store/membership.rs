@@ -14,12 +14,9 @@
 //! a new one starts) and the reconciler's promotions never lose an update.
 
 use super::keys;
-use super::model::{corrupt, AgentKey};
-use super::{Cf, Put, Store, StoreError};
+use super::records::AgentKey;
+use super::{corrupt, Cf, Put, Store, StoreError};
 use std::sync::{Mutex, MutexGuard};
-
-/// Meta kind byte of the held ranges.
-pub(super) const META_HELD: u8 = b'm';
 
 /// Ranges kept per agent and boot. Each failover away and back adds one;
 /// past the cap the oldest are forgotten. Forgetting can only make this
@@ -123,7 +120,7 @@ impl Stripes {
 
 /// `m` · tenant · agent · boot.
 pub(super) fn held_key(a: &AgentKey) -> Vec<u8> {
-    keys::meta_key(META_HELD, &[&a.tenant, &a.agent_id, &a.boot_id])
+    keys::meta_key(keys::META_HELD, &[&a.tenant, &a.agent_id, &a.boot_id])
 }
 
 impl Store {

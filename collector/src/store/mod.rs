@@ -21,22 +21,40 @@
 //! is either wholly present after a crash or was never acked.
 
 mod compact;
+mod hours;
 pub mod keys;
 mod limbo;
 mod membership;
 pub mod memory;
 mod model;
+mod ofu_chunk;
 mod precision;
+mod raw;
+mod records;
+mod retention;
 pub mod rocks;
+mod rollup;
+mod scan;
 
 pub use compact::{run_compactor, CompactionReport};
+pub use hours::WINDOW_MS;
 pub use limbo::{LimboBatch, Settle};
 pub use membership::SeqRanges;
-pub use model::{
-    AgentKey, CommitSet, DeviceRecord, GpuRecord, JobRecord, NodeRecord, OfuPiece, OfuSample,
-    Retention, Store, StoredSeries, WINDOW_MS,
-};
+pub use model::Store;
 pub use precision::{round_decimals, Precision};
+pub use records::{
+    AgentKey, CommitSet, DeviceRecord, GpuRecord, JobRecord, NodeRecord, OfuPiece, OfuSample,
+    StoredSeries,
+};
+pub use retention::Retention;
+
+/// A corruption error in column family `cf`.
+pub(crate) fn corrupt(cf: Cf, message: impl ToString) -> StoreError {
+    StoreError::Corrupt {
+        cf: cf.name(),
+        message: message.to_string(),
+    }
+}
 
 /// Column families.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

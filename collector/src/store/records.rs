@@ -1,0 +1,274 @@
+//! The records the store keeps: nodes, devices, GPUs and jobs as last
+//! seen, OFU samples, what one acknowledged batch writes, and what reads
+//! give back.
+
+use crate::events::EventRecord;
+use crate::ofu::Mean;
+use flopwatch_proto::model::{GpuInfo, Point, SeriesBatch};
+use serde::{Deserialize, Serialize};
+
+/// Identifies an agent's sequence-number space.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AgentKey {
+    /// Tenant (from the credentials).
+    pub tenant: String,
+    /// Agent id.
+    pub agent_id: String,
+    /// Boot id.
+    pub boot_id: String,
+}
+
+/// A node as the collector last saw it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    /// Node id.
+    pub node_id: String,
+    /// Hostname.
+    pub hostname: String,
+    /// Boot id.
+    pub boot_id: String,
+    /// Agent id.
+    pub agent_id: String,
+    /// GPU count.
+    pub gpus: u32,
+    /// Last hello or batch, unix ms.
+    pub last_seen_ms: i64,
+    /// Labels.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The node's devices (InfiniBand ports, NUMA nodes, the host), as its
+    /// agent last listed them: their series outlive the connection.
+    #[serde(default)]
+    pub devices: Vec<DeviceRecord>,
+    /// The principal of the credential that registered the node
+    /// (`token:<name>`, `cert:<name>`): only it may stream for the node
+    /// (docs/SECURITY.md). Empty in records written before ownership.
+    #[serde(default)]
+    pub owner: String,
+}
+
+/// A node device (docs/COUNTERS.md), kept with its node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceRecord {
+    /// Series key, `<local>@<node_id>`.
+    pub id: String,
+    /// `ib_port`, `numa_node` or `host`.
+    pub kind: String,
+    /// Name on the node.
+    pub name: String,
+}
+
+impl DeviceRecord {
+    /// The records of a Hello's devices.
+    pub fn from_hello(devices: &[flopwatch_proto::model::DeviceInfo]) -> Vec<Self> {
+        devices
+            .iter()
+            .map(|d| Self {
+                id: d.id.clone(),
+                kind: d.kind.clone(),
+                name: d.name.clone(),
+            })
+            .collect()
+    }
+}
+
+/// A GPU as the collector last saw it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuRecord {
+    /// UUID.
+    pub uuid: String,
+    /// Node id.
+    pub node_id: String,
+    /// Index on the node.
+    pub index: u32,
+    /// Product name.
+    pub model: String,
+    /// SMs.
+    pub sm_count: u32,
+    /// Max SM clock.
+    pub max_sm_clock_mhz: u32,
+    /// Max memory clock.
+    pub max_mem_clock_mhz: u32,
+    /// Driver.
+    pub driver_version: String,
+    /// PCI bus id.
+    pub pci_bus_id: String,
+    /// GPM available.
+    pub gpm_supported: bool,
+    /// Memory, bytes.
+    pub memory_total_bytes: u64,
+    /// Parent GPU of a MIG instance.
+    pub mig_parent_uuid: Option<String>,
+    /// Current job.
+    pub job_id: Option<String>,
+    /// Last seen, unix ms.
+    pub last_seen_ms: i64,
+}
+
+impl GpuRecord {
+    /// The record of a GPU its agent described in `Hello`, on `node_id`,
+    /// running `job_id`, seen at `last_seen_ms`.
+    pub fn from_info(
+        g: &GpuInfo,
+        node_id: &str,
+        job_id: Option<String>,
+        last_seen_ms: i64,
+    ) -> Self {
+        Self {
+            uuid: g.uuid.clone(),
+            node_id: node_id.to_string(),
+            index: g.index,
+            model: g.model.clone(),
+            sm_count: g.sm_count,
+            max_sm_clock_mhz: g.max_sm_clock_mhz,
+            max_mem_clock_mhz: g.max_mem_clock_mhz,
+            driver_version: g.driver_version.clone(),
+            pci_bus_id: g.pci_bus_id.clone(),
+            gpm_supported: g.gpm_supported,
+            memory_total_bytes: g.memory_total_bytes,
+            mig_parent_uuid: g.mig_parent_uuid.clone(),
+            job_id,
+            last_seen_ms,
+        }
+    }
+
+    /// The GPU as its agent described it (what [`GpuRecord::from_info`]
+    /// took).
+    pub fn info(&self) -> GpuInfo {
+        GpuInfo {
+            index: self.index,
+            uuid: self.uuid.clone(),
+            model: self.model.clone(),
+            sm_count: self.sm_count,
+            max_sm_clock_mhz: self.max_sm_clock_mhz,
+            max_mem_clock_mhz: self.max_mem_clock_mhz,
+            driver_version: self.driver_version.clone(),
+            pci_bus_id: self.pci_bus_id.clone(),
+            gpm_supported: self.gpm_supported,
+            memory_total_bytes: self.memory_total_bytes,
+            mig_parent_uuid: self.mig_parent_uuid.clone(),
+        }
+    }
+}
+
+/// A job seen on one GPU.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// Job id.
+    pub job_id: String,
+    /// GPU.
+    pub gpu_uuid: String,
+    /// Node.
+    pub node_id: String,
+    /// Pod.
+    pub pod: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Container.
+    pub container: String,
+    /// HPC job.
+    pub hpc_job: String,
+    /// First seen on this GPU, unix ms.
+    pub first_seen_ms: i64,
+    /// Last seen on this GPU, unix ms.
+    pub last_seen_ms: i64,
+}
+
+/// One OFU sample of one GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OfuSample {
+    /// End of the window, unix ms.
+    pub ts_ms: i64,
+    /// OFU, fraction.
+    pub ofu: f64,
+    /// Tensor pipe activity, fraction.
+    pub tensor_active: f64,
+    /// SM clock used, MHz.
+    pub sm_clock_mhz: f64,
+    /// Window, ms.
+    pub window_ms: u32,
+}
+
+/// Everything one acknowledged batch writes.
+#[derive(Debug, Clone, Default)]
+pub struct CommitSet {
+    /// Whose batch.
+    pub agent: Option<AgentKey>,
+    /// Its sequence number (stored as the agent's acked seq).
+    pub seq: u64,
+    /// Raw samples.
+    pub series: Vec<SeriesBatch>,
+    /// OFU per GPU, with the job running on it.
+    pub ofu: Vec<(String, Option<String>, Vec<OfuSample>)>,
+    /// Node records to upsert.
+    pub nodes: Vec<NodeRecord>,
+    /// GPU records to upsert.
+    pub gpus: Vec<GpuRecord>,
+    /// Job records to upsert.
+    pub jobs: Vec<JobRecord>,
+    /// Events (derived and reported) to record.
+    pub events: Vec<EventRecord>,
+    /// Commit into limbo, entered at this time (unix ms): the batch may be
+    /// stored on another collector too (see [`super::limbo`]).
+    pub limbo: Option<i64>,
+    /// The number is consumed without data (a refused batch): it raises
+    /// the acked number but is not held.
+    pub no_data: bool,
+}
+
+/// Raw samples read back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredSeries {
+    /// GPU.
+    pub gpu_uuid: String,
+    /// Metric.
+    pub metric: String,
+    /// Samples in time order.
+    pub points: Vec<Point>,
+}
+
+/// What an OFU read yields: single samples, or the aggregate of all the
+/// samples of `[ts_ms, ts_ms + len_ms)` from a rollup.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OfuPiece {
+    /// One sample.
+    Sample(OfuSample),
+    /// A rollup bucket.
+    Agg {
+        /// Bucket start.
+        ts_ms: i64,
+        /// Bucket width.
+        len_ms: i64,
+        /// Its samples' aggregate.
+        agg: Mean,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GPU record gives back every field of the agent's description (the
+    /// `ListGpus` answer is built from it through the wire conversion).
+    #[test]
+    fn gpu_records_keep_the_agents_description() {
+        let info = GpuInfo {
+            index: 3,
+            uuid: "MIG-1".into(),
+            model: "NVIDIA H100 80GB HBM3".into(),
+            sm_count: 132,
+            max_sm_clock_mhz: 1980,
+            max_mem_clock_mhz: 2619,
+            driver_version: "550.54".into(),
+            pci_bus_id: "0000:19:00.0".into(),
+            gpm_supported: true,
+            memory_total_bytes: 80 << 30,
+            mig_parent_uuid: Some("GPU-1".into()),
+        };
+        let r = GpuRecord::from_info(&info, "node-a", Some("job".into()), 42);
+        assert_eq!(r.info(), info);
+        assert_eq!(
+            (r.node_id.as_str(), r.job_id.as_deref(), r.last_seen_ms),
+            ("node-a", Some("job"), 42)
+        );
+    }
+}
