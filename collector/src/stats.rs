@@ -2,6 +2,7 @@
 //! [`crate::exporter`]; read directly by the demo).
 
 use crate::auth::AuthError;
+use crate::remote_write::Failure;
 use crate::validate::Reason;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use std::collections::BTreeMap;
@@ -32,10 +33,14 @@ pub struct Stats {
     pub ack_latency: Histogram,
     /// Samples pushed to the remote-write endpoint.
     pub remote_write_samples: AtomicU64,
-    /// Remote-write requests that failed (each is retried).
-    pub remote_write_failures: AtomicU64,
+    /// Remote-write requests that failed, by reason
+    /// ([`crate::remote_write::Failure::ALL`] order).
+    remote_write_failures: [AtomicU64; Failure::ALL.len()],
     /// Samples dropped because the remote-write queue was full.
     pub remote_write_dropped: AtomicU64,
+    /// Samples dropped because the remote-write endpoint refused them (4xx
+    /// other than 429; never retried).
+    pub remote_write_refused: AtomicU64,
     /// Samples dropped by validation and limits, by tenant and reason.
     by_tenant: Mutex<BTreeMap<(String, Reason), u64>>,
     /// Batches refused as a whole, by tenant and reason.
@@ -59,8 +64,9 @@ impl Default for Stats {
             // 100 µs … ~3.3 s.
             ack_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             remote_write_samples: AtomicU64::new(0),
-            remote_write_failures: AtomicU64::new(0),
+            remote_write_failures: Default::default(),
             remote_write_dropped: AtomicU64::new(0),
+            remote_write_refused: AtomicU64::new(0),
             by_tenant: Mutex::default(),
             batch_rejects: Mutex::default(),
             auth_failures: Mutex::default(),
@@ -120,6 +126,16 @@ impl Stats {
             .lock()
             .map(|m| m.iter().map(|(k, v)| (*k, *v)).collect())
             .unwrap_or_default()
+    }
+
+    /// Counts a failed remote-write request.
+    pub fn remote_write_failure(&self, reason: Failure) {
+        self.remote_write_failures[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Remote-write requests that failed for `reason` so far.
+    pub fn remote_write_failures(&self, reason: Failure) -> u64 {
+        self.remote_write_failures[reason.index()].load(Ordering::Relaxed)
     }
 
     /// Samples dropped for `reason` so far.
