@@ -296,10 +296,19 @@ impl SendError {
 
 /// A secret given inline or in a file read for every request (so that a
 /// rotated token or password is picked up without a restart).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 enum Secret {
     Inline(String),
     File { key: &'static str, path: PathBuf },
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Secret::Inline(_) => f.write_str("Inline(<redacted>)"),
+            Secret::File { path, .. } => f.debug_tuple("File").field(path).finish(),
+        }
+    }
 }
 
 impl Secret {
