@@ -356,3 +356,277 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
     let _ = agent_http.await;
     collector.stop().await;
 }
+
+/// A Prometheus serving HTTPS (a certificate of a throwaway CA) with basic
+/// auth (`web.config.file`) and the remote-write receiver.
+struct SecurePrometheus {
+    _proc: Proc,
+    /// `https://127.0.0.1:PORT`.
+    url: String,
+    /// The CA the server certificate chains to.
+    ca_file: std::path::PathBuf,
+    /// A client trusting `ca_file`.
+    http: reqwest::Client,
+}
+
+const PROM_USER: &str = "flopwatch";
+const PROM_PASSWORD: &str = "correct horse battery staple";
+
+impl SecurePrometheus {
+    async fn start(dir: &std::path::Path) -> Self {
+        let prometheus = tool("prometheus");
+        let pki = flopwatch_tests::pki::Pki::new(&dir.join("pki"), "prometheus");
+        let server = pki.server("prometheus-server");
+        let hash = bcrypt::hash(PROM_PASSWORD, 4).unwrap();
+        let web = dir.join("web.yml");
+        std::fs::write(
+            &web,
+            format!(
+                "tls_server_config:\n  cert_file: {}\n  key_file: {}\nbasic_auth_users:\n  {PROM_USER}: '{hash}'\n",
+                server.cert.display(),
+                server.key.display()
+            ),
+        )
+        .unwrap();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(&config, "global:\n  scrape_interval: 15s\n").unwrap();
+        let port = free_port();
+        let proc = Proc(
+            Command::new(prometheus)
+                .arg(format!("--config.file={}", config.display()))
+                .arg(format!("--web.config.file={}", web.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.join("tsdb").display()
+                ))
+                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+                .arg("--web.enable-remote-write-receiver")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let ca = std::fs::read(pki.ca_file()).unwrap();
+        let http = reqwest::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+            .build()
+            .unwrap();
+        let url = format!("https://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let ready = http
+                .get(format!("{url}/-/ready"))
+                .basic_auth(PROM_USER, Some(PROM_PASSWORD))
+                .send()
+                .await
+                .map(|r| r.status().is_success())
+                .unwrap_or(false);
+            if ready {
+                break;
+            }
+            assert!(Instant::now() < deadline, "Prometheus (TLS) never ready");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // TLS and basic auth are really on: no password, no answer.
+        let anonymous = http.get(format!("{url}/-/ready")).send().await.unwrap();
+        assert_eq!(anonymous.status().as_u16(), 401);
+        assert!(reqwest::get(format!("{url}/-/ready")).await.is_err());
+        Self {
+            _proc: proc,
+            url,
+            ca_file: pki.ca_file(),
+            http,
+        }
+    }
+
+    async fn query(&self, q: &str) -> Vec<Value> {
+        let r = self
+            .http
+            .get(format!("{}/api/v1/query", self.url))
+            .basic_auth(PROM_USER, Some(PROM_PASSWORD))
+            .query(&[("query", q)])
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{q}: {}", r.status());
+        let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        v["data"]["result"].as_array().cloned().unwrap_or_default()
+    }
+}
+
+/// A collector remote-writing to `prom` with `ca_file` and basic auth
+/// (the password from a file), fed by a simulated node of 2 GPUs.
+async fn tls_collector(
+    dir: &std::path::Path,
+    prom: &SecurePrometheus,
+    password: &str,
+) -> (TestCollector, flopwatch_agent::Agent) {
+    let password_file = dir.join("remote-password");
+    std::fs::write(&password_file, format!("{password}\n")).unwrap();
+    let cfg = CollectorConfig {
+        data_dir: dir.join("data"),
+        anonymous_tenant: Some("default".into()),
+        remote_write: Some(RemoteWriteConfig {
+            url: format!("{}/api/v1/write", prom.url),
+            interval: Duration::from_millis(300),
+            ca_file: Some(prom.ca_file.clone()),
+            username: Some(PROM_USER.into()),
+            password_file: Some(password_file),
+            min_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(500),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    cfg.remote_write.as_ref().unwrap().validate().unwrap();
+    let collector = TestCollector::start_config(&cfg, Auth::anonymous("default"), Vec::new()).await;
+    let clock = TokioClock::new();
+    let fleet = FleetPlan::new(1, 2, 3_600_000);
+    let agent = flopwatch_tests::agent(
+        Box::new(SimSource::new(&fleet, 0, clock.now_ms(), 7)),
+        "node-tls",
+        &collector.url,
+        Duration::from_millis(100),
+    );
+    (collector, agent)
+}
+
+/// `name{labels} value` on the collector's `/metrics` page (0 when absent).
+async fn scraped(collector: &TestCollector, series: &str) -> f64 {
+    let page = reqwest::get(&collector.metrics_url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // A family without labels is written `name{} value`.
+    page.lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix(series)?;
+            rest.strip_prefix("{}").unwrap_or(rest).strip_prefix(' ')
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prometheus_receives_remote_write_over_tls_with_basic_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let prom = SecurePrometheus::start(dir.path()).await;
+    let (collector, agent) = tls_collector(dir.path(), &prom, PROM_PASSWORD).await;
+
+    // Both GPUs' OFU arrive, written remotely (no `instance` label: this
+    // Prometheus scrapes nothing).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let series = loop {
+        let s = prom.query("flopwatch_ofu{hostname=\"node-tls\"}").await;
+        if s.len() >= 2 {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no OFU over TLS; collector /metrics failures: 4xx {} connection {}",
+            scraped(
+                &collector,
+                "flopwatch_remote_write_failures_total{reason=\"4xx\"}"
+            )
+            .await,
+            scraped(
+                &collector,
+                "flopwatch_remote_write_failures_total{reason=\"connection\"}"
+            )
+            .await,
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    agent.stop().await;
+    for s in &series {
+        assert_eq!(s["metric"]["tenant"], "default");
+        assert!(s["metric"].get("instance").is_none(), "{s}");
+        let v = value(s);
+        assert!((0.0..=1.0).contains(&v), "{s}");
+    }
+    let tensor = prom
+        .query("flopwatch_tensor_active{hostname=\"node-tls\"}")
+        .await;
+    assert_eq!(tensor.len(), 2, "{tensor:?}");
+    assert!(scraped(&collector, "flopwatch_remote_write_samples_total").await > 0.0);
+    for reason in ["4xx", "5xx", "429", "credentials"] {
+        let n = scraped(
+            &collector,
+            &format!("flopwatch_remote_write_failures_total{{reason=\"{reason}\"}}"),
+        )
+        .await;
+        assert_eq!(n, 0.0, "{reason} failures");
+    }
+    collector.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wrong_password_is_a_4xx_counted_and_not_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let prom = SecurePrometheus::start(dir.path()).await;
+    let (collector, agent) = tls_collector(dir.path(), &prom, "wrong password").await;
+    let refused = "flopwatch_remote_write_failures_total{reason=\"4xx\"}";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while scraped(&collector, refused).await < 3.0 {
+        assert!(
+            Instant::now() < deadline,
+            "no 4xx counted on /metrics; connection failures: {}",
+            scraped(
+                &collector,
+                "flopwatch_remote_write_failures_total{reason=\"connection\"}"
+            )
+            .await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    agent.stop().await;
+    // The last batches' samples reach the queue and are refused too.
+    let queue = collector.collector.remote.clone().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !queue.is_empty() {
+        assert!(Instant::now() < deadline, "refused samples stay queued");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let after_drain = scraped(&collector, refused).await;
+    // Nothing new is queued: a retried refusal would keep counting (every
+    // min_backoff..max_backoff); a dropped one does not.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(scraped(&collector, refused).await, after_drain);
+    assert!(queue.is_empty());
+    let dropped = scraped(
+        &collector,
+        "flopwatch_remote_write_dropped_samples_total{reason=\"4xx\"}",
+    )
+    .await;
+    assert!(
+        dropped >= after_drain,
+        "{dropped} samples in {after_drain} requests"
+    );
+    for reason in ["5xx", "429", "connection", "credentials"] {
+        let n = scraped(
+            &collector,
+            &format!("flopwatch_remote_write_failures_total{{reason=\"{reason}\"}}"),
+        )
+        .await;
+        assert_eq!(n, 0.0, "{reason} failures");
+    }
+    assert_eq!(
+        scraped(&collector, "flopwatch_remote_write_samples_total").await,
+        0.0
+    );
+    assert_eq!(
+        scraped(
+            &collector,
+            "flopwatch_remote_write_dropped_samples_total{reason=\"queue_full\"}"
+        )
+        .await,
+        0.0
+    );
+    // Prometheus got nothing.
+    assert!(prom.query("flopwatch_ofu").await.is_empty());
+    collector.stop().await;
+}

@@ -39,6 +39,21 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
     if let Some(p) = cfg.cluster.peer_token_file.take() {
         cfg.cluster.peer_token_file = Some(flopwatch_config::relative_to(&args.config, &p));
     }
+    if let Some(rw) = &mut cfg.remote_write {
+        for p in [
+            &mut rw.ca_file,
+            &mut rw.bearer_token_file,
+            &mut rw.password_file,
+        ] {
+            if let Some(f) = p.take() {
+                *p = Some(flopwatch_config::relative_to(&args.config, &f));
+            }
+        }
+        // Reads ca_file and the credential files now: a bad one stops the
+        // collector here, naming the key and the file.
+        flopwatch_collector::remote_write::Endpoint::new(rw)
+            .with_context(|| args.config.display().to_string())?;
+    }
     let specs = match &cfg.gpu_specs {
         Some(p) => SpecTable::load(&flopwatch_config::relative_to(&args.config, p))?,
         None => SpecTable::builtin(),

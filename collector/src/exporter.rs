@@ -27,7 +27,9 @@
 //! | `flopwatch_auth_failures_total` | counter | `service`, `kind` |
 //! | `flopwatch_ack_latency_seconds` | histogram | |
 //! | `flopwatch_regressions_total`, `flopwatch_stragglers_total`, `flopwatch_mfu_mismatches_total` | counter | `tenant` |
-//! | `flopwatch_remote_write_samples_total`, `…_failures_total`, `…_dropped_samples_total` | counter | |
+//! | `flopwatch_remote_write_samples_total` | counter | |
+//! | `flopwatch_remote_write_failures_total` | counter | `reason` (`connection`, `5xx`, `429`, `4xx`, `credentials`) |
+//! | `flopwatch_remote_write_dropped_samples_total` | counter | `reason` (`queue_full`, `4xx`) |
 //! | `flopwatch_limbo_batches` | gauge | |
 //! | `flopwatch_limbo_committed_batches_total`, `flopwatch_cluster_peer_errors_total` | counter | |
 //! | `flopwatch_limbo_settled_batches_total` | counter | `outcome` (`dropped`, `kept`, `timed_out`) |
@@ -45,7 +47,7 @@
 use crate::live::group_ofu;
 use crate::series::{device_labels, gpu_labels, Labels};
 use crate::state::Collector;
-use crate::stats::Stats;
+use crate::stats::{Failure, Stats};
 use crate::validate::Reason;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -391,14 +393,24 @@ impl prometheus_client::collector::Collector for Exporter {
         counter(
             &mut enc,
             "flopwatch_remote_write_failures",
-            "Remote-write requests that failed (retried).",
-            one(get(&s.remote_write_failures)),
+            "Remote-write requests that failed, by reason: connection, 5xx, 429 and credentials (an unreadable token or password file) are retried; 4xx (other than 429) drops the request's samples.",
+            Failure::ALL.iter().map(|&r| {
+                (
+                    vec![("reason".to_string(), r.label().to_string())],
+                    s.remote_write_failures(r),
+                )
+            }),
         )?;
         counter(
             &mut enc,
             "flopwatch_remote_write_dropped_samples",
-            "Samples dropped because the remote-write queue was full.",
-            one(get(&s.remote_write_dropped)),
+            "Samples never delivered to the remote-write endpoint, by reason: queue_full (the oldest, past max_queue_samples), 4xx (refused by the endpoint, not retried).",
+            [
+                ("queue_full", get(&s.remote_write_dropped)),
+                ("4xx", get(&s.remote_write_refused)),
+            ]
+            .into_iter()
+            .map(|(r, n)| (vec![("reason".to_string(), r.to_string())], n)),
         )?;
         gauges(
             &mut enc,

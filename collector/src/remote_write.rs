@@ -1,24 +1,34 @@
 //! Prometheus remote write (protocol 1.0): OFU, tensor activity, SM clock
 //! and selected counters of every GPU, pushed to a Prometheus-compatible
 //! endpoint (Prometheus with `--web.enable-remote-write-receiver`, Mimir,
-//! Thanos Receive, VictoriaMetrics) — how storage scales past one collector.
+//! Thanos Receive, VictoriaMetrics, Grafana Cloud, Amazon Managed
+//! Prometheus) — how storage scales past one collector.
 //!
 //! Off by default (`[remote_write]` in collector.toml). Ingest appends one
 //! point per GPU and series per acknowledged batch (the batch's mean, at its
 //! newest sample's time) to a bounded queue and never waits on the
 //! endpoint; a background task sends snappy-compressed `WriteRequest`s every
-//! `interval`. A failed request (connection error, 5xx, 429) is retried with
-//! backoff and the samples stay queued; a 4xx other than 429 drops the
-//! request's samples (the endpoint will never take them). When the queue is
-//! full the oldest samples are dropped; both drops are counted on
-//! `/metrics` (`flopwatch_remote_write_dropped_samples_total`).
+//! `interval`, over TLS (rustls) for an `https://` URL, with a bearer token
+//! or basic auth and extra headers when configured.
+//!
+//! As the remote-write specification asks, a request that fails with a
+//! connection error, a 5xx or a 429 is retried (the samples stay queued)
+//! after a delay with full jitter, capped at `max_backoff`; any other 4xx
+//! drops the request's samples, since the endpoint will never take them.
+//! Failures are counted by reason (`flopwatch_remote_write_failures_total`)
+//! and dropped samples by cause (`flopwatch_remote_write_dropped_samples_total`:
+//! a full queue drops the oldest, a 4xx the refused request's); each
+//! distinct error is logged once with its status and the first line of the
+//! response body.
 
 use crate::live::GpuLive;
 use crate::series::gpu_labels;
-use crate::stats::Stats;
+use crate::stats::{Failure, Stats};
+use crate::CollectorError;
 use flopwatch_config::RemoteWriteConfig;
 use prost::Message;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -222,47 +232,311 @@ fn encode(points: &[Point]) -> Result<Vec<u8>, snap::Error> {
     snap::raw::Encoder::new().compress_vec(&body)
 }
 
-/// Why a send failed.
-enum SendError {
-    /// Worth retrying (connection, 5xx, 429).
-    Retry(String),
-    /// Never accepted (other 4xx): drop.
-    Drop(String),
+/// A failed send.
+#[derive(Debug)]
+struct SendError {
+    reason: Failure,
+    /// What happened: the status and the first line of the response body,
+    /// or the connection error.
+    message: String,
+    /// The endpoint's `Retry-After` (429, 503), in seconds.
+    retry_after: Option<Duration>,
 }
 
-async fn send(
-    client: &reqwest::Client,
-    cfg: &RemoteWriteConfig,
-    points: &[Point],
-) -> Result<(), SendError> {
-    let body = encode(points).map_err(|e| SendError::Drop(format!("snappy: {e}")))?;
-    let mut req = client
-        .post(&cfg.url)
-        .header("Content-Encoding", "snappy")
-        .header("Content-Type", "application/x-protobuf")
-        .header("X-Prometheus-Remote-Write-Version", "0.1.0")
-        .header(
-            "User-Agent",
-            concat!("flopwatch/", env!("CARGO_PKG_VERSION")),
-        )
-        .body(body);
-    if let Some(t) = &cfg.bearer_token {
-        req = req.bearer_auth(t);
+impl SendError {
+    fn retried(&self) -> bool {
+        self.reason != Failure::ClientError
     }
-    let resp = req
-        .send()
-        .await
-        .map_err(|e| SendError::Retry(e.to_string()))?;
-    let status = resp.status();
-    if status.is_success() {
-        return Ok(());
+}
+
+/// A secret given inline or in a file read for every request (so that a
+/// rotated token or password is picked up without a restart).
+#[derive(Clone)]
+enum Secret {
+    Inline(String),
+    File { key: &'static str, path: PathBuf },
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Secret::Inline(_) => f.write_str("Inline(<redacted>)"),
+            Secret::File { path, .. } => f.debug_tuple("File").field(path).finish(),
+        }
     }
-    let text = resp.text().await.unwrap_or_default();
-    let msg = format!("{status}: {}", text.trim());
-    if status.is_server_error() || status.as_u16() == 429 {
-        Err(SendError::Retry(msg))
-    } else {
-        Err(SendError::Drop(msg))
+}
+
+impl Secret {
+    fn new(key: &'static str, inline: &Option<String>, file: &Option<PathBuf>) -> Option<Self> {
+        match (inline, file) {
+            (Some(s), _) => Some(Secret::Inline(s.clone())),
+            (None, Some(p)) => Some(Secret::File {
+                key,
+                path: p.clone(),
+            }),
+            (None, None) => None,
+        }
+    }
+
+    /// The value (a file's content with surrounding whitespace trimmed);
+    /// the error names the key and the file.
+    fn read(&self) -> Result<String, String> {
+        match self {
+            Secret::Inline(s) => Ok(s.clone()),
+            Secret::File { key, path } => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    format!("remote_write.{key} `{}`: cannot read: {e}", path.display())
+                })?;
+                let t = text.trim();
+                if t.is_empty() {
+                    return Err(format!("remote_write.{key} `{}` is empty", path.display()));
+                }
+                Ok(t.to_string())
+            }
+        }
+    }
+}
+
+/// How requests authenticate.
+#[derive(Debug, Clone)]
+enum Credentials {
+    None,
+    Bearer(Secret),
+    Basic { username: String, password: Secret },
+}
+
+/// The endpoint with its HTTP client (rustls; the system's roots or
+/// `ca_file`), credentials and extra headers.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    client: reqwest::Client,
+    url: String,
+    credentials: Credentials,
+    headers: reqwest::header::HeaderMap,
+}
+
+impl Endpoint {
+    /// Builds the client from `[remote_write]` (paths already resolved
+    /// against the config file's directory). Reads `ca_file` and checks
+    /// that the credential files can be read, so that a bad file stops the
+    /// collector at start with an error naming the key and the file.
+    pub fn new(cfg: &RemoteWriteConfig) -> Result<Self, CollectorError> {
+        let setup = CollectorError::Setup;
+        let mut builder = reqwest::Client::builder()
+            .timeout(cfg.timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("flopwatch/", env!("CARGO_PKG_VERSION")));
+        if let Some(p) = &cfg.ca_file {
+            let what = |m: String| setup(format!("remote_write.ca_file `{}`: {m}", p.display()));
+            let pem = std::fs::read(p).map_err(|e| what(format!("cannot read: {e}")))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| what(format!("not a PEM certificate bundle: {e}")))?;
+            if certs.is_empty() {
+                return Err(what("holds no PEM certificate".into()));
+            }
+            builder = builder.tls_built_in_root_certs(false);
+            for c in certs {
+                builder = builder.add_root_certificate(c);
+            }
+        }
+        if cfg.is_https() {
+            builder = builder.https_only(true);
+        }
+        let client = builder
+            .build()
+            .map_err(|e| setup(format!("remote_write: cannot build the HTTP client: {e}")))?;
+        let credentials = if let Some(t) = Secret::new(
+            "bearer_token_file",
+            &cfg.bearer_token,
+            &cfg.bearer_token_file,
+        ) {
+            Credentials::Bearer(t)
+        } else if let (Some(u), Some(p)) = (
+            &cfg.username,
+            Secret::new("password_file", &cfg.password, &cfg.password_file),
+        ) {
+            Credentials::Basic {
+                username: u.clone(),
+                password: p,
+            }
+        } else {
+            Credentials::None
+        };
+        match &credentials {
+            Credentials::Bearer(s) | Credentials::Basic { password: s, .. } => {
+                s.read().map_err(setup)?;
+            }
+            Credentials::None => {}
+        }
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (k, v) in &cfg.headers {
+            let bad = |m: String| setup(format!("remote_write.headers.{k}: {m}"));
+            let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+                .map_err(|e| bad(e.to_string()))?;
+            let mut value =
+                reqwest::header::HeaderValue::from_str(v).map_err(|e| bad(e.to_string()))?;
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        Ok(Self {
+            client,
+            url: cfg.url.clone(),
+            credentials,
+            headers,
+        })
+    }
+
+    /// Sends `points` as one `WriteRequest`.
+    async fn send(&self, points: &[Point]) -> Result<(), SendError> {
+        let body = encode(points).map_err(|e| SendError {
+            // Cannot happen for a Vec; never worth a retry.
+            reason: Failure::ClientError,
+            message: format!("snappy: {e}"),
+            retry_after: None,
+        })?;
+        let mut req = self
+            .client
+            .post(&self.url)
+            .headers(self.headers.clone())
+            .header("Content-Encoding", "snappy")
+            .header("Content-Type", "application/x-protobuf")
+            .header("X-Prometheus-Remote-Write-Version", "0.1.0")
+            .body(body);
+        let credentials = |message| SendError {
+            reason: Failure::Credentials,
+            message,
+            retry_after: None,
+        };
+        match &self.credentials {
+            Credentials::None => {}
+            Credentials::Bearer(t) => req = req.bearer_auth(t.read().map_err(credentials)?),
+            Credentials::Basic { username, password } => {
+                req = req.basic_auth(username, Some(password.read().map_err(credentials)?));
+            }
+        }
+        let resp = req.send().await.map_err(|e| SendError {
+            reason: Failure::Connection,
+            message: error_chain(&e),
+            retry_after: None,
+        })?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let text = resp.text().await.unwrap_or_default();
+        let message = format!("{status}: {}", first_line(&text));
+        let reason = if status.as_u16() == 429 {
+            Failure::TooManyRequests
+        } else if status.is_client_error() {
+            Failure::ClientError
+        } else if status.is_server_error() {
+            Failure::ServerError
+        } else {
+            // 1xx/3xx (redirects are not followed): an answer that is not
+            // an acceptance; the endpoint is misconfigured, so retry like
+            // an unreachable one.
+            Failure::Connection
+        };
+        Err(SendError {
+            reason,
+            message,
+            retry_after: retry_after.filter(|_| reason != Failure::ClientError),
+        })
+    }
+}
+
+/// An error with its causes (reqwest's own message omits the TLS or
+/// connection error underneath).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// The first non-blank line of a response body, at most 200 characters.
+fn first_line(body: &str) -> String {
+    let line = body.lines().map(str::trim).find(|l| !l.is_empty());
+    let line = line.unwrap_or("(empty body)");
+    match line.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &line[..i]),
+        None => line.to_string(),
+    }
+}
+
+/// The delay before retry `attempt` (1, 2, ...): full jitter, uniform in
+/// `[0, min(max_backoff, min_backoff * 2^(attempt-1))]`, and at least the
+/// endpoint's `Retry-After` up to `max_backoff`.
+fn backoff(cfg: &RemoteWriteConfig, attempt: u32, retry_after: Option<Duration>) -> Duration {
+    let bound = cfg
+        .min_backoff
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(30))
+        .min(cfg.max_backoff);
+    let jittered = bound.mul_f64(rand::random::<f64>());
+    match retry_after {
+        Some(r) => jittered.max(r.min(cfg.max_backoff)),
+        None => jittered,
+    }
+}
+
+/// Logs each distinct error once at `warn` (later repeats at `debug`):
+/// a refused batch's status and body line stay in the log without one
+/// line per request.
+#[derive(Debug, Default)]
+struct ErrorLog {
+    /// Refusals (4xx) seen, for the process's life (bounded).
+    refused: HashSet<String>,
+    /// Retried errors since the last successful request.
+    retried: HashSet<String>,
+}
+
+impl ErrorLog {
+    const MAX: usize = 1024;
+
+    fn failed(&mut self, url: &str, e: &SendError, samples: usize) {
+        let seen = if e.retried() {
+            &mut self.retried
+        } else {
+            &mut self.refused
+        };
+        if seen.len() >= Self::MAX {
+            seen.clear();
+        }
+        let first = seen.insert(format!("{}|{}", e.reason.label(), e.message));
+        match (e.retried(), first) {
+            (true, true) => {
+                tracing::warn!(url, reason = e.reason.label(), error = %e.message, "remote write failed; will retry (repeats of this error are logged at debug)")
+            }
+            (false, true) => {
+                tracing::warn!(url, error = %e.message, samples, "remote write refused; samples dropped, not retried (repeats of this error are logged at debug)")
+            }
+            (true, false) => {
+                tracing::debug!(url, reason = e.reason.label(), error = %e.message, "remote write failed; will retry")
+            }
+            (false, false) => {
+                tracing::debug!(url, error = %e.message, samples, "remote write refused; samples dropped")
+            }
+        }
+    }
+
+    fn succeeded(&mut self, url: &str, failed_attempts: u32) {
+        if failed_attempts > 0 {
+            tracing::info!(url, failed_attempts, "remote write recovered");
+        }
+        self.retried.clear();
     }
 }
 
@@ -271,49 +545,64 @@ async fn send(
 pub async fn run(
     cfg: RemoteWriteConfig,
     queue: Arc<RemoteQueue>,
-    collector: Arc<crate::state::Collector>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    stats: Arc<Stats>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    let client = match reqwest::Client::builder().timeout(cfg.timeout).build() {
-        Ok(c) => c,
+    let endpoint = match Endpoint::new(&cfg) {
+        Ok(e) => e,
         Err(e) => {
-            tracing::error!(error = %e, "remote write disabled: cannot build an HTTP client");
+            tracing::error!(error = %e, "remote write disabled");
             return;
         }
     };
-    let stats = &collector.stats;
-    let mut backoff = Duration::ZERO;
+    sender(&endpoint, &cfg, &queue, &stats, shutdown).await
+}
+
+/// The send loop: every `interval`, requests of at most
+/// `max_samples_per_request` until the queue is empty. A retried failure
+/// puts the samples back and waits [`backoff`]; a refusal (4xx other than
+/// 429) drops them and goes on with the next request.
+async fn sender(
+    endpoint: &Endpoint,
+    cfg: &RemoteWriteConfig,
+    queue: &RemoteQueue,
+    stats: &Stats,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut log = ErrorLog::default();
+    let mut failed_attempts = 0u32;
+    let mut wait = cfg.interval;
     loop {
-        let wait = cfg.interval + backoff;
         let stopping = tokio::select! {
             _ = tokio::time::sleep(wait) => false,
             _ = shutdown.wait_for(|s| *s) => true,
         };
+        wait = cfg.interval;
         loop {
             let points = queue.take(cfg.max_samples_per_request);
             if points.is_empty() {
                 break;
             }
-            match send(&client, &cfg, &points).await {
+            match endpoint.send(&points).await {
                 Ok(()) => {
-                    backoff = Duration::ZERO;
+                    log.succeeded(&endpoint.url, failed_attempts);
+                    failed_attempts = 0;
                     stats
                         .remote_write_samples
                         .fetch_add(points.len() as u64, Ordering::Relaxed);
                 }
-                Err(SendError::Retry(e)) => {
-                    stats.remote_write_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, url = %cfg.url, "remote write failed; will retry");
-                    queue.restore(points, stats);
-                    backoff = (backoff * 2).clamp(Duration::from_secs(1), Duration::from_secs(60));
-                    break;
-                }
-                Err(SendError::Drop(e)) => {
-                    stats.remote_write_failures.fetch_add(1, Ordering::Relaxed);
+                Err(e) => {
+                    stats.remote_write_failure(e.reason);
+                    log.failed(&endpoint.url, &e, points.len());
+                    if e.retried() {
+                        queue.restore(points, stats);
+                        failed_attempts = failed_attempts.saturating_add(1);
+                        wait = backoff(cfg, failed_attempts, e.retry_after);
+                        break;
+                    }
                     stats
-                        .remote_write_dropped
+                        .remote_write_refused
                         .fetch_add(points.len() as u64, Ordering::Relaxed);
-                    tracing::warn!(error = %e, url = %cfg.url, "remote write refused; samples dropped");
                 }
             }
         }
@@ -390,5 +679,295 @@ mod tests {
         assert_eq!(p[3].ts_ms, 2);
         q.restore(p.clone(), &stats);
         assert_eq!(q.take(10), p);
+    }
+
+    /// An HTTP endpoint answering with `script` in turn (then 200), one
+    /// request per connection; records each request's head and body.
+    struct Stub {
+        url: String,
+        seen: Arc<Mutex<Vec<Request>>>,
+    }
+
+    /// A request's head (lowercased) and body.
+    type Request = (String, Vec<u8>);
+
+    impl Stub {
+        async fn start(script: Vec<(u16, &'static str)>) -> Stub {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}/api/v1/write", l.local_addr().unwrap());
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let record = seen.clone();
+            tokio::spawn(async move {
+                let mut script = script.into_iter();
+                while let Ok((mut c, _)) = l.accept().await {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 8192];
+                    let request = loop {
+                        let n = c.read(&mut chunk).await.unwrap_or(0);
+                        if n == 0 {
+                            break None;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        if buf.len() >= end + 4 + len {
+                            break Some((head, buf[end + 4..end + 4 + len].to_vec()));
+                        }
+                    };
+                    let Some(request) = request else {
+                        continue;
+                    };
+                    record.lock().unwrap().push(request);
+                    let (code, text) = script.next().unwrap_or((200, ""));
+                    let resp = format!(
+                        "HTTP/1.1 {code} Scripted\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                        text.len()
+                    );
+                    let _ = c.write_all(resp.as_bytes()).await;
+                    let _ = c.shutdown().await;
+                }
+            });
+            Stub { url, seen }
+        }
+
+        fn requests(&self) -> Vec<Request> {
+            self.seen.lock().unwrap().clone()
+        }
+    }
+
+    fn fast(url: &str) -> RemoteWriteConfig {
+        RemoteWriteConfig {
+            url: url.into(),
+            interval: Duration::from_millis(20),
+            min_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(40),
+            // One GPU's OFU, tensor activity and SM clock per request.
+            max_samples_per_request: 3,
+            ..Default::default()
+        }
+    }
+
+    async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn retries_5xx_and_429_drops_other_4xx_without_retrying() {
+        let stub = Stub::start(vec![
+            (503, "overloaded"),
+            (429, "slow down"),
+            (400, "\nout of order sample\nsecond line"),
+        ])
+        .await;
+        let cfg = fast(&stub.url);
+        let stats = Arc::new(Stats::default());
+        let queue = Arc::new(RemoteQueue::new(100, Vec::new()));
+        queue.push_gpu(&gpu(0.25), Some(1_000), &stats);
+        queue.push_gpu(&gpu(0.5), Some(2_000), &stats);
+        let endpoint = Endpoint::new(&cfg).unwrap();
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let task = {
+            let (stats, queue) = (stats.clone(), queue.clone());
+            tokio::spawn(async move { sender(&endpoint, &cfg, &queue, &stats, stop_rx).await })
+        };
+        wait_for("4 requests", || stub.requests().len() >= 4).await;
+        // Many intervals and backoffs later: no request more.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let _ = stop.send(true);
+        task.await.unwrap();
+        let reqs = stub.requests();
+        assert_eq!(reqs.len(), 4, "503, 429 (both retried), 400 (dropped), 200");
+        assert_eq!(reqs[0].1, reqs[1].1, "the 503's batch was sent again");
+        assert_eq!(reqs[1].1, reqs[2].1, "the 429's batch was sent again");
+        assert_ne!(reqs[2].1, reqs[3].1, "the 400's batch was not sent again");
+        for (head, _) in &reqs {
+            assert!(head.contains("content-encoding: snappy"), "{head}");
+            assert!(head.contains("x-prometheus-remote-write-version: 0.1.0"));
+            assert!(!head.contains("authorization"), "{head}");
+        }
+        let f = |r| stats.remote_write_failures(r);
+        assert_eq!(f(Failure::ServerError), 1);
+        assert_eq!(f(Failure::TooManyRequests), 1);
+        assert_eq!(f(Failure::ClientError), 1);
+        assert_eq!(f(Failure::Connection), 0);
+        assert_eq!(Stats::get(&stats.remote_write_refused), 3);
+        assert_eq!(Stats::get(&stats.remote_write_samples), 3);
+        assert_eq!(Stats::get(&stats.remote_write_dropped), 0);
+        assert!(queue.is_empty());
+    }
+
+    #[tokio::test]
+    async fn connection_errors_keep_the_samples_queued() {
+        // A port nothing listens on.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/api/v1/write", l.local_addr().unwrap());
+        drop(l);
+        let cfg = fast(&url);
+        let stats = Stats::default();
+        let queue = RemoteQueue::new(100, Vec::new());
+        queue.push_gpu(&gpu(0.25), Some(1_000), &stats);
+        let endpoint = Endpoint::new(&cfg).unwrap();
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let run = sender(&endpoint, &cfg, &queue, &stats, stop_rx);
+        let stopper = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let _ = stop.send(true);
+        };
+        tokio::join!(run, stopper);
+        assert!(stats.remote_write_failures(Failure::Connection) >= 2);
+        assert_eq!(stats.remote_write_failures(Failure::ClientError), 0);
+        assert_eq!(queue.len(), 3, "nothing dropped");
+    }
+
+    #[tokio::test]
+    async fn credentials_and_headers_are_sent_and_token_files_reread() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "first-token\n").unwrap();
+        let stub = Stub::start(Vec::new()).await;
+        let mut cfg = fast(&stub.url);
+        cfg.bearer_token_file = Some(token.clone());
+        cfg.headers = [("X-Scope-OrgID".to_string(), "team-a".to_string())].into();
+        let endpoint = Endpoint::new(&cfg).unwrap();
+        let stats = Stats::default();
+        let queue = RemoteQueue::new(100, Vec::new());
+        queue.push_gpu(&gpu(0.25), Some(1_000), &stats);
+        let points = queue.take(3);
+        endpoint.send(&points).await.unwrap();
+        std::fs::write(&token, "second-token").unwrap();
+        endpoint.send(&points).await.unwrap();
+        let reqs = stub.requests();
+        assert!(
+            reqs[0].0.contains("authorization: bearer first-token"),
+            "{}",
+            reqs[0].0
+        );
+        assert!(
+            reqs[1].0.contains("authorization: bearer second-token"),
+            "{}",
+            reqs[1].0
+        );
+        assert!(reqs[0].0.contains("x-scope-orgid: team-a"), "{}", reqs[0].0);
+
+        // Basic auth, the password from a file.
+        let password = dir.path().join("password");
+        std::fs::write(&password, "s3cret\n").unwrap();
+        let mut cfg = fast(&stub.url);
+        cfg.username = Some("flopwatch".into());
+        cfg.password_file = Some(password.clone());
+        let basic = Endpoint::new(&cfg).unwrap();
+        basic.send(&points).await.unwrap();
+        // base64("flopwatch:s3cret")
+        let head = &stub.requests()[2].0;
+        let want = "authorization: basic ZmxvcHdhdGNoOnMzY3JldA==".to_lowercase();
+        assert!(head.contains(&want), "{head}");
+
+        // The password file gone at send time: no request, retried.
+        std::fs::remove_file(&password).unwrap();
+        let e = basic.send(&points).await.unwrap_err();
+        assert_eq!(e.reason, Failure::Credentials);
+        assert!(e.retried());
+        assert!(
+            e.message.contains("remote_write.password_file"),
+            "{}",
+            e.message
+        );
+        assert_eq!(stub.requests().len(), 3);
+    }
+
+    #[test]
+    fn setup_errors_name_the_key_and_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let https = |f: &dyn Fn(&mut RemoteWriteConfig)| {
+            let mut c = RemoteWriteConfig {
+                url: "https://127.0.0.1:1/api/v1/write".into(),
+                ..Default::default()
+            };
+            f(&mut c);
+            Endpoint::new(&c).map(drop).unwrap_err().to_string()
+        };
+        let missing = dir.path().join("missing.pem");
+        let e = https(&|c| c.ca_file = Some(missing.clone()));
+        assert!(e.starts_with("remote_write.ca_file `"), "{e}");
+        assert!(
+            e.contains("missing.pem") && e.contains("cannot read"),
+            "{e}"
+        );
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate").unwrap();
+        let e = https(&|c| c.ca_file = Some(junk.clone()));
+        assert!(
+            e.contains("remote_write.ca_file") && e.contains("no PEM certificate"),
+            "{e}"
+        );
+        let e = https(&|c| c.bearer_token_file = Some(missing.clone()));
+        assert!(e.starts_with("remote_write.bearer_token_file `"), "{e}");
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, " \n").unwrap();
+        let e = https(&|c| {
+            c.username = Some("u".into());
+            c.password_file = Some(empty.clone());
+        });
+        assert!(
+            e.contains("remote_write.password_file") && e.contains("is empty"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn backoff_has_full_jitter_below_a_doubling_capped_bound() {
+        let cfg = RemoteWriteConfig {
+            min_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+            ..Default::default()
+        };
+        for (attempt, bound) in [
+            (1, 100),
+            (2, 200),
+            (3, 400),
+            (4, 800),
+            (5, 1000),
+            (60, 1000),
+        ] {
+            let draws: Vec<Duration> = (0..200).map(|_| backoff(&cfg, attempt, None)).collect();
+            let max = draws.iter().max().unwrap();
+            let min = draws.iter().min().unwrap();
+            assert!(*max <= Duration::from_millis(bound), "{attempt}: {max:?}");
+            // Spread over the whole range, not a fixed delay.
+            assert!(
+                *min < Duration::from_millis(bound / 4),
+                "{attempt}: {min:?}"
+            );
+            assert!(
+                *max > Duration::from_millis(bound * 3 / 4),
+                "{attempt}: {max:?}"
+            );
+        }
+        // Retry-After is honoured, up to the cap.
+        let d = backoff(&cfg, 1, Some(Duration::from_millis(700)));
+        assert!(d >= Duration::from_millis(700) && d <= Duration::from_secs(1));
+        assert_eq!(
+            backoff(&cfg, 1, Some(Duration::from_secs(30))),
+            cfg.max_backoff
+        );
+    }
+
+    #[test]
+    fn first_line_of_a_body() {
+        assert_eq!(first_line("\n  out of order\nmore"), "out of order");
+        assert_eq!(first_line(""), "(empty body)");
+        assert_eq!(first_line(&"x".repeat(300)).chars().count(), 201);
     }
 }

@@ -140,7 +140,7 @@ pub async fn serve_cluster(
             Some(tokio::spawn(crate::remote_write::run(
                 cfg.clone(),
                 queue.clone(),
-                collector.clone(),
+                collector.stats.clone(),
                 stop_rx.clone(),
             )))
         }

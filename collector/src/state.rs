@@ -95,7 +95,7 @@ pub struct Collector {
     /// Settings.
     pub settings: Settings,
     /// Counters.
-    pub stats: Stats,
+    pub stats: Arc<Stats>,
     /// Time.
     pub clock: Arc<dyn Clock>,
     /// Latest state per GPU and agent (`/metrics`, remote write).
@@ -130,7 +130,7 @@ impl Collector {
             limits: Limiter::new(settings.limits.clone()),
             claims: Default::default(),
             settings: settings.clone(),
-            stats: Stats::default(),
+            stats: Arc::new(Stats::default()),
             clock,
             live: Live::default(),
             events: Analyzer::new(settings.analysis.clone()),

@@ -32,10 +32,14 @@ pub struct Stats {
     pub ack_latency: Histogram,
     /// Samples pushed to the remote-write endpoint.
     pub remote_write_samples: AtomicU64,
-    /// Remote-write requests that failed (each is retried).
-    pub remote_write_failures: AtomicU64,
+    /// Remote-write requests that failed, by reason
+    /// ([`Failure::ALL`] order).
+    remote_write_failures: [AtomicU64; Failure::ALL.len()],
     /// Samples dropped because the remote-write queue was full.
     pub remote_write_dropped: AtomicU64,
+    /// Samples dropped because the remote-write endpoint refused them (4xx
+    /// other than 429; never retried).
+    pub remote_write_refused: AtomicU64,
     /// Samples dropped by validation and limits, by tenant and reason.
     by_tenant: Mutex<BTreeMap<(String, Reason), u64>>,
     /// Batches refused as a whole, by tenant and reason.
@@ -59,8 +63,9 @@ impl Default for Stats {
             // 100 µs … ~3.3 s.
             ack_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             remote_write_samples: AtomicU64::new(0),
-            remote_write_failures: AtomicU64::new(0),
+            remote_write_failures: Default::default(),
             remote_write_dropped: AtomicU64::new(0),
+            remote_write_refused: AtomicU64::new(0),
             by_tenant: Mutex::default(),
             batch_rejects: Mutex::default(),
             auth_failures: Mutex::default(),
@@ -122,6 +127,16 @@ impl Stats {
             .unwrap_or_default()
     }
 
+    /// Counts a failed remote-write request.
+    pub fn remote_write_failure(&self, reason: Failure) {
+        self.remote_write_failures[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Remote-write requests that failed for `reason` so far.
+    pub fn remote_write_failures(&self, reason: Failure) -> u64 {
+        self.remote_write_failures[reason.index()].load(Ordering::Relaxed)
+    }
+
     /// Samples dropped for `reason` so far.
     pub fn rejected(&self, reason: Reason) -> u64 {
         let i = Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
@@ -131,5 +146,50 @@ impl Stats {
     /// Shorthand for a relaxed load.
     pub fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Relaxed)
+    }
+}
+
+/// Why a remote-write request failed: the `reason` label of
+/// `flopwatch_remote_write_failures_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// No answer: connection refused, TLS handshake, timeout (retried).
+    Connection,
+    /// 5xx (retried).
+    ServerError,
+    /// 429 Too Many Requests (retried).
+    TooManyRequests,
+    /// Another 4xx: the endpoint will never take the batch, which is
+    /// dropped (not retried).
+    ClientError,
+    /// `bearer_token_file` or `password_file` could not be read; no request
+    /// was sent (retried).
+    Credentials,
+}
+
+impl Failure {
+    /// Every reason, in the order of [`Stats`]'s counters.
+    pub const ALL: [Failure; 5] = [
+        Failure::Connection,
+        Failure::ServerError,
+        Failure::TooManyRequests,
+        Failure::ClientError,
+        Failure::Credentials,
+    ];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Failure::Connection => "connection",
+            Failure::ServerError => "5xx",
+            Failure::TooManyRequests => "429",
+            Failure::ClientError => "4xx",
+            Failure::Credentials => "credentials",
+        }
+    }
+
+    /// Position in [`Failure::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
     }
 }

@@ -220,12 +220,49 @@ pub struct RemoteWriteConfig {
     /// Request timeout.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
-    /// Bearer token sent as `Authorization`.
+    /// Bearer token sent as `Authorization: Bearer`.
     pub bearer_token: Option<String>,
+    /// File holding the bearer token (surrounding whitespace trimmed), read
+    /// again for every request so that a rotated token is picked up.
+    pub bearer_token_file: Option<PathBuf>,
+    /// Basic-auth user name; needs `password` or `password_file`.
+    pub username: Option<String>,
+    /// Basic-auth password.
+    pub password: Option<String>,
+    /// File holding the basic-auth password (surrounding whitespace
+    /// trimmed), read again for every request.
+    pub password_file: Option<PathBuf>,
+    /// Extra HTTP headers sent with every request (e.g. `X-Scope-OrgID`,
+    /// Mimir's tenant).
+    pub headers: BTreeMap<String, String>,
+    /// PEM CA bundle an `https://` endpoint's certificate must chain to.
+    /// Unset: the system's trust store.
+    pub ca_file: Option<PathBuf>,
+    /// Upper bound of the first retry delay (full jitter: the delay is
+    /// drawn uniformly below the bound, which doubles per failed attempt).
+    #[serde(with = "humantime_serde")]
+    pub min_backoff: Duration,
+    /// Cap of the retry delay bound.
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
     /// Counters pushed besides OFU, tensor activity and SM clock (default:
     /// the policy's selected set, or none).
     pub metrics: Vec<String>,
 }
+
+/// Request headers `[remote_write.headers]` may not set: the protocol's
+/// own, and `Authorization` (set by `bearer_token` or `username`).
+const REMOTE_WRITE_RESERVED_HEADERS: &[&str] = &[
+    "authorization",
+    "connection",
+    "content-encoding",
+    "content-length",
+    "content-type",
+    "host",
+    "transfer-encoding",
+    "user-agent",
+    "x-prometheus-remote-write-version",
+];
 
 impl Default for RemoteWriteConfig {
     fn default() -> Self {
@@ -236,8 +273,132 @@ impl Default for RemoteWriteConfig {
             max_samples_per_request: 10_000,
             timeout: Duration::from_secs(10),
             bearer_token: None,
+            bearer_token_file: None,
+            username: None,
+            password: None,
+            password_file: None,
+            headers: BTreeMap::new(),
+            ca_file: None,
+            min_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(60),
             metrics: Vec::new(),
         }
+    }
+}
+
+impl RemoteWriteConfig {
+    /// Whether the endpoint is reached over TLS.
+    pub fn is_https(&self) -> bool {
+        self.url.starts_with("https://")
+    }
+
+    /// Checks values and combinations; errors name the key under
+    /// `remote_write.`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let key = |k: &str| format!("remote_write.{k}");
+        let err = |k: &str, m: &str| Err(ConfigError::invalid(&key(k), m));
+        if !(self.url.starts_with("http://") || self.is_https()) {
+            return err("url", "must be an http:// or https:// URL");
+        }
+        if self.interval.is_zero() {
+            return err("interval", "must be positive");
+        }
+        if self.timeout.is_zero() {
+            return err("timeout", "must be positive");
+        }
+        if self.max_samples_per_request == 0 {
+            return err("max_samples_per_request", "must be positive");
+        }
+        if self.max_queue_samples < self.max_samples_per_request {
+            return err(
+                "max_queue_samples",
+                "must be at least max_samples_per_request",
+            );
+        }
+        if self.min_backoff.is_zero() {
+            return err("min_backoff", "must be positive");
+        }
+        if self.max_backoff < self.min_backoff {
+            return err("max_backoff", "must be at least min_backoff");
+        }
+        for (k, v) in [
+            ("bearer_token", &self.bearer_token),
+            ("username", &self.username),
+        ] {
+            if v.as_ref().is_some_and(|v| v.is_empty()) {
+                return err(k, "must not be empty (leave it out instead)");
+            }
+        }
+        for (k, v) in [
+            ("bearer_token_file", &self.bearer_token_file),
+            ("password_file", &self.password_file),
+            ("ca_file", &self.ca_file),
+        ] {
+            if v.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                return err(k, "must not be empty (leave it out instead)");
+            }
+        }
+        if self.bearer_token.is_some() && self.bearer_token_file.is_some() {
+            return err(
+                "bearer_token_file",
+                "set either bearer_token or bearer_token_file, not both",
+            );
+        }
+        let bearer = self.bearer_token.is_some() || self.bearer_token_file.is_some();
+        let password = self.password.is_some() || self.password_file.is_some();
+        if bearer && (self.username.is_some() || password) {
+            return err(
+                "username",
+                "basic auth (username, password, password_file) and a bearer token (bearer_token, bearer_token_file) exclude each other: both set the Authorization header",
+            );
+        }
+        if self.password.is_some() && self.password_file.is_some() {
+            return err(
+                "password_file",
+                "set either password or password_file, not both",
+            );
+        }
+        if password && self.username.is_none() {
+            return err(
+                "username",
+                "must be set with password or password_file (basic auth)",
+            );
+        }
+        if self.username.is_some() && !password {
+            return err(
+                "password",
+                "username is set: basic auth needs password or password_file too",
+            );
+        }
+        if self.ca_file.is_some() && !self.is_https() {
+            return err(
+                "ca_file",
+                "applies to an https:// url only; url is not https://",
+            );
+        }
+        for (name, value) in &self.headers {
+            let k = key(&format!("headers.{name}"));
+            let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+            if name.is_empty() || !name.chars().all(token) {
+                return Err(ConfigError::invalid(&k, "not a valid HTTP header name"));
+            }
+            if REMOTE_WRITE_RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+                return Err(ConfigError::invalid(
+                    &k,
+                    "is set by flopwatch itself (use bearer_token or username for Authorization)",
+                ));
+            }
+            if value
+                .chars()
+                .any(|c| (c.is_control() && c != '\t') || c == '\u{7f}')
+            {
+                return Err(ConfigError::invalid(
+                    &k,
+                    "the value must not contain control characters",
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -482,25 +643,7 @@ impl Validate for CollectorConfig {
             ));
         }
         if let Some(rw) = &self.remote_write {
-            if !(rw.url.starts_with("http://") || rw.url.starts_with("https://")) {
-                return Err(ConfigError::invalid(
-                    "remote_write.url",
-                    "must be an http:// or https:// URL",
-                ));
-            }
-            if rw.interval.is_zero() || rw.timeout.is_zero() {
-                return Err(ConfigError::invalid(
-                    "remote_write.interval",
-                    "interval and timeout must be positive",
-                ));
-            }
-            if rw.max_samples_per_request == 0 || rw.max_queue_samples < rw.max_samples_per_request
-            {
-                return Err(ConfigError::invalid(
-                    "remote_write.max_queue_samples",
-                    "must be at least max_samples_per_request, which must be positive",
-                ));
-            }
+            rw.validate()?;
         }
         if self.storage.compaction_interval < Duration::from_secs(1) {
             return Err(ConfigError::invalid(

@@ -105,3 +105,93 @@ fn storage_precision_takes_powers_of_ten() {
     .unwrap();
     assert!(c.storage.precision.is_empty());
 }
+
+#[test]
+fn remote_write_auth_and_tls_combinations_name_the_key() {
+    let load = |rw: &str| {
+        parse_str::<CollectorConfig>(
+            &format!("anonymous_tenant = \"d\"\nplaintext = true\n[remote_write]\n{rw}\n"),
+            Path::new("c.toml"),
+        )
+    };
+    let https = "url = \"https://mimir.example:443/api/v1/push\"\n";
+    let c = load(&format!(
+        "{https}ca_file = \"ca.pem\"\nusername = \"u\"\npassword_file = \"pw\"\n\
+         min_backoff = \"50ms\"\nmax_backoff = \"5s\"\n\
+         [remote_write.headers]\nX-Scope-OrgID = \"team-a\"\n"
+    ))
+    .unwrap();
+    let rw = c.remote_write.unwrap();
+    assert_eq!(rw.headers.get("X-Scope-OrgID").unwrap(), "team-a");
+    assert_eq!(rw.min_backoff, Duration::from_millis(50));
+    load(&format!("{https}bearer_token_file = \"t\"\n")).unwrap();
+    for (rw, key, words) in [
+        (
+            format!("{https}bearer_token = \"t\"\nusername = \"u\"\npassword = \"p\"\n"),
+            "remote_write.username",
+            "exclude each other",
+        ),
+        (
+            format!("{https}bearer_token_file = \"t\"\npassword_file = \"p\"\n"),
+            "remote_write.username",
+            "exclude each other",
+        ),
+        (
+            format!("{https}bearer_token = \"t\"\nbearer_token_file = \"t\"\n"),
+            "remote_write.bearer_token_file",
+            "not both",
+        ),
+        (
+            format!("{https}username = \"u\"\npassword = \"p\"\npassword_file = \"p\"\n"),
+            "remote_write.password_file",
+            "not both",
+        ),
+        (
+            format!("{https}password = \"p\"\n"),
+            "remote_write.username",
+            "must be set",
+        ),
+        (
+            format!("{https}username = \"u\"\n"),
+            "remote_write.password",
+            "password_file",
+        ),
+        (
+            "url = \"http://127.0.0.1:9090/api/v1/write\"\nca_file = \"ca.pem\"\n".to_string(),
+            "remote_write.ca_file",
+            "https://",
+        ),
+        (
+            format!("{https}ca_file = \"\"\n"),
+            "remote_write.ca_file",
+            "empty",
+        ),
+        (
+            format!("{https}[remote_write.headers]\nAuthorization = \"Bearer x\"\n"),
+            "remote_write.headers.Authorization",
+            "bearer_token",
+        ),
+        (
+            format!("{https}[remote_write.headers]\n\"X Org\" = \"a\"\n"),
+            "remote_write.headers.X Org",
+            "header name",
+        ),
+        (
+            format!("{https}max_backoff = \"100ms\"\n"),
+            "remote_write.max_backoff",
+            "min_backoff",
+        ),
+        (
+            "url = \"prometheus:9090\"\n".to_string(),
+            "remote_write.url",
+            "https://",
+        ),
+    ] {
+        let e = load(&rw).expect_err(&rw);
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&format!("c.toml: key `{key}`:")) && msg.contains(words),
+            "{rw}=> {msg}"
+        );
+    }
+}
