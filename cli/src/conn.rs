@@ -123,3 +123,8 @@ impl ConnArgs {
         ))
     }
 }
+
+/// A failed call's gRPC status as an error: its code and message.
+pub fn status(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{}: {}", s.code(), s.message())
+}

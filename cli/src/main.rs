@@ -40,6 +40,8 @@ mod demo;
 mod eval;
 mod query_cmd;
 mod query_jobs;
+#[cfg(feature = "select")]
+mod select_args;
 #[cfg(all(feature = "select", feature = "collector"))]
 mod select_store;
 mod shared;
@@ -78,7 +80,7 @@ enum Command {
     Query(query_cmd::QueryArgs),
     /// Select a non-redundant metric set from recorded data (Moneo §2.2).
     #[cfg(feature = "select")]
-    Select(flopwatch_selector::SelectArgs),
+    Select(select_args::SelectArgs),
     /// Compare adaptive with fixed-interval sampling on a trace (Moneo §2.3).
     #[cfg(all(feature = "agent", feature = "collector"))]
     EvalSampling(eval::EvalArgs),
@@ -173,14 +175,14 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 #[cfg(feature = "select")]
-fn run_select(a: flopwatch_selector::SelectArgs) -> anyhow::Result<()> {
+fn run_select(a: select_args::SelectArgs) -> anyhow::Result<()> {
     if a.store.is_some() {
         #[cfg(feature = "collector")]
         return select_store::run(&a);
         #[cfg(not(feature = "collector"))]
         anyhow::bail!("--store reads a collector's RocksDB store: this flopwatch was built without the `collector` feature");
     }
-    flopwatch_selector::run_csv(&a)?;
+    flopwatch_selector::run_csv(&a.csv_run()?)?;
     Ok(())
 }
 

@@ -131,10 +131,6 @@ impl Range {
     }
 }
 
-pub fn status(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{}: {}", s.code(), s.message())
-}
-
 pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
     let mut c = args.conn.connect().await?;
     let now = flopwatch_proto::clock::Clock::now_ms(&flopwatch_proto::clock::SystemClock);
@@ -169,7 +165,7 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
                 end_ms,
                 step_ms,
             };
-            let r = c.ofu(req).await.map_err(status)?.into_inner();
+            let r = c.ofu(req).await.map_err(crate::conn::status)?.into_inner();
             let s = r.summary.unwrap_or_default();
             if args.json {
                 let out = json!({
@@ -206,7 +202,7 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
             let r = c
                 .list_nodes(v1::ListRequest::default())
                 .await
-                .map_err(status)?
+                .map_err(crate::conn::status)?
                 .into_inner();
             if args.json {
                 let v: Vec<_> = r.nodes.iter().map(|n| json!({"node_id": n.node_id, "hostname": n.hostname, "tenant": n.tenant, "gpus": n.gpus, "last_seen_ms": n.last_seen_ms})).collect();
@@ -224,7 +220,7 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
             let r = c
                 .list_gpus(v1::ListRequest::default())
                 .await
-                .map_err(status)?
+                .map_err(crate::conn::status)?
                 .into_inner();
             if args.json {
                 let v: Vec<_> = r.gpus.iter().map(|g| {
@@ -249,7 +245,7 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
             let r = c
                 .list_jobs(v1::ListRequest { since_ms: start })
                 .await
-                .map_err(status)?
+                .map_err(crate::conn::status)?
                 .into_inner();
             let mut jobs = Vec::with_capacity(r.jobs.len());
             for entry in r.jobs {
@@ -267,7 +263,7 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
             let entries: Vec<v1::JobEntry> = c
                 .list_jobs(v1::ListRequest::default())
                 .await
-                .map_err(status)?
+                .map_err(crate::conn::status)?
                 .into_inner()
                 .jobs
                 .into_iter()
@@ -310,7 +306,7 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
                     limit,
                 })
                 .await
-                .map_err(status)?
+                .map_err(crate::conn::status)?
                 .into_inner();
             if args.json {
                 let v: Vec<_> = r
@@ -353,7 +349,7 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
             let s = c
                 .series(req)
                 .await
-                .map_err(status)?
+                .map_err(crate::conn::status)?
                 .into_inner()
                 .series
                 .unwrap_or_default();

@@ -85,7 +85,7 @@ pub async fn summarize<I: tonic::service::Interceptor>(
             step_ms,
         })
         .await
-        .map_err(crate::query_cmd::status)?
+        .map_err(crate::conn::status)?
         .into_inner();
     let mut events = c
         .list_events(v1::EventsRequest {
@@ -96,7 +96,7 @@ pub async fn summarize<I: tonic::service::Interceptor>(
             limit: 10_000,
         })
         .await
-        .map_err(crate::query_cmd::status)?
+        .map_err(crate::conn::status)?
         .into_inner()
         .events;
     // A provider sees every tenant: keep this job's tenant only.

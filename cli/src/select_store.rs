@@ -7,11 +7,12 @@
 //! of its own per job on its node (`job/device`), over the job's time
 //! there: its counters are pruned among themselves the same way.
 
+use crate::select_args::SelectArgs;
 use anyhow::Context;
 use flopwatch_collector::store::{rocks::RocksEngine, Store};
 use flopwatch_proto::clock::{Clock, SystemClock};
 use flopwatch_proto::metrics::CATALOG;
-use flopwatch_selector::{Row, SelectArgs};
+use flopwatch_selector::Row;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -91,6 +92,6 @@ pub fn run(args: &SelectArgs) -> anyhow::Result<()> {
     let bar = flopwatch_selector::progress_bar(!args.no_progress);
     let selection = flopwatch_selector::select(rows, &options, &bar)?;
     bar.finish_and_clear();
-    flopwatch_selector::finish(args, &selection)?;
+    flopwatch_selector::finish(&args.outputs(), &selection)?;
     Ok(())
 }

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use flopwatch_selector::{
-    run_csv, select, select_samples, synth, ProgressBar, Row, SelectArgs, SelectOptions,
+    run_csv, select, select_samples, synth, CsvRun, Outputs, ProgressBar, Row, SelectOptions,
 };
 
 fn main() {
@@ -79,25 +79,24 @@ fn main() {
     }
     drop(set);
     let bytes = std::fs::metadata(&csv).map_or(0, |m| m.len());
-    let args = SelectArgs {
-        input: vec![csv.clone()],
-        store: None,
-        since: None,
-        until: None,
-        output: dir.join("selected.toml"),
-        report: Some(dir.join("report")),
-        json: false,
-        variance_threshold: flopwatch_selector::DEFAULT_VARIANCE_THRESHOLD,
-        distance_threshold: flopwatch_selector::DEFAULT_DISTANCE_THRESHOLD,
-        step_ms: None,
-        interpolation: Default::default(),
-        prefer: vec![],
-        no_progress: true,
+    let args = CsvRun {
+        inputs: vec![csv.clone()],
+        options: SelectOptions::default(),
+        outputs: Outputs {
+            output: dir.join("selected.toml"),
+            report: Some(dir.join("report")),
+            json: false,
+        },
+        progress: false,
     };
     let t = Instant::now();
     let mut parsed = flopwatch_selector::SampleSet::new();
-    flopwatch_selector::csv_input::read_csv_files(&args.input, &mut parsed, &ProgressBar::hidden())
-        .expect("read csv");
+    flopwatch_selector::csv_input::read_csv_files(
+        &args.inputs,
+        &mut parsed,
+        &ProgressBar::hidden(),
+    )
+    .expect("read csv");
     println!(
         "CSV parse only: {:.2} s ({} rows)",
         t.elapsed().as_secs_f64(),

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::samples::Series;
 
 /// How a value is read off a series at a grid point between two samples.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Interpolation {
     /// Step-hold: the last sample at or before the grid point (what a
@@ -19,6 +19,19 @@ pub enum Interpolation {
     Step,
     /// Straight line between the samples either side of the grid point.
     Linear,
+}
+
+impl std::str::FromStr for Interpolation {
+    type Err = String;
+
+    /// `step` or `linear`, as the command line spells them.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "step" => Ok(Interpolation::Step),
+            "linear" => Ok(Interpolation::Linear),
+            _ => Err(format!("`{s}` is neither `step` nor `linear`")),
+        }
+    }
 }
 
 impl std::fmt::Display for Interpolation {

@@ -57,11 +57,11 @@
 #![warn(missing_docs)]
 
 pub mod align;
-mod args;
 pub mod cluster;
 pub mod csv_input;
 pub mod distance;
 mod error;
+mod options;
 pub mod output;
 mod par;
 mod pipeline;
@@ -75,12 +75,12 @@ pub mod variance;
 use std::io::Write;
 
 pub use align::{Grid, Interpolation};
-pub use args::{
-    SelectArgs, SelectOptions, DEFAULT_DISTANCE_THRESHOLD, DEFAULT_MAX_GRID_CELLS,
-    DEFAULT_VARIANCE_THRESHOLD,
-};
 pub use error::SelectError;
 pub use indicatif::ProgressBar;
+pub use options::{
+    CsvRun, Outputs, SelectOptions, DEFAULT_DISTANCE_THRESHOLD, DEFAULT_MAX_GRID_CELLS,
+    DEFAULT_VARIANCE_THRESHOLD,
+};
 pub use output::{selected_toml, summary_json, write_outputs};
 pub use pipeline::{
     select, select_samples, Details, ExamplePair, Group, MetricInfo, Selection, WorkloadInfo,
@@ -88,31 +88,31 @@ pub use pipeline::{
 pub use progress::progress_bar;
 pub use samples::{Row, SampleSet};
 
-/// The whole CSV path of `flopwatch select`: read `--input` files, select,
-/// write `--output` and `--report`, print the JSON summary if `--json`.
-pub fn run_csv(args: &SelectArgs) -> Result<Selection, SelectError> {
-    if args.input.is_empty() {
+/// The whole CSV path of `flopwatch select`: read the input files,
+/// select, write the outputs, print the JSON summary if asked.
+pub fn run_csv(run: &CsvRun) -> Result<Selection, SelectError> {
+    if run.inputs.is_empty() {
         return Err(SelectError::NoInput);
     }
-    let options = args.options()?;
-    let bar = progress_bar(!args.no_progress);
+    run.options.validate()?;
+    let bar = progress_bar(run.progress);
     progress::bytes_style(&bar);
     let mut samples = SampleSet::new();
-    let result = csv_input::read_csv_files(&args.input, &mut samples, &bar).and_then(|()| {
+    let result = csv_input::read_csv_files(&run.inputs, &mut samples, &bar).and_then(|()| {
         progress::steps_style(&bar);
-        select_samples(&mut samples, &options, &bar)
+        select_samples(&mut samples, &run.options, &bar)
     });
     bar.finish_and_clear();
     let selection = result?;
-    finish(args, &selection)?;
+    finish(&run.outputs, &selection)?;
     Ok(selection)
 }
 
-/// Write the outputs `args` asks for (`--output`, `--report`, `--json`).
-/// The binary's `--store` path calls this after [`select`].
-pub fn finish(args: &SelectArgs, selection: &Selection) -> Result<(), SelectError> {
-    write_outputs(selection, &args.output, args.report.as_deref())?;
-    if args.json {
+/// Writes what `outputs` asks for. The binary's `--store` path calls this
+/// after [`select`].
+pub fn finish(outputs: &Outputs, selection: &Selection) -> Result<(), SelectError> {
+    write_outputs(selection, &outputs.output, outputs.report.as_deref())?;
+    if outputs.json {
         let mut out = std::io::stdout().lock();
         writeln!(out, "{}", summary_json(selection)).map_err(|e| SelectError::io("<stdout>", e))?;
     }

@@ -2,23 +2,18 @@
 
 use std::path::{Path, PathBuf};
 
-use flopwatch_selector::{run_csv, SelectArgs, SelectError};
+use flopwatch_selector::{run_csv, CsvRun, Outputs, SelectError, SelectOptions};
 
-fn args(inputs: Vec<PathBuf>, dir: &Path) -> SelectArgs {
-    SelectArgs {
-        input: inputs,
-        store: None,
-        since: None,
-        until: None,
-        output: dir.join("selected.toml"),
-        report: None,
-        json: false,
-        variance_threshold: flopwatch_selector::DEFAULT_VARIANCE_THRESHOLD,
-        distance_threshold: flopwatch_selector::DEFAULT_DISTANCE_THRESHOLD,
-        step_ms: None,
-        interpolation: Default::default(),
-        prefer: vec![],
-        no_progress: true,
+fn args(inputs: Vec<PathBuf>, dir: &Path) -> CsvRun {
+    CsvRun {
+        inputs,
+        options: SelectOptions::default(),
+        outputs: Outputs {
+            output: dir.join("selected.toml"),
+            report: None,
+            json: false,
+        },
+        progress: false,
     }
 }
 

@@ -3,23 +3,18 @@
 mod common;
 
 use common::*;
-use flopwatch_selector::{run_csv, summary_json, SelectArgs};
+use flopwatch_selector::{run_csv, summary_json, CsvRun, Outputs, SelectOptions};
 
-fn args(input: Vec<std::path::PathBuf>, dir: &std::path::Path) -> SelectArgs {
-    SelectArgs {
-        input,
-        store: None,
-        since: None,
-        until: None,
-        output: dir.join("out/selected.toml"),
-        report: Some(dir.join("report")),
-        json: false,
-        variance_threshold: flopwatch_selector::DEFAULT_VARIANCE_THRESHOLD,
-        distance_threshold: flopwatch_selector::DEFAULT_DISTANCE_THRESHOLD,
-        step_ms: None,
-        interpolation: Default::default(),
-        prefer: vec![],
-        no_progress: true,
+fn args(input: Vec<std::path::PathBuf>, dir: &std::path::Path) -> CsvRun {
+    CsvRun {
+        inputs: input,
+        options: SelectOptions::default(),
+        outputs: Outputs {
+            output: dir.join("out/selected.toml"),
+            report: Some(dir.join("report")),
+            json: false,
+        },
+        progress: false,
     }
 }
 
@@ -79,10 +74,9 @@ fn writes_toml_report_plots_and_json() {
 }
 
 #[test]
-fn store_only_args_are_refused_by_run_csv() {
+fn a_run_without_inputs_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let mut a = args(vec![], dir.path());
-    a.store = Some(dir.path().to_path_buf());
+    let a = args(vec![], dir.path());
     assert!(matches!(
         run_csv(&a),
         Err(flopwatch_selector::SelectError::NoInput)
