@@ -637,7 +637,7 @@ fn collectors_are_each_others_peers_with_a_provider_token() {
     // Each pod skips itself (collector_id is the pod name).
     for i in 0..replicas {
         let me = format!("{name}-{i}");
-        let others = flopwatch_collector::cluster::other_peers(&cfg.peers, &me);
+        let others = flopwatch_collector::other_peers(&cfg.peers, &me);
         assert_eq!(others.len() as i32, replicas - 1, "{me}");
     }
     // The peer token is a provider credential the peers know.

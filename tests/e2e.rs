@@ -199,7 +199,7 @@ async fn agents_follow_the_policy_metric_set() {
     let dir = tempfile::tempdir().unwrap();
     let collector = flopwatch_tests::TestCollector::start_full(
         dir.path(),
-        flopwatch_collector::auth::Auth::anonymous("default"),
+        flopwatch_collector::Auth::anonymous("default"),
         vec!["power_w".into(), "dram_active".into()],
     )
     .await;

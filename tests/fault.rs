@@ -461,7 +461,7 @@ fn stalled_collector_makes_agents_fail_over_and_loses_nothing() {
     std::thread::sleep(Duration::from_secs(3));
     // Agent 0's home collector stops answering: connections stay open,
     // nothing is acknowledged.
-    let home = flopwatch_agent::placement::order("node-00", &urls)[0];
+    let home = flopwatch_agent::order("node-00", &urls)[0];
     signal(&collectors[home], "STOP");
     std::thread::sleep(Duration::from_secs(12));
     let failovers = scrape(&running[0].metrics, "flopwatch_agent_failovers_total");

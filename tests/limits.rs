@@ -5,10 +5,10 @@
 
 use flopwatch_agent::source::sim::SimSource;
 use flopwatch_agent::AgentOptions;
-use flopwatch_collector::auth::{digest, Auth};
 use flopwatch_collector::server;
 use flopwatch_collector::store::memory::MemEngine;
 use flopwatch_collector::store::{Cf, Engine, Op, Store, StoreError, View};
+use flopwatch_collector::{digest, Auth};
 use flopwatch_collector::{Collector, Settings};
 use flopwatch_config::{CollectorConfig, LimitsOverride, SpecTable, TenantConfig};
 use flopwatch_proto::clock::{Clock, SystemClock};
@@ -470,9 +470,9 @@ async fn an_agent_over_its_tenant_rate_slows_down_and_loses_nothing() {
     let src = SimSource::new(&fleet, 0, SystemClock.now_ms(), 11);
     let agent = flopwatch_agent::Agent::start(
         Box::new(src),
-        Box::new(flopwatch_agent::sampler::FixedSampler::new(
-            Duration::from_millis(100),
-        )),
+        Box::new(flopwatch_agent::FixedSampler::new(Duration::from_millis(
+            100,
+        ))),
         AgentOptions {
             flush_interval: Duration::from_millis(500),
             max_in_flight: 1024,
@@ -482,7 +482,7 @@ async fn an_agent_over_its_tenant_rate_slows_down_and_loses_nothing() {
                 vec![server.url.clone()],
             )
         },
-        Arc::new(flopwatch_agent::clock::TokioClock::new()),
+        Arc::new(flopwatch_agent::TokioClock::new()),
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (outbox, stats, state) = (
@@ -555,8 +555,7 @@ async fn a_batch_without_a_commit_slot_in_time_is_deferred_not_left_waiting() {
     };
     // Answered after the slot wait, well before the agent's ack timeout.
     assert!(
-        waited >= flopwatch_collector::ingest::SLOT_WAIT
-            && waited < flopwatch_agent::client::ACK_TIMEOUT,
+        waited >= flopwatch_collector::SLOT_WAIT && waited < flopwatch_agent::client::ACK_TIMEOUT,
         "{waited:?}"
     );
     assert_eq!(

@@ -4,13 +4,13 @@
 //! lints both pages; the Grafana dashboard's queries name only metrics
 //! Prometheus really got.
 
-use flopwatch_agent::adaptive::AdaptiveSampler;
 use flopwatch_agent::attribution::AttributionOptions;
-use flopwatch_agent::clock::TokioClock;
 use flopwatch_agent::source::sim::SimSource;
-use flopwatch_agent::spool::SpoolOptions;
+use flopwatch_agent::AdaptiveSampler;
+use flopwatch_agent::SpoolOptions;
+use flopwatch_agent::TokioClock;
 use flopwatch_agent::{AgentOptions, DeliveryOptions};
-use flopwatch_collector::auth::Auth;
+use flopwatch_collector::Auth;
 use flopwatch_config::{CollectorConfig, RemoteWriteConfig, SamplingConfig};
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::model::NodeIdentity;
@@ -195,7 +195,7 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
     let (agent_stop, agent_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let agent_http = tokio::spawn(flopwatch_transport::metrics_http::serve(
         agent_listener,
-        Arc::new(flopwatch_agent::telemetry::registry(&agent)),
+        Arc::new(flopwatch_agent::registry(&agent)),
         async move {
             let _ = agent_stop_rx.await;
         },
@@ -292,11 +292,10 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
             ours.mean
         );
     }
-    let sent =
-        flopwatch_collector::stats::Stats::get(&collector.collector.stats.remote_write_samples);
+    let sent = flopwatch_collector::Stats::get(&collector.collector.stats.remote_write_samples);
     assert!(sent > 0);
     assert_eq!(
-        flopwatch_collector::stats::Stats::get(&collector.collector.stats.remote_write_dropped),
+        flopwatch_collector::Stats::get(&collector.collector.stats.remote_write_dropped),
         0
     );
 

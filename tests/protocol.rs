@@ -3,7 +3,7 @@
 //! Batch → Ack, a malformed batch → Reject with a precise code while the
 //! stream goes on, replays acknowledged as duplicates and not stored twice.
 
-use flopwatch_collector::auth::{digest, Auth};
+use flopwatch_collector::{digest, Auth};
 use flopwatch_config::{CollectorConfig, QueryToken, TenantConfig};
 use flopwatch_proto::clock::{Clock, SystemClock};
 use flopwatch_proto::v1::{

@@ -6,11 +6,11 @@
 //! regresses 2.5× mid-run (finetune), a bursty one (inference), and
 //! training jobs with communication dips (llm-pretrain, moe-train).
 
-use flopwatch_agent::adaptive::AdaptiveSampler;
-use flopwatch_agent::clock::TokioClock;
-use flopwatch_agent::sampler::{FixedSampler, Sampler};
+use flopwatch_agent::AdaptiveSampler;
+use flopwatch_agent::TokioClock;
 use flopwatch_agent::{source, Agent, AgentOptions};
-use flopwatch_collector::auth::Auth;
+use flopwatch_agent::{FixedSampler, Sampler};
+use flopwatch_collector::Auth;
 use flopwatch_config::{CollectorConfig, SamplingConfig};
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::model::NodeIdentity;

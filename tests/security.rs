@@ -7,10 +7,10 @@
 //! (its node ids, hostnames, GPU UUIDs, job ids, tenant name and sample
 //! values are searched for in every encoded response and every error).
 
-use flopwatch_collector::auth::{digest, Auth};
-use flopwatch_collector::limits::LimitTable;
 use flopwatch_collector::server::{self, Serving};
 use flopwatch_collector::Collector;
+use flopwatch_collector::LimitTable;
+use flopwatch_collector::{digest, Auth};
 use flopwatch_config::{
     AgentToken, ClientTls, CollectorConfig, QueryToken, ServerTls, SpecTable, TenantConfig,
 };
@@ -187,7 +187,7 @@ impl Env {
         )
         .unwrap();
         let serving = Serving {
-            tls: Some(flopwatch_collector::tls::server_config(&tls, Path::new("")).unwrap()),
+            tls: Some(flopwatch_collector::server_config(&tls, Path::new("")).unwrap()),
             ..Default::default()
         };
         let server = server::Loopback::start_serving(collector.clone(), serving)

@@ -10,25 +10,35 @@
 
 #![forbid(unsafe_code)]
 
-pub mod adaptive;
+mod adaptive;
 pub mod attribution;
-pub mod backoff;
-pub mod batcher;
-pub mod capture;
+mod backoff;
+mod batcher;
+mod capture;
 pub mod client;
-pub mod clock;
-pub mod filter;
-pub mod identity;
-pub mod mfu;
-pub mod outbox;
-pub mod placement;
-pub mod run;
-pub mod sampler;
+mod clock;
+mod filter;
+mod identity;
+mod mfu;
+mod outbox;
+mod placement;
+mod run;
+mod sampler;
 pub mod source;
-pub mod split;
-pub mod spool;
-pub mod telemetry;
+mod split;
+mod spool;
+mod telemetry;
 
+pub use adaptive::{floor_for, AdaptiveSampler, WEIGHTED_CLOCK_STEPS_PER_MHZ};
+pub use batcher::Batcher;
+pub use capture::{Capture, GpuCapture, PlanCarry, ReadPlan, Reading};
+pub use clock::TokioClock;
+pub use identity::{boot_id, node_identity};
+pub use outbox::Outbox;
+pub use placement::order;
 pub use run::{Agent, AgentOptions, DeliveryOptions};
+pub use sampler::{FixedSampler, Sampler};
+pub use spool::{Spool, SpoolOptions, SpoolStats};
+pub use telemetry::registry;
 // The TLS settings `AgentOptions` and `client::ClientOptions` carry.
 pub use flopwatch_transport::TlsClient;

@@ -1,8 +1,8 @@
 //! Adaptive sampler properties (Moneo §2.3) on synthetic captures.
 
-use flopwatch_agent::adaptive::AdaptiveSampler;
-use flopwatch_agent::sampler::Sampler;
 use flopwatch_agent::source::{Capture, GpuCapture, Reading};
+use flopwatch_agent::AdaptiveSampler;
+use flopwatch_agent::Sampler;
 use flopwatch_config::SamplingConfig;
 use proptest::prelude::*;
 
@@ -274,7 +274,7 @@ proptest! {
         prop_assert_eq!(sent_tpa.len(), sent_clk.len());
         // An aggregated clock is a whole number of kilohertz, exactly the
         // double a decimal coder rebuilds.
-        let steps = flopwatch_agent::adaptive::WEIGHTED_CLOCK_STEPS_PER_MHZ;
+        let steps = flopwatch_agent::WEIGHTED_CLOCK_STEPS_PER_MHZ;
         for &(ts, _, v) in sent_clk.iter().filter(|c| c.1 > 100) {
             prop_assert_eq!(((v * steps).round() / steps).to_bits(), v.to_bits(), "clock {} at {}", v, ts);
         }
@@ -289,7 +289,7 @@ proptest! {
         }
         // The weighted clock is sent to 1 kHz: each minute's OFU may move
         // by half a kilohertz over the peak clock, and no more.
-        let tolerance = 0.5 / flopwatch_agent::adaptive::WEIGHTED_CLOCK_STEPS_PER_MHZ / 1830.0 + 1e-9;
+        let tolerance = 0.5 / flopwatch_agent::WEIGHTED_CLOCK_STEPS_PER_MHZ / 1830.0 + 1e-9;
         for m in 1..6 {
             prop_assert!((ofu[m] - truth[m]).abs() < tolerance, "minute {m}: sent {} vs true {}", ofu[m], truth[m]);
         }

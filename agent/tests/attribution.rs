@@ -857,8 +857,8 @@ fn one_refresh_reads_a_bounded_number_of_processes() {
 /// (no collector: the batches stay in the outbox, where the test reads them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_loop_sends_attributed_jobs() {
-    use flopwatch_agent::clock::TokioClock;
-    use flopwatch_agent::sampler::FixedSampler;
+    use flopwatch_agent::FixedSampler;
+    use flopwatch_agent::TokioClock;
     use flopwatch_agent::{Agent, AgentOptions};
     use flopwatch_proto::model::NodeIdentity;
     let source = sim();

@@ -4,10 +4,10 @@
 //! the source through `capture_planned`. Runs against the fake
 //! `libnvidia-ml.so`, whose clock is frozen between captures.
 
-use flopwatch_agent::adaptive::AdaptiveSampler;
-use flopwatch_agent::sampler::{ReadPlan, Sampler};
 use flopwatch_agent::source::nvml::NvmlSource;
 use flopwatch_agent::source::{Capture, GpuSource};
+use flopwatch_agent::AdaptiveSampler;
+use flopwatch_agent::{ReadPlan, Sampler};
 use flopwatch_config::SamplingConfig;
 use flopwatch_fake_nvml::{control, library_path};
 use flopwatch_proto::metrics as m;

@@ -2,9 +2,9 @@
 
 use crate::shared::{config_dir, read_metric_set, shutdown_signal};
 use anyhow::Context;
-use flopwatch_agent::clock::TokioClock;
-use flopwatch_agent::identity::node_identity;
-use flopwatch_agent::sampler::FixedSampler;
+use flopwatch_agent::node_identity;
+use flopwatch_agent::FixedSampler;
+use flopwatch_agent::TokioClock;
 use flopwatch_agent::{source, Agent, AgentOptions};
 use flopwatch_config::{load_file, AgentConfig, SourceKind};
 use flopwatch_proto::clock::Clock;
@@ -68,12 +68,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let source = source::open(&kind, &cfg, clock.now_ms())?;
     let allow: Option<std::collections::HashSet<String>> =
         (!metrics.is_empty()).then(|| metrics.into_iter().collect());
-    let sampler: Box<dyn flopwatch_agent::sampler::Sampler> = if cfg.sampling.adaptive {
+    let sampler: Box<dyn flopwatch_agent::Sampler> = if cfg.sampling.adaptive {
         let seed = flopwatch_proto::clock::SystemClock.now_ms() as u64;
-        Box::new(flopwatch_agent::adaptive::AdaptiveSampler::new(
-            &cfg.sampling,
-            seed,
-        ))
+        Box::new(flopwatch_agent::AdaptiveSampler::new(&cfg.sampling, seed))
     } else {
         Box::new(FixedSampler::new(cfg.interval))
     };
@@ -98,7 +95,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             .spool
             .dir
             .as_ref()
-            .map(|d| flopwatch_agent::spool::SpoolOptions {
+            .map(|d| flopwatch_agent::SpoolOptions {
                 dir: flopwatch_config::relative_to(&args.config, d),
                 max_bytes: cfg.spool.max_bytes,
                 fsync_interval: cfg.spool.fsync_interval,
@@ -124,7 +121,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         Some(addr) => match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => {
                 tracing::info!(addr = ?l.local_addr().ok(), "serving /metrics");
-                let registry = Arc::new(flopwatch_agent::telemetry::registry(&agent));
+                let registry = Arc::new(flopwatch_agent::registry(&agent));
                 Some(tokio::spawn(flopwatch_transport::metrics_http::serve(
                     l,
                     registry,

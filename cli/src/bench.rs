@@ -17,7 +17,7 @@ mod storage;
 mod tenants;
 
 use anyhow::Context;
-use flopwatch_agent::clock::TokioClock;
+use flopwatch_agent::TokioClock;
 use flopwatch_collector::server;
 use flopwatch_config::CollectorConfig;
 use flopwatch_proto::clock::Clock;

@@ -2,7 +2,7 @@
 
 use crate::shared::{read_metric_set, shutdown_signal};
 use anyhow::Context;
-use flopwatch_collector::{auth::Auth, server};
+use flopwatch_collector::{server, Auth};
 use flopwatch_config::{load_file, CollectorConfig, SpecTable};
 use flopwatch_proto::clock::SystemClock;
 use std::path::PathBuf;
@@ -51,7 +51,7 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
         }
         // Reads ca_file and the credential files now: a bad one stops the
         // collector here, naming the key and the file.
-        flopwatch_collector::remote_write::Endpoint::new(rw)
+        flopwatch_collector::RemoteWriteEndpoint::new(rw)
             .with_context(|| args.config.display().to_string())?;
     }
     let specs = match &cfg.gpu_specs {
@@ -65,7 +65,7 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
     let base = crate::shared::config_dir(&args.config);
     let tls = match &cfg.tls {
         Some(t) => Some(
-            flopwatch_collector::tls::server_config(t, &base)
+            flopwatch_collector::server_config(t, &base)
                 .with_context(|| args.config.display().to_string())?,
         ),
         None => {
@@ -139,7 +139,7 @@ async fn reload_on_sighup(collector: Arc<flopwatch_collector::Collector>, path: 
                 Ok(cfg) => {
                     collector.reload(
                         Auth::from_config(&cfg),
-                        flopwatch_collector::limits::LimitTable::from_config(&cfg),
+                        flopwatch_collector::LimitTable::from_config(&cfg),
                     );
                     tracing::info!(file = %path.display(), tenants = cfg.tenants.len(), "credentials and limits reloaded");
                 }

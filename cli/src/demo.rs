@@ -5,11 +5,11 @@
 use crate::shared::shutdown_signal;
 use crate::{parse_ms, table};
 use anyhow::Context;
-use flopwatch_agent::clock::TokioClock;
-use flopwatch_agent::identity::boot_id;
-use flopwatch_agent::sampler::FixedSampler;
+use flopwatch_agent::boot_id;
+use flopwatch_agent::FixedSampler;
+use flopwatch_agent::TokioClock;
 use flopwatch_agent::{source, Agent, AgentOptions};
-use flopwatch_collector::{server, stats::Stats};
+use flopwatch_collector::{server, Stats};
 use flopwatch_config::CollectorConfig;
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::model::NodeIdentity;

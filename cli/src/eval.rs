@@ -44,19 +44,19 @@
 //!   `Query/Ofu` per GPU at a 1-min or 10-min step) − OFU of the truth| in
 //!   percentage points over the windows of the step grid that lie wholly
 //!   inside the trace (a trace shorter than one window counts as one). The
-//!   truth's OFU per window is eq. 1 (`flopwatch_collector::ofu::ofu`, with
+//!   truth's OFU per window is eq. 1 (`flopwatch_collector::ofu`, with
 //!   the clamp, f_max from the GPU spec table) per truth sample, averaged
 //!   weighted by window over the samples whose window *ends* in it: the
 //!   query grid's own rule (a sample belongs to the bucket of its end).
 
 use anyhow::{bail, Context};
-use flopwatch_agent::adaptive::{floor_for, AdaptiveSampler};
-use flopwatch_agent::clock::TokioClock;
-use flopwatch_agent::sampler::{FixedSampler, ReadPlan, Sampler};
 use flopwatch_agent::source::replay::ReplaySource;
 use flopwatch_agent::source::{Capture, GpuSource, SourceError};
+use flopwatch_agent::TokioClock;
+use flopwatch_agent::{floor_for, AdaptiveSampler};
 use flopwatch_agent::{Agent, AgentOptions};
-use flopwatch_collector::ofu::ofu;
+use flopwatch_agent::{FixedSampler, ReadPlan, Sampler};
+use flopwatch_collector::ofu;
 use flopwatch_collector::server;
 use flopwatch_config::{CollectorConfig, SamplingConfig, SpecTable};
 use flopwatch_proto::metrics;

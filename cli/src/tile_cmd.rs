@@ -1,6 +1,6 @@
 //! `flopwatch tile M N K [--kernel NAME | --tile TMxTNxTK --cluster CMxCN] [--ofu X]`
 
-use flopwatch_collector::tile::{adjusted_ofu, quantize, TileShape};
+use flopwatch_collector::{adjusted_ofu, quantize, TileShape};
 
 /// Arguments of `tile`.
 #[derive(clap::Args)]

@@ -25,7 +25,9 @@ mod held;
 mod reconcile;
 
 pub use held::{ClusterService, GrpcPeer, Peer};
-pub use reconcile::{run, PassReport, Reconciler};
+pub use reconcile::run;
+#[cfg(test)]
+use reconcile::{PassReport, Reconciler};
 
 use crate::CollectorError;
 use flopwatch_proto::cluster::Holding;

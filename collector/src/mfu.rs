@@ -96,8 +96,10 @@ pub fn reported_mfu(r: &MfuReport, spec: Option<&GpuSpec>) -> Result<f64, MfuErr
 }
 
 /// Effective peak of eq. 12 for per-precision rates (TFLOP/s), `None` when
-/// a precision has no peak on `spec` or the rates are all zero.
-pub fn effective_peak_tflops(spec: &GpuSpec, rates: &[(Precision, f64)]) -> Option<f64> {
+/// a precision has no peak on `spec` or the rates are all zero. The tests
+/// check [`mfu`] against it.
+#[cfg(test)]
+fn effective_peak_tflops(spec: &GpuSpec, rates: &[(Precision, f64)]) -> Option<f64> {
     let total: f64 = rates.iter().map(|(_, f)| f).sum();
     let mut denom = 0.0;
     for (p, f) in rates {

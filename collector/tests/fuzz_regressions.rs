@@ -4,8 +4,8 @@
 //! batches built here. The same checks as the targets: no panic, and
 //! whatever validation keeps satisfies `validate::check_kept`.
 
-use flopwatch_collector::codec::Block;
-use flopwatch_collector::validate::{check_kept, decode_and_validate, Rules};
+use flopwatch_collector::Block;
+use flopwatch_collector::{check_kept, decode_and_validate, Rules};
 use flopwatch_proto::v1::{self, agent_message, AgentMessage};
 use prost::Message;
 use std::collections::HashSet;

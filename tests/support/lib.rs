@@ -5,11 +5,11 @@ pub mod pki;
 pub mod procs;
 pub mod raw;
 
-use flopwatch_agent::clock::TokioClock;
-use flopwatch_agent::sampler::FixedSampler;
 use flopwatch_agent::source::GpuSource;
+use flopwatch_agent::FixedSampler;
+use flopwatch_agent::TokioClock;
 use flopwatch_agent::{Agent, AgentOptions};
-use flopwatch_collector::{auth::Auth, server, Collector};
+use flopwatch_collector::{server, Auth, Collector};
 use flopwatch_config::{CollectorConfig, SpecTable};
 use flopwatch_proto::model::NodeIdentity;
 use flopwatch_proto::v1::query_client::QueryClient;
@@ -94,7 +94,7 @@ pub fn agent(source: Box<dyn GpuSource>, node: &str, url: &str, interval: Durati
 /// Starts an agent over `source` with `sampler`, flushing every 500 ms.
 pub fn agent_with(
     source: Box<dyn GpuSource>,
-    sampler: Box<dyn flopwatch_agent::sampler::Sampler>,
+    sampler: Box<dyn flopwatch_agent::Sampler>,
     node: &str,
     url: &str,
 ) -> Agent {

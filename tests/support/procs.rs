@@ -229,7 +229,7 @@ pub fn cluster_with(root: &Path, n: usize, extra: &str) -> Vec<CollectorSpec> {
     let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
     let token = root.join("peer-token");
     std::fs::write(&token, format!("{PEER_TOKEN}\n")).unwrap();
-    let digest = flopwatch_collector::auth::digest(PEER_TOKEN);
+    let digest = flopwatch_collector::digest(PEER_TOKEN);
     (0..n)
         .map(|i| {
             let dir = root.join(format!("collector-{i}"));

@@ -20,10 +20,10 @@
 
 use anyhow::{bail, Context};
 use flopwatch_agent::client::{self, ClientOptions, ClientState};
-use flopwatch_agent::outbox::Outbox;
-use flopwatch_agent::spool::{Spool, SpoolOptions, SpoolStats};
+use flopwatch_agent::Outbox;
+use flopwatch_agent::{Spool, SpoolOptions, SpoolStats};
 use flopwatch_collector::store::{rocks::RocksEngine, Retention, Store};
-use flopwatch_collector::{auth::Auth, server, Collector, Settings};
+use flopwatch_collector::{server, Auth, Collector, Settings};
 use flopwatch_config::{CollectorConfig, SpecTable};
 use flopwatch_proto::clock::{Clock, SystemClock};
 use prost::Message;

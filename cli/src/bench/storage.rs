@@ -23,12 +23,12 @@
 //!    gRPC.
 
 use anyhow::{bail, Context};
-use flopwatch_agent::adaptive::AdaptiveSampler;
-use flopwatch_agent::batcher::Batcher;
-use flopwatch_agent::clock::TokioClock;
-use flopwatch_agent::sampler::{PlanCarry, Sampler};
 use flopwatch_agent::source::replay::ReplaySource;
 use flopwatch_agent::source::{Capture, GpuSource, SourceError};
+use flopwatch_agent::AdaptiveSampler;
+use flopwatch_agent::Batcher;
+use flopwatch_agent::TokioClock;
+use flopwatch_agent::{PlanCarry, Sampler};
 use flopwatch_collector::server;
 use flopwatch_collector::store::{
     rocks::RocksEngine, round_decimals, Cf, CommitSet, GpuRecord, OfuSample, Store, WINDOW_MS,

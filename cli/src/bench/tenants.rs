@@ -11,8 +11,8 @@
 //! its ack, over loopback gRPC.
 
 use super::{batch, hello};
-use flopwatch_agent::clock::TokioClock;
-use flopwatch_collector::auth::digest;
+use flopwatch_agent::TokioClock;
+use flopwatch_collector::digest;
 use flopwatch_collector::server;
 use flopwatch_config::{CollectorConfig, LimitsOverride, TenantConfig};
 use flopwatch_proto::clock::Clock;
