@@ -14,6 +14,7 @@ pub mod adaptive;
 pub mod attribution;
 pub mod backoff;
 pub mod batcher;
+pub mod cadence;
 pub mod capture;
 pub mod client;
 pub mod clock;

@@ -4,6 +4,7 @@
 
 use crate::attribution::{Attribution, AttributionOptions, AttributionStats};
 use crate::batcher::Batcher;
+use crate::cadence::SlowReads;
 use crate::client::{self, ClientOptions, ClientState};
 use crate::filter::MetricFilter;
 use crate::outbox::Outbox;
@@ -40,13 +41,19 @@ pub struct AgentOptions {
     pub drain_timeout: Duration,
     /// Metrics to keep (all when `None`); the OFU inputs are always kept.
     pub metrics: Option<std::collections::HashSet<String>>,
+    /// Cumulative counters and the NVLink link state are read at most this
+    /// often ([`crate::cadence`]); zero reads them at every capture.
+    pub slow_interval: Duration,
 }
+
+/// The default [`AgentOptions::slow_interval`].
+pub const SLOW_INTERVAL: Duration = Duration::from_secs(1);
 
 impl AgentOptions {
     /// `node` streaming to `collectors` with the configuration file's
     /// defaults: a batch every second of at most 50,000 samples, 64 batches
-    /// in flight, every metric kept, 5 s to drain at shutdown, no
-    /// credentials, plaintext.
+    /// in flight, every metric kept, counters read once a second, 5 s to
+    /// drain at shutdown, no credentials, plaintext.
     pub fn new(node: NodeIdentity, collectors: Vec<String>) -> Self {
         Self {
             node,
@@ -59,6 +66,7 @@ impl AgentOptions {
             job: None,
             drain_timeout: Duration::from_secs(5),
             metrics: None,
+            slow_interval: SLOW_INTERVAL,
         }
     }
 }
@@ -328,6 +336,7 @@ async fn sample_loop(
     let flush_ms = opts.flush_interval.as_millis() as i64;
     let mut batcher = Batcher::default();
     let mut filter = MetricFilter::new(opts.metrics.clone());
+    let mut slow = SlowReads::new(opts.slow_interval);
     let cut = Cutter {
         owners: &owners,
         node: &opts.node,
@@ -357,11 +366,12 @@ async fn sample_loop(
         }
         let now = clock.now_ms();
         // Only what the sampler needs and the filter keeps is read
-        // (Sampler::due, MetricFilter::plan).
+        // (Sampler::due, MetricFilter::plan), slow counters once a period
+        // (SlowReads::plan).
         if let Some(p) = state.borrow().policy.as_ref() {
             filter.set_policy(&p.metrics);
         }
-        let plan = filter.plan(sampler.due(now));
+        let plan = slow.plan(filter.plan(sampler.due(now)), now, owners.len());
         stats
             .reads_skipped
             .fetch_add(plan.skipped().len() as u64, Ordering::Relaxed);
@@ -513,6 +523,84 @@ mod tests {
                 ..Default::default()
             }]
         }
+    }
+
+    /// One GPU whose source reads only what the plan wants: tensor
+    /// activity and the energy counter.
+    struct Planned {
+        inventory: Vec<GpuInfo>,
+    }
+
+    impl GpuSource for Planned {
+        fn name(&self) -> &'static str {
+            "planned"
+        }
+
+        fn inventory(&self) -> &[GpuInfo] {
+            &self.inventory
+        }
+
+        fn capture(&mut self, now_ms: i64) -> Result<Capture, SourceError> {
+            self.capture_planned(now_ms, &crate::capture::ReadPlan::all())
+        }
+
+        fn capture_planned(
+            &mut self,
+            now_ms: i64,
+            plan: &crate::capture::ReadPlan,
+        ) -> Result<Capture, SourceError> {
+            use flopwatch_proto::metrics::{ENERGY_J, TENSOR_ACTIVE};
+            Ok(Capture {
+                ts_ms: now_ms,
+                gpus: vec![GpuCapture {
+                    gpu: 0,
+                    window_ms: 100,
+                    readings: [TENSOR_ACTIVE, ENERGY_J]
+                        .into_iter()
+                        .filter(|m| plan.wants(0, m))
+                        .map(|m| Reading::new(m, now_ms as f64))
+                        .collect(),
+                }],
+                ..Default::default()
+            })
+        }
+    }
+
+    /// Counters are read at the first capture of each second, the OFU
+    /// inputs at every capture.
+    #[tokio::test(start_paused = true)]
+    async fn counters_are_read_once_a_second() {
+        let agent = Agent::start(
+            Box::new(Planned {
+                inventory: vec![GpuInfo {
+                    uuid: "GPU-0".into(),
+                    ..Default::default()
+                }],
+            }),
+            Box::new(FixedSampler::new(Duration::from_millis(100))),
+            AgentOptions {
+                flush_interval: Duration::from_secs(3600),
+                drain_timeout: Duration::from_millis(100),
+                ..AgentOptions::new(
+                    NodeIdentity::named("n", "b"),
+                    vec!["http://127.0.0.1:9".into()],
+                )
+            },
+            Arc::new(crate::clock::TokioClock::starting_at(1_000_000)),
+        );
+        tokio::time::sleep(Duration::from_millis(3_050)).await;
+        let outbox = agent.outbox.clone();
+        agent.stop().await;
+        let b = &outbox.next_to_send(16)[0];
+        let times = |metric: &str| {
+            let s = b.series.iter().find(|s| s.metric == metric).unwrap();
+            s.timestamps_ms.clone()
+        };
+        assert_eq!(times(flopwatch_proto::metrics::TENSOR_ACTIVE).len(), 30);
+        assert_eq!(
+            times(flopwatch_proto::metrics::ENERGY_J),
+            vec![1_000_100, 1_001_000, 1_002_000, 1_003_000]
+        );
     }
 
     /// The batch cut at shutdown is made like every other: the MFU reports
