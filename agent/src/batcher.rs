@@ -62,19 +62,7 @@ impl Batcher {
 
     /// Adds a capture.
     pub fn add(&mut self, capture: Capture, inventory: &[GpuInfo]) {
-        self.cursor = 0;
-        for g in capture.gpus {
-            if g.gpu >= inventory.len() {
-                continue;
-            }
-            for r in g.readings {
-                let i = self.slot(g.gpu, r.metric);
-                self.slots[i]
-                    .points
-                    .push(r.point(capture.ts_ms, g.window_ms));
-                self.samples += 1;
-            }
-        }
+        self.add_readings(capture.ts_ms, capture.gpus, inventory);
         // The capture's attribution is the current one: a job that ended
         // disappears from the next batch.
         self.jobs.clear();
@@ -84,6 +72,33 @@ impl Batcher {
             }
         }
         self.events.extend(capture.events);
+    }
+
+    /// Adds what a sampler held back ([`Sampler::flush`](crate::sampler::Sampler::flush)):
+    /// readings of earlier captures, with no attribution of their own, so
+    /// the current attribution stays.
+    pub fn add_held(&mut self, held: Capture, inventory: &[GpuInfo]) {
+        self.add_readings(held.ts_ms, held.gpus, inventory);
+        self.events.extend(held.events);
+    }
+
+    fn add_readings(
+        &mut self,
+        ts_ms: i64,
+        gpus: Vec<crate::capture::GpuCapture>,
+        inventory: &[GpuInfo],
+    ) {
+        self.cursor = 0;
+        for g in gpus {
+            if g.gpu >= inventory.len() {
+                continue;
+            }
+            for r in g.readings {
+                let i = self.slot(g.gpu, r.metric);
+                self.slots[i].points.push(r.point(ts_ms, g.window_ms));
+                self.samples += 1;
+            }
+        }
     }
 
     /// Samples held.

@@ -319,7 +319,7 @@ fn annotate(
 
 #[allow(clippy::too_many_arguments)]
 async fn sample_loop(
-    mut source: Box<dyn GpuSource>,
+    source: Box<dyn GpuSource>,
     mut sampler: Box<dyn Sampler>,
     opts: AgentOptions,
     mut attribution: Attribution,
@@ -347,9 +347,16 @@ async fn sample_loop(
     let mut last_flush = clock.now_ms();
     let mut errors_logged = 0u32;
     // Jobs' own MFU reports ride on the next batch (crate::mfu).
-    let mut mfu = crate::mfu::MfuInbox::new(attribution.options().mfu_dir.clone());
+    let mfu = crate::mfu::MfuInbox::new(attribution.options().mfu_dir.clone());
     info!(source = source.name(), gpus = inventory.len(), "sampling");
     let mut next = tokio::time::Instant::now();
+    // The capture taken at the last tick, running on a blocking thread:
+    // its result is taken at the next tick, when it is long finished, so a
+    // capture wakes this task once (its tick), not twice (tick, then the
+    // blocking thread's completion).
+    let mut pending: Option<(i64, Capturing)> = None;
+    let mut source = Some(source);
+    let mut mfu = Some(mfu);
     loop {
         next += sampler.next_delay();
         let now_instant = tokio::time::Instant::now();
@@ -357,14 +364,60 @@ async fn sample_loop(
             // Fell behind (slow driver): skip missed ticks, do not burst.
             next = now_instant + sampler.next_delay();
         }
-        tokio::select! {
-            _ = tokio::time::sleep_until(next) => {}
-            _ = shutdown.changed() => break,
+        let stop = tokio::select! {
+            _ = tokio::time::sleep_until(next) => *shutdown.borrow(),
+            _ = shutdown.changed() => true,
+        };
+        if let Some((at, capturing)) = pending.take() {
+            let (mut s, mut m, r) = match capturing.await {
+                Ok(v) => v,
+                Err(e) => {
+                    warn!(error = %e, "capture task failed; stopping");
+                    // The inbox went with the task: nothing of it is left.
+                    mfu = Some(crate::mfu::MfuInbox::new(None));
+                    break;
+                }
+            };
+            m.push(s.mfu_reports(at));
+            match r {
+                Ok(mut capture) => {
+                    stats.captures.fetch_add(1, Ordering::Relaxed);
+                    // Lookups run in the background at most every refresh
+                    // interval; every capture carries the latest owners,
+                    // then the source's jobs, then the `job` label.
+                    attribution.tick(at, &inventory, || s.processes());
+                    attribution.apply(at, &mut capture, &inventory);
+                    filter.apply(&mut capture);
+                    sampler.observe(&mut capture);
+                    batcher.add(capture, &owners);
+                }
+                Err(SourceError::Exhausted) => {
+                    info!("source exhausted");
+                    mfu = Some(m);
+                    break;
+                }
+                Err(e) => {
+                    stats.capture_errors.fetch_add(1, Ordering::Relaxed);
+                    if errors_logged < 10 {
+                        warn!(error = %e, "capture failed");
+                        errors_logged += 1;
+                    }
+                }
+            }
+            source = Some(s);
+            mfu = Some(m);
         }
-        if *shutdown.borrow() {
+        if stop {
             break;
         }
+        let (Some(src), Some(mut inbox)) = (source.take(), mfu.take()) else {
+            break;
+        };
         let now = clock.now_ms();
+        if now - last_flush >= flush_ms || batcher.len() >= opts.max_batch_samples {
+            cut.cut(&mut batcher, &mut inbox, sampler.as_ref(), now);
+            last_flush = now;
+        }
         // Only what the sampler needs and the filter keeps is read
         // (Sampler::due, MetricFilter::plan), slow counters once a period
         // (SlowReads::plan).
@@ -375,62 +428,34 @@ async fn sample_loop(
         stats
             .reads_skipped
             .fetch_add(plan.skipped().len() as u64, Ordering::Relaxed);
-        let result = tokio::task::spawn_blocking(move || {
-            let r = source.capture_planned(now, &plan);
-            mfu.scan(now);
-            (source, mfu, r)
-        })
-        .await;
-        let (s, m, r) = match result {
-            Ok(v) => v,
-            Err(e) => {
-                warn!(error = %e, "capture task failed; stopping");
-                // The inbox went with the task: nothing of it is left.
-                mfu = crate::mfu::MfuInbox::new(None);
-                break;
-            }
-        };
-        source = s;
-        mfu = m;
-        mfu.push(source.mfu_reports(now));
-        match r {
-            Ok(mut capture) => {
-                stats.captures.fetch_add(1, Ordering::Relaxed);
-                // Lookups run in the background at most every refresh
-                // interval; every capture carries the latest owners, then
-                // the source's jobs, then the `job` label.
-                attribution.tick(now, &inventory, || source.processes());
-                attribution.apply(now, &mut capture, &inventory);
-                filter.apply(&mut capture);
-                sampler.observe(&mut capture);
-                batcher.add(capture, &owners);
-            }
-            Err(SourceError::Exhausted) => {
-                info!("source exhausted");
-                break;
-            }
-            Err(e) => {
-                stats.capture_errors.fetch_add(1, Ordering::Relaxed);
-                if errors_logged < 10 {
-                    warn!(error = %e, "capture failed");
-                    errors_logged += 1;
-                }
-            }
-        }
-        if now - last_flush >= flush_ms || batcher.len() >= opts.max_batch_samples {
-            cut.cut(&mut batcher, &mut mfu, sampler.as_ref(), now);
-            last_flush = now;
-        }
+        let mut src = src;
+        pending = Some((
+            now,
+            tokio::task::spawn_blocking(move || {
+                let r = src.capture_planned(now, &plan);
+                inbox.scan(now);
+                (src, inbox, r)
+            }),
+        ));
     }
+    let mut mfu = mfu.unwrap_or_else(|| crate::mfu::MfuInbox::new(None));
     // What is still held goes out as one last batch: the sampler's pending
     // samples, what the batcher holds, the MFU reports gathered since the
     // last cut.
-    batcher.add(sampler.flush(clock.now_ms()), &owners);
+    batcher.add_held(sampler.flush(clock.now_ms()), &owners);
     if !batcher.is_empty() || mfu.has_reports() {
         cut.cut(&mut batcher, &mut mfu, sampler.as_ref(), clock.now_ms());
     }
     outbox.close();
 }
+
+/// A capture running on a blocking thread: it gives the source and the
+/// MFU inbox back with its result.
+type Capturing = tokio::task::JoinHandle<(
+    Box<dyn GpuSource>,
+    crate::mfu::MfuInbox,
+    Result<crate::capture::Capture, SourceError>,
+)>;
 
 /// Cuts batches: the one place a batch is made, in the loop and at
 /// shutdown alike.
