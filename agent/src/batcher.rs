@@ -7,30 +7,62 @@ use crate::capture::Capture;
 use flopwatch_proto::model::{Batch, Event, GpuInfo, JobAssignment, Point, SeriesBatch};
 use std::collections::BTreeMap;
 
+/// One (GPU, metric) series and the points taken since the last cut.
+#[derive(Debug)]
+struct Slot {
+    gpu: usize,
+    metric: &'static str,
+    points: Vec<Point>,
+}
+
+/// How far past the expected slot [`Batcher::add`] looks before a full
+/// search: a capture that skipped a few readings (slow counters between
+/// their reads) still finds the next one in this many steps.
+const LOOKAHEAD: usize = 16;
+
 /// Accumulates captures until cut.
+///
+/// Every capture of a source lists its readings in the same order, so the
+/// series are kept in the order they were first seen and each reading is
+/// first looked for just after the previous one's series: a comparison or
+/// two per reading, where a map keyed by (GPU, metric name) compared
+/// strings at every level. After a cut each series starts with room for
+/// as many points as the last batch took, so a steady stream does not
+/// grow its buffers point by point.
 #[derive(Debug, Default)]
 pub struct Batcher {
-    series: BTreeMap<(usize, &'static str), Vec<Point>>,
+    slots: Vec<Slot>,
+    /// Where the next reading is expected.
+    cursor: usize,
     jobs: BTreeMap<usize, JobAssignment>,
     events: Vec<Event>,
     samples: usize,
 }
 
 impl Batcher {
+    /// The slot of (`gpu`, `metric`), made when new.
+    fn slot(&mut self, gpu: usize, metric: &'static str) -> usize {
+        // Names come from the catalog's constants: the same address, mostly.
+        let is = |s: &Slot| s.gpu == gpu && (std::ptr::eq(s.metric, metric) || s.metric == metric);
+        let ahead = self.slots.len().min(self.cursor + LOOKAHEAD);
+        let found = (self.cursor..ahead)
+            .find(|&i| is(&self.slots[i]))
+            .or_else(|| self.slots.iter().position(is));
+        let i = found.unwrap_or_else(|| {
+            self.slots.push(Slot {
+                gpu,
+                metric,
+                points: Vec::new(),
+            });
+            self.slots.len() - 1
+        });
+        self.cursor = i + 1;
+        i
+    }
+
     /// Adds a capture.
     pub fn add(&mut self, capture: Capture, inventory: &[GpuInfo]) {
-        for g in capture.gpus {
-            if g.gpu >= inventory.len() {
-                continue;
-            }
-            for r in g.readings {
-                self.series
-                    .entry((g.gpu, r.metric))
-                    .or_default()
-                    .push(r.point(capture.ts_ms, g.window_ms));
-                self.samples += 1;
-            }
-        }
+        self.add_readings(capture.ts_ms, capture.gpus, inventory);
         // The capture's attribution is the current one: a job that ended
         // disappears from the next batch.
         self.jobs.clear();
@@ -40,6 +72,33 @@ impl Batcher {
             }
         }
         self.events.extend(capture.events);
+    }
+
+    /// Adds what a sampler held back ([`Sampler::flush`](crate::sampler::Sampler::flush)):
+    /// readings of earlier captures, with no attribution of their own, so
+    /// the current attribution stays.
+    pub fn add_held(&mut self, held: Capture, inventory: &[GpuInfo]) {
+        self.add_readings(held.ts_ms, held.gpus, inventory);
+        self.events.extend(held.events);
+    }
+
+    fn add_readings(
+        &mut self,
+        ts_ms: i64,
+        gpus: Vec<crate::capture::GpuCapture>,
+        inventory: &[GpuInfo],
+    ) {
+        self.cursor = 0;
+        for g in gpus {
+            if g.gpu >= inventory.len() {
+                continue;
+            }
+            for r in g.readings {
+                let i = self.slot(g.gpu, r.metric);
+                self.slots[i].points.push(r.point(ts_ms, g.window_ms));
+                self.samples += 1;
+            }
+        }
     }
 
     /// Samples held.
@@ -52,7 +111,8 @@ impl Batcher {
         self.samples == 0 && self.events.is_empty()
     }
 
-    /// Takes everything as a batch (seq 0: numbered when first sent).
+    /// Takes everything as a batch (seq 0: numbered when first sent),
+    /// series in (GPU, metric) order.
     pub fn cut(
         &mut self,
         inventory: &[GpuInfo],
@@ -60,12 +120,21 @@ impl Batcher {
         boot_id: &str,
         now_ms: i64,
     ) -> Batch {
-        let series = std::mem::take(&mut self.series)
+        // A series with nothing since the last cut is forgotten (a metric
+        // the filter or a policy dropped); the others keep their place.
+        self.slots.retain(|s| !s.points.is_empty());
+        let mut order: Vec<usize> = (0..self.slots.len()).collect();
+        order.sort_unstable_by_key(|&i| (self.slots[i].gpu, self.slots[i].metric));
+        let series = order
             .into_iter()
-            .map(|((gpu, metric), points)| SeriesBatch {
-                gpu_uuid: inventory[gpu].uuid.clone(),
-                metric: metric.to_string(),
-                points,
+            .map(|i| {
+                let s = &mut self.slots[i];
+                let n = s.points.len();
+                SeriesBatch {
+                    gpu_uuid: inventory[s.gpu].uuid.clone(),
+                    metric: s.metric.to_string(),
+                    points: std::mem::replace(&mut s.points, Vec::with_capacity(n)),
+                }
             })
             .collect();
         self.samples = 0;
@@ -124,5 +193,73 @@ mod tests {
             }
         );
         assert_eq!(by_metric(metrics::POWER_W).window_ms, Some(100));
+    }
+
+    #[test]
+    fn series_come_out_in_gpu_and_metric_order_whatever_the_reading_order() {
+        let inventory: Vec<GpuInfo> = (0..2)
+            .map(|i| GpuInfo {
+                uuid: format!("GPU-{i}"),
+                ..Default::default()
+            })
+            .collect();
+        let capture = |ts_ms: i64, per_gpu: &[&'static str]| Capture {
+            ts_ms,
+            gpus: (0..2)
+                .rev()
+                .map(|gpu| GpuCapture {
+                    gpu,
+                    window_ms: 100,
+                    readings: per_gpu
+                        .iter()
+                        .map(|&m| Reading::new(m, ts_ms as f64))
+                        .collect(),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let mut b = Batcher::default();
+        let all = [metrics::TENSOR_ACTIVE, metrics::ENERGY_J, metrics::POWER_W];
+        b.add(capture(100, &all), &inventory);
+        // A capture that skipped a reading, then one in another order.
+        b.add(
+            capture(200, &[metrics::TENSOR_ACTIVE, metrics::POWER_W]),
+            &inventory,
+        );
+        b.add(
+            capture(
+                300,
+                &[metrics::POWER_W, metrics::ENERGY_J, metrics::TENSOR_ACTIVE],
+            ),
+            &inventory,
+        );
+        assert_eq!(b.len(), 16);
+        let batch = b.cut(&inventory, "n", "b", 300);
+        let got: Vec<(&str, &str, Vec<i64>)> = batch
+            .series
+            .iter()
+            .map(|s| {
+                (
+                    s.gpu_uuid.as_str(),
+                    s.metric.as_str(),
+                    s.points.iter().map(|p| p.ts_ms).collect(),
+                )
+            })
+            .collect();
+        let mut want = Vec::new();
+        for gpu in ["GPU-0", "GPU-1"] {
+            want.push((gpu, metrics::ENERGY_J, vec![100, 300]));
+            want.push((gpu, metrics::POWER_W, vec![100, 200, 300]));
+            want.push((gpu, metrics::TENSOR_ACTIVE, vec![100, 200, 300]));
+        }
+        assert_eq!(got, want);
+        // Only what came after the cut is in the next batch.
+        b.add(capture(400, &[metrics::POWER_W]), &inventory);
+        let batch = b.cut(&inventory, "n", "b", 400);
+        assert_eq!(batch.series.len(), 2);
+        assert!(batch
+            .series
+            .iter()
+            .all(|s| s.metric == metrics::POWER_W && s.points.len() == 1));
     }
 }

@@ -101,13 +101,20 @@ impl ReadPlan {
 
     /// Everything except `skip`.
     pub fn skipping(mut skip: Vec<(usize, &'static str)>) -> Self {
-        skip.sort_unstable();
+        // Plans are made at every capture, mostly from lists already in
+        // order: checking is cheaper than sorting.
+        if !skip.is_sorted() {
+            skip.sort_unstable();
+        }
         skip.dedup();
         Self { skip }
     }
 
     /// This plan, also skipping `more`.
     pub fn also_skipping(mut self, more: &[(usize, &'static str)]) -> Self {
+        if more.is_empty() {
+            return self;
+        }
         self.skip.extend_from_slice(more);
         Self::skipping(self.skip)
     }

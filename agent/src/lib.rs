@@ -14,6 +14,7 @@ mod adaptive;
 pub mod attribution;
 mod backoff;
 mod batcher;
+mod cadence;
 mod capture;
 pub mod client;
 mod clock;

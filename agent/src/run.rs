@@ -4,6 +4,7 @@
 
 use crate::attribution::{Attribution, AttributionOptions, AttributionStats};
 use crate::batcher::Batcher;
+use crate::cadence::SlowReads;
 use crate::client::{self, ClientOptions, ClientState};
 use crate::filter::MetricFilter;
 use crate::outbox::Outbox;
@@ -40,13 +41,19 @@ pub struct AgentOptions {
     pub drain_timeout: Duration,
     /// Metrics to keep (all when `None`); the OFU inputs are always kept.
     pub metrics: Option<std::collections::HashSet<String>>,
+    /// Cumulative counters and the NVLink link state are read at most this
+    /// often ([`crate::cadence`]); zero reads them at every capture.
+    pub slow_interval: Duration,
 }
+
+/// The default [`AgentOptions::slow_interval`].
+pub const SLOW_INTERVAL: Duration = Duration::from_secs(1);
 
 impl AgentOptions {
     /// `node` streaming to `collectors` with the configuration file's
     /// defaults: a batch every second of at most 50,000 samples, 64 batches
-    /// in flight, every metric kept, 5 s to drain at shutdown, no
-    /// credentials, plaintext.
+    /// in flight, every metric kept, counters read once a second, 5 s to
+    /// drain at shutdown, no credentials, plaintext.
     pub fn new(node: NodeIdentity, collectors: Vec<String>) -> Self {
         Self {
             node,
@@ -59,6 +66,7 @@ impl AgentOptions {
             job: None,
             drain_timeout: Duration::from_secs(5),
             metrics: None,
+            slow_interval: SLOW_INTERVAL,
         }
     }
 }
@@ -311,7 +319,7 @@ fn annotate(
 
 #[allow(clippy::too_many_arguments)]
 async fn sample_loop(
-    mut source: Box<dyn GpuSource>,
+    source: Box<dyn GpuSource>,
     mut sampler: Box<dyn Sampler>,
     opts: AgentOptions,
     mut attribution: Attribution,
@@ -328,6 +336,7 @@ async fn sample_loop(
     let flush_ms = opts.flush_interval.as_millis() as i64;
     let mut batcher = Batcher::default();
     let mut filter = MetricFilter::new(opts.metrics.clone());
+    let mut slow = SlowReads::new(opts.slow_interval);
     let cut = Cutter {
         owners: &owners,
         node: &opts.node,
@@ -338,9 +347,16 @@ async fn sample_loop(
     let mut last_flush = clock.now_ms();
     let mut errors_logged = 0u32;
     // Jobs' own MFU reports ride on the next batch (crate::mfu).
-    let mut mfu = crate::mfu::MfuInbox::new(attribution.options().mfu_dir.clone());
+    let mfu = crate::mfu::MfuInbox::new(attribution.options().mfu_dir.clone());
     info!(source = source.name(), gpus = inventory.len(), "sampling");
     let mut next = tokio::time::Instant::now();
+    // The capture taken at the last tick, running on a blocking thread:
+    // its result is taken at the next tick, when it is long finished, so a
+    // capture wakes this task once (its tick), not twice (tick, then the
+    // blocking thread's completion).
+    let mut pending: Option<(i64, Capturing)> = None;
+    let mut source = Some(source);
+    let mut mfu = Some(mfu);
     loop {
         next += sampler.next_delay();
         let now_instant = tokio::time::Instant::now();
@@ -348,79 +364,98 @@ async fn sample_loop(
             // Fell behind (slow driver): skip missed ticks, do not burst.
             next = now_instant + sampler.next_delay();
         }
-        tokio::select! {
-            _ = tokio::time::sleep_until(next) => {}
-            _ = shutdown.changed() => break,
+        let stop = tokio::select! {
+            _ = tokio::time::sleep_until(next) => *shutdown.borrow(),
+            _ = shutdown.changed() => true,
+        };
+        if let Some((at, capturing)) = pending.take() {
+            let (mut s, mut m, r) = match capturing.await {
+                Ok(v) => v,
+                Err(e) => {
+                    warn!(error = %e, "capture task failed; stopping");
+                    // The inbox went with the task: nothing of it is left.
+                    mfu = Some(crate::mfu::MfuInbox::new(None));
+                    break;
+                }
+            };
+            m.push(s.mfu_reports(at));
+            match r {
+                Ok(mut capture) => {
+                    stats.captures.fetch_add(1, Ordering::Relaxed);
+                    // Lookups run in the background at most every refresh
+                    // interval; every capture carries the latest owners,
+                    // then the source's jobs, then the `job` label.
+                    attribution.tick(at, &inventory, || s.processes());
+                    attribution.apply(at, &mut capture, &inventory);
+                    filter.apply(&mut capture);
+                    sampler.observe(&mut capture);
+                    batcher.add(capture, &owners);
+                }
+                Err(SourceError::Exhausted) => {
+                    info!("source exhausted");
+                    mfu = Some(m);
+                    break;
+                }
+                Err(e) => {
+                    stats.capture_errors.fetch_add(1, Ordering::Relaxed);
+                    if errors_logged < 10 {
+                        warn!(error = %e, "capture failed");
+                        errors_logged += 1;
+                    }
+                }
+            }
+            source = Some(s);
+            mfu = Some(m);
         }
-        if *shutdown.borrow() {
+        if stop {
             break;
         }
+        let (Some(src), Some(mut inbox)) = (source.take(), mfu.take()) else {
+            break;
+        };
         let now = clock.now_ms();
+        if now - last_flush >= flush_ms || batcher.len() >= opts.max_batch_samples {
+            cut.cut(&mut batcher, &mut inbox, sampler.as_ref(), now);
+            last_flush = now;
+        }
         // Only what the sampler needs and the filter keeps is read
-        // (Sampler::due, MetricFilter::plan).
+        // (Sampler::due, MetricFilter::plan), slow counters once a period
+        // (SlowReads::plan).
         if let Some(p) = state.borrow().policy.as_ref() {
             filter.set_policy(&p.metrics);
         }
-        let plan = filter.plan(sampler.due(now));
+        let plan = slow.plan(filter.plan(sampler.due(now)), now, owners.len());
         stats
             .reads_skipped
             .fetch_add(plan.skipped().len() as u64, Ordering::Relaxed);
-        let result = tokio::task::spawn_blocking(move || {
-            let r = source.capture_planned(now, &plan);
-            mfu.scan(now);
-            (source, mfu, r)
-        })
-        .await;
-        let (s, m, r) = match result {
-            Ok(v) => v,
-            Err(e) => {
-                warn!(error = %e, "capture task failed; stopping");
-                // The inbox went with the task: nothing of it is left.
-                mfu = crate::mfu::MfuInbox::new(None);
-                break;
-            }
-        };
-        source = s;
-        mfu = m;
-        mfu.push(source.mfu_reports(now));
-        match r {
-            Ok(mut capture) => {
-                stats.captures.fetch_add(1, Ordering::Relaxed);
-                // Lookups run in the background at most every refresh
-                // interval; every capture carries the latest owners, then
-                // the source's jobs, then the `job` label.
-                attribution.tick(now, &inventory, || source.processes());
-                attribution.apply(now, &mut capture, &inventory);
-                filter.apply(&mut capture);
-                sampler.observe(&mut capture);
-                batcher.add(capture, &owners);
-            }
-            Err(SourceError::Exhausted) => {
-                info!("source exhausted");
-                break;
-            }
-            Err(e) => {
-                stats.capture_errors.fetch_add(1, Ordering::Relaxed);
-                if errors_logged < 10 {
-                    warn!(error = %e, "capture failed");
-                    errors_logged += 1;
-                }
-            }
-        }
-        if now - last_flush >= flush_ms || batcher.len() >= opts.max_batch_samples {
-            cut.cut(&mut batcher, &mut mfu, sampler.as_ref(), now);
-            last_flush = now;
-        }
+        let mut src = src;
+        pending = Some((
+            now,
+            tokio::task::spawn_blocking(move || {
+                let r = src.capture_planned(now, &plan);
+                inbox.scan(now);
+                (src, inbox, r)
+            }),
+        ));
     }
+    let mut mfu = mfu.unwrap_or_else(|| crate::mfu::MfuInbox::new(None));
     // What is still held goes out as one last batch: the sampler's pending
     // samples, what the batcher holds, the MFU reports gathered since the
     // last cut.
-    batcher.add(sampler.flush(clock.now_ms()), &owners);
+    batcher.add_held(sampler.flush(clock.now_ms()), &owners);
     if !batcher.is_empty() || mfu.has_reports() {
         cut.cut(&mut batcher, &mut mfu, sampler.as_ref(), clock.now_ms());
     }
     outbox.close();
 }
+
+/// A capture running on a blocking thread: it gives the source and the
+/// MFU inbox back with its result.
+type Capturing = tokio::task::JoinHandle<(
+    Box<dyn GpuSource>,
+    crate::mfu::MfuInbox,
+    Result<crate::capture::Capture, SourceError>,
+)>;
 
 /// Cuts batches: the one place a batch is made, in the loop and at
 /// shutdown alike.
@@ -513,6 +548,84 @@ mod tests {
                 ..Default::default()
             }]
         }
+    }
+
+    /// One GPU whose source reads only what the plan wants: tensor
+    /// activity and the energy counter.
+    struct Planned {
+        inventory: Vec<GpuInfo>,
+    }
+
+    impl GpuSource for Planned {
+        fn name(&self) -> &'static str {
+            "planned"
+        }
+
+        fn inventory(&self) -> &[GpuInfo] {
+            &self.inventory
+        }
+
+        fn capture(&mut self, now_ms: i64) -> Result<Capture, SourceError> {
+            self.capture_planned(now_ms, &crate::capture::ReadPlan::all())
+        }
+
+        fn capture_planned(
+            &mut self,
+            now_ms: i64,
+            plan: &crate::capture::ReadPlan,
+        ) -> Result<Capture, SourceError> {
+            use flopwatch_proto::metrics::{ENERGY_J, TENSOR_ACTIVE};
+            Ok(Capture {
+                ts_ms: now_ms,
+                gpus: vec![GpuCapture {
+                    gpu: 0,
+                    window_ms: 100,
+                    readings: [TENSOR_ACTIVE, ENERGY_J]
+                        .into_iter()
+                        .filter(|m| plan.wants(0, m))
+                        .map(|m| Reading::new(m, now_ms as f64))
+                        .collect(),
+                }],
+                ..Default::default()
+            })
+        }
+    }
+
+    /// Counters are read at the first capture of each second, the OFU
+    /// inputs at every capture.
+    #[tokio::test(start_paused = true)]
+    async fn counters_are_read_once_a_second() {
+        let agent = Agent::start(
+            Box::new(Planned {
+                inventory: vec![GpuInfo {
+                    uuid: "GPU-0".into(),
+                    ..Default::default()
+                }],
+            }),
+            Box::new(FixedSampler::new(Duration::from_millis(100))),
+            AgentOptions {
+                flush_interval: Duration::from_secs(3600),
+                drain_timeout: Duration::from_millis(100),
+                ..AgentOptions::new(
+                    NodeIdentity::named("n", "b"),
+                    vec!["http://127.0.0.1:9".into()],
+                )
+            },
+            Arc::new(crate::clock::TokioClock::starting_at(1_000_000)),
+        );
+        tokio::time::sleep(Duration::from_millis(3_050)).await;
+        let outbox = agent.outbox.clone();
+        agent.stop().await;
+        let b = &outbox.next_to_send(16)[0];
+        let times = |metric: &str| {
+            let s = b.series.iter().find(|s| s.metric == metric).unwrap();
+            s.timestamps_ms.clone()
+        };
+        assert_eq!(times(flopwatch_proto::metrics::TENSOR_ACTIVE).len(), 30);
+        assert_eq!(
+            times(flopwatch_proto::metrics::ENERGY_J),
+            vec![1_000_100, 1_001_000, 1_002_000, 1_003_000]
+        );
     }
 
     /// The batch cut at shutdown is made like every other: the MFU reports

@@ -88,6 +88,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         job: cfg.job.clone(),
         drain_timeout: Duration::from_secs(5),
         metrics: allow,
+        slow_interval: flopwatch_agent::run::SLOW_INTERVAL,
     };
     let attribution = flopwatch_agent::attribution::AttributionOptions::from_settings(&cfg);
     let delivery = flopwatch_agent::DeliveryOptions {

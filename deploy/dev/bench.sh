@@ -7,6 +7,10 @@
 #      simulated hardware) is reported apart, and the agent's resident set
 #      is broken down by mapping.
 # Usage: deploy/dev/bench.sh [seconds per agent run, default 60]
+#   AGENT_ONLY=1: part 2 only (no ingest run);
+#   COLLECTOR_BIN=PATH: the collector the agents stream to, any flopwatch
+#   build with the collector (a debug build will do: only the agent is
+#   measured), instead of building the full release binary.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ./deploy/dev/setup.sh
@@ -16,9 +20,11 @@ target="${CARGO_TARGET_DIR:-target}/release"
 # aside: the full build below writes the same path.
 cargo build --quiet --release -p flopwatch-cli --no-default-features --features agent
 cp "$target/flopwatch" "$target/flopwatch-agent"
-cargo build --quiet --release --bin flopwatch -p flopwatch-cli
+if [ -z "${COLLECTOR_BIN:-}" ]; then
+  cargo build --quiet --release --bin flopwatch -p flopwatch-cli
+fi
 cargo build --quiet --release -p flopwatch-fake-nvml
-bin="$target/flopwatch"
+bin="${COLLECTOR_BIN:-$target/flopwatch}"
 agent_bin="$target/flopwatch-agent"
 work="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
@@ -26,11 +32,13 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 echo "## machine"
 echo "$(nproc) cores,$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(free -g | awk '/Mem/{print $2}') GiB RAM, $(uname -sr)"
 echo
-echo "## collector ingest"
-"$bin" bench ingest --duration 20s --data-dir "$work/ingest"
-du -sh "$work/ingest" | awk '{print "data dir after the run: " $1}'
-rm -rf "$work/ingest"
-echo
+if [ -z "${AGENT_ONLY:-}" ]; then
+  echo "## collector ingest"
+  "$bin" bench ingest --duration 20s --data-dir "$work/ingest"
+  du -sh "$work/ingest" | awk '{print "data dir after the run: " $1}'
+  rm -rf "$work/ingest"
+  echo
+fi
 
 # Resident set of PID by mapping: the binary, each shared library, heap
 # and anonymous memory (allocator arenas, thread stacks, tokio's buffers),
@@ -69,6 +77,7 @@ measure_agent() { # name source [env...]
   for _ in $(seq 50); do grep -q listening "$work/c-$name.out" 2>/dev/null && break; sleep 0.1; done
   local url="http://$(sed -n 's/^listening on //p' "$work/c-$name.out")"
   local report="$work/fake-cpu-${source}"
+  rm -f "$report"
   env "$@" FLOPWATCH_SIM__GPUS=8 FLOPWATCH_LOG=warn \
     "$agent_bin" agent --config config/agent.toml --source "$source" --collector "$url" &
   local apid=$!
@@ -97,5 +106,7 @@ measure_agent() { # name source [env...]
 
 echo "## agent footprint (agent-only build; 8 GPUs, all metrics, 100 ms, 1 s batches)"
 measure_agent "sim" sim
-measure_agent "nvml (fake libnvidia-ml)" nvml \
-  FLOPWATCH_NVML__LIBRARY_PATH="$target/libflopwatch_fake_nvml.so" FLOPWATCH_FAKE_NVML="gpus=8,cpu_report=$work/fake-cpu-nvml"
+fake=(FLOPWATCH_NVML__LIBRARY_PATH="$target/libflopwatch_fake_nvml.so" FLOPWATCH_FAKE_NVML="gpus=8,cpu_report=$work/fake-cpu-nvml")
+measure_agent "nvml (fake libnvidia-ml)" nvml "${fake[@]}"
+measure_agent "sim, adaptive" sim FLOPWATCH_SAMPLING__ADAPTIVE=true
+measure_agent "nvml, adaptive" nvml "${fake[@]}" FLOPWATCH_SAMPLING__ADAPTIVE=true

@@ -2,7 +2,8 @@
 //! the hardware, which a real driver does not have. With `cpu_report=PATH`
 //! one exported call in [`SAMPLE_EVERY`] is timed on its thread's CPU
 //! clock (a system call, so timing every call would itself cost as much as
-//! the simulation), the estimate of the total (nanoseconds) is written to
+//! the simulation), less what an empty timed span reads (the clock reads'
+//! own share), and the estimate of the total (nanoseconds) is written to
 //! PATH at most once a second, and a benchmark subtracts it from the
 //! agent's CPU time. Without `cpu_report` nothing is timed.
 
@@ -69,10 +70,33 @@ pub fn timed<R>(body: impl FnOnce() -> R) -> R {
     {
         return body();
     }
+    let overhead = timer_overhead_ns();
     let start = thread_cpu_ns();
     let r = body();
-    account(thread_cpu_ns().saturating_sub(start) * SAMPLE_EVERY);
+    let spent = thread_cpu_ns()
+        .saturating_sub(start)
+        .saturating_sub(overhead);
+    account(spent * SAMPLE_EVERY);
     r
+}
+
+/// What timing a call costs by itself: the part of the two clock reads
+/// (system calls) that falls between the two readings, measured once on
+/// empty spans (the least of 64, so that what is subtracted is never more
+/// than the timing's own cost). Without it, a cheap call was reported at
+/// the cost of the timing, and the estimate grew with the number of calls
+/// rather than with the simulation's work.
+fn timer_overhead_ns() -> u64 {
+    static OVERHEAD: OnceLock<u64> = OnceLock::new();
+    *OVERHEAD.get_or_init(|| {
+        (0..64)
+            .map(|_| {
+                let a = thread_cpu_ns();
+                thread_cpu_ns().saturating_sub(a)
+            })
+            .min()
+            .unwrap_or(0)
+    })
 }
 
 /// Adds `ns` of CPU time, then writes the report if one is due.

@@ -8,7 +8,10 @@
 //!   the node's CPUs, or all of them) that was neither idle nor iowait
 //!   between two reads: an exact window mean, like a GPM counter pair;
 //! * `host_cpu_freq_mhz`: the mean of the CPUs'
-//!   `<sys_root>/devices/system/cpu/cpu<i>/cpufreq/scaling_cur_freq` (kHz);
+//!   `<sys_root>/devices/system/cpu/cpu<i>/cpufreq/scaling_cur_freq` (kHz),
+//!   each CPU's file read once per read whatever the groups it is in; CPUs
+//!   with no such file when the reader starts (most virtual machines) are
+//!   not tried again at every read;
 //! * `host_mem_available_bytes`: `MemAvailable` of `<proc_root>/meminfo`
 //!   for the host, `MemFree` of the node's `meminfo` for a NUMA node.
 //!
@@ -39,12 +42,60 @@ pub fn parse_cpulist(s: &str) -> Option<Vec<u32>> {
     Some(out)
 }
 
-/// (busy, total) jiffies per CPU (`None` key: the aggregate `cpu` line).
-fn read_stat(path: &Path) -> HashMap<Option<u32>, (u64, u64)> {
+/// A `/proc` or `/sys` file read at every capture: opened once and read
+/// again from offset 0 (the kernel makes the text anew for each read from
+/// the start) into a buffer kept between reads. Opening, sizing and
+/// closing it each time took three more system calls, and reading a proc
+/// file (size 0) into a fresh string a few more as the string grew.
+struct Reread {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+    buf: Vec<u8>,
+}
+
+impl Reread {
+    fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            file: None,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The file's text now; `None` when it cannot be read (it is opened
+    /// again at the next read).
+    fn read(&mut self) -> Option<&str> {
+        use std::os::unix::fs::FileExt;
+        if self.file.is_none() {
+            self.file = std::fs::File::open(&self.path).ok();
+        }
+        let file = self.file.as_ref()?;
+        if self.buf.is_empty() {
+            self.buf.resize(4096, 0);
+        }
+        let mut n = 0;
+        loop {
+            if n == self.buf.len() {
+                self.buf.resize(n * 2, 0);
+            }
+            match file.read_at(&mut self.buf[n..], n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.file = None;
+                    return None;
+                }
+            }
+        }
+        std::str::from_utf8(&self.buf[..n]).ok()
+    }
+}
+
+/// (busy, total) jiffies per CPU (`None` key: the aggregate `cpu` line)
+/// from the text of `/proc/stat`.
+fn parse_stat(text: &str) -> HashMap<Option<u32>, (u64, u64)> {
     let mut out = HashMap::new();
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return out;
-    };
     for line in text.lines() {
         let mut f = line.split_whitespace();
         let Some(name) = f.next().and_then(|n| n.strip_prefix("cpu")) else {
@@ -71,8 +122,7 @@ fn read_stat(path: &Path) -> HashMap<Option<u32>, (u64, u64)> {
     out
 }
 
-fn meminfo_kb(path: &Path, key: &str) -> Option<f64> {
-    let text = std::fs::read_to_string(path).ok()?;
+fn meminfo_kb(text: &str, key: &str) -> Option<f64> {
     text.lines().find_map(|l| {
         // "MemAvailable:  123 kB" or "Node 0 MemFree:  123 kB".
         let (k, v) = l.split_once(':')?;
@@ -86,15 +136,17 @@ fn meminfo_kb(path: &Path, key: &str) -> Option<f64> {
 struct Group {
     /// CPUs of the group; `None` for the host (the aggregate line).
     cpus: Option<Vec<u32>>,
-    meminfo: PathBuf,
+    meminfo: Reread,
     mem_key: &'static str,
     last: Option<(i64, u64, u64)>,
 }
 
 /// The NUMA nodes and the host.
 pub struct HostReader {
-    proc_root: PathBuf,
-    cpu_dir: PathBuf,
+    /// `/proc/stat`.
+    stat: Reread,
+    /// Each CPU that has a frequency file.
+    freq_files: Vec<(u32, Reread)>,
     all_cpus: Vec<u32>,
     groups: Vec<Group>,
     devices: Vec<DeviceInfo>,
@@ -128,18 +180,15 @@ impl HostReader {
             });
             groups.push(Group {
                 cpus: Some(cpus),
-                meminfo: node_dir.join(format!("node{n}/meminfo")),
+                meminfo: Reread::new(node_dir.join(format!("node{n}/meminfo"))),
                 mem_key: "MemFree",
                 last: None,
             });
         }
         if all_cpus.is_empty() {
             // No NUMA information: the CPUs the aggregate line covers.
-            all_cpus = read_stat(&proc_root.join("stat"))
-                .keys()
-                .flatten()
-                .copied()
-                .collect();
+            let text = std::fs::read_to_string(proc_root.join("stat")).unwrap_or_default();
+            all_cpus = parse_stat(&text).keys().flatten().copied().collect();
             all_cpus.sort_unstable();
         }
         devices.push(DeviceInfo {
@@ -149,31 +198,43 @@ impl HostReader {
         });
         groups.push(Group {
             cpus: None,
-            meminfo: proc_root.join("meminfo"),
+            meminfo: Reread::new(proc_root.join("meminfo")),
             mem_key: "MemAvailable",
             last: None,
         });
+        let cpu_dir = sys_root.join("devices/system/cpu");
+        let freq_files = all_cpus
+            .iter()
+            .map(|c| (*c, cpu_dir.join(format!("cpu{c}/cpufreq/scaling_cur_freq"))))
+            .filter(|(_, p)| p.exists())
+            .map(|(c, p)| (c, Reread::new(p)))
+            .collect();
         Self {
-            proc_root: proc_root.to_path_buf(),
-            cpu_dir: sys_root.join("devices/system/cpu"),
+            stat: Reread::new(proc_root.join("stat")),
+            freq_files,
             all_cpus,
             groups,
             devices,
         }
     }
 
-    fn freq_mhz(&self, cpus: &[u32]) -> Option<f64> {
-        let f: Vec<f64> = cpus
-            .iter()
-            .filter_map(|c| {
-                let p = self
-                    .cpu_dir
-                    .join(format!("cpu{c}/cpufreq/scaling_cur_freq"));
-                std::fs::read_to_string(p).ok()?.trim().parse::<f64>().ok()
+    /// Every CPU's current frequency, kHz (CPUs whose file could not be
+    /// read are left out).
+    fn freqs_khz(&mut self) -> HashMap<u32, f64> {
+        self.freq_files
+            .iter_mut()
+            .filter_map(|(c, f)| {
+                let khz = f.read()?.trim().parse::<f64>().ok()?;
+                Some((*c, khz))
             })
-            .collect();
-        (!f.is_empty()).then(|| f.iter().sum::<f64>() / f.len() as f64 / 1000.0)
+            .collect()
     }
+}
+
+/// The mean frequency of `cpus`, MHz, from [`HostReader::freqs_khz`].
+fn freq_mhz(khz: &HashMap<u32, f64>, cpus: &[u32]) -> Option<f64> {
+    let f: Vec<f64> = cpus.iter().filter_map(|c| khz.get(c).copied()).collect();
+    (!f.is_empty()).then(|| f.iter().sum::<f64>() / f.len() as f64 / 1000.0)
 }
 
 impl DeviceReader for HostReader {
@@ -186,12 +247,13 @@ impl DeviceReader for HostReader {
     }
 
     fn read(&mut self, now_ms: i64) -> Vec<DeviceReading> {
-        let stat = read_stat(&self.proc_root.join("stat"));
+        let stat = self.stat.read().map(parse_stat).unwrap_or_default();
         let mut out = Vec::with_capacity(self.groups.len());
+        let khz = self.freqs_khz();
         let freqs: Vec<Option<f64>> = self
             .groups
             .iter()
-            .map(|g| self.freq_mhz(g.cpus.as_deref().unwrap_or(&self.all_cpus)))
+            .map(|g| freq_mhz(&khz, g.cpus.as_deref().unwrap_or(&self.all_cpus)))
             .collect();
         for (device, (g, freq)) in self.groups.iter_mut().zip(freqs).enumerate() {
             let mut readings = Vec::new();
@@ -224,7 +286,7 @@ impl DeviceReader for HostReader {
             if let Some(f) = freq {
                 readings.push(Reading::new(m::HOST_CPU_FREQ_MHZ, f));
             }
-            if let Some(kb) = meminfo_kb(&g.meminfo, g.mem_key) {
+            if let Some(kb) = g.meminfo.read().and_then(|t| meminfo_kb(t, g.mem_key)) {
                 readings.push(Reading::new(m::HOST_MEM_AVAILABLE_BYTES, kb * 1024.0));
             }
             out.push(DeviceReading {
