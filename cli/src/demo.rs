@@ -138,6 +138,13 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         a.nodes, a.gpus, a.duration
     );
     println!("data dir: {}", data_dir.display());
+    // Log lines on the terminal would land in the middle of the live table
+    // (and be wiped by its next redraw): they go to a file in the data dir,
+    // kept for after the run, whether or not stdout is a terminal.
+    std::fs::create_dir_all(&data_dir).with_context(|| data_dir.display().to_string())?;
+    let log = data_dir.join("demo.log");
+    crate::logging::to_file("warn", &log)?;
+    println!("log:      {}", log.display());
 
     let cfg = CollectorConfig {
         data_dir: data_dir.clone(),
