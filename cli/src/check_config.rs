@@ -123,12 +123,12 @@ fn detect(path: &Path) -> anyhow::Result<Kind> {
         .map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", path.display()))?;
     let doc: toml::Table =
         toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    Ok(kind_of(&doc).ok_or_else(|| {
+    kind_of(&doc).ok_or_else(|| {
         anyhow::anyhow!(
             "{}: cannot tell an agent config from a collector config by its keys: give --kind agent or --kind collector",
             path.display()
         )
-    })?)
+    })
 }
 
 fn kind_of(doc: &toml::Table) -> Option<Kind> {

@@ -127,16 +127,15 @@ impl ConnArgs {
     /// A client connected now.
     pub async fn connect(&self) -> anyhow::Result<Client> {
         let url = &self.collector;
+        // A missing token file is told before a collector that is not there.
+        let bearer = Bearer::new(self.token()?.as_deref())?;
         let channel = self
             .tls()?
             .client_endpoint(url)?
             .connect()
             .await
             .with_context(|| format!("connecting to {url}"))?;
-        Ok(QueryClient::with_interceptor(
-            channel,
-            Bearer::new(self.token()?.as_deref())?,
-        ))
+        Ok(QueryClient::with_interceptor(channel, bearer))
     }
 
     /// A client that connects on first use and reconnects by itself, every
