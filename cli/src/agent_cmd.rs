@@ -15,9 +15,10 @@ use std::time::Duration;
 /// Arguments of `agent`.
 #[derive(clap::Args)]
 pub struct AgentArgs {
-    /// Configuration file (see config/agent.toml).
+    /// Configuration file (see config/agent.toml); default:
+    /// /etc/flopwatch/agent.toml.
     #[arg(long, env = "FLOPWATCH_CONFIG")]
-    config: PathBuf,
+    config: Option<PathBuf>,
     /// Override `source`: nvml, sim, replay:FILE or dcgm-exporter:URL.
     #[arg(long)]
     source: Option<String>,
@@ -29,8 +30,13 @@ pub struct AgentArgs {
     metrics_listen: Option<String>,
 }
 
-pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
-    let mut cfg: AgentConfig = load_file(&args.config)?;
+pub async fn run(mut args: AgentArgs) -> anyhow::Result<()> {
+    let config = crate::shared::config_path(
+        args.config.take(),
+        std::path::Path::new(crate::shared::DEFAULT_CONFIG_DIR),
+        "agent",
+    )?;
+    let mut cfg: AgentConfig = load_file(&config)?;
     if let Some(s) = args.source {
         cfg.source = s;
     }
@@ -47,7 +53,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let token = match (&cfg.token, &cfg.token_file) {
         (Some(t), _) => Some(t.clone()),
         (None, Some(f)) => {
-            let p = flopwatch_config::relative_to(&args.config, f);
+            let p = flopwatch_config::relative_to(&config, f);
             Some(
                 std::fs::read_to_string(&p)
                     .with_context(|| format!("token_file {}", p.display()))?
@@ -59,10 +65,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     };
     let mut metrics = cfg.metrics.clone();
     if let Some(f) = &cfg.metrics_file {
-        metrics.extend(read_metric_set(&flopwatch_config::relative_to(
-            &args.config,
-            f,
-        ))?);
+        metrics.extend(read_metric_set(&flopwatch_config::relative_to(&config, f))?);
     }
     let clock = Arc::new(TokioClock::new());
     let source = source::open(&kind, &cfg, clock.now_ms())?;
@@ -74,9 +77,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     } else {
         Box::new(FixedSampler::new(cfg.interval))
     };
-    let tls =
-        flopwatch_transport::channel::TlsClient::load(&cfg.tls, &config_dir(&args.config), "tls")
-            .with_context(|| args.config.display().to_string())?;
+    let tls = flopwatch_transport::channel::TlsClient::load(&cfg.tls, &config_dir(&config), "tls")
+        .with_context(|| config.display().to_string())?;
     let opts = AgentOptions {
         node: node_identity(&cfg.node_id, cfg.labels.clone()),
         collectors: cfg.collectors.clone(),
@@ -97,7 +99,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             .dir
             .as_ref()
             .map(|d| flopwatch_agent::SpoolOptions {
-                dir: flopwatch_config::relative_to(&args.config, d),
+                dir: flopwatch_config::relative_to(&config, d),
                 max_bytes: cfg.spool.max_bytes,
                 fsync_interval: cfg.spool.fsync_interval,
             }),

@@ -11,9 +11,10 @@ use std::sync::Arc;
 /// Arguments of `collector`.
 #[derive(clap::Args)]
 pub struct CollectorArgs {
-    /// Configuration file (see config/collector.toml).
+    /// Configuration file (see config/collector.toml); default:
+    /// /etc/flopwatch/collector.toml.
     #[arg(long, env = "FLOPWATCH_CONFIG")]
-    config: PathBuf,
+    config: Option<PathBuf>,
     /// Override `listen`.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
@@ -25,8 +26,13 @@ pub struct CollectorArgs {
     metrics_listen: Option<std::net::SocketAddr>,
 }
 
-pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
-    let mut cfg: CollectorConfig = load_file(&args.config)?;
+pub async fn run(mut args: CollectorArgs) -> anyhow::Result<()> {
+    let config = crate::shared::config_path(
+        args.config.take(),
+        std::path::Path::new(crate::shared::DEFAULT_CONFIG_DIR),
+        "collector",
+    )?;
+    let mut cfg: CollectorConfig = load_file(&config)?;
     if let Some(l) = args.listen {
         cfg.listen = l;
     }
@@ -37,7 +43,7 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
         cfg.metrics_listen = m;
     }
     if let Some(p) = cfg.cluster.peer_token_file.take() {
-        cfg.cluster.peer_token_file = Some(flopwatch_config::relative_to(&args.config, &p));
+        cfg.cluster.peer_token_file = Some(flopwatch_config::relative_to(&config, &p));
     }
     if let Some(rw) = &mut cfg.remote_write {
         for p in [
@@ -46,27 +52,27 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
             &mut rw.password_file,
         ] {
             if let Some(f) = p.take() {
-                *p = Some(flopwatch_config::relative_to(&args.config, &f));
+                *p = Some(flopwatch_config::relative_to(&config, &f));
             }
         }
         // Reads ca_file and the credential files now: a bad one stops the
         // collector here, naming the key and the file.
         flopwatch_collector::RemoteWriteEndpoint::new(rw)
-            .with_context(|| args.config.display().to_string())?;
+            .with_context(|| config.display().to_string())?;
     }
     let specs = match &cfg.gpu_specs {
-        Some(p) => SpecTable::load(&flopwatch_config::relative_to(&args.config, p))?,
+        Some(p) => SpecTable::load(&flopwatch_config::relative_to(&config, p))?,
         None => SpecTable::builtin(),
     };
     let metrics = match &cfg.policy.metrics_file {
-        Some(p) => read_metric_set(&flopwatch_config::relative_to(&args.config, p))?,
+        Some(p) => read_metric_set(&flopwatch_config::relative_to(&config, p))?,
         None => Vec::new(),
     };
-    let base = crate::shared::config_dir(&args.config);
+    let base = crate::shared::config_dir(&config);
     let tls = match &cfg.tls {
         Some(t) => Some(
             flopwatch_collector::server_config(t, &base)
-                .with_context(|| args.config.display().to_string())?,
+                .with_context(|| config.display().to_string())?,
         ),
         None => {
             if !cfg.listen.ip().is_loopback() {
@@ -76,7 +82,7 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
         }
     };
     let peer_tls = flopwatch_transport::channel::TlsClient::load(&cfg.peer_tls, &base, "peer_tls")
-        .with_context(|| args.config.display().to_string())?;
+        .with_context(|| config.display().to_string())?;
     let collector = server::open(
         &cfg.data_dir,
         &cfg,
@@ -103,7 +109,7 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let reloader = tokio::spawn(reload_on_sighup(collector.clone(), args.config.clone()));
+    let reloader = tokio::spawn(reload_on_sighup(collector.clone(), config.clone()));
     let peers = collector.settings.cluster.peers.clone();
     server::serve_cluster(
         collector,

@@ -25,8 +25,20 @@ pub struct ConnArgs {
     pub collector: String,
     /// Bearer token for the collector (a tenant's query token or a
     /// provider token).
+    /// A token given here shows in `ps` and the shell's history: prefer
+    /// --token-file.
     #[arg(long, global = true, env = "FLOPWATCH_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// File holding the bearer token (surrounding whitespace trimmed), e.g.
+    /// a Kubernetes Secret mount.
+    #[arg(
+        long,
+        global = true,
+        env = "FLOPWATCH_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "token"
+    )]
+    pub token_file: Option<PathBuf>,
     /// CA bundle (PEM) the collector's certificate must chain to (https);
     /// default: the system's trust store.
     #[arg(long, global = true, env = "FLOPWATCH_CA")]
@@ -77,10 +89,28 @@ impl ConnArgs {
         ConnArgs {
             collector: url.to_string(),
             token: None,
+            token_file: None,
             ca: None,
             cert: None,
             key: None,
             tls_domain: None,
+        }
+    }
+
+    /// The bearer token: --token, or the contents of --token-file.
+    fn token(&self) -> anyhow::Result<Option<String>> {
+        match (&self.token, &self.token_file) {
+            (Some(t), _) => Ok(Some(t.clone())),
+            (None, Some(f)) => {
+                let text = std::fs::read_to_string(f)
+                    .with_context(|| format!("--token-file {}", f.display()))?;
+                let t = text.trim();
+                if t.is_empty() {
+                    anyhow::bail!("--token-file {}: the file is empty", f.display());
+                }
+                Ok(Some(t.to_string()))
+            }
+            (None, None) => Ok(None),
         }
     }
 
@@ -97,16 +127,15 @@ impl ConnArgs {
     /// A client connected now.
     pub async fn connect(&self) -> anyhow::Result<Client> {
         let url = &self.collector;
+        // A missing token file is told before a collector that is not there.
+        let bearer = Bearer::new(self.token()?.as_deref())?;
         let channel = self
             .tls()?
             .client_endpoint(url)?
             .connect()
             .await
             .with_context(|| format!("connecting to {url}"))?;
-        Ok(QueryClient::with_interceptor(
-            channel,
-            Bearer::new(self.token.as_deref())?,
-        ))
+        Ok(QueryClient::with_interceptor(channel, bearer))
     }
 
     /// A client that connects on first use and reconnects by itself, every
@@ -119,7 +148,7 @@ impl ConnArgs {
             .timeout(timeout);
         Ok(QueryClient::with_interceptor(
             endpoint.connect_lazy(),
-            Bearer::new(self.token.as_deref())?,
+            Bearer::new(self.token()?.as_deref())?,
         ))
     }
 }
@@ -127,4 +156,33 @@ impl ConnArgs {
 /// A failed call's gRPC status as an error: its code and message.
 pub fn status(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{}: {}", s.code(), s.message())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_file_is_read_and_trimmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("token");
+        std::fs::write(&f, "  s3cret\n").unwrap();
+        let mut a = ConnArgs::plain("http://127.0.0.1:1");
+        a.token_file = Some(f);
+        assert_eq!(a.token().unwrap().as_deref(), Some("s3cret"));
+    }
+
+    #[test]
+    fn missing_or_empty_token_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = ConnArgs::plain("http://127.0.0.1:1");
+        a.token_file = Some(dir.path().join("nope"));
+        let e = format!("{:#}", a.token().unwrap_err());
+        assert!(e.contains("--token-file") && e.contains("nope"), "{e}");
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        a.token_file = Some(empty);
+        let e = format!("{:#}", a.token().unwrap_err());
+        assert!(e.contains("empty"), "{e}");
+    }
 }

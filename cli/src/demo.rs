@@ -94,25 +94,49 @@ where
     rows
 }
 
-fn render(title: &str, rows: &[Row], out: &mut String) {
-    use std::fmt::Write as _;
-    let _ = writeln!(
-        out,
-        "{title:<16} {:>7}  {:<20}  {:>6}  {:>8}  GPUs",
-        "OFU", "", "TPA", "SM clk"
-    );
-    for r in rows {
-        let _ = writeln!(
-            out,
-            "{:<16} {:>6.1}%  {}  {:>5.1}%  {:>4.0} MHz  {:>3}",
-            r.name,
-            r.ofu * 100.0,
-            table::bar(r.ofu, 20),
-            r.tpa * 100.0,
-            r.clk,
-            r.gpus
-        );
+/// The job, node and fleet sections as one table, so that their columns
+/// line up with each other.
+fn render(sections: &[(&str, &[Row])]) -> String {
+    use table::Align::{Left, Right};
+    let head = |title: &str| {
+        vec![
+            title.to_string(),
+            "OFU".into(),
+            String::new(),
+            "TPA".into(),
+            "SM clk".into(),
+            "GPUs".into(),
+        ]
+    };
+    let mut t = table::Table::new(&[
+        ("", Left),
+        ("", Right),
+        ("", Left),
+        ("", Right),
+        ("", Right),
+        ("", Right),
+    ]);
+    for (i, (title, rows)) in sections.iter().enumerate() {
+        if i > 0 {
+            t.row(Vec::new());
+        }
+        t.row(head(title));
+        for r in *rows {
+            t.row(vec![
+                r.name.clone(),
+                format!("{:.1}%", r.ofu * 100.0),
+                table::bar(r.ofu, 20),
+                format!("{:.1}%", r.tpa * 100.0),
+                format!("{:.0} MHz", r.clk),
+                r.gpus.to_string(),
+            ]);
+        }
     }
+    // The empty header line is the table's own, not a section's.
+    t.render()
+        .split_once('\n')
+        .map(|(_, rest)| rest.to_string())
+        .unwrap_or_default()
 }
 
 pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
@@ -138,6 +162,13 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         a.nodes, a.gpus, a.duration
     );
     println!("data dir: {}", data_dir.display());
+    // Log lines on the terminal would land in the middle of the live table
+    // (and be wiped by its next redraw): they go to a file in the data dir,
+    // kept for after the run, whether or not stdout is a terminal.
+    std::fs::create_dir_all(&data_dir).with_context(|| data_dir.display().to_string())?;
+    let log = data_dir.join("demo.log");
+    crate::logging::to_file("warn", &log)?;
+    println!("log:      {}", log.display());
 
     let cfg = CollectorConfig {
         data_dir: data_dir.clone(),
@@ -257,11 +288,11 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
             stats.agents_connected.load(std::sync::atomic::Ordering::Relaxed),
             rate, samples, Stats::get(&stats.batches_acked), window / 1000
         ));
-        render("job", &job_rows, &mut out);
-        out.push('\n');
-        render("node", &node_rows, &mut out);
-        out.push('\n');
-        render("", &fleet_rows, &mut out);
+        out.push_str(&render(&[
+            ("job", &job_rows),
+            ("node", &node_rows),
+            ("", &fleet_rows),
+        ]));
         let recent = q
             .list_events(v1::EventsRequest {
                 limit: 5,
@@ -302,10 +333,16 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         (end - start) / 1000,
         (mid - start) / 1000
     );
-    println!(
-        "{:<16} {:>8} {:>8} {:>8} {:>6}  {:>9}",
-        "job", "OFU", "before", "after", "ratio", "GPUs"
-    );
+    use table::Align::{Left, Right};
+    let mut summary = table::Table::new(&[
+        ("job", Left),
+        ("OFU", Right),
+        ("before", Right),
+        ("after", Right),
+        ("ratio", Right),
+        ("GPUs", Right),
+        ("", Left),
+    ]);
     for j in &jobs {
         let scope = || {
             vec![(
@@ -318,18 +355,19 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         let after = ofu_rows(&mut q, scope(), mid, end + 1).await;
         if let (Some(a), Some(b), Some(c)) = (all.first(), before.first(), after.first()) {
             let ratio = if c.ofu > 0.0 { b.ofu / c.ofu } else { 0.0 };
-            let flag = if ratio > 1.5 { "  ← regressed" } else { "" };
-            println!(
-                "{:<16} {:>7.2}% {:>7.2}% {:>7.2}% {:>5.2}×  {:>9}{flag}",
-                j.job_id,
-                a.ofu * 100.0,
-                b.ofu * 100.0,
-                c.ofu * 100.0,
-                ratio,
-                a.gpus
-            );
+            let flag = if ratio > 1.5 { "← regressed" } else { "" };
+            summary.row(vec![
+                j.job_id.clone(),
+                format!("{:.2}%", a.ofu * 100.0),
+                format!("{:.2}%", b.ofu * 100.0),
+                format!("{:.2}%", c.ofu * 100.0),
+                format!("{ratio:.2}×"),
+                a.gpus.to_string(),
+                flag.to_string(),
+            ]);
         }
     }
+    summary.print();
     let events = q
         .list_events(v1::EventsRequest::default())
         .await

@@ -7,7 +7,12 @@
 //! flopwatch query      OFU, nodes, GPUs, jobs, series from a collector
 //! flopwatch select     offline metric selection (Moneo §2.2)
 //! flopwatch top        live terminal view
+//! flopwatch check-config FILE   validate an agent or collector config
+//! flopwatch completions SHELL   shell completion script
 //! ```
+//!
+//! Exit status: 0 on success, 1 when a command fails, 2 for a usage error
+//! (an unknown flag or a malformed value, reported by the flag parser).
 //!
 //! Each role is a Cargo feature (`agent`, `collector`, `select`, `tui`,
 //! `bench`; all on by default), so a node can run a `flopwatch` built with
@@ -31,6 +36,7 @@ mod agent_cmd;
 mod alloc;
 #[cfg(feature = "bench")]
 mod bench;
+mod check_config;
 #[cfg(feature = "collector")]
 mod collector_cmd;
 mod conn;
@@ -38,6 +44,7 @@ mod conn;
 mod demo;
 #[cfg(all(feature = "agent", feature = "collector"))]
 mod eval;
+mod logging;
 mod query_cmd;
 mod query_jobs;
 #[cfg(feature = "select")]
@@ -51,7 +58,7 @@ mod tile_cmd;
 #[cfg(feature = "tui")]
 mod top;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Non-intrusive GPU fleet monitor: Overall FLOP Utilization (OFU) for every
 /// GPU, job, node and tenant.
@@ -93,77 +100,93 @@ enum Command {
     /// Live terminal view of nodes, GPUs and jobs with OFU bars.
     #[cfg(feature = "tui")]
     Top(top::TopArgs),
+    /// Validate agent or collector config files: `FILE: OK`, or the error
+    /// naming the file and the key (exit status 1).
+    CheckConfig(check_config::CheckConfigArgs),
+    /// Print a completion script, e.g.
+    /// `flopwatch completions bash > /etc/bash_completion.d/flopwatch`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
-fn init_tracing(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FLOPWATCH_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-}
-
+/// Usage errors exit 2 (the flag parser's own status); a command that
+/// fails exits 1.
 fn main() -> std::process::ExitCode {
     alloc::tune();
     let cli = Cli::parse();
-    let result = match cli.command {
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // Its failures were printed file by file.
+        Err(e) if e.is::<check_config::Failed>() => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
         #[cfg(all(feature = "agent", feature = "collector"))]
         Command::Demo(a) => {
-            init_tracing("warn");
-            runtime().and_then(|rt| rt.block_on(demo::run(a)))
+            // The demo routes its logs itself (to a file beside its store).
+            runtime()?.block_on(demo::run(a))
         }
         #[cfg(feature = "collector")]
         Command::Collector(a) => {
-            init_tracing("info");
-            runtime().and_then(|rt| rt.block_on(collector_cmd::run(a)))
+            logging::to_stderr("info")?;
+            runtime()?.block_on(collector_cmd::run(a))
         }
         #[cfg(feature = "agent")]
         Command::Agent(a) => {
-            init_tracing("info");
+            logging::to_stderr("info")?;
             // One node agent does little work: a single-threaded runtime
             // keeps its footprint small (captures run on the blocking pool).
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .max_blocking_threads(2)
-                .build()
-                .map_err(Into::into)
-                .and_then(|rt| rt.block_on(agent_cmd::run(a)))
+                .build()?
+                .block_on(agent_cmd::run(a))
         }
         Command::Query(a) => {
-            init_tracing("warn");
-            runtime().and_then(|rt| rt.block_on(query_cmd::run(a)))
+            logging::to_stderr("warn")?;
+            runtime()?.block_on(query_cmd::run(a))
         }
         #[cfg(feature = "select")]
         Command::Select(a) => {
-            init_tracing("warn");
+            logging::to_stderr("warn")?;
             run_select(a)
         }
         #[cfg(feature = "bench")]
         Command::Bench(a) => {
-            init_tracing("warn");
-            runtime().and_then(|rt| rt.block_on(bench::run(a)))
+            logging::to_stderr("warn")?;
+            runtime()?.block_on(bench::run(a))
         }
         #[cfg(feature = "collector")]
         Command::Tile(a) => tile_cmd::run(a),
         #[cfg(feature = "tui")]
         Command::Top(a) => {
             // Log lines would tear the full-screen view: errors only.
-            init_tracing("error");
-            runtime().and_then(|rt| rt.block_on(top::run(a)))
+            logging::to_stderr("error")?;
+            runtime()?.block_on(top::run(a))
         }
         #[cfg(all(feature = "agent", feature = "collector"))]
         Command::EvalSampling(a) => {
-            init_tracing("warn");
+            logging::to_stderr("warn")?;
             // Each run has its own paused-time runtime.
             eval::run(&a).map(|_| ())
         }
-    };
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::from(2)
+        Command::CheckConfig(a) => check_config::run(&a),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "flopwatch",
+                &mut std::io::stdout(),
+            );
+            Ok(())
         }
     }
 }
@@ -191,4 +214,29 @@ pub(crate) fn parse_ms(s: &str) -> anyhow::Result<i64> {
     Ok(humantime::parse_duration(s)
         .map_err(|e| anyhow::anyhow!("`{s}`: {e}"))?
         .as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_are_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn bash_completions_name_the_subcommands() {
+        let mut out = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut Cli::command(),
+            "flopwatch",
+            &mut out,
+        );
+        let script = String::from_utf8(out).unwrap();
+        for sub in ["query", "check-config", "completions", "agent"] {
+            assert!(script.contains(sub), "{sub}");
+        }
+    }
 }

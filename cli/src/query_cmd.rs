@@ -2,7 +2,7 @@
 
 use crate::parse_ms;
 use crate::query_jobs;
-use crate::table;
+use crate::table::{self, Align, Table};
 use flopwatch_proto::v1::{self, ofu_request};
 use serde_json::json;
 
@@ -169,7 +169,7 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
             let s = r.summary.unwrap_or_default();
             if args.json {
                 let out = json!({
-                    "scope": format!("{scope:?}"),
+                    "scope": scope_json(&scope),
                     "ofu": s.mean, "min": s.min, "max": s.max, "p50": s.p50, "p10": s.p10,
                     "samples": s.samples, "gpus": s.gpus,
                     "peak_tflops": s.peak_tflops, "achieved_tflops": s.achieved_tflops,
@@ -208,12 +208,21 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
                 let v: Vec<_> = r.nodes.iter().map(|n| json!({"node_id": n.node_id, "hostname": n.hostname, "tenant": n.tenant, "gpus": n.gpus, "last_seen_ms": n.last_seen_ms})).collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
+                let mut t = Table::new(&[
+                    ("NODE", Align::Left),
+                    ("TENANT", Align::Left),
+                    ("GPUS", Align::Right),
+                    ("LAST SEEN", Align::Right),
+                ]);
                 for n in r.nodes {
-                    println!(
-                        "{:<24} {:<12} {:>3} GPUs  last seen {}",
-                        n.node_id, n.tenant, n.gpus, n.last_seen_ms
-                    );
+                    t.row(vec![
+                        n.node_id,
+                        n.tenant,
+                        n.gpus.to_string(),
+                        ago(now, n.last_seen_ms),
+                    ]);
                 }
+                t.print();
             }
         }
         What::Gpus => {
@@ -231,13 +240,24 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
                 }).collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
+                let mut t = Table::new(&[
+                    ("UUID", Align::Left),
+                    ("MODEL", Align::Left),
+                    ("NODE", Align::Left),
+                    ("INDEX", Align::Right),
+                    ("JOB", Align::Left),
+                ]);
                 for g in r.gpus {
                     let i = g.info.unwrap_or_default();
-                    println!(
-                        "{:<44} {:<24} {:<16} #{} {}",
-                        i.uuid, i.model, g.node_id, i.index, g.job_id
-                    );
+                    t.row(vec![
+                        i.uuid,
+                        i.model,
+                        g.node_id,
+                        i.index.to_string(),
+                        g.job_id,
+                    ]);
                 }
+                t.print();
             }
         }
         What::Jobs { since } => {
@@ -320,15 +340,23 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
+                let mut t = Table::new(&[
+                    ("WHEN", Align::Right),
+                    ("KIND", Align::Left),
+                    ("TENANT", Align::Left),
+                    ("JOB", Align::Left),
+                    ("DETAIL", Align::Left),
+                ]);
                 for e in r.events {
-                    println!(
-                        "{:>6}s ago  {:<10} {:<10} {}",
-                        (now - e.timestamp_ms) / 1000,
+                    t.row(vec![
+                        ago(now, e.timestamp_ms),
                         e.kind,
                         e.tenant,
-                        e.detail
-                    );
+                        e.job_id,
+                        e.detail,
+                    ]);
                 }
+                t.print();
             }
         }
         What::Series {
@@ -379,4 +407,39 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `12s ago` for a unix-ms time before `now_ms`.
+fn ago(now_ms: i64, t_ms: i64) -> String {
+    format!("{}s ago", (now_ms - t_ms) / 1000)
+}
+
+/// The scope of an OFU query as plain fields, named as in the other JSON
+/// outputs: `{"kind": "gpu", "gpu_uuid": "GPU-…"}`, `{"kind": "job",
+/// "job_id": …}`, `{"kind": "node", "node_id": …}`, `{"kind": "tenant",
+/// "tenant": …}` or `{"kind": "fleet"}`.
+fn scope_json(scope: &ofu_request::Scope) -> serde_json::Value {
+    use ofu_request::Scope;
+    match scope {
+        Scope::JobId(j) => json!({"kind": "job", "job_id": j}),
+        Scope::NodeId(n) => json!({"kind": "node", "node_id": n}),
+        Scope::GpuUuid(g) => json!({"kind": "gpu", "gpu_uuid": g}),
+        Scope::Tenant(t) => json!({"kind": "tenant", "tenant": t}),
+        Scope::Fleet(_) => json!({"kind": "fleet"}),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_are_plain_fields() {
+        let g = scope_json(&ofu_request::Scope::GpuUuid("GPU-1234".into()));
+        assert_eq!(g, json!({"kind": "gpu", "gpu_uuid": "GPU-1234"}));
+        let j = scope_json(&ofu_request::Scope::JobId("ns/pod".into()));
+        assert_eq!(j, json!({"kind": "job", "job_id": "ns/pod"}));
+        let f = scope_json(&ofu_request::Scope::Fleet(true));
+        assert_eq!(f, json!({"kind": "fleet"}));
+    }
 }

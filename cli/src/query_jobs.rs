@@ -2,7 +2,7 @@
 //! (OFU paper eq. 11) with its spread across GPUs and over time, the job's
 //! own MFU where it reports one, and its events.
 
-use crate::table;
+use crate::table::{self, Table};
 use flopwatch_proto::v1::{self, ofu_request};
 use serde_json::{json, Value};
 
@@ -121,19 +121,24 @@ fn pct(x: f64) -> String {
 
 /// The `query jobs` table.
 pub fn print_jobs(jobs: &[JobSummary]) {
-    println!(
-        "{:<20} {:<10} {:>4} {:>6} {:>7} {:>7} {:>8} {:>8} {:>7} {:>6}  FLAGS",
-        "JOB",
-        "TENANT",
-        "GPUS",
-        "OFU%",
-        "p50GPU",
-        "p10GPU",
-        "p50time",
-        "p10time",
-        "MFU%",
-        "MFU/OFU"
-    );
+    jobs_table(jobs).print();
+}
+
+fn jobs_table(jobs: &[JobSummary]) -> Table {
+    use table::Align::{Left, Right};
+    let mut t = Table::new(&[
+        ("JOB", Left),
+        ("TENANT", Left),
+        ("GPUS", Right),
+        ("OFU%", Right),
+        ("p50GPU", Right),
+        ("p10GPU", Right),
+        ("p50time", Right),
+        ("p10time", Right),
+        ("MFU%", Right),
+        ("MFU/OFU", Right),
+        ("FLAGS", Left),
+    ]);
     for j in jobs {
         let s = &j.ofu;
         let (mfu, ratio) = match j.mfu {
@@ -152,11 +157,10 @@ pub fn print_jobs(jobs: &[JobSummary]) {
                 flags.push(format!("{name}×{n}"));
             }
         }
-        println!(
-            "{:<20} {:<10} {:>4} {:>6} {:>7} {:>7} {:>8} {:>8} {:>7} {:>6}  {}",
-            j.entry.job_id,
-            j.entry.tenant,
-            j.entry.gpu_uuids.len(),
+        t.row(vec![
+            j.entry.job_id.clone(),
+            j.entry.tenant.clone(),
+            j.entry.gpu_uuids.len().to_string(),
             pct(s.mean),
             pct(s.p50),
             pct(s.p10),
@@ -164,9 +168,10 @@ pub fn print_jobs(jobs: &[JobSummary]) {
             pct(s.p10_over_time),
             mfu,
             ratio,
-            flags.join(" ")
-        );
+            flags.join(" "),
+        ]);
     }
+    t
 }
 
 /// The `query job JOB` report.
@@ -233,5 +238,61 @@ pub fn print_job(j: &JobSummary, now_ms: i64) {
                 e.detail
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: &str, tenant: &str, mean: f64) -> JobSummary {
+        JobSummary {
+            entry: v1::JobEntry {
+                job_id: id.into(),
+                tenant: tenant.into(),
+                gpu_uuids: vec!["GPU-a".into(), "GPU-b".into()],
+                ..Default::default()
+            },
+            ofu: v1::OfuSummary {
+                mean,
+                ..Default::default()
+            },
+            points: Vec::new(),
+            mfu: None,
+            events: Vec::new(),
+        }
+    }
+
+    /// A Kubernetes job id (namespace/pod) longer than any fixed width
+    /// keeps every other column in line.
+    #[test]
+    fn a_long_job_id_keeps_the_columns_aligned() {
+        let jobs = [
+            job("short", "default", 0.5),
+            job(
+                "research-team-a/llm-pretrain-70b-worker-0-7f9c4d8b5-x2k9q",
+                "tenant-with-a-long-name",
+                0.125,
+            ),
+        ];
+        let text = jobs_table(&jobs).render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        // Each column ends at the same character in every line.
+        let end_of = |l: &str, cell: &str| {
+            let at = l.find(cell).unwrap_or_else(|| panic!("{cell} in {l}"));
+            l[..at].chars().count() + cell.chars().count()
+        };
+        assert_eq!(end_of(lines[0], "OFU%"), end_of(lines[1], "50.0"), "{text}");
+        assert_eq!(end_of(lines[0], "OFU%"), end_of(lines[2], "12.5"), "{text}");
+        let tenant_at = |l: &str, t: &str| l[..l.find(t).unwrap()].chars().count();
+        assert_eq!(
+            tenant_at(lines[0], "TENANT"),
+            tenant_at(lines[1], "default")
+        );
+        assert_eq!(
+            tenant_at(lines[0], "TENANT"),
+            tenant_at(lines[2], "tenant-with-a-long-name")
+        );
     }
 }

@@ -33,10 +33,14 @@ fn start_collector(data: &Path) -> (Proc, String) {
 }
 
 fn start_collector_env(data: &Path, env: &[(&str, &str)]) -> (Proc, String) {
+    start_collector_config(&example("collector.toml"), data, env)
+}
+
+fn start_collector_config(config: &Path, data: &Path, env: &[(&str, &str)]) -> (Proc, String) {
     let mut child = Command::new(bin())
         .envs(env.iter().copied())
         .args(["collector", "--config"])
-        .arg(example("collector.toml"))
+        .arg(config)
         .args([
             "--listen",
             "127.0.0.1:0",
@@ -139,6 +143,13 @@ fn collector_agent_and_query_as_processes_and_kill_9_restart() {
     let samples = before["samples"].as_u64().unwrap();
     assert!(samples > 20, "{before}");
     assert!(before["ofu"].as_f64().unwrap() > 0.0, "{before}");
+    // The scope as plain fields, not Rust debug text.
+    let uuid = gpus[0]["uuid"].as_str().unwrap();
+    let one = query(&url, &["ofu", "--gpu", uuid, "--since", "1h"]);
+    assert_eq!(one["scope"]["kind"], "gpu", "{one}");
+    assert_eq!(one["scope"]["gpu_uuid"], uuid, "{one}");
+    assert!(one["samples"].as_u64().unwrap() > 0, "{one}");
+    assert_eq!(before["scope"], serde_json::json!({"kind": "fleet"}));
     let tensor = query(
         &url,
         &[
@@ -289,7 +300,8 @@ fn agent_without_driver_fails_clearly() {
         .arg(&cfg)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    // A failure, not a usage error.
+    assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("NVIDIA driver not available") && err.contains("/nonexistent"),
@@ -374,6 +386,9 @@ fn demo_then_select_from_its_store() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let out = Command::new(bin())
+        // Log lines for sure (agents connecting), as JSON.
+        .env("FLOPWATCH_LOG", "info")
+        .env("FLOPWATCH_LOG_FORMAT", "json")
         .args([
             "demo",
             "--nodes",
@@ -395,6 +410,23 @@ fn demo_then_select_from_its_store() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("summary"), "{text}");
     assert!(text.contains("llm-pretrain"), "{text}");
+    // The live table is free of log lines: they are in the data dir's
+    // demo.log, one JSON object per line, and not on stderr either.
+    assert!(
+        !text.contains("INFO") && !text.contains("\"level\""),
+        "{text}"
+    );
+    assert!(!text.contains('\x1b'), "{text}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("INFO"), "{stderr}");
+    let log = std::fs::read_to_string(data.join("demo.log")).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    assert!(!lines.is_empty(), "{log}");
+    assert!(lines.iter().any(|l| l["level"] == "INFO"), "{log}");
+    assert!(lines.iter().all(|l| l["fields"].is_object()), "{log}");
     let selected = dir.path().join("selected.toml");
     let out = Command::new(bin())
         .args(["select", "--store"])
@@ -464,7 +496,7 @@ fn tile_command_reports_overhead_and_adjusted_ofu() {
         .args(["tile", "1", "1", "1", "--tile", "128x0x64"])
         .output()
         .unwrap();
-    assert_eq!(bad.status.code(), Some(2));
+    assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("128x0x64"));
 }
 
@@ -480,4 +512,233 @@ fn sigterm_stops_a_collector_with_agents_connected() {
         "collector exits on SIGTERM although an agent's stream is open"
     );
     assert!(collector.0.wait().unwrap().success());
+}
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    Command::new(bin())
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+/// Exit status 2 is the flag parser's (a usage error); a command that
+/// fails at run time exits 1.
+#[test]
+fn usage_errors_exit_2_and_failures_exit_1() {
+    let usage = run(&["query", "nodes", "--no-such-flag"], &[]);
+    assert_eq!(usage.status.code(), Some(2));
+    let bad_value = run(&["query", "events", "--limit", "many"], &[]);
+    assert_eq!(bad_value.status.code(), Some(2));
+    // Nothing listens on port 1.
+    let down = run(
+        &["query", "nodes", "--collector", "http://127.0.0.1:1"],
+        &[],
+    );
+    assert_eq!(down.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&down.stderr);
+    assert!(
+        err.starts_with("error: ") && err.contains("127.0.0.1:1"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.toml");
+    let no_file = run(&["collector", "--config", missing.to_str().unwrap()], &[]);
+    assert_eq!(no_file.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&no_file.stderr).contains("missing.toml"));
+}
+
+#[test]
+fn unknown_log_format_is_a_clear_error() {
+    let out = run(
+        &["query", "nodes", "--collector", "http://127.0.0.1:1"],
+        &[("FLOPWATCH_LOG_FORMAT", "yaml")],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("FLOPWATCH_LOG_FORMAT") && err.contains("yaml") && err.contains("json"),
+        "{err}"
+    );
+}
+
+/// A query token read from a file (not on the command line, where `ps`
+/// shows it) opens a collector that refuses anonymous queries.
+#[test]
+fn token_file_authenticates_queries() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("collector.toml");
+    // Query token `test2` (its SHA-256), tenant acme; no anonymous tenant.
+    std::fs::write(
+        &cfg,
+        "plaintext = true\nlisten = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\n\
+         data_dir = \"data\"\n[[tenants]]\nname = \"acme\"\n\
+         query_tokens = [{ sha256 = \"60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752\" }]\n",
+    )
+    .unwrap();
+    let (_collector, url) = start_collector_config(&cfg, &dir.path().join("data"), &[]);
+    let token = dir.path().join("token");
+    std::fs::write(&token, "test2\n").unwrap();
+    let ok = run(
+        &[
+            "query",
+            "nodes",
+            "--json",
+            "--collector",
+            &url,
+            "--token-file",
+            token.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let nodes: serde_json::Value = serde_json::from_slice(&ok.stdout).unwrap();
+    assert!(nodes.is_array(), "{nodes}");
+    let anonymous = run(&["query", "nodes", "--collector", &url], &[]);
+    assert_eq!(anonymous.status.code(), Some(1));
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "nope").unwrap();
+    let refused = run(
+        &["query", "nodes", "--collector", &url],
+        &[("FLOPWATCH_TOKEN_FILE", wrong.to_str().unwrap())],
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    // A missing file is named, before any connection is tried.
+    let gone = dir.path().join("no-such-token");
+    let missing = run(
+        &[
+            "query",
+            "nodes",
+            "--collector",
+            "http://127.0.0.1:1",
+            "--token-file",
+            gone.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(missing.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        err.contains("--token-file") && err.contains("no-such-token"),
+        "{err}"
+    );
+    // --token and --token-file exclude each other: a usage error.
+    let both = run(
+        &[
+            "query",
+            "nodes",
+            "--token",
+            "x",
+            "--token-file",
+            token.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(both.status.code(), Some(2));
+}
+
+#[test]
+fn check_config_passes_good_files_and_names_the_key_of_bad_ones() {
+    let agent = example("agent.toml");
+    let collector = example("collector.toml");
+    let ok = run(
+        &[
+            "check-config",
+            agent.to_str().unwrap(),
+            collector.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let text = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        text.contains(&format!("{}: OK (agent)", agent.display())),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{}: OK (collector)", collector.display())),
+        "{text}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad-collector.toml");
+    std::fs::write(
+        &bad,
+        "data_dir = \"/d\"\nanonymous_tenant = \"d\"\n[policy]\nmin_interval = \"1ms\"\n",
+    )
+    .unwrap();
+    let out = run(&["check-config", bad.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad-collector.toml") && err.contains("policy.min_interval"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+
+    // An agent file naming a token file that is not there.
+    let agent_bad = dir.path().join("agent.toml");
+    std::fs::write(
+        &agent_bad,
+        "collectors = [\"http://127.0.0.1:7070\"]\nsource = \"sim\"\ntoken_file = \"gone.token\"\n",
+    )
+    .unwrap();
+    let out = run(&["check-config", agent_bad.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("agent.toml") && err.contains("token_file") && err.contains("gone.token"),
+        "{err}"
+    );
+
+    // Keys both configs share: --kind decides.
+    let shared = dir.path().join("shared.toml");
+    std::fs::write(&shared, "metrics_listen = \"127.0.0.1:9401\"\n").unwrap();
+    let out = run(&["check-config", shared.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--kind"));
+    // As a collector config it lacks tenants; as an agent's it is whole
+    // (every other key has a default).
+    let out = run(
+        &[
+            "check-config",
+            "--kind",
+            "collector",
+            shared.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("key `tenants`"), "{err}");
+    let out = run(
+        &["check-config", "--kind", "agent", shared.to_str().unwrap()],
+        &[],
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("shared.toml: OK (agent)"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn completions_name_the_subcommands() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = run(&["completions", shell], &[]);
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        for sub in ["collector", "query", "check-config", "--token-file"] {
+            assert!(script.contains(sub), "{shell}: {sub}");
+        }
+    }
+    assert_eq!(run(&["completions", "tcsh"], &[]).status.code(), Some(2));
 }
