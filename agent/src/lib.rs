@@ -18,6 +18,7 @@ pub mod capture;
 pub mod client;
 pub mod clock;
 pub mod filter;
+pub mod health;
 pub mod identity;
 pub mod mfu;
 pub mod outbox;

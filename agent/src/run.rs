@@ -98,6 +98,8 @@ pub struct Agent {
     pub state: watch::Receiver<ClientState>,
     /// Job attribution counters.
     pub attribution: Arc<AttributionStats>,
+    /// The sampling loop's progress, for `/healthz` and `/readyz`.
+    pub health: Arc<crate::health::Health>,
     shutdown: watch::Sender<bool>,
     sampling: tokio::task::JoinHandle<()>,
     client: tokio::task::JoinHandle<()>,
@@ -179,6 +181,7 @@ impl Agent {
         let attribution = Attribution::new(attribution, opts.job.clone());
         let attribution_stats = attribution.stats();
         let stats = Arc::new(AgentStats::default());
+        let health = Arc::new(crate::health::Health::default());
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (state_tx, state) = watch::channel(ClientState::default());
         let hello = Hello {
@@ -214,6 +217,7 @@ impl Agent {
             clock,
             outbox.clone(),
             stats.clone(),
+            health.clone(),
             shutdown_rx,
             state.clone(),
         ));
@@ -222,6 +226,7 @@ impl Agent {
             stats,
             state,
             attribution: attribution_stats,
+            health,
             shutdown,
             sampling,
             client,
@@ -318,6 +323,7 @@ async fn sample_loop(
     clock: Arc<dyn Clock>,
     outbox: Arc<Outbox>,
     stats: Arc<AgentStats>,
+    health: Arc<crate::health::Health>,
     mut shutdown: watch::Receiver<bool>,
     state: watch::Receiver<ClientState>,
 ) {
@@ -342,6 +348,7 @@ async fn sample_loop(
     info!(source = source.name(), gpus = inventory.len(), "sampling");
     let mut next = tokio::time::Instant::now();
     loop {
+        health.pace(sampler.next_delay());
         next += sampler.next_delay();
         let now_instant = tokio::time::Instant::now();
         if next < now_instant {
@@ -382,6 +389,8 @@ async fn sample_loop(
         };
         source = s;
         mfu = m;
+        // Returned, read or failed: the loop is not stuck in the driver.
+        health.progressed(r.is_ok());
         mfu.push(source.mfu_reports(now));
         match r {
             Ok(mut capture) => {
