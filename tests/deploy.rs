@@ -9,8 +9,12 @@
 //!   agent reads is the Secret the collector knows the digest of) and with
 //!   the configs they embed, which parse with the real loaders and the
 //!   environment overrides the pods set;
-//! - the systemd units, the Prometheus scrape configs and the Grafana
-//!   dashboard name ports, keys and metrics that exist.
+//! - the Prometheus Operator's kinds in deploy/k8s/monitoring (not in the
+//!   Kubernetes API types) deserialize into structs of the fields the
+//!   bundle uses, which refuse any other, and select the pods and ports
+//!   that exist;
+//! - the systemd units, the Prometheus scrape configs, the alerting rules
+//!   and the Grafana dashboard name ports, keys and metrics that exist.
 
 use flopwatch_config::{AgentConfig, CollectorConfig, Validate};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
@@ -49,6 +53,10 @@ const EXPORTED_METRICS: &[&str] = &[
     "flopwatch_agent_samples_total",
     "flopwatch_agent_captures_total",
     "flopwatch_agent_outbox_batches",
+    "flopwatch_mfu_mismatches_total",
+    // Per GPU, from the exporter's per-metric families.
+    "flopwatch_gpu_last_sample_timestamp_seconds",
+    "flopwatch_gpu_xid_errors_total",
 ];
 
 /// Environment variables the binary reads that are not config overrides.
@@ -162,6 +170,9 @@ fn typed_round_trip(doc: &Doc) -> Result<Value, String> {
         "StatefulSet" => round_trip::<StatefulSet>(&doc.value),
         "DaemonSet" => round_trip::<DaemonSet>(&doc.value),
         "PodDisruptionBudget" => round_trip::<PodDisruptionBudget>(&doc.value),
+        "PodMonitor" => round_trip::<operator::PodMonitor>(&doc.value),
+        "ServiceMonitor" => round_trip::<operator::ServiceMonitor>(&doc.value),
+        "PrometheusRule" => round_trip::<operator::PrometheusRule>(&doc.value),
         other => Err(format!("unknown kind `{other}`")),
     }
 }
@@ -869,33 +880,455 @@ fn every_probe_and_service_port_exists_on_its_pods() {
     }
 }
 
+/// Agents list every collector replica by its own name through the
+/// governing headless Service, as the collectors list their peers: each
+/// node homes on one replica by rendezvous hashing and fails over and back
+/// by itself, which one ClusterIP address would hide.
 #[test]
-fn agents_reach_the_collectors_through_a_service_port() {
+fn agents_list_each_collector_replica_through_the_headless_service() {
     let cfg: AgentConfig = load_pod_config(pod_spec(&agent_pod()));
+    let sts = collector();
+    let collector_cfg: CollectorConfig = load_pod_config(pod_spec(&sts.spec.template));
     let ns: Namespace = one("Namespace");
     let ns = ns.metadata.name.expect("name");
+    let name = sts.metadata.name.as_deref().expect("name");
+    let service = sts.spec.service_name.as_deref().expect("serviceName");
+    let replicas = sts.spec.replicas.expect("replicas");
+    let port = collector_cfg.listen.port();
+    let want: Vec<String> = (0..replicas)
+        .map(|i| format!("https://{name}-{i}.{service}.{ns}.svc:{port}"))
+        .collect();
+    assert_eq!(cfg.collectors, want);
+    assert_eq!(
+        cfg.collectors, collector_cfg.peers,
+        "agents and peers differ"
+    );
+    // That Service is headless, selects the collectors and has the port.
     let services: Vec<Service> = objects("Service");
-    for url in &cfg.collectors {
-        let authority = url
-            .strip_prefix("http://")
-            .or_else(|| url.strip_prefix("https://"))
-            .expect("scheme");
-        let (host, port) = authority.rsplit_once(':').expect("host:port");
-        let port: i32 = port.parse().expect("port");
-        let mut parts = host.split('.');
-        let (svc, svc_ns) = (parts.next().expect("service"), parts.next());
-        assert!(svc_ns.is_none() || svc_ns == Some(ns.as_str()), "{url}");
-        let s = services
+    let s = services
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some(service))
+        .unwrap_or_else(|| panic!("no Service `{service}`"));
+    let spec = s.spec.as_ref().expect("spec");
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"), "headless");
+    let sel = spec.selector.clone().unwrap_or_default();
+    let pod_labels = labels(&sts.spec.template);
+    assert!(!sel.is_empty() && sel.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+    assert!(
+        spec.ports
             .iter()
-            .find(|s| s.metadata.name.as_deref() == Some(svc))
-            .unwrap_or_else(|| panic!("{url}: no Service `{svc}`"));
+            .flatten()
+            .any(|p| p.port == i32::from(port)),
+        "Service `{service}` has no port {port}"
+    );
+}
+
+#[test]
+fn agent_runs_node_critical_with_probes_on_its_health_endpoints() {
+    let pod = agent_pod();
+    let spec = pod_spec(&pod);
+    assert_eq!(
+        spec.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    let c = only_container(spec);
+    let cfg: AgentConfig = load_pod_config(spec);
+    let bound: std::net::SocketAddr = cfg.metrics_listen.parse().expect("metrics_listen");
+    for (what, probe, path) in [
+        (
+            "liveness",
+            &c.liveness_probe,
+            flopwatch_transport::metrics_http::LIVENESS_PATH,
+        ),
+        (
+            "readiness",
+            &c.readiness_probe,
+            flopwatch_transport::metrics_http::READINESS_PATH,
+        ),
+    ] {
+        let p = probe.as_ref().unwrap_or_else(|| panic!("no {what} probe"));
+        let get = p
+            .http_get
+            .as_ref()
+            .unwrap_or_else(|| panic!("{what}: not an httpGet probe"));
+        assert_eq!(get.path.as_deref(), Some(path), "{what}");
+        assert_eq!(
+            get.scheme.as_deref().unwrap_or("HTTP"),
+            "HTTP",
+            "{what}: the metrics listener is plaintext"
+        );
+        let port = match &get.port {
+            IntOrString::Int(n) => *n,
+            IntOrString::String(name) => port_named(c, name),
+        };
+        assert_eq!(
+            port,
+            i32::from(bound.port()),
+            "{what}: not the port the agent serves {path} on"
+        );
+    }
+    // Restarting takes failing probes for a while, not one slow answer.
+    let live = c.liveness_probe.as_ref().expect("liveness");
+    assert!(live.failure_threshold.unwrap_or(3) >= 3);
+    assert!(live.timeout_seconds.unwrap_or(1) >= 2);
+}
+
+// ---- Prometheus Operator ----------------------------------------------
+
+/// The Prometheus Operator's kinds (monitoring.coreos.com/v1), which
+/// k8s-openapi does not know: the fields the bundle uses, refusing any
+/// other, so that a misspelled field fails here rather than being dropped
+/// by the API server's pruning.
+mod operator {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+    use serde::{Deserialize, Serialize};
+    use std::collections::BTreeMap;
+
+    pub const API_VERSION: &str = "monitoring.coreos.com/v1";
+
+    #[derive(Debug, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct Object<S> {
+        pub api_version: String,
+        pub kind: String,
+        pub metadata: ObjectMeta,
+        pub spec: S,
+    }
+
+    pub type PodMonitor = Object<PodMonitorSpec>;
+    pub type ServiceMonitor = Object<ServiceMonitorSpec>;
+    pub type PrometheusRule = Object<PrometheusRuleSpec>;
+
+    #[derive(Debug, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct PodMonitorSpec {
+        pub selector: LabelSelector,
+        pub pod_metrics_endpoints: Vec<Endpoint>,
+    }
+
+    #[derive(Debug, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct ServiceMonitorSpec {
+        pub selector: LabelSelector,
+        pub endpoints: Vec<Endpoint>,
+    }
+
+    /// A PodMonitor's podMetricsEndpoint or a ServiceMonitor's endpoint.
+    #[derive(Debug, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct Endpoint {
+        pub port: String,
+        pub path: String,
+        pub interval: Option<String>,
+        pub honor_labels: Option<bool>,
+        #[serde(default)]
+        pub relabelings: Vec<Relabeling>,
+    }
+
+    #[derive(Debug, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct Relabeling {
+        #[serde(default)]
+        pub source_labels: Vec<String>,
+        pub target_label: Option<String>,
+        pub regex: Option<String>,
+        pub replacement: Option<String>,
+        pub action: Option<String>,
+    }
+
+    #[derive(Debug, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct PrometheusRuleSpec {
+        pub groups: Vec<RuleGroup>,
+    }
+
+    #[derive(Debug, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct RuleGroup {
+        pub name: String,
+        pub rules: Vec<Rule>,
+    }
+
+    #[derive(Debug, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Rule {
+        pub alert: Option<String>,
+        pub record: Option<String>,
+        pub expr: String,
+        #[serde(rename = "for")]
+        pub for_: Option<String>,
+        pub labels: Option<BTreeMap<String, String>>,
+        pub annotations: Option<BTreeMap<String, String>>,
+    }
+}
+
+fn monitoring_dir() -> PathBuf {
+    k8s_dir().join("monitoring")
+}
+
+/// Every document of deploy/k8s/monitoring (kustomization.yaml aside).
+fn monitoring_manifests() -> Vec<Doc> {
+    let mut files: Vec<String> = std::fs::read_dir(monitoring_dir())
+        .expect("deploy/k8s/monitoring exists")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| yaml_documents(&read(&monitoring_dir().join(f)), f))
+        .collect()
+}
+
+fn monitoring_one<T: DeserializeOwned>(kind: &str) -> T {
+    let docs: Vec<Doc> = monitoring_manifests()
+        .into_iter()
+        .filter(|d| kind_of(d) == kind)
+        .collect();
+    assert_eq!(docs.len(), 1, "expected exactly one {kind}");
+    serde_json::from_value(docs[0].value.clone()).unwrap_or_else(|e| panic!("{kind}: {e}"))
+}
+
+#[test]
+fn monitoring_manifests_are_operator_kinds_in_the_bundle_namespace() {
+    let ns: Namespace = one("Namespace");
+    let ns = ns.metadata.name.expect("namespace name");
+    let mut kinds = BTreeSet::new();
+    for doc in monitoring_manifests() {
+        let typed = typed_round_trip(&doc).unwrap_or_else(|e| panic!("{}: {e}", doc.origin));
+        let lost = lost_keys(&doc.value, &typed);
+        assert!(lost.is_empty(), "{}: {lost:#?}", doc.origin);
+        assert_eq!(
+            doc.value["apiVersion"],
+            operator::API_VERSION,
+            "{}",
+            doc.origin
+        );
+        assert_eq!(
+            doc.value["metadata"]["namespace"].as_str(),
+            Some(ns.as_str()),
+            "{}",
+            doc.origin
+        );
+        assert!(doc.value["metadata"]["name"].is_string(), "{}", doc.origin);
+        kinds.insert(kind_of(&doc).to_string());
+    }
+    assert_eq!(
+        kinds,
+        ["PodMonitor", "PrometheusRule", "ServiceMonitor"]
+            .into_iter()
+            .map(String::from)
+            .collect()
+    );
+}
+
+#[test]
+fn operator_kinds_refuse_misspelled_fields() {
+    let doc = Doc {
+        origin: "inline".into(),
+        value: serde_json::json!({
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PodMonitor",
+            "metadata": { "name": "x" },
+            "spec": {
+                "selector": { "matchLabels": { "a": "b" } },
+                "podMetricEndpoints": [{ "port": "metrics", "path": "/metrics" }]
+            }
+        }),
+    };
+    let e = typed_round_trip(&doc).expect_err("podMetricEndpoints is no field");
+    assert!(e.contains("podMetricEndpoints"), "{e}");
+}
+
+/// The Operator's CRDs are not on every cluster: `kubectl apply -k
+/// deploy/k8s` must not need them, and the monitoring kustomization lists
+/// exactly its own files.
+#[test]
+fn monitoring_is_a_kustomization_of_its_own() {
+    let main = yaml_documents(&read(&k8s_dir().join("kustomization.yaml")), "main");
+    for r in main[0].value["resources"].as_array().expect("resources") {
         assert!(
+            !r.as_str().unwrap_or_default().contains("monitoring"),
+            "{r}"
+        );
+    }
+    for doc in manifests() {
+        assert_ne!(
+            doc.value["apiVersion"],
+            operator::API_VERSION,
+            "{}",
+            doc.origin
+        );
+    }
+    let k = yaml_documents(
+        &read(&monitoring_dir().join("kustomization.yaml")),
+        "monitoring",
+    );
+    let mut listed: Vec<String> = k[0].value["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .map(|r| r.as_str().expect("a file").to_string())
+        .collect();
+    listed.sort();
+    let mut files: Vec<String> = std::fs::read_dir(monitoring_dir())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
+        .collect();
+    files.sort();
+    assert_eq!(listed, files);
+}
+
+/// What the alerting rules find targets by: `component`, set from the
+/// pod's component label.
+fn assert_sets_component(origin: &str, e: &operator::Endpoint) {
+    assert!(
+        e.relabelings.iter().any(|r| {
+            r.target_label.as_deref() == Some("component")
+                && r.source_labels == ["__meta_kubernetes_pod_label_app_kubernetes_io_component"]
+                && r.action.as_deref().unwrap_or("replace") == "replace"
+        }),
+        "{origin}: no `component` label"
+    );
+    assert_eq!(e.honor_labels, Some(true), "{origin}: honorLabels");
+    assert_eq!(e.path, "/metrics", "{origin}");
+}
+
+fn selects(
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    let want = selector.match_labels.clone().unwrap_or_default();
+    assert!(selector.match_expressions.is_none());
+    !want.is_empty() && want.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+#[test]
+fn pod_monitor_scrapes_the_agents_metrics_port() {
+    let pm: operator::PodMonitor = monitoring_one("PodMonitor");
+    let pod = agent_pod();
+    assert!(
+        selects(&pm.spec.selector, &labels(&pod)),
+        "selects no agent pod"
+    );
+    for (_, t) in pod_templates() {
+        if t.metadata.as_ref().map(|m| m.labels.as_ref())
+            != pod.metadata.as_ref().map(|m| m.labels.as_ref())
+        {
+            assert!(
+                !selects(&pm.spec.selector, &labels(&t)),
+                "selects collectors too"
+            );
+        }
+    }
+    let c = only_container(pod_spec(&pod));
+    let cfg: AgentConfig = load_pod_config(pod_spec(&pod));
+    let bound: std::net::SocketAddr = cfg.metrics_listen.parse().expect("metrics_listen");
+    assert_eq!(pm.spec.pod_metrics_endpoints.len(), 1);
+    let e = &pm.spec.pod_metrics_endpoints[0];
+    assert_eq!(port_named(c, &e.port), i32::from(bound.port()));
+    assert_sets_component("PodMonitor", e);
+}
+
+/// The ServiceMonitor reaches each collector's metrics port once: of the
+/// Services it selects, one has the endpoint's port, and it targets the
+/// port the collector serves /metrics on.
+#[test]
+fn service_monitor_scrapes_each_collector_once() {
+    let sm: operator::ServiceMonitor = monitoring_one("ServiceMonitor");
+    assert_eq!(sm.spec.endpoints.len(), 1);
+    let e = &sm.spec.endpoints[0];
+    assert_sets_component("ServiceMonitor", e);
+    let pod = collector_pod();
+    let c = only_container(pod_spec(&pod));
+    let cfg: CollectorConfig = load_pod_config(pod_spec(&pod));
+    let with_port: Vec<Service> = objects::<Service>("Service")
+        .into_iter()
+        .filter(|s| {
+            selects(
+                &sm.spec.selector,
+                &s.metadata.labels.clone().unwrap_or_default(),
+            )
+        })
+        .filter(|s| {
             s.spec
                 .iter()
                 .flat_map(|s| s.ports.iter().flatten())
-                .any(|p| p.port == port),
-            "{url}: Service `{svc}` has no port {port}"
-        );
+                .any(|p| p.name.as_deref() == Some(e.port.as_str()))
+        })
+        .collect();
+    assert_eq!(
+        with_port.len(),
+        1,
+        "scraped through {} Services",
+        with_port.len()
+    );
+    let spec = with_port[0].spec.as_ref().expect("spec");
+    assert_eq!(
+        spec.cluster_ip.as_deref(),
+        Some("None"),
+        "every replica, not one of them"
+    );
+    let sel = spec.selector.clone().unwrap_or_default();
+    assert!(sel.iter().all(|(k, v)| labels(&pod).get(k) == Some(v)));
+    let p = spec
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some(e.port.as_str()))
+        .expect("port");
+    let target = match p.target_port.clone().unwrap_or(IntOrString::Int(p.port)) {
+        IntOrString::Int(n) => n,
+        IntOrString::String(name) => port_named(c, &name),
+    };
+    assert_eq!(target, i32::from(cfg.metrics_listen.port()));
+}
+
+/// The alerting rules (deploy/prometheus/flopwatch-rules.yml, the same
+/// groups as the PrometheusRule) name only metrics flopwatch exports, and
+/// each has a severity and a summary.
+#[test]
+fn alerting_rules_use_exported_metrics() {
+    let rule: operator::PrometheusRule = monitoring_one("PrometheusRule");
+    let exprs: Vec<String> = rule
+        .spec
+        .groups
+        .iter()
+        .flat_map(|g| g.rules.iter())
+        .map(|r| {
+            let name = r.alert.as_deref().unwrap_or("?");
+            let labels = r.labels.clone().unwrap_or_default();
+            assert!(
+                ["critical", "warning", "info"]
+                    .contains(&labels.get("severity").map(String::as_str).unwrap_or("")),
+                "{name}: severity"
+            );
+            assert!(
+                r.annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key("summary")),
+                "{name}: summary"
+            );
+            r.expr.clone()
+        })
+        .collect();
+    let as_dashboard = serde_json::json!({
+        "panels": [{ "targets": exprs.iter().map(|e| serde_json::json!({ "expr": e })).collect::<Vec<_>>() }]
+    });
+    let used = dashboard_metric_names(&as_dashboard);
+    let exported: BTreeSet<String> = EXPORTED_METRICS.iter().map(|s| s.to_string()).collect();
+    let unknown: Vec<&String> = used.difference(&exported).collect();
+    assert!(unknown.is_empty(), "not exported: {unknown:?}");
+    for needed in [
+        "flopwatch_regressions_total",
+        "flopwatch_stragglers_total",
+        "flopwatch_mfu_mismatches_total",
+        "flopwatch_gpu_xid_errors_total",
+        "flopwatch_gpu_last_sample_timestamp_seconds",
+        "flopwatch_agent_backlog_bytes",
+    ] {
+        assert!(used.contains(needed), "no alert on {needed}");
     }
 }
 

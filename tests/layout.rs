@@ -44,7 +44,10 @@ fn modules(src: &Path) -> BTreeMap<String, String> {
                     .components()
                     .map(|c| c.as_os_str().to_string_lossy().into_owned())
                     .collect();
-                if matches!(parts.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+                if matches!(
+                    parts.last().map(String::as_str),
+                    Some("mod" | "lib" | "main")
+                ) {
                     parts.pop();
                 }
                 let text = std::fs::read_to_string(&p).expect("read source");
@@ -59,7 +62,9 @@ fn modules(src: &Path) -> BTreeMap<String, String> {
             let lines: Vec<&str> = text.lines().map(str::trim).collect();
             lines
                 .windows(2)
-                .filter(|w| w[0] == "#[cfg(test)]" && w[1].starts_with("mod ") && w[1].ends_with(';'))
+                .filter(|w| {
+                    w[0] == "#[cfg(test)]" && w[1].starts_with("mod ") && w[1].ends_with(';')
+                })
                 .map(|w| {
                     let name = w[1].trim_start_matches("mod ").trim_end_matches(';');
                     if m.is_empty() {
@@ -71,7 +76,11 @@ fn modules(src: &Path) -> BTreeMap<String, String> {
                 .collect::<Vec<_>>()
         })
         .collect();
-    out.retain(|m, _| !test_only.iter().any(|t| m == t || m.starts_with(&format!("{t}::"))));
+    out.retain(|m, _| {
+        !test_only
+            .iter()
+            .any(|t| m == t || m.starts_with(&format!("{t}::")))
+    });
     for text in out.values_mut() {
         *text = code_only(text);
     }
@@ -198,8 +207,7 @@ fn cycles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
         }
         seen
     };
-    let reachable: BTreeMap<&String, BTreeSet<String>> =
-        g.keys().map(|k| (k, reach(k))).collect();
+    let reachable: BTreeMap<&String, BTreeSet<String>> = g.keys().map(|k| (k, reach(k))).collect();
     let mut done = BTreeSet::new();
     let mut out = Vec::new();
     for a in g.keys() {
@@ -223,7 +231,10 @@ fn no_crate_has_an_import_cycle() {
     for krate in CRATES {
         let src = root().join(krate).join("src");
         let mods = modules(&src);
-        assert!(mods.len() > 1 || krate == "agent/fake-nvml", "{krate}: no modules found");
+        assert!(
+            mods.len() > 1 || krate == "agent/fake-nvml",
+            "{krate}: no modules found"
+        );
         for c in cycles(&graph(&mods)) {
             found.push(format!("{krate}: {}", c.join(" ↔ ")));
         }
@@ -247,11 +258,17 @@ fn the_checker_finds_cycles_and_ignores_comments_and_tests() {
         ("b", "use super::a::Other;"),
         ("c", "fn f() {}"),
     ]);
-    assert_eq!(cycles(&graph(&cyclic)), vec![vec!["a".to_string(), "b".to_string()]]);
+    assert_eq!(
+        cycles(&graph(&cyclic)),
+        vec![vec!["a".to_string(), "b".to_string()]]
+    );
     let fine = mods(&[
         ("", "mod a; mod b;"),
         ("a", "use crate::b::Thing; // see crate::c"),
-        ("b", "/// [`crate::a`]\nfn g() {}\n#[cfg(test)]\nmod tests { use crate::a::X; }"),
+        (
+            "b",
+            "/// [`crate::a`]\nfn g() {}\n#[cfg(test)]\nmod tests { use crate::a::X; }",
+        ),
         ("c", "fn f() {}"),
     ]);
     assert!(cycles(&graph(&fine)).is_empty());

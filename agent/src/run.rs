@@ -106,6 +106,8 @@ pub struct Agent {
     pub state: watch::Receiver<ClientState>,
     /// Job attribution counters.
     pub attribution: Arc<AttributionStats>,
+    /// The sampling loop's progress, for `/healthz` and `/readyz`.
+    pub health: Arc<crate::health::Health>,
     shutdown: watch::Sender<bool>,
     sampling: tokio::task::JoinHandle<()>,
     client: tokio::task::JoinHandle<()>,
@@ -187,6 +189,7 @@ impl Agent {
         let attribution = Attribution::new(attribution, opts.job.clone());
         let attribution_stats = attribution.stats();
         let stats = Arc::new(AgentStats::default());
+        let health = Arc::new(crate::health::Health::default());
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (state_tx, state) = watch::channel(ClientState::default());
         let hello = Hello {
@@ -222,6 +225,7 @@ impl Agent {
             clock,
             outbox.clone(),
             stats.clone(),
+            health.clone(),
             shutdown_rx,
             state.clone(),
         ));
@@ -230,6 +234,7 @@ impl Agent {
             stats,
             state,
             attribution: attribution_stats,
+            health,
             shutdown,
             sampling,
             client,
@@ -326,6 +331,7 @@ async fn sample_loop(
     clock: Arc<dyn Clock>,
     outbox: Arc<Outbox>,
     stats: Arc<AgentStats>,
+    health: Arc<crate::health::Health>,
     mut shutdown: watch::Receiver<bool>,
     state: watch::Receiver<ClientState>,
 ) {
@@ -358,6 +364,7 @@ async fn sample_loop(
     let mut source = Some(source);
     let mut mfu = Some(mfu);
     loop {
+        health.pace(sampler.next_delay());
         next += sampler.next_delay();
         let now_instant = tokio::time::Instant::now();
         if next < now_instant {
@@ -378,6 +385,8 @@ async fn sample_loop(
                     break;
                 }
             };
+            // Returned, read or failed: the loop is not stuck in the driver.
+            health.progressed(r.is_ok());
             m.push(s.mfu_reports(at));
             match r {
                 Ok(mut capture) => {

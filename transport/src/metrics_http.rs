@@ -2,7 +2,9 @@
 //! [`prometheus_client`] registry rendered on each scrape, in the
 //! OpenMetrics text format when the scraper asks for it (Prometheus does)
 //! and in the Prometheus text format 0.0.4 otherwise (curl, promtool, older
-//! scrapers), as client_golang negotiates.
+//! scrapers), as client_golang negotiates. A process with [`Probes`] also
+//! answers `/healthz` (liveness) and `/readyz` (readiness) there: 200 `ok`,
+//! or 503 with the reason.
 
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
@@ -66,13 +68,49 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
+/// Where [`Probes::live`] is served.
+pub const LIVENESS_PATH: &str = "/healthz";
+
+/// Where [`Probes::ready`] is served.
+pub const READINESS_PATH: &str = "/readyz";
+
+/// Liveness and readiness of the process serving `/metrics`.
+pub trait Probes: Send + Sync + 'static {
+    /// `Err(why)` when the process is stuck and should be restarted.
+    fn live(&self) -> Result<(), String>;
+    /// `Err(why)` while the process cannot do its work yet.
+    fn ready(&self) -> Result<(), String>;
+}
+
+/// 200 `ok`, or 503 with the reason.
+fn probe_answer(r: Result<(), String>) -> axum::response::Response {
+    match r {
+        Ok(()) => "ok\n".into_response(),
+        Err(why) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            format!("{why}\n"),
+        )
+            .into_response(),
+    }
+}
+
 /// Serves `GET /metrics` on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = axum::Router::new()
+    serve_with_probes(listener, registry, None, shutdown).await
+}
+
+/// [`serve`], and `GET /healthz` and `/readyz` answered by `probes`.
+pub async fn serve_with_probes(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    probes: Option<Arc<dyn Probes>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let mut app = axum::Router::new()
         .route(
             "/metrics",
             get(move |headers: axum::http::HeaderMap| {
@@ -98,6 +136,18 @@ pub async fn serve(
             "/",
             get(|| async { "flopwatch: see /metrics\n".into_response() }),
         );
+    if let Some(p) = probes {
+        let r = p.clone();
+        app = app
+            .route(
+                LIVENESS_PATH,
+                get(move || async move { probe_answer(p.live()) }),
+            )
+            .route(
+                READINESS_PATH,
+                get(move || async move { probe_answer(r.ready()) }),
+            );
+    }
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

@@ -19,6 +19,10 @@
 //! `cpu_report=PATH` makes the library write, at most once a second, the
 //! CPU time its own calls have taken so far (nanoseconds, one line) to PATH:
 //! what the simulated hardware costs the process that loads it.
+//!
+//! `hang_after=N` makes every device query after the first `N` block, as a
+//! wedged driver does, until the fake is configured again without it (the
+//! `hang` module): what the agent's liveness check must catch.
 
 /// Name of the environment variable read at `nvmlInit`.
 pub const ENV_VAR: &str = "FLOPWATCH_FAKE_NVML";
@@ -70,6 +74,9 @@ pub struct FakeConfig {
     /// cost, so that a benchmark can tell the agent's share apart (the
     /// `cpu` module).
     pub cpu_report: Option<std::path::PathBuf>,
+    /// Device queries answered before every later one blocks
+    /// (`hang_after`, default none: never).
+    pub hang_after: Option<u64>,
 }
 
 /// NVLink links an NVML device exposes (`NVML_NVLINK_MAX_LINKS`).
@@ -118,6 +125,7 @@ impl Default for FakeConfig {
             nvlink_replays: 0,
             schedule: None,
             cpu_report: None,
+            hang_after: None,
         }
     }
 }
@@ -129,7 +137,7 @@ pub enum ConfigError {
     #[error("`{0}` is not key=value")]
     NotAPair(String),
     /// A key the fake does not know.
-    #[error("unknown key `{0}` (known: gpus, nodes, node, seed, start_ms, regress_after_ms, gpm, driver, ring, events, mig, xid, nvlinks, nvlink_replays, schedule)")]
+    #[error("unknown key `{0}` (known: gpus, nodes, node, seed, start_ms, regress_after_ms, gpm, driver, ring, events, mig, xid, nvlinks, nvlink_replays, schedule, cpu_report, hang_after)")]
     UnknownKey(String),
     /// A value that does not parse or is out of range.
     #[error("bad value for `{key}`: `{value}` ({why})")]
@@ -194,6 +202,9 @@ impl FakeConfig {
                 "schedule" => return Err(bad("empty path")),
                 "cpu_report" if !value.is_empty() => c.cpu_report = Some(value.into()),
                 "cpu_report" => return Err(bad("empty path")),
+                "hang_after" => {
+                    c.hang_after = Some(value.parse().map_err(|_| bad("not an unsigned integer"))?)
+                }
                 _ => return Err(ConfigError::UnknownKey(key.to_string())),
             }
         }
@@ -222,7 +233,7 @@ mod tests {
     #[test]
     fn parses_every_key_and_defaults_the_rest() {
         let c = FakeConfig::parse(
-            " gpus=4, nodes=2,node=1,seed=3,start_ms=-5,gpm=0,driver=535.1,ring=7,nvlinks=12,nvlink_replays=3,schedule=/tmp/load.txt,cpu_report=/tmp/cpu ",
+            " gpus=4, nodes=2,node=1,seed=3,start_ms=-5,gpm=0,driver=535.1,ring=7,nvlinks=12,nvlink_replays=3,schedule=/tmp/load.txt,cpu_report=/tmp/cpu,hang_after=7 ",
         )
         .unwrap();
         assert_eq!(
@@ -240,6 +251,7 @@ mod tests {
                 nvlink_replays: 3,
                 schedule: Some("/tmp/load.txt".into()),
                 cpu_report: Some("/tmp/cpu".into()),
+                hang_after: Some(7),
                 ..FakeConfig::default()
             }
         );
@@ -299,6 +311,10 @@ mod tests {
         ));
         assert!(matches!(
             FakeConfig::parse("schedule="),
+            Err(ConfigError::BadValue { .. })
+        ));
+        assert!(matches!(
+            FakeConfig::parse("hang_after=-1"),
             Err(ConfigError::BadValue { .. })
         ));
         assert!(matches!(

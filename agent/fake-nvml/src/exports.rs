@@ -35,6 +35,8 @@ fn on_device<R>(
     device: sys::nvmlDevice_t,
     f: impl FnOnce(&mut Fake, usize, i64) -> Result<R, Ret>,
 ) -> Result<R, Ret> {
+    // A wedged driver blocks here, holding no lock (`hang_after`).
+    crate::hang::pass();
     let now = state::now_ms();
     state::with(|fake| {
         let gpu = fake.gpu(device.addr())?;

@@ -43,7 +43,10 @@
 //!   last 20 ms in KiB/s; `nvmlDeviceGetNvLinkState` has links
 //!   `0..nvlinks` (default 18) active; `nvmlDeviceGetNvLinkErrorCounter`
 //!   counts `nvlink_replays` replays per active link and nothing else;
-//!   `nvmlDeviceGetPcieReplayCounter` is 0.
+//!   `nvmlDeviceGetPcieReplayCounter` is 0;
+//! * `hang_after=N`: after `N` device queries every further one blocks, as
+//!   a wedged driver's would, until the fake is configured again (the
+//!   `hang` module).
 //!
 //! Configuration comes from `FLOPWATCH_FAKE_NVML` at init
 //! ([`config::FakeConfig`]) or, in tests, from the exported
@@ -62,6 +65,7 @@ pub mod config;
 pub mod control;
 pub mod cpu;
 mod exports;
+mod hang;
 mod schedule;
 mod state;
 

@@ -78,7 +78,10 @@ pub(crate) fn init() -> Ret {
     if guard.is_none() {
         let spec = std::env::var(ENV_VAR).unwrap_or_default();
         match FakeConfig::parse(&spec) {
-            Ok(config) => *guard = Some(Fake::new(config, now_ms())),
+            Ok(config) => {
+                crate::hang::arm(config.hang_after);
+                *guard = Some(Fake::new(config, now_ms()));
+            }
             Err(e) => {
                 eprintln!("fake libnvidia-ml: {ENV_VAR}={spec:?}: {e}");
                 return sys::nvmlReturn_enum_NVML_ERROR_UNKNOWN;
@@ -104,6 +107,8 @@ pub(crate) fn shutdown() -> Ret {
 /// contents so no window spans two configurations).
 pub(crate) fn configure(spec: &str) -> Result<(), ConfigError> {
     let config = FakeConfig::parse(spec)?;
+    // Before the state lock: a call blocked in the gate holds no lock.
+    crate::hang::arm(config.hang_after);
     let mut guard = lock();
     let mut fake = Fake::new(config, now_ms());
     if let Some(old) = guard.take() {
