@@ -19,7 +19,7 @@ mod specs;
 
 pub use agent::{AgentConfig, HostSettings, NvmlSettings, SimSettings, SourceKind, SpoolConfig};
 pub use collector::{
-    resolution_decimals, AgentToken, AnalysisConfig, ClusterConfig, CollectorConfig, PolicyConfig,
+    resolution_decimals, AgentToken, AnalysisConfig, ClusterConfig, ExporterConfig, CollectorConfig, PolicyConfig,
     QueryToken, RemoteWriteConfig, StorageConfig, TenantConfig, TenantRetention,
 };
 pub use error::ConfigError;
