@@ -75,6 +75,13 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
             None
         }
     };
+    let metrics_tls = match &cfg.exporter.tls {
+        Some(t) => Some(
+            flopwatch_collector::tls::metrics_config(t, &base)
+                .with_context(|| args.config.display().to_string())?,
+        ),
+        None => None,
+    };
     let peer_tls = flopwatch_transport::channel::TlsClient::load(&cfg.peer_tls, &base, "peer_tls")
         .with_context(|| args.config.display().to_string())?;
     let collector = server::open(
@@ -114,6 +121,7 @@ pub async fn run(args: CollectorArgs) -> anyhow::Result<()> {
             peers,
             peer_tls,
             health,
+            metrics_tls,
         },
         shutdown_signal(),
     )

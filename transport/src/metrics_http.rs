@@ -106,7 +106,10 @@ pub fn bearer(headers: &axum::http::HeaderMap) -> Option<String> {
     let t = v
         .to_str()
         .ok()
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
         .map(str::trim)
         .unwrap_or("");
     Some(t.to_string())
@@ -117,7 +120,7 @@ pub fn bearer(headers: &axum::http::HeaderMap) -> Option<String> {
 /// bearer token.
 pub async fn serve_with(
     listener: TcpListener,
-    tls: Option<Arc<ServerConfig>>,
+    tls: Option<MetricsTls>,
     page: Arc<PageFn>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -170,6 +173,9 @@ pub async fn serve_with(
     }
 }
 
+/// TLS of a `/metrics` listener.
+pub type MetricsTls = Arc<ServerConfig>;
+
 /// Longest a TLS handshake on the metrics port may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -179,7 +185,7 @@ const HANDSHAKES_QUEUED: usize = 64;
 
 /// The server side of TLS for `/metrics` from PEM files (as read by
 /// [`crate::channel::read_certs`] and [`crate::channel::read_key`]).
-pub fn tls_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<ServerConfig>, String> {
+pub fn tls_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<MetricsTls, String> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<_, _>>()
         .map_err(|e| format!("not PEM certificates: {e}"))?;

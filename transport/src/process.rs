@@ -200,9 +200,15 @@ mod tests {
     fn malformed_proc_files_give_none_not_a_panic() {
         assert_eq!(parse_stat("", ""), None);
         assert_eq!(parse_stat("1 (x) S 1 2", "btime 5\n"), None);
-        assert_eq!(parse_stat("1 (x) S 1 2 3 4 5 6 7 8 9 a b", "btime 5\n"), None);
+        assert_eq!(
+            parse_stat("1 (x) S 1 2 3 4 5 6 7 8 9 a b", "btime 5\n"),
+            None
+        );
         assert_eq!(status_kib("VmRSS:\n", "VmRSS:"), None);
-        assert_eq!(max_open_files("Max open files unlimited unlimited files"), None);
+        assert_eq!(
+            max_open_files("Max open files unlimited unlimited files"),
+            None
+        );
     }
 
     #[test]
