@@ -1218,7 +1218,12 @@ fn prometheus_kubernetes_jobs_keep_exactly_the_flopwatch_metrics_ports() {
     let v = prometheus("prometheus.yml");
     for job in scrape_configs(&v) {
         let collector = job["job_name"] == "flopwatch-collector";
-        assert_eq!(!job["authorization"].is_null(), collector, "{}", job["job_name"]);
+        assert_eq!(
+            !job["authorization"].is_null(),
+            collector,
+            "{}",
+            job["job_name"]
+        );
     }
 }
 
@@ -1231,7 +1236,12 @@ fn network_policies_open_metrics_to_monitoring_and_grpc_to_agents() {
     let component = |c: &str| -> PodTemplateSpec {
         templates
             .iter()
-            .find(|(_, t)| labels(t).get("app.kubernetes.io/component").map(String::as_str) == Some(c))
+            .find(|(_, t)| {
+                labels(t)
+                    .get("app.kubernetes.io/component")
+                    .map(String::as_str)
+                    == Some(c)
+            })
             .unwrap_or_else(|| panic!("no {c} pods"))
             .1
             .clone()
@@ -1258,7 +1268,10 @@ fn network_policies_open_metrics_to_monitoring_and_grpc_to_agents() {
             .collect();
         assert_eq!(mine.len(), 1, "{c}: one policy selects its pods");
         let spec = mine[0].spec.as_ref().unwrap();
-        assert_eq!(spec.policy_types.as_deref(), Some(&["Ingress".to_string()][..]));
+        assert_eq!(
+            spec.policy_types.as_deref(),
+            Some(&["Ingress".to_string()][..])
+        );
         let container = only_container(pod_spec(&pods));
         let mut metrics_rules = 0;
         for rule in spec.ingress.iter().flatten() {
@@ -1271,7 +1284,10 @@ fn network_policies_open_metrics_to_monitoring_and_grpc_to_agents() {
                     other => panic!("{c}: ports by name, not {other:?}"),
                 })
                 .collect();
-            assert!(!ports.is_empty(), "{c}: a rule without ports opens every port");
+            assert!(
+                !ports.is_empty(),
+                "{c}: a rule without ports opens every port"
+            );
             for port in &ports {
                 port_named(container, port);
             }
@@ -1282,7 +1298,10 @@ fn network_policies_open_metrics_to_monitoring_and_grpc_to_agents() {
                 let ns = from[0].namespace_selector.as_ref().expect("a namespace");
                 assert!(from[0].pod_selector.is_none());
                 assert_eq!(
-                    ns.match_labels.as_ref().unwrap().get("kubernetes.io/metadata.name"),
+                    ns.match_labels
+                        .as_ref()
+                        .unwrap()
+                        .get("kubernetes.io/metadata.name"),
                     Some(&"monitoring".to_string())
                 );
             }

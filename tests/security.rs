@@ -635,8 +635,41 @@ async fn metrics_page_shows_each_token_only_its_tenants_series() {
     let env = Env::start(dir.path(), false).await;
     seed(&env).await;
     let ts = &env.tenants;
+    // An XID error on tenant-alpha's GPU: counted on its GPU's series.
+    let alpha = &ts[0];
+    let (mut a, _) = RawAgent::open(
+        env.good_channel().await,
+        Some(alpha.agent_token.as_str()),
+        raw::hello(&alpha.node, &alpha.host, &alpha.gpu),
+    )
+    .await
+    .unwrap();
+    let mut batch = raw::batch(
+        2,
+        &alpha.gpu,
+        SystemClock.now_ms() - 2000,
+        5,
+        0.5,
+        alpha.power,
+        Some(&alpha.job),
+    );
+    batch.events.push(v1::Event {
+        gpu_uuid: alpha.gpu.clone(),
+        kind: "xid".into(),
+        timestamp_ms: SystemClock.now_ms() - 1000,
+        code: 79,
+        detail: "GPU has fallen off the bus".into(),
+    });
+    let reply = a.call(batch).await.unwrap();
+    assert!(matches!(reply, collector_message::Msg::Ack(_)), "{reply:?}");
     for me in ts {
         let (status, page) = scrape(&env, &Header::Bearer(me.query_token.clone())).await;
+        let xid = page
+            .lines()
+            .find(|l| l.starts_with("flopwatch_gpu_xid_errors_total{"))
+            .unwrap_or_else(|| panic!("{page}"));
+        let want = if me.name == alpha.name { 1 } else { 0 };
+        assert!(xid.ends_with(&format!(" {want}")), "{}: {xid}", me.name);
         assert_eq!(status, 200, "{page}");
         let own = page
             .lines()

@@ -188,6 +188,25 @@ mod tests {
         assert_eq!(names.len(), 2 * CATALOG.len());
     }
 
+    #[test]
+    fn counters_md_lists_every_family() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/COUNTERS.md"),
+        )
+        .unwrap();
+        for def in CATALOG {
+            let named = [On::Gpu, On::Device]
+                .iter()
+                .filter_map(|on| family(def, *on))
+                .any(|f| doc.contains(&format!("`{}`", f.sample_name())));
+            assert!(
+                named,
+                "docs/COUNTERS.md does not name {}'s family",
+                def.name
+            );
+        }
+    }
+
     /// Per-GPU families the exporter writes besides the catalog's.
     const FIXED: &[&str] = &[
         "flopwatch_gpu_last_sample_timestamp_seconds",
