@@ -118,20 +118,19 @@ async fn moe_all_to_all_bursts_show_in_the_infiniband_series() {
     let line = text
         .lines()
         .find(|l| {
-            l.starts_with("flopwatch_device_metric{")
+            l.starts_with("flopwatch_device_ib_rx_bytes_per_second{")
                 && l.contains("device=\"mlx5_3:1\"")
                 && l.contains("node=\"sim-node-00\"")
-                && l.contains("metric=\"ib_rx_bytes_s\"")
         })
         .unwrap_or_else(|| panic!("{text}"));
     assert!(line.contains("kind=\"ib_port\""), "{line}");
     assert!(text
         .lines()
-        .any(|l| l.starts_with("flopwatch_device_metric{") && l.contains("kind=\"numa_node\"")));
+        .any(|l| l.starts_with("flopwatch_device_") && l.contains("kind=\"numa_node\"")));
     // No device shows up as a GPU.
     assert!(!text
         .lines()
-        .any(|l| l.starts_with("flopwatch_gpu_metric{") && l.contains("ib:")));
+        .any(|l| l.starts_with("flopwatch_gpu_") && l.contains("ib:")));
     collector.stop().await;
 
     // Devices are kept with their node's record: after a restart, with no

@@ -22,6 +22,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Container, Namespace, PodSpec, PodTemplateSpec, Secret, Service, ServiceAccount,
     Volume,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::de::DeserializeOwned;
@@ -33,12 +34,15 @@ use std::path::{Path, PathBuf};
 
 /// Every metric the collector and the agent export on `/metrics`.
 const EXPORTED_METRICS: &[&str] = &[
-    "flopwatch_ofu",
-    "flopwatch_tensor_active",
-    "flopwatch_sm_clock_mhz",
-    "flopwatch_node_ofu",
-    "flopwatch_job_ofu",
-    "flopwatch_gpu_metric",
+    "flopwatch_ofu_ratio",
+    "flopwatch_ofu_tensor_active_ratio",
+    "flopwatch_ofu_sm_clock_hertz",
+    "flopwatch_node_ofu_ratio",
+    "flopwatch_job_ofu_ratio",
+    "flopwatch_gpu_power_watts",
+    "flopwatch_gpu_last_sample_timestamp_seconds",
+    "flopwatch_gpu_xid_errors_total",
+    "flopwatch_build_info",
     "flopwatch_ingest_samples_total",
     "flopwatch_ingest_batches_total",
     "flopwatch_ingest_rejected_samples_total",
@@ -173,6 +177,7 @@ fn typed_round_trip(doc: &Doc) -> Result<Value, String> {
         "PodMonitor" => round_trip::<operator::PodMonitor>(&doc.value),
         "ServiceMonitor" => round_trip::<operator::ServiceMonitor>(&doc.value),
         "PrometheusRule" => round_trip::<operator::PrometheusRule>(&doc.value),
+        "NetworkPolicy" => round_trip::<NetworkPolicy>(&doc.value),
         other => Err(format!("unknown kind `{other}`")),
     }
 }
@@ -251,6 +256,7 @@ fn every_manifest_is_a_known_kind_and_round_trips_without_losing_keys() {
         "StatefulSet",
         "DaemonSet",
         "PodDisruptionBudget",
+        "NetworkPolicy",
     ] {
         assert!(kinds.contains(kind), "no {kind} in deploy/k8s");
     }
@@ -1453,17 +1459,18 @@ fn the_job_variable_filters_every_panel_with_job_labels() {
     // Panels' queries, not the variables' own.
     for q in queries.iter().filter(|q| !q.starts_with("label_values(")) {
         let names = [
-            "flopwatch_ofu{",
-            "flopwatch_tensor_active{",
-            "flopwatch_sm_clock_mhz{",
-            "flopwatch_job_ofu{",
+            "flopwatch_ofu_ratio{",
+            "flopwatch_ofu_tensor_active_ratio{",
+            "flopwatch_ofu_sm_clock_hertz{",
+            "flopwatch_job_ofu_ratio{",
+            "flopwatch_gpu_",
         ];
         if names.iter().any(|n| q.contains(n)) {
             assert!(q.contains("job_id=~\"$job\""), "not filtered by $job: {q}");
             filtered += 1;
         }
     }
-    assert!(filtered >= 5, "{filtered} panels");
+    assert!(filtered >= 8, "{filtered} panels");
 }
 
 #[test]
@@ -1473,9 +1480,11 @@ fn dashboard_uses_only_exported_metrics() {
     let unknown: Vec<&String> = used.difference(&exported).collect();
     assert!(unknown.is_empty(), "not exported: {unknown:?}");
     for needed in [
-        "flopwatch_ofu",
-        "flopwatch_job_ofu",
-        "flopwatch_node_ofu",
+        "flopwatch_ofu_ratio",
+        "flopwatch_job_ofu_ratio",
+        "flopwatch_node_ofu_ratio",
+        "flopwatch_gpu_last_sample_timestamp_seconds",
+        "flopwatch_gpu_xid_errors_total",
         "flopwatch_regressions_total",
         "flopwatch_stragglers_total",
         "flopwatch_ingest_samples_total",
@@ -1600,11 +1609,10 @@ fn prometheus_scrapes_the_collector_and_agent_metrics_ports() {
 }
 
 #[test]
-fn prometheus_kubernetes_job_keeps_exactly_the_flopwatch_metrics_ports() {
+fn prometheus_kubernetes_jobs_keep_exactly_the_flopwatch_metrics_ports() {
     let v = prometheus("prometheus-kubernetes.yml");
-    let job = &scrape_configs(&v)[0];
-    assert_eq!(job["kubernetes_sd_configs"][0]["role"], "pod");
-    let keep = |label: &str| -> String {
+    // Each job: the rule keeping `label` and its regex.
+    let keep = |job: &Value, label: &str| -> String {
         job["relabel_configs"]
             .as_array()
             .expect("relabel_configs")
@@ -1614,15 +1622,141 @@ fn prometheus_kubernetes_job_keeps_exactly_the_flopwatch_metrics_ports() {
             .unwrap_or_else(|| panic!("no keep on {label}"))
             .to_string()
     };
-    let app = keep("__meta_kubernetes_pod_label_app_kubernetes_io_name");
-    let port = keep("__meta_kubernetes_pod_container_port_name");
-    for (workload, t) in pod_templates() {
+    let mut scraped = BTreeSet::new();
+    for job in scrape_configs(&v) {
+        assert_eq!(job["kubernetes_sd_configs"][0]["role"], "pod");
+        let app = keep(job, "__meta_kubernetes_pod_label_app_kubernetes_io_name");
+        let port = keep(job, "__meta_kubernetes_pod_container_port_name");
+        let component = keep(job, "component");
+        // Only the collectors' job presents a token: the provider token
+        // must never reach an agent on a tenant's node.
+        let token = !job["authorization"].is_null();
+        assert_eq!(token, component == "collector", "{}", job["job_name"]);
+        if token {
+            assert_eq!(job["authorization"]["type"], "Bearer");
+            assert!(job["authorization"]["credentials_file"].is_string());
+        }
+        for (workload, t) in pod_templates() {
+            let l = labels(&t);
+            if l.get("app.kubernetes.io/component") != Some(&component) {
+                continue;
+            }
+            assert_eq!(l.get("app.kubernetes.io/name"), Some(&app), "{workload}");
+            port_named(only_container(pod_spec(&t)), &port);
+            scraped.insert(workload);
+        }
+    }
+    assert_eq!(scraped.len(), pod_templates().len(), "{scraped:?}");
+    // On hosts too, only the collector's job carries the token.
+    let v = prometheus("prometheus.yml");
+    for job in scrape_configs(&v) {
+        let collector = job["job_name"] == "flopwatch-collector";
         assert_eq!(
-            labels(&t).get("app.kubernetes.io/name"),
-            Some(&app),
-            "{workload}"
+            !job["authorization"].is_null(),
+            collector,
+            "{}",
+            job["job_name"]
         );
-        port_named(only_container(pod_spec(&t)), &port);
+    }
+}
+
+/// The NetworkPolicies: a collector's gRPC port from agents and collectors
+/// only, its metrics port and the agents' from the monitoring namespace
+/// only, and every port they name exists on the pods they select.
+#[test]
+fn network_policies_open_metrics_to_monitoring_and_grpc_to_agents() {
+    let templates = pod_templates();
+    let component = |c: &str| -> PodTemplateSpec {
+        templates
+            .iter()
+            .find(|(_, t)| {
+                labels(t)
+                    .get("app.kubernetes.io/component")
+                    .map(String::as_str)
+                    == Some(c)
+            })
+            .unwrap_or_else(|| panic!("no {c} pods"))
+            .1
+            .clone()
+    };
+    let selects = |sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+                   t: &PodTemplateSpec| {
+        let l = labels(t);
+        sel.match_expressions.is_none()
+            && sel
+                .match_labels
+                .iter()
+                .flatten()
+                .all(|(k, v)| l.get(k) == Some(v))
+    };
+    let policies = objects::<NetworkPolicy>("NetworkPolicy");
+    for c in ["collector", "agent"] {
+        let pods = component(c);
+        let mine: Vec<&NetworkPolicy> = policies
+            .iter()
+            .filter(|p| {
+                let sel = p.spec.as_ref().and_then(|s| s.pod_selector.as_ref());
+                sel.is_some_and(|sel| selects(sel, &pods))
+            })
+            .collect();
+        assert_eq!(mine.len(), 1, "{c}: one policy selects its pods");
+        let spec = mine[0].spec.as_ref().unwrap();
+        assert_eq!(
+            spec.policy_types.as_deref(),
+            Some(&["Ingress".to_string()][..])
+        );
+        let container = only_container(pod_spec(&pods));
+        let mut metrics_rules = 0;
+        for rule in spec.ingress.iter().flatten() {
+            let ports: Vec<String> = rule
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| match &p.port {
+                    Some(IntOrString::String(s)) => s.clone(),
+                    other => panic!("{c}: ports by name, not {other:?}"),
+                })
+                .collect();
+            assert!(
+                !ports.is_empty(),
+                "{c}: a rule without ports opens every port"
+            );
+            for port in &ports {
+                port_named(container, port);
+            }
+            let from = rule.from.as_deref().unwrap_or_default();
+            if ports.contains(&"metrics".to_string()) {
+                metrics_rules += 1;
+                assert_eq!(from.len(), 1, "{c}: metrics from one peer");
+                let ns = from[0].namespace_selector.as_ref().expect("a namespace");
+                assert!(from[0].pod_selector.is_none());
+                assert_eq!(
+                    ns.match_labels
+                        .as_ref()
+                        .unwrap()
+                        .get("kubernetes.io/metadata.name"),
+                    Some(&"monitoring".to_string())
+                );
+            }
+            if ports.contains(&"grpc".to_string()) {
+                // Pods of this namespace only: agents and collectors.
+                let agent = component("agent");
+                assert!(!from.is_empty());
+                for peer in from {
+                    assert!(peer.namespace_selector.is_none() && peer.ip_block.is_none());
+                    let sel = peer.pod_selector.as_ref().expect("a pod selector");
+                    assert!(selects(sel, &agent) || selects(sel, &pods), "{sel:?}");
+                }
+                assert!(from
+                    .iter()
+                    .any(|p| selects(p.pod_selector.as_ref().unwrap(), &agent)));
+            }
+            if from.is_empty() {
+                // Open to all: only the probe-only health port.
+                assert_eq!(ports, ["health"], "{c}");
+            }
+        }
+        assert_eq!(metrics_rules, 1, "{c}");
     }
 }
 

@@ -11,7 +11,7 @@ use flopwatch_agent::SpoolOptions;
 use flopwatch_agent::TokioClock;
 use flopwatch_agent::{AgentOptions, DeliveryOptions};
 use flopwatch_collector::Auth;
-use flopwatch_config::{CollectorConfig, RemoteWriteConfig, SamplingConfig};
+use flopwatch_config::{CollectorConfig, ExporterConfig, RemoteWriteConfig, SamplingConfig};
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::model::NodeIdentity;
 use flopwatch_proto::v1::ofu_request;
@@ -156,6 +156,10 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
             interval: Duration::from_millis(500),
             ..Default::default()
         }),
+        exporter: ExporterConfig {
+            dcgm_compat: true,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let collector = TestCollector::start_config(&cfg, Auth::anonymous("default"), Vec::new()).await;
@@ -236,9 +240,9 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
     let checks = [
         "up{job=\"flopwatch-collector\"} == 1",
         "up{job=\"flopwatch-agent\"} == 1",
-        "flopwatch_ofu{instance!=\"\"}",
+        "flopwatch_ofu_ratio{instance!=\"\"}",
         "flopwatch_agent_sample_interval_seconds",
-        "flopwatch_ofu{instance=\"\"}",
+        "flopwatch_ofu_ratio{instance=\"\"}",
     ];
     loop {
         let mut ok = true;
@@ -269,7 +273,7 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
     let rw = query(
         &http,
         &prom,
-        &format!("avg_over_time(flopwatch_ofu{{instance=\"\"}}[{span}s])"),
+        &format!("avg_over_time(flopwatch_ofu_ratio{{instance=\"\"}}[{span}s])"),
     )
     .await;
     assert_eq!(rw.len(), 4, "{rw:?}");
@@ -299,6 +303,97 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
         0
     );
 
+    // One family per catalog metric, in base units, with its type and unit
+    // as Prometheus recorded them from the OpenMetrics page.
+    let scraped = "{job=\"flopwatch-collector\"}";
+    for (name, kind, unit) in [
+        ("flopwatch_gpu_power_watts", "gauge", "watts"),
+        ("flopwatch_gpu_sm_clock_hertz", "gauge", "hertz"),
+        ("flopwatch_gpu_energy_joules", "counter", "joules"),
+        ("flopwatch_gpu_gpu_util_ratio", "gauge", "ratio"),
+        ("flopwatch_gpu_xid_errors", "counter", ""),
+    ] {
+        let v: Value = serde_json::from_str(
+            &http
+                .get(format!("{prom}/api/v1/metadata"))
+                .query(&[("metric", name)])
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        let m = &v["data"][name][0];
+        assert_eq!(
+            (m["type"].as_str(), m["unit"].as_str()),
+            (Some(kind), Some(unit)),
+            "{name}: {v}"
+        );
+        let sample = if kind == "counter" {
+            format!("{name}_total{scraped}")
+        } else {
+            format!("{name}{scraped}")
+        };
+        assert_eq!(query(&http, &prom, &sample).await.len(), 4, "{sample}");
+    }
+    // No unit-mixing family is left.
+    assert!(query(&http, &prom, "flopwatch_gpu_metric").await.is_empty());
+    // dcgm-exporter's names, labels and units, from the same scrape as
+    // flopwatch's own families.
+    for (q, want) in [
+        ("DCGM_FI_DEV_SM_CLOCK * 1e6 - on (UUID) flopwatch_gpu_sm_clock_hertz", 0.0),
+        ("DCGM_FI_DEV_POWER_USAGE - on (UUID) flopwatch_gpu_power_watts", 0.0),
+        ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION - on (UUID) 1000 * flopwatch_gpu_energy_joules_total", 0.0),
+        ("DCGM_FI_DEV_GPU_UTIL - on (UUID) 100 * flopwatch_gpu_gpu_util_ratio", 0.0),
+        ("DCGM_FI_DEV_XID_ERRORS", 0.0),
+    ] {
+        let r = query(&http, &prom, q).await;
+        assert_eq!(r.len(), 4, "{q}: {r:?}");
+        for s in &r {
+            assert!((value(s) - want).abs() < 1e-6, "{q}: {s}");
+        }
+    }
+    let dcgm = query(&http, &prom, "DCGM_FI_DEV_POWER_USAGE").await;
+    let gpus: BTreeSet<String> = dcgm
+        .iter()
+        .map(|s| {
+            let m = &s["metric"];
+            assert_eq!(m["Hostname"], "node-a", "{s}");
+            assert!(m["UUID"].is_string() && m["modelName"].is_string(), "{s}");
+            let gpu = m["gpu"].as_str().unwrap();
+            assert_eq!(
+                m["device"].as_str(),
+                Some(format!("nvidia{gpu}").as_str()),
+                "{s}"
+            );
+            gpu.to_string()
+        })
+        .collect();
+    assert_eq!(gpus.len(), 4, "{gpus:?}");
+    // Build information and process metrics of both processes, and each
+    // GPU's newest sample, seconds old rather than minutes.
+    for job in ["flopwatch-collector", "flopwatch-agent"] {
+        for name in [
+            "flopwatch_build_info",
+            "process_resident_memory_bytes",
+            "process_cpu_seconds_total",
+            "process_start_time_seconds",
+            "process_open_fds",
+        ] {
+            let r = query(&http, &prom, &format!("{name}{{job=\"{job}\"}}")).await;
+            assert_eq!(r.len(), 1, "{job} {name}: {r:?}");
+        }
+    }
+    let fresh = query(
+        &http,
+        &prom,
+        "time() - flopwatch_gpu_last_sample_timestamp_seconds < 60",
+    )
+    .await;
+    assert_eq!(fresh.len(), 4, "{fresh:?}");
+
     // promtool on both pages, as curl gets them (Prometheus text format).
     let mut families = Vec::new();
     for url in [
@@ -319,10 +414,15 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
     }
     // A family means one thing: none is on both pages (the collector once
     // exported the agents' reported backlog under the name of the agent's
-    // own spool gauge).
+    // own spool gauge), except those that describe the scraped process
+    // itself, the same thing on every page.
     assert!(families[1].contains("flopwatch_agent_spool_bytes"));
-    let both: Vec<&String> = families[0].intersection(&families[1]).collect();
+    let both: Vec<&String> = families[0]
+        .intersection(&families[1])
+        .filter(|f| *f != "flopwatch_build_info" && !f.starts_with("process_"))
+        .collect();
     assert!(both.is_empty(), "on both pages: {both:?}");
+    assert!(families[0].contains("process_resident_memory_bytes"));
 
     // Every metric the dashboard queries exists in what Prometheus got.
     let names: BTreeSet<String> = {
@@ -519,7 +619,9 @@ async fn prometheus_receives_remote_write_over_tls_with_basic_auth() {
     // Prometheus scrapes nothing).
     let deadline = Instant::now() + Duration::from_secs(60);
     let series = loop {
-        let s = prom.query("flopwatch_ofu{hostname=\"node-tls\"}").await;
+        let s = prom
+            .query("flopwatch_ofu_ratio{hostname=\"node-tls\"}")
+            .await;
         if s.len() >= 2 {
             break s;
         }
@@ -547,7 +649,7 @@ async fn prometheus_receives_remote_write_over_tls_with_basic_auth() {
         assert!((0.0..=1.0).contains(&v), "{s}");
     }
     let tensor = prom
-        .query("flopwatch_tensor_active{hostname=\"node-tls\"}")
+        .query("flopwatch_ofu_tensor_active_ratio{hostname=\"node-tls\"}")
         .await;
     assert_eq!(tensor.len(), 2, "{tensor:?}");
     assert!(scraped(&collector, "flopwatch_remote_write_samples_total").await > 0.0);
@@ -626,6 +728,6 @@ async fn a_wrong_password_is_a_4xx_counted_and_not_retried() {
         0.0
     );
     // Prometheus got nothing.
-    assert!(prom.query("flopwatch_ofu").await.is_empty());
+    assert!(prom.query("flopwatch_ofu_ratio").await.is_empty());
     collector.stop().await;
 }

@@ -188,12 +188,18 @@ impl Env {
         .unwrap();
         let serving = Serving {
             tls: Some(flopwatch_collector::server_config(&tls, Path::new("")).unwrap()),
+            metrics_tls: Some(flopwatch_collector::metrics_config(&tls, Path::new("")).unwrap()),
             ..Default::default()
         };
         let server = server::Loopback::start_serving(collector.clone(), serving)
             .await
             .unwrap();
         assert!(server.url.starts_with("https://"), "{}", server.url);
+        assert!(
+            server.metrics_url.starts_with("https://"),
+            "{}",
+            server.metrics_url
+        );
         Env {
             collector,
             server,
@@ -584,6 +590,150 @@ async fn no_byte_crosses_tenants_for_any_rpc_or_credential() {
     // 3 tenants × (own + 2 others + 9 bad + cert-only) × 11 RPCs, and more.
     let checked = checked.get();
     assert!(checked >= 3 * 13 * 11, "{checked} checks");
+}
+
+/// A `/metrics` scrape over TLS presenting `h`: the status and the page.
+async fn scrape(env: &Env, h: &Header) -> (u16, String) {
+    let ca = std::fs::read(env.good.ca_file()).unwrap();
+    let http = reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .build()
+        .unwrap();
+    let mut req = http.get(&env.server.metrics_url);
+    match h {
+        Header::None => {}
+        Header::Raw(v) => req = req.header("authorization", *v),
+        Header::Bearer(t) => req = req.bearer_auth(t),
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.text().await.unwrap())
+}
+
+/// What of `t` a `/metrics` page shows: its markers, and its power reading
+/// as the page writes it.
+fn page_leaks(page: &str, ts: &[&Tenant]) -> Vec<String> {
+    let mut found = leaks(page.as_bytes(), ts);
+    for t in ts {
+        if page.contains(&t.power.to_string()) {
+            found.push(format!("{} (power as text)", t.name));
+        }
+    }
+    found
+}
+
+/// The collector's `/metrics` is scoped like the query API: a tenant's
+/// query token sees its own GPUs and nothing of another tenant, the
+/// provider's sees every tenant, no token sees the collector's health and
+/// no GPU series, and a bad token is refused; all over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_page_shows_each_token_only_its_tenants_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = Env::start(dir.path(), false).await;
+    seed(&env).await;
+    let ts = &env.tenants;
+    // An XID error on tenant-alpha's GPU: counted on its GPU's series.
+    let alpha = &ts[0];
+    let (mut a, _) = RawAgent::open(
+        env.good_channel().await,
+        Some(alpha.agent_token.as_str()),
+        raw::hello(&alpha.node, &alpha.host, &alpha.gpu),
+    )
+    .await
+    .unwrap();
+    let mut batch = raw::batch(
+        2,
+        &alpha.gpu,
+        SystemClock.now_ms() - 2000,
+        5,
+        0.5,
+        alpha.power,
+        Some(&alpha.job),
+    );
+    batch.events.push(v1::Event {
+        gpu_uuid: alpha.gpu.clone(),
+        kind: "xid".into(),
+        timestamp_ms: SystemClock.now_ms() - 1000,
+        code: 79,
+        detail: "GPU has fallen off the bus".into(),
+    });
+    let reply = a.call(batch).await.unwrap();
+    assert!(matches!(reply, collector_message::Msg::Ack(_)), "{reply:?}");
+    for me in ts {
+        let (status, page) = scrape(&env, &Header::Bearer(me.query_token.clone())).await;
+        let xid = page
+            .lines()
+            .find(|l| l.starts_with("flopwatch_gpu_xid_errors_total{"))
+            .unwrap_or_else(|| panic!("{page}"));
+        let want = if me.name == alpha.name { 1 } else { 0 };
+        assert!(xid.ends_with(&format!(" {want}")), "{}: {xid}", me.name);
+        assert_eq!(status, 200, "{page}");
+        let own = page
+            .lines()
+            .find(|l| l.starts_with("flopwatch_gpu_power_watts{"))
+            .unwrap_or_else(|| panic!("{}: no power family:\n{page}", me.name));
+        assert!(own.contains(&me.gpu) && own.contains(&me.host), "{own}");
+        assert!(page.contains(&me.power.to_string()), "own reading missing");
+        let found = page_leaks(&page, &others(ts, me));
+        assert!(found.is_empty(), "{} sees {found:?}", me.name);
+    }
+    // The provider sees every tenant.
+    let (status, page) = scrape(&env, &Header::Bearer(ADMIN.into())).await;
+    assert_eq!(status, 200);
+    for t in ts {
+        assert!(
+            page.lines()
+                .any(|l| l.starts_with("flopwatch_gpu_power_watts{") && l.contains(&t.gpu)),
+            "provider misses {}",
+            t.name
+        );
+    }
+    // No token: the collector's own health, no GPU series, no tenant.
+    let (status, page) = scrape(&env, &Header::None).await;
+    assert_eq!(status, 200);
+    assert!(page.contains("flopwatch_agents_connected "), "{page}");
+    assert!(page.contains("flopwatch_build_info{"), "{page}");
+    assert!(
+        !page.contains("flopwatch_gpu_") && !page.contains("flopwatch_ofu_ratio"),
+        "{page}"
+    );
+    let all: Vec<&Tenant> = ts.iter().collect();
+    assert!(page_leaks(&page, &all).is_empty(), "{page}");
+    // Bad credentials of every kind: 401, and nothing in the answer.
+    let bad = [
+        Header::Raw("Bearer"),
+        Header::Raw("Bearer "),
+        Header::Raw("Basic dXNlcjpwYXNz"),
+        Header::Raw("bearer-token-without-scheme"),
+        Header::Bearer("definitely-not-a-token".into()),
+        Header::Bearer(ts[0].query_token.to_uppercase()),
+        Header::Bearer(digest(&ts[0].query_token)),
+        Header::Bearer(ts[0].agent_token.clone()),
+    ];
+    for h in &bad {
+        let (status, page) = scrape(&env, h).await;
+        assert_eq!(status, 401, "{page}");
+        assert!(page_leaks(&page, &all).is_empty(), "{page}");
+    }
+    // ... each counted on the provider's page.
+    let (_, page) = scrape(&env, &Header::Bearer(ADMIN.into())).await;
+    let refused = page
+        .lines()
+        .find(|l| {
+            l.starts_with("flopwatch_auth_failures_total{")
+                && l.contains("service=\"metrics\"")
+                && l.contains("kind=\"unauthenticated\"")
+        })
+        .unwrap_or_else(|| panic!("{page}"));
+    assert!(refused.ends_with(&format!(" {}", bad.len())), "{refused}");
+    // The page is TLS only: plain HTTP to it gets no page.
+    let plain = env.server.metrics_url.replacen("https://", "http://", 1);
+    let got = reqwest::get(&plain).await;
+    assert!(
+        got.as_ref().map_or(true, |r| !r.status().is_success()),
+        "{got:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,8 @@
 //! | `flopwatch_agent_spool_bytes` | gauge | |
 //! | `flopwatch_agent_spool_written_batches_total`, `…_spool_dropped_batches_total`, `…_spool_dropped_bytes_total`, `…_spool_bad_records_total`, `…_spool_io_errors_total` | counter | |
 //! | `flopwatch_agent_attribution_refreshes_total` | counter | |
+//! | `flopwatch_build_info` | gauge, always 1 | `component` (`agent`), `version`, `arch`, `os` |
+//! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_start_time_seconds`, `process_open_fds`, `process_max_fds` | counter, gauges | |
 
 use crate::attribution::AttributionStats;
 use crate::client::ClientState;
@@ -35,6 +37,9 @@ pub fn registry(agent: &Agent) -> Registry {
         state: agent.state.clone(),
         attribution: agent.attribution.clone(),
     }));
+    r.register_collector(Box::new(
+        flopwatch_transport::process::ProcessCollector::new("agent"),
+    ));
     r
 }
 

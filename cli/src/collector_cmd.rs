@@ -81,6 +81,13 @@ pub async fn run(mut args: CollectorArgs) -> anyhow::Result<()> {
             None
         }
     };
+    let metrics_tls = match &cfg.exporter.tls {
+        Some(t) => Some(
+            flopwatch_collector::metrics_config(t, &base)
+                .with_context(|| config.display().to_string())?,
+        ),
+        None => None,
+    };
     let peer_tls = flopwatch_transport::channel::TlsClient::load(&cfg.peer_tls, &base, "peer_tls")
         .with_context(|| config.display().to_string())?;
     let collector = server::open(
@@ -120,6 +127,7 @@ pub async fn run(mut args: CollectorArgs) -> anyhow::Result<()> {
             peers,
             peer_tls,
             health,
+            metrics_tls,
         },
         shutdown_signal(),
     )

@@ -1,38 +1,46 @@
 //! The collector's `/metrics`: OFU per GPU with dcgm-exporter-style labels,
-//! per node and per job, the selected raw counters, each agent's sampling
-//! intervals and pending data, and the collector's own health.
+//! per node and per job, one family per catalog counter in base units, each
+//! agent's sampling intervals and pending data, and the collector's own
+//! health.
 //!
-//! The page is the provider's view: it covers every tenant (each series
-//! carries a `tenant` label) and is served on its own listener
-//! (`metrics_listen`, loopback by default), apart from the authenticated
-//! gRPC endpoint.
+//! What a scrape sees depends on its bearer token ([`page`]), as for the
+//! query API: a tenant's query token sees that tenant's series, a provider
+//! (admin) token every tenant's, no token the `anonymous_tenant`'s when one
+//! is configured and otherwise only the collector's own health (the rows
+//! marked *health* below, which name no tenant); an unknown or malformed
+//! token is refused with 401, so a scrape misconfiguration shows as a failed
+//! target rather than as missing series.
 //!
 //! | metric | type | labels |
 //! |---|---|---|
-//! | `flopwatch_ofu` | gauge, fraction 0..1 over the GPU's last batch | GPU labels |
-//! | `flopwatch_tensor_active`, `flopwatch_sm_clock_mhz` | gauge | GPU labels |
-//! | `flopwatch_gpu_metric` | gauge, last value | GPU labels + `metric` |
-//! | `flopwatch_node_ofu` | gauge | `tenant`, `node`, `hostname` |
-//! | `flopwatch_job_ofu`, `flopwatch_job_gpus` | gauge | `tenant`, `job_id` |
+//! | `flopwatch_ofu_ratio` | gauge, OFU (eq. 1) over the GPU's last batch, 0..1 | GPU labels |
+//! | `flopwatch_ofu_tensor_active_ratio`, `flopwatch_ofu_sm_clock_hertz` | gauge, OFU's inputs over the GPU's last batch | GPU labels |
+//! | `flopwatch_gpu_<metric>_<unit>` | one per catalog metric ([`crate::series::family`]): gauge, or counter (`_total`) for the catalog's counters; last value, in base units | GPU labels |
+//! | `flopwatch_gpu_last_sample_timestamp_seconds` | gauge, newest sample of the GPU | GPU labels |
+//! | `flopwatch_gpu_xid_errors_total` | counter, XID errors its agent reported since this collector started | GPU labels |
+//! | `flopwatch_node_ofu_ratio` | gauge | `tenant`, `node`, `hostname` |
+//! | `flopwatch_job_ofu_ratio`, `flopwatch_job_gpus` | gauge | `tenant`, `job_id` |
 //! | `flopwatch_sampling_interval_seconds` | gauge | GPU labels + `metric` |
-//! | `flopwatch_device_metric` | gauge, last value of a node device's counter | device labels + `metric` |
+//! | `flopwatch_device_<metric>_<unit>` | one per catalog metric of a node device, as for GPUs | device labels |
 //! | `flopwatch_device_sampling_interval_seconds` | gauge | device labels + `metric` |
+//! | `DCGM_FI_*` | with `[exporter] dcgm_compat`, dcgm-exporter's families ([`dcgm`]) | dcgm-exporter's |
 //! | `flopwatch_agent_backlog_bytes`, `flopwatch_agent_backlog_batches` | gauge | `tenant`, `agent`, `hostname` |
-//! | `flopwatch_agents_connected` | gauge | |
-//! | `flopwatch_storage_memory_bytes` | gauge, RocksDB memtables, block cache and table readers | |
-//! | `flopwatch_ingest_samples_total`, `flopwatch_ingest_batches_total`, `flopwatch_ingest_duplicate_batches_total`, `flopwatch_ingest_rejected_batches_total`, `flopwatch_ofu_samples_total` | counter | |
-//! | `flopwatch_ingest_rejected_samples_total` | counter | `reason` |
 //! | `flopwatch_tenant_rejected_samples_total`, `flopwatch_tenant_rejected_batches_total` | counter | `tenant`, `reason` |
 //! | `flopwatch_tenant_active_series` | gauge | `tenant` |
-//! | `flopwatch_auth_failures_total` | counter | `service`, `kind` |
-//! | `flopwatch_ack_latency_seconds` | histogram | |
 //! | `flopwatch_regressions_total`, `flopwatch_stragglers_total`, `flopwatch_mfu_mismatches_total` | counter | `tenant` |
-//! | `flopwatch_remote_write_samples_total` | counter | |
-//! | `flopwatch_remote_write_failures_total` | counter | `reason` (`connection`, `5xx`, `429`, `4xx`, `credentials`) |
-//! | `flopwatch_remote_write_dropped_samples_total` | counter | `reason` (`queue_full`, `4xx`) |
-//! | `flopwatch_limbo_batches` | gauge | |
-//! | `flopwatch_limbo_committed_batches_total`, `flopwatch_cluster_peer_errors_total` | counter | |
-//! | `flopwatch_limbo_settled_batches_total` | counter | `outcome` (`dropped`, `kept`, `timed_out`) |
+//! | *health:* `flopwatch_agents_connected` | gauge | |
+//! | *health:* `flopwatch_storage_memory_bytes` | gauge, RocksDB memtables, block cache and table readers | |
+//! | *health:* `flopwatch_ingest_samples_total`, `flopwatch_ingest_batches_total`, `flopwatch_ingest_duplicate_batches_total`, `flopwatch_ingest_rejected_batches_total`, `flopwatch_ofu_samples_total` | counter | |
+//! | *health:* `flopwatch_ingest_rejected_samples_total` | counter | `reason` |
+//! | *health:* `flopwatch_auth_failures_total` | counter | `service` (`ingest`, `query`, `metrics`), `kind` |
+//! | *health:* `flopwatch_ack_latency_seconds` | histogram | |
+//! | *health:* `flopwatch_remote_write_samples_total` | counter | |
+//! | *health:* `flopwatch_remote_write_failures_total` | counter | `reason` (`connection`, `5xx`, `429`, `4xx`, `credentials`) |
+//! | *health:* `flopwatch_remote_write_dropped_samples_total` | counter | `reason` (`queue_full`, `4xx`) |
+//! | *health:* `flopwatch_limbo_batches` | gauge | |
+//! | *health:* `flopwatch_limbo_committed_batches_total`, `flopwatch_cluster_peer_errors_total` | counter | |
+//! | *health:* `flopwatch_limbo_settled_batches_total` | counter | `outcome` (`dropped`, `kept`, `timed_out`) |
+//! | *health:* `flopwatch_build_info`, `process_*` | [`flopwatch_transport::process`] | `component` = `collector`, `version`, `arch`, `os` |
 //!
 //! GPU labels: `gpu` (index), `UUID`, `modelName`, `hostname`, `node`,
 //! `tenant`, and `job_id`, `pod`, `namespace`, `container`, `hpc_job` when the
@@ -44,8 +52,11 @@
 //! `node`, `tenant`. Device counters are not GPU counters: they never
 //! enter OFU, GPU gauges or GPU counts.
 
+mod dcgm;
+
+use crate::auth::{Credentials, Scope};
 use crate::live::group_ofu;
-use crate::series::{device_labels, gpu_labels, Labels};
+use crate::series::{device_labels, family_of, gpu_labels, Family, Labels, On};
 use crate::state::Collector;
 use crate::stats::{Failure, Stats};
 use crate::validate::Reason;
@@ -53,14 +64,45 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Registry, Unit};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// The registry served on the collector's `/metrics`.
-pub fn registry(collector: Arc<Collector>) -> Registry {
+/// The page a scrape presenting `token` (its bearer token, `Some("")` for
+/// an `authorization` header that holds none) gets, as OpenMetrics text;
+/// `None` refuses it (401). See the module's description.
+pub fn page(collector: &Arc<Collector>, token: Option<&str>) -> Option<String> {
+    let creds = Credentials {
+        token: token.map(str::to_string),
+        cert: None,
+    };
+    let scope = match collector.auth().query(&creds) {
+        Ok(s) => Some(s),
+        // No token and no anonymous tenant: the collector's health only.
+        Err(_) if token.is_none() => None,
+        Err(e) => {
+            collector.stats.auth_failure("metrics", &e);
+            return None;
+        }
+    };
+    Some(flopwatch_transport::metrics_http::render(&registry(
+        collector.clone(),
+        scope,
+    )))
+}
+
+/// The registry of one scrape: the series `scope` may read (none but the
+/// collector's health when `None`).
+pub fn registry(collector: Arc<Collector>, scope: Option<Scope>) -> Registry {
     let mut r = Registry::default();
-    r.register_collector(Box::new(Exporter { c: collector }));
+    r.register_collector(Box::new(Exporter {
+        c: collector,
+        scope,
+    }));
+    r.register_collector(Box::new(
+        flopwatch_transport::process::ProcessCollector::new("collector"),
+    ));
     r
 }
 
@@ -68,6 +110,14 @@ pub fn registry(collector: Arc<Collector>) -> Registry {
 #[derive(Debug)]
 struct Exporter {
     c: Arc<Collector>,
+    scope: Option<Scope>,
+}
+
+impl Exporter {
+    /// Whether this scrape may see `tenant`'s series.
+    fn allows(&self, tenant: &str) -> bool {
+        self.scope.as_ref().is_some_and(|s| s.allows(tenant))
+    }
 }
 
 impl std::fmt::Debug for Collector {
@@ -109,52 +159,129 @@ fn counter(
     Ok(())
 }
 
+/// Writes catalog families: `rows` are (catalog metric, labels, value in
+/// the catalog's unit), any order; one family per metric that has rows.
+fn families(
+    enc: &mut DescriptorEncoder,
+    on: On,
+    rows: impl IntoIterator<Item = (String, Labels, f64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut by: BTreeMap<String, Vec<(Labels, f64)>> = BTreeMap::new();
+    for (m, l, v) in rows {
+        by.entry(m).or_default().push((l, v));
+    }
+    for (m, rows) in by {
+        // Names the collector accepted are in the catalog; a stored name
+        // from an older catalog is skipped rather than exported unitless.
+        let Some(f) = family_of(&m, on) else {
+            continue;
+        };
+        family(enc, &f, rows)?;
+    }
+    Ok(())
+}
+
+/// One catalog family, values scaled into its base unit.
+fn family(
+    enc: &mut DescriptorEncoder,
+    f: &Family,
+    rows: Vec<(Labels, f64)>,
+) -> Result<(), std::fmt::Error> {
+    let unit = f.unit.map(|u| Unit::Other(u.to_string()));
+    let kind = if f.counter {
+        MetricType::Counter
+    } else {
+        MetricType::Gauge
+    };
+    let mut m = enc.encode_descriptor(&f.stem, &f.help, unit.as_ref(), kind)?;
+    for (labels, v) in rows {
+        let v = v * f.scale;
+        if f.counter {
+            ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
+        } else {
+            ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
 fn one(v: u64) -> Vec<(Labels, u64)> {
     vec![(Vec::new(), v)]
 }
 
 impl prometheus_client::collector::Collector for Exporter {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        if self.scope.is_some() {
+            self.encode_tenants(&mut enc)?;
+        }
+        self.encode_health(&mut enc)
+    }
+}
+
+impl Exporter {
+    /// The series of the tenants this scrape may read.
+    fn encode_tenants(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let c = &self.c;
         let now = c.clock.now_ms();
-        let gpus = c.live.gpus(now);
+        let mut gpus = c.live.gpus(now);
+        gpus.retain(|g| self.allows(&g.tenant));
         let selected = &c.settings.policy.metrics;
+        let shown = |m: &String| selected.is_empty() || selected.contains(m);
         gauges(
-            &mut enc,
-            "flopwatch_ofu",
+            enc,
+            "flopwatch_ofu_ratio",
             "Overall FLOP Utilization (OFU eq. 1) over the GPU's last batch, fraction 0..1.",
             gpus.iter()
                 .filter_map(|g| g.ofu.map(|o| (gpu_labels(g), o))),
         )?;
         gauges(
-            &mut enc,
-            "flopwatch_tensor_active",
-            "Tensor pipe activity over the GPU's last batch, fraction 0..1.",
+            enc,
+            "flopwatch_ofu_tensor_active_ratio",
+            "Tensor pipe activity over the GPU's last batch (OFU's input), fraction 0..1.",
             gpus.iter()
                 .filter(|g| g.ofu.is_some())
                 .map(|g| (gpu_labels(g), g.tensor_active)),
         )?;
         gauges(
-            &mut enc,
-            "flopwatch_sm_clock_mhz",
-            "SM clock over the GPU's last batch, MHz.",
+            enc,
+            "flopwatch_ofu_sm_clock_hertz",
+            "SM clock over the GPU's last batch (OFU's input), in hertz.",
             gpus.iter()
                 .filter(|g| g.ofu.is_some())
-                .map(|g| (gpu_labels(g), g.sm_clock_mhz)),
+                .map(|g| (gpu_labels(g), g.sm_clock_mhz * 1e6)),
         )?;
-        gauges(
-            &mut enc,
-            "flopwatch_gpu_metric",
-            "Last value of a GPU counter (the policy's selected set, else every counter received).",
+        families(
+            enc,
+            On::Gpu,
             gpus.iter().flat_map(|g| {
                 g.counters
                     .iter()
-                    .filter(|(m, _)| selected.is_empty() || selected.contains(m))
-                    .map(|(m, (_, v))| (with(gpu_labels(g), "metric", m), *v))
+                    .filter(|(m, _)| shown(m))
+                    .map(|(m, (_, v))| (m.clone(), gpu_labels(g), *v))
             }),
         )?;
         gauges(
-            &mut enc,
+            enc,
+            "flopwatch_gpu_last_sample_timestamp_seconds",
+            "Time of the GPU's newest sample, seconds since the epoch: `time() - this` is how long the GPU has been silent (a GPU leaves the page 5 minutes after its last batch).",
+            gpus.iter()
+                .filter(|g| g.ts_ms > 0)
+                .map(|g| (gpu_labels(g), g.ts_ms as f64 / 1000.0)),
+        )?;
+        let xids = c.stats.xids();
+        counter(
+            enc,
+            "flopwatch_gpu_xid_errors",
+            "XID errors the GPU's agent reported (NVML critical XID events, DCGM XID changes), since this collector started.",
+            gpus.iter().map(|g| {
+                let n = xids
+                    .get(&(g.tenant.clone(), g.uuid.clone()))
+                    .map_or(0, |x| x.count);
+                (gpu_labels(g), n)
+            }),
+        )?;
+        gauges(
+            enc,
             "flopwatch_sampling_interval_seconds",
             "Current sampling interval of a metric on a GPU, as its agent last reported.",
             gpus.iter().flat_map(|g| {
@@ -163,20 +290,23 @@ impl prometheus_client::collector::Collector for Exporter {
                     .map(|(m, ms)| (with(gpu_labels(g), "metric", m), f64::from(*ms) / 1000.0))
             }),
         )?;
-        let devices = c.live.devices(now);
-        gauges(
-            &mut enc,
-            "flopwatch_device_metric",
-            "Last value of a node device's counter (InfiniBand port, NUMA node, host; the policy's selected set, else every counter received).",
+        if c.settings.dcgm_compat {
+            dcgm::encode(enc, &gpus, &xids, &shown)?;
+        }
+        let mut devices = c.live.devices(now);
+        devices.retain(|d| self.allows(&d.tenant));
+        families(
+            enc,
+            On::Device,
             devices.iter().flat_map(|d| {
                 d.counters
                     .iter()
-                    .filter(|(m, _)| selected.is_empty() || selected.contains(m))
-                    .map(|(m, (_, v))| (with(device_labels(d), "metric", m), *v))
+                    .filter(|(m, _)| shown(m))
+                    .map(|(m, (_, v))| (m.clone(), device_labels(d), *v))
             }),
         )?;
         gauges(
-            &mut enc,
+            enc,
             "flopwatch_device_sampling_interval_seconds",
             "Current sampling interval of a metric on a node device, as its agent last reported.",
             devices.iter().flat_map(|d| {
@@ -189,8 +319,8 @@ impl prometheus_client::collector::Collector for Exporter {
             Some((g.tenant.clone(), g.node_id.clone(), g.hostname.clone()))
         });
         gauges(
-            &mut enc,
-            "flopwatch_node_ofu",
+            enc,
+            "flopwatch_node_ofu_ratio",
             "Mean OFU of a node's GPUs over their last batches, fraction 0..1.",
             nodes.iter().map(|((t, n, h), o)| {
                 (
@@ -213,19 +343,20 @@ impl prometheus_client::collector::Collector for Exporter {
             ]
         };
         gauges(
-            &mut enc,
-            "flopwatch_job_ofu",
+            enc,
+            "flopwatch_job_ofu_ratio",
             "OFU of a job (eq. 11: mean over its GPUs' last batches), fraction 0..1.",
             jobs.iter().map(|((t, j), o)| (job_labels(t, j), o.ofu)),
         )?;
         gauges(
-            &mut enc,
+            enc,
             "flopwatch_job_gpus",
             "GPUs attributed to a job.",
             jobs.iter()
                 .map(|((t, j), o)| (job_labels(t, j), f64::from(o.gpus))),
         )?;
-        let agents = c.live.agents(now);
+        let mut agents = c.live.agents(now);
+        agents.retain(|a| self.allows(&a.tenant));
         let agent_labels = |a: &crate::live::AgentLive| {
             vec![
                 ("tenant".to_string(), a.tenant.clone()),
@@ -234,7 +365,7 @@ impl prometheus_client::collector::Collector for Exporter {
             ]
         };
         gauges(
-            &mut enc,
+            enc,
             "flopwatch_agent_backlog_bytes",
             "Bytes waiting in an agent for an acknowledgement (memory outbox and disk spool), as the agent reports it.",
             agents
@@ -242,7 +373,7 @@ impl prometheus_client::collector::Collector for Exporter {
                 .map(|a| (agent_labels(a), a.pending_bytes as f64)),
         )?;
         gauges(
-            &mut enc,
+            enc,
             "flopwatch_agent_backlog_batches",
             "Batches waiting in an agent for an acknowledgement, as the agent reports it.",
             agents
@@ -250,8 +381,88 @@ impl prometheus_client::collector::Collector for Exporter {
                 .map(|a| (agent_labels(a), f64::from(a.pending_batches))),
         )?;
         let s: &Stats = &c.stats;
+        counter(
+            enc,
+            "flopwatch_tenant_rejected_samples",
+            "Samples dropped by validation and limits, by tenant and reason.",
+            s.rejected_by_tenant()
+                .into_iter()
+                .filter(|((t, _), _)| self.allows(t))
+                .map(|((t, r), n)| {
+                    (
+                        vec![
+                            ("tenant".to_string(), t),
+                            ("reason".to_string(), r.name().to_string()),
+                        ],
+                        n,
+                    )
+                }),
+        )?;
+        counter(
+            enc,
+            "flopwatch_tenant_rejected_batches",
+            "Batches refused as a whole, by tenant and reason (rate_limited, batch_too_large, malformed_batch, identity_mismatch).",
+            s.batch_rejects()
+                .into_iter()
+                .filter(|((t, _), _)| self.allows(t))
+                .map(|((t, r), n)| {
+                    (
+                        vec![("tenant".to_string(), t), ("reason".to_string(), r)],
+                        n,
+                    )
+                }),
+        )?;
         gauges(
-            &mut enc,
+            enc,
+            "flopwatch_tenant_active_series",
+            "Series with a sample in the last hour, per tenant (the max_series limit counts these).",
+            c.limits
+                .tenants()
+                .into_iter()
+                .filter(|t| self.allows(t))
+                .map(|t| {
+                    let n = c.limits.active_series(&t, now) as f64;
+                    (vec![("tenant".to_string(), t)], n)
+                }),
+        )?;
+        // Every tenant with live GPUs gets a row, zero until an event.
+        let mut events = c.events.counts();
+        events.retain(|t, _| self.allows(t));
+        for g in &gpus {
+            events.entry(g.tenant.clone()).or_default();
+        }
+        counter(
+            enc,
+            "flopwatch_regressions",
+            "OFU regression events raised (a job's OFU fell by the configured factor against its own baseline).",
+            events
+                .iter()
+                .map(|(t, n)| (vec![("tenant".to_string(), t.clone())], n.regressions)),
+        )?;
+        counter(
+            enc,
+            "flopwatch_stragglers",
+            "Straggler events raised (a GPU's tensor activity far from its job's median).",
+            events
+                .iter()
+                .map(|(t, n)| (vec![("tenant".to_string(), t.clone())], n.stragglers)),
+        )?;
+        counter(
+            enc,
+            "flopwatch_mfu_mismatches",
+            "Jobs flagged for a reported MFU far from their measured OFU (suspected FLOPs miscalculation, OFU paper §V-C).",
+            events
+                .iter()
+                .map(|(t, n)| (vec![("tenant".to_string(), t.clone())], n.mfu_mismatches)),
+        )
+    }
+
+    /// The collector's own health: no tenant's names or labels.
+    fn encode_health(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let c = &self.c;
+        let s: &Stats = &c.stats;
+        gauges(
+            enc,
             "flopwatch_agents_connected",
             "Agents with an open ingest stream.",
             [(
@@ -261,31 +472,31 @@ impl prometheus_client::collector::Collector for Exporter {
         )?;
         let get = Stats::get;
         counter(
-            &mut enc,
+            enc,
             "flopwatch_ingest_samples",
             "Samples stored.",
             one(get(&s.samples_accepted)),
         )?;
         counter(
-            &mut enc,
+            enc,
             "flopwatch_ingest_batches",
             "Batches acknowledged, replays included.",
             one(get(&s.batches_acked)),
         )?;
         counter(
-            &mut enc,
+            enc,
             "flopwatch_ingest_duplicate_batches",
             "Batches acknowledged as replays of stored ones (not stored again).",
             one(get(&s.batches_duplicate)),
         )?;
         counter(
-            &mut enc,
+            enc,
             "flopwatch_ingest_rejected_batches",
             "Batches refused as a whole.",
             one(get(&s.batches_rejected)),
         )?;
         counter(
-            &mut enc,
+            enc,
             "flopwatch_ingest_rejected_samples",
             "Samples dropped by validation, by reason.",
             Reason::ALL.iter().map(|r| {
@@ -296,34 +507,9 @@ impl prometheus_client::collector::Collector for Exporter {
             }),
         )?;
         counter(
-            &mut enc,
-            "flopwatch_tenant_rejected_samples",
-            "Samples dropped by validation and limits, by tenant and reason.",
-            s.rejected_by_tenant().into_iter().map(|((t, r), n)| {
-                (
-                    vec![
-                        ("tenant".to_string(), t),
-                        ("reason".to_string(), r.name().to_string()),
-                    ],
-                    n,
-                )
-            }),
-        )?;
-        counter(
-            &mut enc,
-            "flopwatch_tenant_rejected_batches",
-            "Batches refused as a whole, by tenant and reason (rate_limited, batch_too_large, malformed_batch, identity_mismatch).",
-            s.batch_rejects().into_iter().map(|((t, r), n)| {
-                (
-                    vec![("tenant".to_string(), t), ("reason".to_string(), r)],
-                    n,
-                )
-            }),
-        )?;
-        counter(
-            &mut enc,
+            enc,
             "flopwatch_auth_failures",
-            "Refused credentials, by service (ingest, query) and kind (unauthenticated, permission_denied).",
+            "Refused credentials, by service (ingest, query, metrics) and kind (unauthenticated, permission_denied).",
             s.auth_failures().into_iter().map(|((svc, kind), n)| {
                 (
                     vec![
@@ -334,17 +520,8 @@ impl prometheus_client::collector::Collector for Exporter {
                 )
             }),
         )?;
-        gauges(
-            &mut enc,
-            "flopwatch_tenant_active_series",
-            "Series with a sample in the last hour, per tenant (the max_series limit counts these).",
-            c.limits.tenants().into_iter().map(|t| {
-                let n = c.limits.active_series(&t, now) as f64;
-                (vec![("tenant".to_string(), t)], n)
-            }),
-        )?;
         counter(
-            &mut enc,
+            enc,
             "flopwatch_ofu_samples",
             "OFU samples derived.",
             one(get(&s.ofu_samples)),
@@ -355,43 +532,14 @@ impl prometheus_client::collector::Collector for Exporter {
             None,
             MetricType::Histogram,
         )?)?;
-        // Every tenant with live GPUs gets a row, zero until an event.
-        let mut events = c.events.counts();
-        for g in &gpus {
-            events.entry(g.tenant.clone()).or_default();
-        }
         counter(
-            &mut enc,
-            "flopwatch_regressions",
-            "OFU regression events raised (a job's OFU fell by the configured factor against its own baseline).",
-            events
-                .iter()
-                .map(|(t, n)| (vec![("tenant".to_string(), t.clone())], n.regressions)),
-        )?;
-        counter(
-            &mut enc,
-            "flopwatch_stragglers",
-            "Straggler events raised (a GPU's tensor activity far from its job's median).",
-            events
-                .iter()
-                .map(|(t, n)| (vec![("tenant".to_string(), t.clone())], n.stragglers)),
-        )?;
-        counter(
-            &mut enc,
-            "flopwatch_mfu_mismatches",
-            "Jobs flagged for a reported MFU far from their measured OFU (suspected FLOPs miscalculation, OFU paper §V-C).",
-            events
-                .iter()
-                .map(|(t, n)| (vec![("tenant".to_string(), t.clone())], n.mfu_mismatches)),
-        )?;
-        counter(
-            &mut enc,
+            enc,
             "flopwatch_remote_write_samples",
             "Samples delivered to the remote-write endpoint.",
             one(get(&s.remote_write_samples)),
         )?;
         counter(
-            &mut enc,
+            enc,
             "flopwatch_remote_write_failures",
             "Remote-write requests that failed, by reason: connection, 5xx, 429 and credentials (an unreadable token or password file) are retried; 4xx (other than 429) drops the request's samples.",
             Failure::ALL.iter().map(|&r| {
@@ -402,7 +550,7 @@ impl prometheus_client::collector::Collector for Exporter {
             }),
         )?;
         counter(
-            &mut enc,
+            enc,
             "flopwatch_remote_write_dropped_samples",
             "Samples never delivered to the remote-write endpoint, by reason: queue_full (the oldest, past max_queue_samples), 4xx (refused by the endpoint, not retried).",
             [
@@ -413,13 +561,12 @@ impl prometheus_client::collector::Collector for Exporter {
             .map(|(r, n)| (vec![("reason".to_string(), r.to_string())], n)),
         )?;
         gauges(
-            &mut enc,
+            enc,
             "flopwatch_storage_memory_bytes",
             "Memory the storage engine holds for itself: memtables, block cache, table readers.",
             [(Vec::new(), c.store.engine().memory_bytes() as f64)],
         )?;
-        cluster_metrics(&mut enc, &c.cluster)?;
-        Ok(())
+        cluster_metrics(enc, &c.cluster)
     }
 }
 

@@ -592,6 +592,9 @@ impl Session {
                 }
                 _ => info!(kind = %e.kind, gpu = %e.gpu_uuid, code = e.value, "agent event"),
             }
+            if e.kind == "xid" {
+                self.c.stats.xid(&self.tenant, &e.gpu_uuid, e.value as i64);
+            }
         }
         self.record_live(&batch, &batch_ofu, now);
         let s = &self.c.stats;

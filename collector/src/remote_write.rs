@@ -1,5 +1,6 @@
 //! Prometheus remote write (protocol 1.0): OFU, tensor activity, SM clock
-//! and selected counters of every GPU, pushed to a Prometheus-compatible
+//! and selected counters of every GPU, under the names and base units of
+//! the collector's `/metrics` ([`crate::series::family`]), pushed to a Prometheus-compatible
 //! endpoint (Prometheus with `--web.enable-remote-write-receiver`, Mimir,
 //! Thanos Receive, VictoriaMetrics, Grafana Cloud, Amazon Managed
 //! Prometheus) — how storage scales past one collector.
@@ -22,7 +23,7 @@
 //! response body.
 
 use crate::live::GpuLive;
-use crate::series::gpu_labels;
+use crate::series::{family_of, gpu_labels, On};
 use crate::stats::{Failure, Stats};
 use crate::CollectorError;
 use flopwatch_config::RemoteWriteConfig;
@@ -136,9 +137,9 @@ impl RemoteQueue {
         let mut new = Vec::new();
         if let (Some(ts), Some(ofu)) = (ofu_ts_ms, g.ofu) {
             for (name, v) in [
-                ("flopwatch_ofu", ofu),
-                ("flopwatch_tensor_active", g.tensor_active),
-                ("flopwatch_sm_clock_mhz", g.sm_clock_mhz),
+                ("flopwatch_ofu_ratio", ofu),
+                ("flopwatch_ofu_tensor_active_ratio", g.tensor_active),
+                ("flopwatch_ofu_sm_clock_hertz", g.sm_clock_mhz * 1e6),
             ] {
                 new.push(Point {
                     labels: labels(name, &base),
@@ -147,14 +148,13 @@ impl RemoteQueue {
                 });
             }
         }
+        // The same families, names and base units as on /metrics.
         for m in &self.metrics {
-            if let Some((ts, v)) = g.counters.get(m) {
-                let mut l = base.clone();
-                l.push(("metric".into(), m.clone()));
+            if let (Some((ts, v)), Some(f)) = (g.counters.get(m), family_of(m, On::Gpu)) {
                 new.push(Point {
-                    labels: labels("flopwatch_gpu_metric", &l),
+                    labels: labels(&f.sample_name(), &base),
                     ts_ms: *ts,
-                    value: *v,
+                    value: v * f.scale,
                 });
             }
         }
@@ -650,7 +650,7 @@ mod tests {
             .find(|s| {
                 s.labels
                     .iter()
-                    .any(|l| l.name == "__name__" && l.value == "flopwatch_ofu")
+                    .any(|l| l.name == "__name__" && l.value == "flopwatch_ofu_ratio")
             })
             .unwrap();
         let mut names: Vec<&str> = ofu.labels.iter().map(|l| l.name.as_str()).collect();
@@ -664,6 +664,34 @@ mod tests {
         assert_eq!(names.len(), 1);
         let values: Vec<(i64, f64)> = ofu.samples.iter().map(|s| (s.timestamp, s.value)).collect();
         assert_eq!(values, vec![(1_000, 0.25), (2_000, 0.5)]);
+    }
+
+    #[test]
+    fn counters_go_out_under_their_family_in_base_units() {
+        let stats = Stats::default();
+        let mut g = gpu(0.25);
+        g.counters.insert("energy_j".into(), (5, 1234.0));
+        let q = RemoteQueue::new(100, vec!["power_w".into(), "energy_j".into()]);
+        q.push_gpu(&g, Some(1_000), &stats);
+        let named: Vec<(String, f64)> = q
+            .take(100)
+            .into_iter()
+            .map(|p| {
+                let name = p.labels.iter().find(|l| l.name == "__name__").unwrap();
+                (name.value.clone(), p.value)
+            })
+            .collect();
+        for want in [
+            ("flopwatch_gpu_power_watts", 300.0),
+            ("flopwatch_gpu_energy_joules_total", 1234.0),
+            ("flopwatch_ofu_sm_clock_hertz", 1.8e9),
+        ] {
+            assert!(
+                named.iter().any(|(n, v)| n == want.0 && *v == want.1),
+                "{want:?} not in {named:?}"
+            );
+        }
+        assert!(named.iter().all(|(n, _)| n != "flopwatch_gpu_metric"));
     }
 
     #[test]

@@ -77,6 +77,9 @@ pub struct Serving {
     /// A plaintext listener serving only `grpc.health.v1` (`health_listen`),
     /// for probes that cannot speak TLS, such as Kubernetes' `grpc:` probes.
     pub health: Option<TcpListener>,
+    /// TLS on the `/metrics` listener (`[exporter.tls]`,
+    /// [`crate::tls::metrics_config`]); `None` serves plain HTTP.
+    pub metrics_tls: Option<flopwatch_transport::metrics_http::MetricsTls>,
 }
 
 /// [`serve`] as a member of a cluster: queries are answered for the whole
@@ -124,11 +127,14 @@ pub async fn serve_cluster(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let metrics_task = metrics.map(|l| {
         tracing::info!(addr = ?l.local_addr().ok(), "serving /metrics");
-        let registry = Arc::new(crate::exporter::registry(collector.clone()));
+        let c = collector.clone();
+        let page: Arc<flopwatch_transport::metrics_http::PageFn> =
+            Arc::new(move |token: Option<&str>| crate::exporter::page(&c, token));
         let mut stop = stop_rx.clone();
-        tokio::spawn(flopwatch_transport::metrics_http::serve(
+        tokio::spawn(flopwatch_transport::metrics_http::serve_with(
             l,
-            registry,
+            serving.metrics_tls.clone(),
+            page,
             async move {
                 let _ = stop.wait_for(|s| *s).await;
             },
@@ -340,7 +346,7 @@ async fn storage_watchdog(collector: Arc<Collector>, fatal: tokio::sync::oneshot
 pub struct Loopback {
     /// `http://127.0.0.1:PORT`.
     pub url: String,
-    /// `http://127.0.0.1:PORT/metrics`.
+    /// `http://127.0.0.1:PORT/metrics` (`https://` with metrics TLS).
     pub metrics_url: String,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<Result<(), CollectorError>>,
@@ -390,11 +396,9 @@ impl Loopback {
             .local_addr()
             .map_err(|e| CollectorError::Setup(e.to_string()))?;
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let scheme = if serving.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        };
+        let scheme = |tls: bool| if tls { "https" } else { "http" };
+        let metrics_scheme = scheme(serving.metrics_tls.is_some());
+        let scheme = scheme(serving.tls.is_some());
         let task = tokio::spawn(serve_cluster(
             collector,
             listener,
@@ -406,7 +410,7 @@ impl Loopback {
         ));
         Ok(Self {
             url: format!("{scheme}://{addr}"),
-            metrics_url: format!("http://{metrics_addr}/metrics"),
+            metrics_url: format!("{metrics_scheme}://{metrics_addr}/metrics"),
             stop,
             task,
         })

@@ -37,6 +37,8 @@ pub struct Settings {
     pub limits: LimitTable,
     /// Peers and limbo settlement ([`crate::cluster`]).
     pub cluster: crate::cluster::ClusterSettings,
+    /// `/metrics` also carries dcgm-exporter's families (`[exporter]`).
+    pub dcgm_compat: bool,
 }
 
 impl Settings {
@@ -66,6 +68,7 @@ impl Settings {
             analysis: AnalysisSettings::from_config(&c.analysis),
             remote_write: c.remote_write.clone(),
             limits: LimitTable::from_config(c),
+            dcgm_compat: c.exporter.dcgm_compat,
         }
     }
 }

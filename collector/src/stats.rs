@@ -46,6 +46,17 @@ pub struct Stats {
     batch_rejects: Mutex<BTreeMap<(String, String), u64>>,
     /// Failed authentications and authorizations, by service and kind.
     auth_failures: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// XID errors agents reported, by (tenant, GPU UUID).
+    xids: Mutex<BTreeMap<(String, String), Xid>>,
+}
+
+/// The XID errors of one GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Xid {
+    /// Reported so far.
+    pub count: u64,
+    /// The last one's code.
+    pub last: i64,
 }
 
 impl Default for Stats {
@@ -69,6 +80,7 @@ impl Default for Stats {
             by_tenant: Mutex::default(),
             batch_rejects: Mutex::default(),
             auth_failures: Mutex::default(),
+            xids: Mutex::default(),
         }
     }
 }
@@ -108,7 +120,8 @@ impl Stats {
             .unwrap_or_default()
     }
 
-    /// Counts a refused credential on `service` (`ingest`, `query`).
+    /// Counts a refused credential on `service` (`ingest`, `query`,
+    /// `metrics`).
     pub fn auth_failure(&self, service: &'static str, e: &AuthError) {
         let kind = match e {
             AuthError::Unauthenticated => "unauthenticated",
@@ -125,6 +138,22 @@ impl Stats {
             .lock()
             .map(|m| m.iter().map(|(k, v)| (*k, *v)).collect())
             .unwrap_or_default()
+    }
+
+    /// Counts an XID error an agent reported on a GPU.
+    pub fn xid(&self, tenant: &str, gpu_uuid: &str, code: i64) {
+        if let Ok(mut m) = self.xids.lock() {
+            let x = m
+                .entry((tenant.to_string(), gpu_uuid.to_string()))
+                .or_default();
+            x.count += 1;
+            x.last = code;
+        }
+    }
+
+    /// XID errors per (tenant, GPU UUID) so far.
+    pub fn xids(&self) -> BTreeMap<(String, String), Xid> {
+        self.xids.lock().map(|m| m.clone()).unwrap_or_default()
     }
 
     /// Counts a failed remote-write request.

@@ -27,3 +27,18 @@ pub fn server_config(tls: &ServerTls, base: &Path) -> Result<ServerTlsConfig, Tl
     }
     Ok(cfg)
 }
+
+/// The `/metrics` listener's TLS from `[exporter.tls]` (certificate and
+/// key; scrapes authenticate with bearer tokens, not certificates).
+pub fn metrics_config(
+    tls: &ServerTls,
+    base: &Path,
+) -> Result<flopwatch_transport::metrics_http::MetricsTls, TlsFileError> {
+    let cert = read_certs("exporter.tls.cert", base, &tls.cert)?;
+    let key = read_key("exporter.tls.key", base, &tls.key)?;
+    flopwatch_transport::metrics_http::tls_config(&cert, &key).map_err(|message| TlsFileError {
+        key: "exporter.tls".into(),
+        path: base.join(&tls.cert),
+        message,
+    })
+}

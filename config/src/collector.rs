@@ -14,9 +14,11 @@ use std::time::Duration;
 pub struct CollectorConfig {
     /// gRPC listen address (ingest and query).
     pub listen: SocketAddr,
-    /// HTTP address of `/metrics` (Prometheus). The page covers every
-    /// tenant: keep it on loopback or a provider-only network.
+    /// HTTP address of `/metrics` (Prometheus). What a scrape sees depends
+    /// on its bearer token (`[exporter]`).
     pub metrics_listen: SocketAddr,
+    /// What `/metrics` exports and how it is served.
+    pub exporter: ExporterConfig,
     /// RocksDB directory.
     pub data_dir: PathBuf,
     /// Name reported to agents; defaults to the hostname.
@@ -74,6 +76,18 @@ pub struct CollectorConfig {
     pub limits: Limits,
     /// Settling batches that two collectors of a cluster may both hold.
     pub cluster: ClusterConfig,
+}
+
+/// `[exporter]`: the collector's `/metrics` page.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExporterConfig {
+    /// Also export dcgm-exporter's `DCGM_FI_*` families, names, units and
+    /// labels, so its dashboards and alerts work unchanged.
+    pub dcgm_compat: bool,
+    /// TLS on `metrics_listen` (certificate and key; client certificates
+    /// are not asked for). Unset: plain HTTP.
+    pub tls: Option<ServerTls>,
 }
 
 /// `[cluster]`: batches an agent resent after a collector failed without
@@ -407,6 +421,7 @@ impl Default for CollectorConfig {
         Self {
             listen: "127.0.0.1:7070".parse().expect("literal address"),
             metrics_listen: "127.0.0.1:9400".parse().expect("literal address"),
+            exporter: ExporterConfig::default(),
             data_dir: PathBuf::from("/var/lib/flopwatch"),
             collector_id: String::new(),
             gpu_specs: None,
@@ -535,6 +550,7 @@ impl Validate for CollectorConfig {
     const KEYS: &'static [&'static str] = &[
         "listen",
         "metrics_listen",
+        "exporter",
         "data_dir",
         "collector_id",
         "gpu_specs",
@@ -568,6 +584,15 @@ impl Validate for CollectorConfig {
                 return Err(ConfigError::invalid(
                     &format!("peers[{i}]"),
                     format!("`{p}` must start with http:// or https://"),
+                ));
+            }
+        }
+        if let Some(tls) = &self.exporter.tls {
+            tls.validate("exporter.tls")?;
+            if tls.client_ca.is_some() {
+                return Err(ConfigError::invalid(
+                    "exporter.tls.client_ca",
+                    "client certificates are not checked on /metrics: scrapes authenticate with a bearer token",
                 ));
             }
         }

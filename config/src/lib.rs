@@ -19,8 +19,9 @@ mod specs;
 
 pub use agent::{AgentConfig, HostSettings, NvmlSettings, SimSettings, SourceKind, SpoolConfig};
 pub use collector::{
-    resolution_decimals, AgentToken, AnalysisConfig, ClusterConfig, CollectorConfig, PolicyConfig,
-    QueryToken, RemoteWriteConfig, StorageConfig, TenantConfig, TenantRetention,
+    resolution_decimals, AgentToken, AnalysisConfig, ClusterConfig, CollectorConfig,
+    ExporterConfig, PolicyConfig, QueryToken, RemoteWriteConfig, StorageConfig, TenantConfig,
+    TenantRetention,
 };
 pub use error::ConfigError;
 pub use load::{

@@ -195,3 +195,35 @@ fn remote_write_auth_and_tls_combinations_name_the_key() {
         );
     }
 }
+
+#[test]
+fn exporter_section_reads_and_refuses_client_certificates_by_key() {
+    let base = "anonymous_tenant = \"d\"\nplaintext = true\n";
+    let c: CollectorConfig = parse_str(
+        &format!("{base}[exporter]\ndcgm_compat = true\n[exporter.tls]\ncert = \"m.crt\"\nkey = \"m.key\"\n"),
+        Path::new("c.toml"),
+    )
+    .unwrap();
+    assert!(c.exporter.dcgm_compat);
+    assert_eq!(c.exporter.tls.unwrap().cert, PathBuf::from("m.crt"));
+    let e = parse_str::<CollectorConfig>(
+        &format!(
+            "{base}[exporter.tls]\ncert = \"m.crt\"\nkey = \"m.key\"\nclient_ca = \"ca.pem\"\n"
+        ),
+        Path::new("c.toml"),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::Invalid { key, .. } if key == "exporter.tls.client_ca"),
+        "{e}"
+    );
+    let e = parse_str::<CollectorConfig>(
+        &format!("{base}[exporter.tls]\ncert = \"\"\nkey = \"m.key\"\n"),
+        Path::new("c.toml"),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::Invalid { key, .. } if key == "exporter.tls.cert"),
+        "{e}"
+    );
+}
