@@ -1,4 +1,5 @@
-//! The container images (`Dockerfile` at the repository root):
+//! The container images (`deploy/docker/Dockerfile`, built with the
+//! repository root as context):
 //!
 //! - hadolint finds nothing in the Dockerfile;
 //! - the agent target is the agent-only build, the default target the full
@@ -26,7 +27,7 @@ fn read(path: &Path) -> String {
 }
 
 fn dockerfile() -> String {
-    read(&root().join("Dockerfile"))
+    read(&root().join("deploy/docker/Dockerfile"))
 }
 
 fn hadolint(dockerfile: &Path) -> Output {
@@ -47,7 +48,7 @@ fn report(o: &Output) -> String {
 
 #[test]
 fn hadolint_finds_nothing() {
-    let o = hadolint(&root().join("Dockerfile"));
+    let o = hadolint(&root().join("deploy/docker/Dockerfile"));
     assert!(o.status.success(), "{}", report(&o));
 }
 
@@ -176,9 +177,9 @@ fn the_agent_target_is_the_agent_only_build_and_both_run_unprivileged() {
         assert!(uid != "0" && uid != "root", "{:?}: USER {u}", s.name);
     }
     // The build context leaves out build outputs and history.
-    let ignore = read(&root().join(".dockerignore"));
+    let ignore = read(&root().join("deploy/docker/Dockerfile.dockerignore"));
     for p in ["target", ".git"] {
-        assert!(ignore.lines().any(|l| l.trim() == p), ".dockerignore: {p}");
+        assert!(ignore.lines().any(|l| l.trim() == p), "Dockerfile.dockerignore: {p}");
     }
 }
 
@@ -266,7 +267,7 @@ fn docker(args: &[&str]) -> Output {
 fn images_build_and_run() {
     let builds = build_commands(&dockerfile());
     for (target, image) in &builds {
-        let mut args = vec!["build"];
+        let mut args = vec!["build", "-f", "deploy/docker/Dockerfile"];
         if !target.is_empty() {
             args.extend(["--target", target.as_str()]);
         }

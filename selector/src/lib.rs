@@ -1,6 +1,6 @@
 //! # flopwatch-selector — offline, data-driven metric selection
 //!
-//! Implements Moneo §2.2 (`seeds/moneo-paper.txt`): from time series of
+//! Implements Moneo §2.2 (the Moneo paper's metric selection): from time series of
 //! every metric recorded across several workloads, drop the metrics that
 //! are almost constant, then keep one metric of each group of near-identical
 //! series. The output (`selected.toml`) is the metric set agents collect.

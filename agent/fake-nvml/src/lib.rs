@@ -1,7 +1,7 @@
 //! A fake `libnvidia-ml.so`, driven by the simulator.
 //!
 //! flopwatch's NVML source must run in CI, where there is no GPU
-//! (MISSION.md, "Agent"). This crate builds a cdylib that exports, with the
+//! This crate builds a cdylib that exports, with the
 //! exact C signatures and struct layouts of `nvml.h` (taken from
 //! `nvml-wrapper-sys`), every NVML function the agent's NVML source calls.
 //! The agent loads it through nvml-wrapper's library-path option, exactly as

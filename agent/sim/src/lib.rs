@@ -2,7 +2,7 @@
 //!
 //! The simulator is the embedded default source of the agent and the engine
 //! behind the fake `libnvidia-ml.so`, so both see the same fleet. It models
-//! what MISSION.md asks of a "realistic simulated node":
+//! the workloads a realistic node runs:
 //!
 //! * steady GEMM (high, flat tensor activity),
 //! * periodic training steps with communication phases (compute at high

@@ -4,7 +4,7 @@
 //!   Hopper and newer: each capture takes *one* GPM sample per GPU and diffs
 //!   it against the previous capture's sample (`gpm_metrics_get`), so every
 //!   value is the hardware's exact average over the window, whatever its
-//!   length (MISSION.md "Agent"; OFU paper eq. 1 needs TPA as a window
+//!   length (the OFU paper's eq. 1 needs tensor pipe activity as a window
 //!   mean). NVML reports utilizations in percent and bandwidth in MiB/s;
 //!   they become fractions and bytes/s here.
 //! * **The SM clock** is read twice: the instantaneous `clock_info` point
