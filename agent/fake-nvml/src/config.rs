@@ -339,7 +339,11 @@ mod tests {
             FakeConfig::parse("gpm_permission=root"),
             Err(ConfigError::BadValue { .. })
         ));
-        assert!(!FakeConfig::parse("gpm_permission=granted").unwrap().gpm_denied);
+        assert!(
+            !FakeConfig::parse("gpm_permission=granted")
+                .unwrap()
+                .gpm_denied
+        );
         assert!(matches!(
             FakeConfig::parse("node=1"),
             Err(ConfigError::BadValue { .. })
