@@ -1868,7 +1868,11 @@ fn systemd_units_run_flopwatch_hardened_and_stop_with_a_flush() {
     // collector keeps none.
     for k in ["CapabilityBoundingSet", "AmbientCapabilities"] {
         assert_eq!(unit_value(&a, k), Some("CAP_SYS_ADMIN"), "agent unit: {k}");
-        assert_eq!(unit_value(&c, k).unwrap_or_default(), "", "collector unit: {k}");
+        assert_eq!(
+            unit_value(&c, k).unwrap_or_default(),
+            "",
+            "collector unit: {k}"
+        );
     }
     let env = unit_env(&a, "flopwatch-agent.service");
     assert_overrides_name_keys(&env, AgentConfig::KEYS, "agent unit");

@@ -149,9 +149,19 @@ fn gauge(page: &str, family: &str, uuid: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_show_which_gpus_are_refused() {
+#[test]
+fn metrics_show_which_gpus_are_refused() {
+    // The library is held for the whole runtime, not across its awaits.
     let _guard = DRIVER.lock().unwrap_or_else(PoisonError::into_inner);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(refused_gpus_on_metrics());
+}
+
+async fn refused_gpus_on_metrics() {
     let path = library_path().expect("the fake NVML library is built next to this test");
     // The wall clock: the loop's capture interval is real time.
     control::set_time_ms(0).unwrap();
