@@ -26,7 +26,6 @@
 //!   as code, or `"ecc_dbe"`.
 //! * **MIG mode** is read once at open; NotSupported (or a driver without
 //!   the call) means MIG is off. MIG instances are not enumerated yet.
-//!
 //! * **GPM permission**: in a container without `CAP_SYS_ADMIN` the driver
 //!   refuses GPM samples (`NVML_ERROR_NO_PERMISSION`) although the GPU
 //!   supports them. The GPM metrics (tensor activity, the OFU input, among
