@@ -552,6 +552,11 @@ fn agent_daemonset_reads_the_host_without_privilege() {
     assert_eq!(sc.read_only_root_filesystem, Some(true));
     assert_eq!(sc.allow_privilege_escalation, Some(false));
     assert_ne!(sc.privileged, Some(true));
+    // All capabilities dropped but SYS_ADMIN, which GPM samples (tensor
+    // activity, OFU) need in a container.
+    let caps = sc.capabilities.as_ref().expect("capabilities");
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+    assert_eq!(caps.add.as_deref(), Some(&["SYS_ADMIN".to_string()][..]));
     let res = c.resources.as_ref().expect("resources");
     for (what, q) in [("requests", &res.requests), ("limits", &res.limits)] {
         let q = q.as_ref().unwrap_or_else(|| panic!("no {what}"));
@@ -1858,6 +1863,16 @@ fn systemd_units_run_flopwatch_hardened_and_stop_with_a_flush() {
     ] {
         let v = unit_value(&a, k).unwrap_or_default();
         assert!(!bad.contains(&v), "agent unit: {k}={v}");
+    }
+    // GPM samples need CAP_SYS_ADMIN, and nothing else is kept; the
+    // collector keeps none.
+    for k in ["CapabilityBoundingSet", "AmbientCapabilities"] {
+        assert_eq!(unit_value(&a, k), Some("CAP_SYS_ADMIN"), "agent unit: {k}");
+        assert_eq!(
+            unit_value(&c, k).unwrap_or_default(),
+            "",
+            "collector unit: {k}"
+        );
     }
     let env = unit_env(&a, "flopwatch-agent.service");
     assert_overrides_name_keys(&env, AgentConfig::KEYS, "agent unit");

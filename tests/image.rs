@@ -179,7 +179,10 @@ fn the_agent_target_is_the_agent_only_build_and_both_run_unprivileged() {
     // The build context leaves out build outputs and history.
     let ignore = read(&root().join("deploy/docker/Dockerfile.dockerignore"));
     for p in ["target", ".git"] {
-        assert!(ignore.lines().any(|l| l.trim() == p), "Dockerfile.dockerignore: {p}");
+        assert!(
+            ignore.lines().any(|l| l.trim() == p),
+            "Dockerfile.dockerignore: {p}"
+        );
     }
 }
 

@@ -11,7 +11,7 @@ use crate::outbox::Outbox;
 use crate::sampler::Sampler;
 use crate::source::{GpuSource, SourceError};
 use flopwatch_proto::clock::Clock;
-use flopwatch_proto::model::{Hello, NodeIdentity};
+use flopwatch_proto::model::{GpuInfo, Hello, NodeIdentity};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,6 +94,9 @@ pub struct AgentStats {
     /// Each metric's current sampling interval when the last batch was cut:
     /// (GPU UUID, metric, ms).
     pub intervals: std::sync::Mutex<Vec<(String, &'static str, u32)>>,
+    /// Per GPU, whether the driver refused its GPM samples at the last
+    /// capture: (GPU UUID, refused). Empty for sources without GPM.
+    pub gpm_denied: std::sync::Mutex<Vec<(String, bool)>>,
 }
 
 /// A running agent.
@@ -391,6 +394,7 @@ async fn sample_loop(
             match r {
                 Ok(mut capture) => {
                     stats.captures.fetch_add(1, Ordering::Relaxed);
+                    note_gpm_denied(&stats, &inventory, s.gpm_permission_denied());
                     // Lookups run in the background at most every refresh
                     // interval; every capture carries the latest owners,
                     // then the source's jobs, then the `job` label.
@@ -456,6 +460,22 @@ async fn sample_loop(
         cut.cut(&mut batcher, &mut mfu, sampler.as_ref(), clock.now_ms());
     }
     outbox.close();
+}
+
+/// Keeps the source's GPM refusals for `/metrics`, touching the list only
+/// when they change (they almost never do).
+fn note_gpm_denied(stats: &AgentStats, inventory: &[GpuInfo], denied: &[bool]) {
+    let Ok(mut noted) = stats.gpm_denied.lock() else {
+        return;
+    };
+    if noted.iter().map(|(_, d)| d).eq(denied.iter()) {
+        return;
+    }
+    *noted = inventory
+        .iter()
+        .zip(denied)
+        .map(|(gpu, &d)| (gpu.uuid.clone(), d))
+        .collect();
 }
 
 /// A capture running on a blocking thread: it gives the source and the

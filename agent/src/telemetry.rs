@@ -12,6 +12,7 @@
 //! | `flopwatch_agent_spool_bytes` | gauge | |
 //! | `flopwatch_agent_spool_written_batches_total`, `…_spool_dropped_batches_total`, `…_spool_dropped_bytes_total`, `…_spool_bad_records_total`, `…_spool_io_errors_total` | counter | |
 //! | `flopwatch_agent_attribution_refreshes_total` | counter | |
+//! | `flopwatch_agent_gpm_permission_denied` | gauge 0/1 | `UUID` |
 //! | `flopwatch_build_info` | gauge, always 1 | `component` (`agent`), `version`, `arch`, `os` |
 //! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_start_time_seconds`, `process_open_fds`, `process_max_fds` | counter, gauges | |
 
@@ -225,6 +226,24 @@ impl prometheus_client::collector::Collector for AgentExporter {
             "Job attribution refreshes.",
             &self.attribution.refreshes,
         )?;
+        let denied = self
+            .stats
+            .gpm_denied
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default();
+        if !denied.is_empty() {
+            let mut m = enc.encode_descriptor(
+                "flopwatch_agent_gpm_permission_denied",
+                "1 while the driver refuses the GPU's GPM samples (NVML_ERROR_NO_PERMISSION: a container without CAP_SYS_ADMIN); tensor activity and OFU are then missing.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (uuid, d) in &denied {
+                let labels = [("UUID", uuid.as_str())];
+                ConstGauge::new(if *d { 1.0 } else { 0.0 }).encode(m.encode_family(&labels)?)?;
+            }
+        }
         Ok(())
     }
 }

@@ -23,6 +23,12 @@
 //! `hang_after=N` makes every device query after the first `N` block, as a
 //! wedged driver does, until the fake is configured again without it (the
 //! `hang` module): what the agent's liveness check must catch.
+//!
+//! `gpm_permission=denied` makes `nvmlGpmSampleGet` and `nvmlGpmMetricsGet`
+//! answer `NVML_ERROR_NO_PERMISSION`, as the driver does for a process in a
+//! container without `CAP_SYS_ADMIN`; `nvmlGpmQueryDeviceSupport` still
+//! says the GPU supports GPM (support is the hardware's, permission the
+//! process's). `granted` (the default) lifts it.
 
 /// Name of the environment variable read at `nvmlInit`.
 pub const ENV_VAR: &str = "FLOPWATCH_FAKE_NVML";
@@ -77,6 +83,9 @@ pub struct FakeConfig {
     /// Device queries answered before every later one blocks
     /// (`hang_after`, default none: never).
     pub hang_after: Option<u64>,
+    /// Whether GPM samples are refused with `NVML_ERROR_NO_PERMISSION`
+    /// (`gpm_permission=denied`; default `granted`).
+    pub gpm_denied: bool,
 }
 
 /// NVLink links an NVML device exposes (`NVML_NVLINK_MAX_LINKS`).
@@ -126,6 +135,7 @@ impl Default for FakeConfig {
             schedule: None,
             cpu_report: None,
             hang_after: None,
+            gpm_denied: false,
         }
     }
 }
@@ -137,7 +147,7 @@ pub enum ConfigError {
     #[error("`{0}` is not key=value")]
     NotAPair(String),
     /// A key the fake does not know.
-    #[error("unknown key `{0}` (known: gpus, nodes, node, seed, start_ms, regress_after_ms, gpm, driver, ring, events, mig, xid, nvlinks, nvlink_replays, schedule, cpu_report, hang_after)")]
+    #[error("unknown key `{0}` (known: gpus, nodes, node, seed, start_ms, regress_after_ms, gpm, driver, ring, events, mig, xid, nvlinks, nvlink_replays, schedule, cpu_report, hang_after, gpm_permission)")]
     UnknownKey(String),
     /// A value that does not parse or is out of range.
     #[error("bad value for `{key}`: `{value}` ({why})")]
@@ -205,6 +215,13 @@ impl FakeConfig {
                 "hang_after" => {
                     c.hang_after = Some(value.parse().map_err(|_| bad("not an unsigned integer"))?)
                 }
+                "gpm_permission" => {
+                    c.gpm_denied = match value {
+                        "denied" => true,
+                        "granted" => false,
+                        _ => return Err(bad("expected denied or granted")),
+                    }
+                }
                 _ => return Err(ConfigError::UnknownKey(key.to_string())),
             }
         }
@@ -233,7 +250,7 @@ mod tests {
     #[test]
     fn parses_every_key_and_defaults_the_rest() {
         let c = FakeConfig::parse(
-            " gpus=4, nodes=2,node=1,seed=3,start_ms=-5,gpm=0,driver=535.1,ring=7,nvlinks=12,nvlink_replays=3,schedule=/tmp/load.txt,cpu_report=/tmp/cpu,hang_after=7 ",
+            " gpus=4, nodes=2,node=1,seed=3,start_ms=-5,gpm=0,driver=535.1,ring=7,nvlinks=12,nvlink_replays=3,schedule=/tmp/load.txt,cpu_report=/tmp/cpu,hang_after=7,gpm_permission=denied ",
         )
         .unwrap();
         assert_eq!(
@@ -252,6 +269,7 @@ mod tests {
                 schedule: Some("/tmp/load.txt".into()),
                 cpu_report: Some("/tmp/cpu".into()),
                 hang_after: Some(7),
+                gpm_denied: true,
                 ..FakeConfig::default()
             }
         );
@@ -317,6 +335,15 @@ mod tests {
             FakeConfig::parse("hang_after=-1"),
             Err(ConfigError::BadValue { .. })
         ));
+        assert!(matches!(
+            FakeConfig::parse("gpm_permission=root"),
+            Err(ConfigError::BadValue { .. })
+        ));
+        assert!(
+            !FakeConfig::parse("gpm_permission=granted")
+                .unwrap()
+                .gpm_denied
+        );
         assert!(matches!(
             FakeConfig::parse("node=1"),
             Err(ConfigError::BadValue { .. })

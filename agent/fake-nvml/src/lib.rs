@@ -33,6 +33,9 @@
 //! * `nvmlDeviceGetMigMode` is `NOT_SUPPORTED` (no MIG), or enabled with
 //!   `mig=1` (no MIG instances are modelled);
 //! * `gpm=0` models a pre-Hopper GPU: no GPM support;
+//! * `gpm_permission=denied` models a container without `CAP_SYS_ADMIN`:
+//!   GPM is supported but `nvmlGpmSampleGet` and `nvmlGpmMetricsGet`
+//!   answer `NVML_ERROR_NO_PERMISSION`;
 //! * `schedule=PATH` makes GPU 0 follow a load generator's schedule file
 //!   instead of its simulated job (the `schedule` module);
 //! * NVLink and PCIe without GPM: `nvmlDeviceGetFieldValues` answers

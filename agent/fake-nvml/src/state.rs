@@ -616,11 +616,22 @@ impl Fake {
             .ok_or(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
     }
 
-    /// `nvmlGpmSampleGet`: stamps the sample with (GPU, now).
-    pub fn gpm_take(&mut self, gpu: usize, handle: usize, now: i64) -> Result<(), Ret> {
+    /// Whether this process may use GPM: not on a GPU without it, and not
+    /// without the permission (`gpm_permission=denied`), which the driver
+    /// checks before it looks at the arguments.
+    fn gpm_allowed(&self) -> Result<(), Ret> {
         if !self.config.gpm {
             return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
         }
+        if self.config.gpm_denied {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_NO_PERMISSION);
+        }
+        Ok(())
+    }
+
+    /// `nvmlGpmSampleGet`: stamps the sample with (GPU, now).
+    pub fn gpm_take(&mut self, gpu: usize, handle: usize, now: i64) -> Result<(), Ret> {
+        self.gpm_allowed()?;
         let slot = self
             .samples
             .get_mut(&handle)
@@ -631,9 +642,7 @@ impl Fake {
 
     /// The exact window two samples bracket (`nvmlGpmMetricsGet`).
     pub fn gpm_window(&self, first: usize, second: usize) -> Result<WindowMean, Ret> {
-        if !self.config.gpm {
-            return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
-        }
+        self.gpm_allowed()?;
         let stamp = |h| match self.samples.get(&h) {
             Some(Some(s)) => Ok(*s),
             _ => Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),

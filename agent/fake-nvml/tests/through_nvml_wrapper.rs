@@ -93,6 +93,17 @@ fn nvml_wrapper_reads_the_simulated_node() {
     assert!(!d.gpm_support().unwrap());
     assert!(matches!(d.gpm_sample(), Err(NvmlError::NotSupported)));
     assert!(d.power_usage().unwrap() > 0);
+
+    // In a container without CAP_SYS_ADMIN: GPM is there but refused.
+    control::configure(&format!("gpus=2,gpm_permission=denied,start_ms={T0}")).unwrap();
+    let d = nvml.device_by_index(0).unwrap();
+    assert!(d.gpm_support().unwrap());
+    assert!(matches!(d.gpm_sample(), Err(NvmlError::NoPermission)));
+    assert!(matches!(
+        gpm_metrics_get(&nvml, &a, &b, &[GpmMetricId::AnyTensorUtil]),
+        Err(NvmlError::NoPermission)
+    ));
+    assert!(d.power_usage().unwrap() > 0);
     drop((a, b));
     control::set_time_ms(0).unwrap();
 }

@@ -108,6 +108,14 @@ pub trait GpuSource: Send {
         &[]
     }
 
+    /// Per inventory GPU, whether the driver refused its GPM samples for
+    /// lack of permission at the last capture (a container without
+    /// `CAP_SYS_ADMIN`; [`nvml::GPM_DENIED_HELP`]). Empty for sources
+    /// without GPM.
+    fn gpm_permission_denied(&self) -> &[bool] {
+        &[]
+    }
+
     /// The compute processes seen at the last capture, as (inventory
     /// index, PID) pairs, for job attribution ([`crate::attribution`]).
     /// Sources that do not see processes return none.

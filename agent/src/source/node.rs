@@ -127,6 +127,10 @@ impl GpuSource for NodeSource {
         self.inner.processes()
     }
 
+    fn gpm_permission_denied(&self) -> &[bool] {
+        self.inner.gpm_permission_denied()
+    }
+
     fn mfu_reports(&mut self, now_ms: i64) -> Vec<flopwatch_proto::model::MfuReport> {
         self.inner.mfu_reports(now_ms)
     }

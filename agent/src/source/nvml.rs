@@ -26,6 +26,14 @@
 //!   as code, or `"ecc_dbe"`.
 //! * **MIG mode** is read once at open; NotSupported (or a driver without
 //!   the call) means MIG is off. MIG instances are not enumerated yet.
+//! * **GPM permission**: in a container without `CAP_SYS_ADMIN` the driver
+//!   refuses GPM samples (`NVML_ERROR_NO_PERMISSION`) although the GPU
+//!   supports them. The GPM metrics (tensor activity, the OFU input, among
+//!   them) are then absent, never zeros; one warning per process names the
+//!   fix ([`GPM_DENIED_HELP`]); [`GpuSource::gpm_permission_denied`] tells
+//!   the agent's `/metrics` which GPUs are refused; NVLink and PCIe
+//!   throughput fall back to their non-GPM reads. The sample is retried
+//!   every capture, so a granted permission brings GPM back.
 //!
 //! A counter the GPU does not support (or that fails) is skipped and logged
 //! once per GPU; it never fails the capture. A missing or broken driver is
@@ -76,6 +84,15 @@ const PERCENT: f64 = 0.01;
 /// NVML's MiB/s → bytes/s.
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// The one warning logged when the driver refuses GPM samples.
+pub const GPM_DENIED_HELP: &str = "GPM samples refused (NVML_ERROR_NO_PERMISSION): \
+    in a container they need CAP_SYS_ADMIN. Add SYS_ADMIN to the agent pod's \
+    securityContext.capabilities.add, or run the agent with \
+    AmbientCapabilities=CAP_SYS_ADMIN (systemd). Until then tensor activity, \
+    the other GPM pipe counters and OFU are unavailable on these GPUs; the \
+    other counters go on. Alternatively point the agent at a dcgm-exporter \
+    that has the capability (source = \"dcgm-exporter:URL\").";
+
 /// GPM metrics read every window: NVML id, catalog name, unit factor.
 const GPM_METRICS: [(GpmMetricId, &str, f64); 11] = [
     (GpmMetricId::AnyTensorUtil, m::TENSOR_ACTIVE, PERCENT),
@@ -101,12 +118,17 @@ pub struct NvmlSource {
     reported: HashSet<(usize, &'static str)>,
     /// The event set every supporting GPU is registered on, if any.
     events: Option<EventSet<'static>>,
+    /// Per inventory GPU: whether its last GPM call was refused for lack
+    /// of permission.
+    gpm_denied: Vec<bool>,
 }
 
 /// Per-GPU state carried between captures.
 struct Gpu {
     device: Device<'static>,
     gpm: bool,
+    /// Whether the last GPM call was refused (`NVML_ERROR_NO_PERMISSION`).
+    gpm_denied: bool,
     /// The previous GPM sample taken: the start of the next window.
     last_gpm: Option<GpmSample<'static>>,
     /// When `last_gpm` was taken, unix ms.
@@ -244,6 +266,7 @@ impl NvmlSource {
             gpus.push(Gpu {
                 device,
                 gpm,
+                gpm_denied: false,
                 last_gpm: None,
                 last_gpm_ms: None,
                 last_clock_us: None,
@@ -258,6 +281,7 @@ impl NvmlSource {
         let events = event_set(nvml, &gpus, &mut reported);
         Ok(Self {
             nvml,
+            gpm_denied: vec![false; gpus.len()],
             gpus,
             inventory,
             last_ms: None,
@@ -458,6 +482,7 @@ impl GpuSource for NvmlSource {
             };
             read_gpu(self.nvml, gpu, windowed, &mut out);
             read_links(gpu, windowed, &mut out);
+            self.gpm_denied[index] = gpu.gpm_denied;
             gpus.push(GpuCapture {
                 gpu: index,
                 window_ms,
@@ -471,6 +496,10 @@ impl GpuSource for NvmlSource {
             jobs: Vec::new(),
             events,
         })
+    }
+
+    fn gpm_permission_denied(&self) -> &[bool] {
+        &self.gpm_denied
     }
 
     fn processes(&self) -> Vec<(usize, u32)> {
@@ -644,10 +673,11 @@ fn read_gpm(nvml: &'static Nvml, gpu: &mut Gpu, out: &mut Out<'_>) {
             // No window can start at a sample we do not have.
             gpu.last_gpm = None;
             gpu.last_gpm_ms = None;
-            out.failed("nvmlGpmSampleGet", &e);
+            gpm_failed(gpu, out, "nvmlGpmSampleGet", &e);
             return;
         }
     };
+    gpu.gpm_denied = false;
     if let Some(prev) = &gpu.last_gpm {
         // A GPM sample skipped by the read plan widened this window.
         let span = gpu
@@ -668,12 +698,26 @@ fn read_gpm(nvml: &'static Nvml, gpu: &mut Gpu, out: &mut Out<'_>) {
                     }
                 }
             }
-            Err(e) => out.failed("nvmlGpmMetricsGet", &e),
+            Err(e) => gpm_failed(gpu, out, "nvmlGpmMetricsGet", &e),
         }
     }
     // Replacing the previous sample frees it (nvmlGpmSampleFree).
     gpu.last_gpm = Some(sample);
     gpu.last_gpm_ms = Some(out.now_ms);
+}
+
+/// A refused GPM call: the one warning for the whole process (every GPU of
+/// a container lacks the same capability), and the GPU marked refused;
+/// any other failure is logged as usual.
+fn gpm_failed(gpu: &mut Gpu, out: &mut Out<'_>, call: &'static str, e: &NvmlError) {
+    if !matches!(e, NvmlError::NoPermission) {
+        out.failed(call, e);
+        return;
+    }
+    gpu.gpm_denied = true;
+    if out.reported.insert((NODE, "gpm permission")) {
+        warn!(gpu = out.gpu, call, "{GPM_DENIED_HELP}");
+    }
 }
 
 /// Most NVLink links a GPU has (`NVML_NVLINK_MAX_LINKS`).
@@ -759,7 +803,9 @@ fn read_links(gpu: &mut Gpu, windowed: bool, out: &mut Out<'_>) {
         "nvmlDeviceGetPcieReplayCounter",
         || d.pcie_replay_counter().map(f64::from),
     );
-    if gpu.gpm {
+    // GPM covers throughput, unless it is refused (then the reads below
+    // stand in, as on a GPU without GPM).
+    if gpu.gpm && !gpu.gpm_denied {
         return;
     }
     if gpu.nvlinks > 0 && (out.wants(m::NVLINK_TX_BYTES_S) || out.wants(m::NVLINK_RX_BYTES_S)) {
