@@ -168,8 +168,12 @@ fn the_agent_target_is_the_agent_only_build_and_both_run_unprivileged() {
         f.contains("-p flopwatch-cli") && !f.contains("--no-default-features"),
         "{f}"
     );
+    // The agent with its own size-leaning profile (Cargo.toml), the rest
+    // as released.
+    assert!(a.contains("--profile agent"), "{a}");
+    assert!(f.contains("--release"), "{f}");
     for c in [&a, &f] {
-        assert!(c.contains("--release") && c.contains("--locked"), "{c}");
+        assert!(c.contains("--locked"), "{c}");
     }
     for s in [agent, default] {
         let u = user(&all, s).unwrap_or_else(|| panic!("{:?}: runs as root", s.name));

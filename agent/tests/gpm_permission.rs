@@ -201,3 +201,96 @@ async fn refused_gpus_on_metrics() {
         assert_eq!(gauge(&page, family, uuid), Some(1.0), "{uuid}: {page}");
     }
 }
+
+/// A dcgm-exporter stand-in: answers every request with `body`, one
+/// connection at a time, until the process ends.
+fn serve_page(body: String) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/metrics", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(&stream);
+            let mut line = String::new();
+            // The request line and headers, up to the blank line.
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let mut w = &stream;
+            let _ = write!(
+                w,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    url
+}
+
+/// `[nvml] gpm_fallback`: with GPM refused, tensor activity (and the other
+/// GPM-only metrics the exporter shows) come from the dcgm-exporter, by
+/// GPU UUID; what NVML reads stays NVML's; with GPM granted again the
+/// exporter's values are no longer taken.
+#[test]
+fn a_dcgm_exporter_stands_in_for_refused_gpm() {
+    use flopwatch_agent::source::gpm_fallback::GpmFallback;
+    let _guard = DRIVER.lock().unwrap_or_else(PoisonError::into_inner);
+    let path = library_path().expect("the fake NVML library is built next to this test");
+    let t1 = T0 + 10_000;
+    control::set_time_ms(t1).unwrap();
+    control::configure(&format!("start_ms={T0},gpus=2,gpm_permission=denied")).unwrap();
+    let nvml = NvmlSource::open(Some(&path)).unwrap();
+    let uuids: Vec<String> = nvml.inventory().iter().map(|g| g.uuid.clone()).collect();
+    // The exporter lists the GPUs in the other order, and a power value
+    // NVML's own reading must win over.
+    let mut body = String::from(
+        "# TYPE DCGM_FI_PROF_PIPE_TENSOR_ACTIVE gauge\n# TYPE DCGM_FI_DEV_POWER_USAGE gauge\n",
+    );
+    for (i, (g, v)) in [(1usize, 0.25), (0, 0.75)].into_iter().enumerate() {
+        let labels = format!(
+            "gpu=\"{i}\",UUID=\"{}\",device=\"nvidia{i}\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"node\"",
+            uuids[g]
+        );
+        body.push_str(&format!(
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{labels}}} {v}\n"
+        ));
+        body.push_str(&format!("DCGM_FI_DEV_POWER_USAGE{{{labels}}} 1.5\n"));
+    }
+    let mut source = GpmFallback::new(Box::new(nvml), &serve_page(body));
+    let value = |c: &Capture, g: usize, metric: &str| {
+        c.gpus[g]
+            .readings
+            .iter()
+            .filter(|r| r.metric == metric)
+            .map(|r| r.value)
+            .collect::<Vec<_>>()
+    };
+    for t in [t1, t1 + 1_000] {
+        control::set_time_ms(t).unwrap();
+        let c = source.capture(t).unwrap();
+        assert_eq!(source.gpm_permission_denied(), [true, true]);
+        assert!(source.exporter_open());
+        assert_eq!(value(&c, 0, m::TENSOR_ACTIVE), [0.75], "GPU 0 by UUID");
+        assert_eq!(value(&c, 1, m::TENSOR_ACTIVE), [0.25], "GPU 1 by UUID");
+        for g in 0..2 {
+            let power = value(&c, g, m::POWER_W);
+            assert_eq!(power.len(), 1, "one power reading: {power:?}");
+            assert!(
+                power[0] > 1.5,
+                "NVML's power, not the exporter's: {power:?}"
+            );
+        }
+    }
+    // Granted: GPM's own tensor activity, not the exporter's 0.75.
+    control::configure(&format!("start_ms={T0},gpus=2")).unwrap();
+    for t in [t1 + 2_000, t1 + 3_000] {
+        control::set_time_ms(t).unwrap();
+        let c = source.capture(t).unwrap();
+        assert_eq!(source.gpm_permission_denied(), [false, false]);
+        if t == t1 + 3_000 {
+            let tpa = value(&c, 0, m::TENSOR_ACTIVE);
+            assert_eq!(tpa.len(), 1);
+            assert_ne!(tpa[0], 0.75, "GPM's own value once granted");
+        }
+    }
+}

@@ -158,6 +158,9 @@ impl HostSettings {
 pub struct NvmlSettings {
     /// Path of `libnvidia-ml.so` (default: the system's `libnvidia-ml.so.1`).
     pub library_path: Option<PathBuf>,
+    /// A dcgm-exporter's `/metrics` URL to read what GPM would give (tensor
+    /// activity among it) for GPUs whose GPM samples the driver refuses.
+    pub gpm_fallback: Option<String>,
 }
 
 /// `[sim]`: the simulated node.

@@ -16,16 +16,15 @@ cd "$(dirname "$0")/../.."
 ./deploy/dev/setup.sh
 secs="${1:-60}"
 target="${CARGO_TARGET_DIR:-target}/release"
-# The agent-only build first (no RocksDB, collector, selector or TUI), kept
-# aside: the full build below writes the same path.
-cargo build --quiet --release -p flopwatch-cli --no-default-features --features agent
-cp "$target/flopwatch" "$target/flopwatch-agent"
+# The agent-only build a node runs (no RocksDB, collector, selector or
+# TUI), with the agent's own profile (Cargo.toml `[profile.agent]`).
+cargo build --quiet --profile agent -p flopwatch-cli --no-default-features --features agent
 if [ -z "${COLLECTOR_BIN:-}" ]; then
   cargo build --quiet --release --bin flopwatch -p flopwatch-cli
 fi
 cargo build --quiet --release -p flopwatch-fake-nvml
 bin="${COLLECTOR_BIN:-$target/flopwatch}"
-agent_bin="$target/flopwatch-agent"
+agent_bin="${CARGO_TARGET_DIR:-target}/agent/flopwatch"
 work="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 

@@ -17,6 +17,7 @@
 use flopwatch_proto::model::{DeviceInfo, GpuInfo};
 
 pub mod dcgm;
+pub mod gpm_fallback;
 pub mod host;
 pub mod infiniband;
 pub mod node;
@@ -241,7 +242,18 @@ fn open_gpus(
                 s.seed,
             ))
         }
-        SourceKind::Nvml => Box::new(nvml::NvmlSource::open(cfg.nvml.library_path.as_deref())?),
+        SourceKind::Nvml => {
+            // The fallback exporter is opened on the first refusal: a bad
+            // URL is said now, before the driver is even loaded.
+            if let Some(url) = &cfg.nvml.gpm_fallback {
+                dcgm::normalize_url(url)?;
+            }
+            let nvml = Box::new(nvml::NvmlSource::open(cfg.nvml.library_path.as_deref())?);
+            match &cfg.nvml.gpm_fallback {
+                Some(url) => Box::new(gpm_fallback::GpmFallback::new(nvml, url)),
+                None => nvml,
+            }
+        }
         SourceKind::Replay(path) => Box::new(
             replay::ReplaySource::open(path, "NVIDIA H100 80GB HBM3").map_err(|e| match e {
                 SourceError::Io(io) => SourceError::Config(format!("{}: {io}", path.display())),
@@ -250,4 +262,25 @@ fn open_gpus(
         ),
         SourceKind::DcgmExporter(url) => Box::new(dcgm::DcgmExporterSource::open(url)?),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[nvml] gpm_fallback` is opened late, on the first refusal, so a
+    /// URL that can never work is refused at start, naming the URL.
+    #[test]
+    fn a_bad_gpm_fallback_url_fails_at_start() {
+        let mut cfg = flopwatch_config::AgentConfig::default();
+        cfg.nvml.gpm_fallback = Some("ftp://127.0.0.1:9400/metrics".to_string());
+        cfg.nvml.library_path = Some("/nonexistent/libnvidia-ml.so".into());
+        let e = open_gpus(&flopwatch_config::SourceKind::Nvml, &cfg, 0)
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(&e, SourceError::Config(m) if m.contains("ftp://127.0.0.1:9400/metrics")),
+            "{e}"
+        );
+    }
 }

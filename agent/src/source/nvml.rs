@@ -90,8 +90,9 @@ pub const GPM_DENIED_HELP: &str = "GPM samples refused (NVML_ERROR_NO_PERMISSION
     securityContext.capabilities.add, or run the agent with \
     AmbientCapabilities=CAP_SYS_ADMIN (systemd). Until then tensor activity, \
     the other GPM pipe counters and OFU are unavailable on these GPUs; the \
-    other counters go on. Alternatively point the agent at a dcgm-exporter \
-    that has the capability (source = \"dcgm-exporter:URL\").";
+    other counters go on. Alternatively let a dcgm-exporter that has the \
+    capability stand in for GPM ([nvml] gpm_fallback = \"URL\"), or read it \
+    instead of NVML (source = \"dcgm-exporter:URL\").";
 
 /// GPM metrics read every window: NVML id, catalog name, unit factor.
 const GPM_METRICS: [(GpmMetricId, &str, f64); 11] = [

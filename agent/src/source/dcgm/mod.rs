@@ -405,7 +405,7 @@ impl DcgmExporterSource {
 }
 
 /// `http://` assumed, `/metrics` when there is no path.
-fn normalize_url(url: &str) -> Result<String, SourceError> {
+pub(crate) fn normalize_url(url: &str) -> Result<String, SourceError> {
     const HINT: &str = "use http://HOST:PORT/metrics";
     let url = url.trim();
     let bad = |what: String| SourceError::Config(format!("dcgm-exporter:{url}: {what}; {HINT}"));
