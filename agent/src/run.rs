@@ -620,17 +620,19 @@ mod tests {
         }
     }
 
-    /// Counters are read at the first capture of each second, the OFU
-    /// inputs at every capture.
-    #[tokio::test(start_paused = true)]
-    async fn counters_are_read_once_a_second() {
-        let agent = Agent::start(
-            Box::new(Planned {
-                inventory: vec![GpuInfo {
-                    uuid: "GPU-0".into(),
-                    ..Default::default()
-                }],
-            }),
+    fn gpu0() -> GpuInfo {
+        GpuInfo {
+            uuid: "GPU-0".into(),
+            ..Default::default()
+        }
+    }
+
+    /// An agent on `source` at a fixed 100 ms whose batches all stay in the
+    /// outbox (nothing listens at its collector's address; no cut before
+    /// shutdown), its clock at 1,000,000 ms.
+    fn offline(source: Box<dyn GpuSource>) -> Agent {
+        Agent::start(
+            source,
             Box::new(FixedSampler::new(Duration::from_millis(100))),
             AgentOptions {
                 flush_interval: Duration::from_secs(3600),
@@ -641,7 +643,16 @@ mod tests {
                 )
             },
             Arc::new(crate::clock::TokioClock::starting_at(1_000_000)),
-        );
+        )
+    }
+
+    /// Counters are read at the first capture of each second, the OFU
+    /// inputs at every capture.
+    #[tokio::test(start_paused = true)]
+    async fn counters_are_read_once_a_second() {
+        let agent = offline(Box::new(Planned {
+            inventory: vec![gpu0()],
+        }));
         tokio::time::sleep(Duration::from_millis(3_050)).await;
         let outbox = agent.outbox.clone();
         agent.stop().await;
@@ -661,25 +672,9 @@ mod tests {
     /// gathered since the last cut ride on it (they were once dropped).
     #[tokio::test(start_paused = true)]
     async fn the_last_batch_carries_pending_mfu_reports() {
-        let agent = Agent::start(
-            Box::new(Reporting {
-                inventory: vec![GpuInfo {
-                    uuid: "GPU-0".into(),
-                    ..Default::default()
-                }],
-            }),
-            Box::new(FixedSampler::new(Duration::from_millis(100))),
-            AgentOptions {
-                flush_interval: Duration::from_secs(3600),
-                drain_timeout: Duration::from_millis(100),
-                // Nothing listens there: every batch stays in the outbox.
-                ..AgentOptions::new(
-                    NodeIdentity::named("n", "b"),
-                    vec!["http://127.0.0.1:9".into()],
-                )
-            },
-            Arc::new(crate::clock::TokioClock::starting_at(1_000_000)),
-        );
+        let agent = offline(Box::new(Reporting {
+            inventory: vec![gpu0()],
+        }));
         tokio::time::sleep(Duration::from_millis(1_050)).await;
         let outbox = agent.outbox.clone();
         agent.stop().await;
