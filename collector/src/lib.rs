@@ -24,6 +24,7 @@ mod mfu;
 mod ofu;
 mod ownership;
 mod peer_cert;
+pub mod promql;
 mod query;
 mod remote_write;
 mod series;
