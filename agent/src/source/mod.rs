@@ -17,6 +17,7 @@
 use flopwatch_proto::model::{DeviceInfo, GpuInfo};
 
 pub mod dcgm;
+mod gpm;
 pub mod gpm_fallback;
 pub mod host;
 pub mod infiniband;

@@ -2,7 +2,8 @@
 //!
 //! * **Tensor activity and the other pipe counters** come from GPM on
 //!   Hopper and newer: each capture takes *one* GPM sample per GPU and diffs
-//!   it against the previous capture's sample (`gpm_metrics_get`), so every
+//!   it against the previous capture's sample (`nvmlGpmMetricsGet`; two
+//!   samples per GPU reused in turn, [`super::gpm`]), so every
 //!   value is the hardware's exact average over the window, whatever its
 //!   length (the OFU paper's eq. 1 needs tensor pipe activity as a window
 //!   mean). NVML reports utilizations in percent and bandwidth in MiB/s;
@@ -40,8 +41,9 @@
 //! [`SourceError::NoDriver`], never a panic.
 //!
 //! Lifetimes: nvml-wrapper ties every `Device` and `GpmSample` to the `Nvml`
-//! it came from, and this crate forbids unsafe code, so raw handles are not
-//! an option. The `Nvml` is therefore leaked into a `&'static Nvml`: at most
+//! it came from, and the crate keeps raw handles out of its code (the one
+//! exception is [`super::gpm`], the allocation-free GPM reads). The `Nvml`
+//! is therefore leaked into a `&'static Nvml`: at most
 //! one per library path per process (a repeated `open` of the same path
 //! reuses it), which is what a node agent needs anyway: NVML is loaded once
 //! and lives as long as the process.
@@ -59,8 +61,8 @@ use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::gpm::gpm_metrics_get;
-use nvml_wrapper::{Device, EventSet, GpmSample, Nvml};
+use super::gpm::GpmPair;
+use nvml_wrapper::{Device, EventSet, Nvml};
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::path::Path;
@@ -111,7 +113,6 @@ const GPM_METRICS: [(GpmMetricId, &str, f64); 11] = [
 
 /// The GPUs of this node, read through NVML.
 pub struct NvmlSource {
-    nvml: &'static Nvml,
     gpus: Vec<Gpu>,
     inventory: Vec<GpuInfo>,
     last_ms: Option<i64>,
@@ -130,10 +131,9 @@ struct Gpu {
     gpm: bool,
     /// Whether the last GPM call was refused (`NVML_ERROR_NO_PERMISSION`).
     gpm_denied: bool,
-    /// The previous GPM sample taken: the start of the next window.
-    last_gpm: Option<GpmSample<'static>>,
-    /// When `last_gpm` was taken, unix ms.
-    last_gpm_ms: Option<i64>,
+    /// The GPU's GPM samples, the previous one the start of the next
+    /// window.
+    gpm_pair: GpmPair,
     /// Timestamp (µs) of the newest processor-clock sample consumed.
     last_clock_us: Option<u64>,
     /// PIDs of the compute processes seen at the last capture.
@@ -268,8 +268,7 @@ impl NvmlSource {
                 device,
                 gpm,
                 gpm_denied: false,
-                last_gpm: None,
-                last_gpm_ms: None,
+                gpm_pair: GpmPair::new(nvml),
                 last_clock_us: None,
                 pids: Vec::new(),
                 mig,
@@ -281,7 +280,6 @@ impl NvmlSource {
         let mut reported = HashSet::new();
         let events = event_set(nvml, &gpus, &mut reported);
         Ok(Self {
-            nvml,
             gpm_denied: vec![false; gpus.len()],
             gpus,
             inventory,
@@ -481,7 +479,7 @@ impl GpuSource for NvmlSource {
                 now_ms,
                 window_ms,
             };
-            read_gpu(self.nvml, gpu, windowed, &mut out);
+            read_gpu(gpu, windowed, &mut out);
             read_links(gpu, windowed, &mut out);
             self.gpm_denied[index] = gpu.gpm_denied;
             gpus.push(GpuCapture {
@@ -568,9 +566,9 @@ impl Out<'_> {
     }
 }
 
-fn read_gpu(nvml: &'static Nvml, gpu: &mut Gpu, windowed: bool, out: &mut Out<'_>) {
+fn read_gpu(gpu: &mut Gpu, windowed: bool, out: &mut Out<'_>) {
     if gpu.gpm && GPM_METRICS.iter().any(|(_, metric, _)| out.wants(metric)) {
-        read_gpm(nvml, gpu, out);
+        read_gpm(gpu, out);
     }
     let d = &gpu.device;
 
@@ -667,44 +665,35 @@ fn read_gpu(nvml: &'static Nvml, gpu: &mut Gpu, windowed: bool, out: &mut Out<'_
 
 /// Takes this capture's GPM sample and, when the previous one exists,
 /// reads every GPM metric over the window between them.
-fn read_gpm(nvml: &'static Nvml, gpu: &mut Gpu, out: &mut Out<'_>) {
-    let sample = match gpu.device.gpm_sample() {
-        Ok(s) => s,
+fn read_gpm(gpu: &mut Gpu, out: &mut Out<'_>) {
+    let start = match gpu.gpm_pair.take(&gpu.device, out.now_ms) {
+        Ok(start) => start,
         Err(e) => {
             // No window can start at a sample we do not have.
-            gpu.last_gpm = None;
-            gpu.last_gpm_ms = None;
             gpm_failed(gpu, out, "nvmlGpmSampleGet", &e);
             return;
         }
     };
     gpu.gpm_denied = false;
-    if let Some(prev) = &gpu.last_gpm {
-        // A GPM sample skipped by the read plan widened this window.
-        let span = gpu
-            .last_gpm_ms
-            .map(|t| u32::try_from((out.now_ms - t).max(0)).unwrap_or(u32::MAX))
-            .filter(|&w| w != out.window_ms);
-        let ids = GPM_METRICS.map(|(id, _, _)| id);
-        match gpm_metrics_get(nvml, prev, &sample, &ids) {
-            Ok(results) => {
-                for (&(_, metric, scale), result) in GPM_METRICS.iter().zip(results) {
-                    if out
-                        .put(metric, metric, result.map(|r| r.value * scale))
-                        .is_some()
-                    {
-                        if let Some(r) = out.readings.last_mut() {
-                            r.window_ms = span;
-                        }
+    let Some(start) = start else { return };
+    // A GPM sample skipped by the read plan widened this window.
+    let span = u32::try_from((out.now_ms - start).max(0))
+        .ok()
+        .filter(|&w| w != out.window_ms);
+    let ids = GPM_METRICS.map(|(id, _, _)| id);
+    let mut results = GPM_METRICS.map(|_| Err(NvmlError::Uninitialized));
+    match gpu.gpm_pair.metrics(&ids, &mut results) {
+        Ok(()) => {
+            for (&(_, metric, scale), result) in GPM_METRICS.iter().zip(results) {
+                if out.put(metric, metric, result.map(|v| v * scale)).is_some() {
+                    if let Some(r) = out.readings.last_mut() {
+                        r.window_ms = span;
                     }
                 }
             }
-            Err(e) => gpm_failed(gpu, out, "nvmlGpmMetricsGet", &e),
         }
+        Err(e) => gpm_failed(gpu, out, "nvmlGpmMetricsGet", &e),
     }
-    // Replacing the previous sample frees it (nvmlGpmSampleFree).
-    gpu.last_gpm = Some(sample);
-    gpu.last_gpm_ms = Some(out.now_ms);
 }
 
 /// A refused GPM call: the one warning for the whole process (every GPU of
