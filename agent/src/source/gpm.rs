@@ -90,8 +90,7 @@ impl GpmPair {
         let Some((newest, _)) = self.newest else {
             return Err(NvmlError::Uninitialized);
         };
-        let (Some(first), Some(second)) = (&self.samples[1 - newest], &self.samples[newest])
-        else {
+        let (Some(first), Some(second)) = (&self.samples[1 - newest], &self.samples[newest]) else {
             return Err(NvmlError::Uninitialized);
         };
         let get = nvml_sym(self.nvml.lib().nvmlGpmMetricsGet.as_ref())?;

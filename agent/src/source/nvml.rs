@@ -48,6 +48,7 @@
 //! reuses it), which is what a node agent needs anyway: NVML is loaded once
 //! and lives as long as the process.
 
+use super::gpm::GpmPair;
 use super::{Capture, GpuCapture, GpuSource, Reading, SourceError};
 use crate::sampler::ReadPlan;
 use flopwatch_proto::metrics as m;
@@ -61,7 +62,6 @@ use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
-use super::gpm::GpmPair;
 use nvml_wrapper::{Device, EventSet, Nvml};
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
