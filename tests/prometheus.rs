@@ -692,7 +692,14 @@ async fn a_wrong_password_is_a_4xx_counted_and_not_retried() {
 fn bench_ingest_against_prometheus_prints_both_rates_and_their_ratio() {
     tool("prometheus");
     let out = Command::new(flopwatch_tests::flopwatch_bin())
-        .args(["bench", "ingest", "--peer", "prometheus", "--duration", "2s"])
+        .args([
+            "bench",
+            "ingest",
+            "--peer",
+            "prometheus",
+            "--duration",
+            "2s",
+        ])
         .args(["--streams", "2", "--gpus", "2", "--metrics", "5"])
         .args(["--points", "10", "--window", "2", "--query-days", "0"])
         .stdin(Stdio::null())

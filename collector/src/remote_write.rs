@@ -260,7 +260,12 @@ impl SendError {
 
 impl std::fmt::Display for SendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "remote write ({}): {}", self.reason.label(), self.message)
+        write!(
+            f,
+            "remote write ({}): {}",
+            self.reason.label(),
+            self.message
+        )
     }
 }
 

@@ -113,8 +113,13 @@ pub(super) async fn run(a: &IngestArgs) -> anyhow::Result<()> {
     for row in &query {
         if let Some(p) = row.prometheus_ms {
             let faster = p / row.flopwatch_ms;
+            let ratio = if faster >= 1.0 {
+                format!("{faster:.0}× faster")
+            } else {
+                format!("{:.1}× slower", 1.0 / faster)
+            };
             println!(
-                "| {}, median | {:.1} ms | {:.1} ms | {faster:.0}× faster | ≥ 10× faster: {} |",
+                "| {}, median | {:.1} ms | {:.1} ms | {ratio} | ≥ 10× faster: {} |",
                 row.label,
                 row.flopwatch_ms,
                 p,
@@ -155,8 +160,8 @@ fn version(prometheus: &str) -> anyhow::Result<String> {
         .arg("--version")
         .output()
         .with_context(|| format!("running {prometheus} --version"))?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     let line = text.lines().next().unwrap_or("prometheus").trim();
     // "prometheus, version 2.42.0+ds (branch: ...)" → "Prometheus 2.42.0+ds"
     Ok(match line.split_once("version ") {
@@ -490,7 +495,10 @@ pub(super) async fn query_range(
         let v: serde_json::Value = serde_json::from_str(&text)?;
         let result = v["data"]["result"].as_array().cloned().unwrap_or_default();
         let [series] = &result[..] else {
-            bail!("Prometheus query_range `{q}`: {} series, not one", result.len());
+            bail!(
+                "Prometheus query_range `{q}`: {} series, not one",
+                result.len()
+            );
         };
         points = series["values"]
             .as_array()

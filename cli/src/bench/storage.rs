@@ -22,6 +22,7 @@
 //!    Query service's OFU over the whole range at a 1 h step, timed over
 //!    gRPC.
 
+use super::peer::{self, QueryPeer, QueryRow};
 use anyhow::{bail, Context};
 use flopwatch_agent::source::replay::ReplaySource;
 use flopwatch_agent::source::{Capture, GpuSource, SourceError};
@@ -42,7 +43,6 @@ use flopwatch_proto::v1::{
     self, agent_message, collector_message, ingest_client::IngestClient, query_client::QueryClient,
     AgentMessage,
 };
-use super::peer::{self, QueryPeer, QueryRow};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -568,14 +568,7 @@ pub(super) async fn query_bench(
             start + 30_000,
             WINDOW_MS,
         ),
-        (
-            "summary only",
-            "",
-            &gpu_scope,
-            &gpu_q,
-            start,
-            0,
-        ),
+        ("summary only", "", &gpu_scope, &gpu_q, start, 0),
         (
             "its job, 1 h step, hour-aligned",
             "30-day OFU of one job, 1 h step",
