@@ -19,8 +19,10 @@
 //!    (blocks up to 24 h, its most compact setting), the output directory
 //!    measured.
 //! 4. Query: one GPU with `--query-days` of OFU at 100 ms, compacted; the
-//!    Query service's OFU over the whole range at a 1 h step, timed over
-//!    gRPC.
+//!    Query service's OFU of the GPU and of its job over the whole range
+//!    at a 1 h step, timed over gRPC. `bench ingest --peer prometheus`
+//!    runs the same with the identical samples in Prometheus and times
+//!    its `query_range` beside each ([`super::peer`]).
 
 use super::peer::{self, QueryPeer, QueryRow};
 use anyhow::{bail, Context};
