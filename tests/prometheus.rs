@@ -10,6 +10,7 @@ use flopwatch_agent::AdaptiveSampler;
 use flopwatch_agent::SpoolOptions;
 use flopwatch_agent::TokioClock;
 use flopwatch_agent::{AgentOptions, DeliveryOptions};
+use flopwatch_collector::prometheus_peer::{find_tool, LocalPrometheus, PrometheusOptions};
 use flopwatch_collector::Auth;
 use flopwatch_config::{CollectorConfig, ExporterConfig, RemoteWriteConfig, SamplingConfig};
 use flopwatch_proto::clock::Clock;
@@ -20,30 +21,12 @@ use flopwatch_tests::procs::free_port;
 use flopwatch_tests::TestCollector;
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn tool(name: &str) -> String {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {name}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{name}` not found: run ./deploy/dev/setup.sh (installs Debian's prometheus package)"
-    );
-    name.to_string()
+    find_tool(name).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn host_port(url: &str) -> String {
@@ -205,31 +188,18 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
         },
     ));
 
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
+    let _prom = LocalPrometheus::spawn(&PrometheusOptions {
+        binary: prometheus,
+        config: format!(
             "global:\n  scrape_interval: 1s\nscrape_configs:\n  \
              - job_name: flopwatch-collector\n    honor_labels: true\n    static_configs:\n      - targets: [\"{}\"]\n  \
              - job_name: flopwatch-agent\n    honor_labels: true\n    static_configs:\n      - targets: [\"{agent_addr}\"]\n",
             host_port(&collector.metrics_url)
         ),
-    )
+        remote_write_receiver: true,
+        ..PrometheusOptions::new(dir.path(), prom_port)
+    })
     .unwrap();
-    let _prom = Proc(
-        Command::new(prometheus)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-            .arg("--web.enable-remote-write-receiver")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
     let started = clock.now_ms();
 
     // Wait for: both targets up, the collector's four GPUs scraped, the
@@ -459,7 +429,7 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
 /// A Prometheus serving HTTPS (a certificate of a throwaway CA) with basic
 /// auth (`web.config.file`) and the remote-write receiver.
 struct SecurePrometheus {
-    _proc: Proc,
+    _proc: LocalPrometheus,
     /// `https://127.0.0.1:PORT`.
     url: String,
     /// The CA the server certificate chains to.
@@ -487,46 +457,29 @@ impl SecurePrometheus {
             ),
         )
         .unwrap();
-        let config = dir.join("prometheus.yml");
-        std::fs::write(&config, "global:\n  scrape_interval: 15s\n").unwrap();
-        let port = free_port();
-        let proc = Proc(
-            Command::new(prometheus)
-                .arg(format!("--config.file={}", config.display()))
-                .arg(format!("--web.config.file={}", web.display()))
-                .arg(format!(
-                    "--storage.tsdb.path={}",
-                    dir.join("tsdb").display()
-                ))
-                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-                .arg("--web.enable-remote-write-receiver")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
+        let mut proc = LocalPrometheus::spawn(&PrometheusOptions {
+            binary: prometheus,
+            remote_write_receiver: true,
+            args: vec![format!("--web.config.file={}", web.display())],
+            ..PrometheusOptions::new(dir, free_port())
+        })
+        .unwrap();
         let ca = std::fs::read(pki.ca_file()).unwrap();
         let http = reqwest::Client::builder()
             .tls_built_in_root_certs(false)
             .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
             .build()
             .unwrap();
-        let url = format!("https://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let ready = http
-                .get(format!("{url}/-/ready"))
-                .basic_auth(PROM_USER, Some(PROM_PASSWORD))
-                .send()
-                .await
-                .map(|r| r.status().is_success())
-                .unwrap_or(false);
-            if ready {
-                break;
-            }
-            assert!(Instant::now() < deadline, "Prometheus (TLS) never ready");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let url = format!("https://127.0.0.1:{}", proc.port);
+        proc.wait_ready(
+            || {
+                http.get(format!("{url}/-/ready"))
+                    .basic_auth(PROM_USER, Some(PROM_PASSWORD))
+            },
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("Prometheus (TLS) never ready");
         // TLS and basic auth are really on: no password, no answer.
         let anonymous = http.get(format!("{url}/-/ready")).send().await.unwrap();
         assert_eq!(anonymous.status().as_u16(), 401);
@@ -730,4 +683,64 @@ async fn a_wrong_password_is_a_4xx_counted_and_not_retried() {
     // Prometheus got nothing.
     assert!(prom.query("flopwatch_ofu_ratio").await.is_empty());
     collector.stop().await;
+}
+
+/// `flopwatch bench ingest --peer prometheus`, small and short: both
+/// systems accepted samples, and the ratio printed is the quotient of the
+/// two rates printed (within their rounding).
+#[test]
+fn bench_ingest_against_prometheus_prints_both_rates_and_their_ratio() {
+    tool("prometheus");
+    let out = Command::new(flopwatch_tests::flopwatch_bin())
+        .args([
+            "bench",
+            "ingest",
+            "--peer",
+            "prometheus",
+            "--duration",
+            "2s",
+        ])
+        .args(["--streams", "2", "--gpus", "2", "--metrics", "5"])
+        .args(["--points", "10", "--window", "2", "--query-days", "0"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("| ingest, samples/s accepted |"))
+        .unwrap_or_else(|| panic!("no ingest row in:\n{text}"));
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    let number = |s: &str| -> f64 {
+        s.replace(',', "")
+            .trim_end_matches('×')
+            .parse()
+            .unwrap_or_else(|e| panic!("`{s}` in `{row}`: {e}"))
+    };
+    let (ours, theirs, ratio) = (number(cells[2]), number(cells[3]), number(cells[4]));
+    assert!(ours > 0.0 && theirs > 0.0, "{row}");
+    // Rates print rounded to a sample, the ratio to 0.01.
+    assert!(
+        (ours / theirs - ratio).abs() <= 0.005 + ratio * 1e-3,
+        "{ours} / {theirs} is not {ratio}: {row}"
+    );
+    // Each rate is the one its own run reported.
+    for (prefix, rate) in [("acked ", ours), ("accepted ", theirs)] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` line in:\n{text}"));
+        let printed: f64 = line
+            .split(" = ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|r| r.parse().ok())
+            .unwrap_or_else(|| panic!("no rate in `{line}`"));
+        assert!((printed - rate).abs() <= 1.0, "{line} against {row}");
+    }
 }

@@ -12,6 +12,7 @@
 //! collector's memory under a slow disk) live in the submodules.
 
 mod backpressure;
+mod peer;
 mod slow_engine;
 mod storage;
 mod tenants;
@@ -48,30 +49,50 @@ enum What {
     /// The collector's memory while agents push more than its (slowed)
     /// storage takes: agents spool, the collector stays flat.
     Backpressure(backpressure::BackpressureArgs),
-    /// Durable ingest rate (samples/s acknowledged).
-    Ingest {
-        /// Concurrent agent streams.
-        #[arg(long, default_value_t = 8)]
-        streams: usize,
-        /// GPUs per stream.
-        #[arg(long, default_value_t = 8)]
-        gpus: usize,
-        /// Metrics per GPU (from the catalog).
-        #[arg(long, default_value_t = 20)]
-        metrics: usize,
-        /// Samples per series per batch.
-        #[arg(long, default_value_t = 50)]
-        points: usize,
-        /// Batches in flight per stream.
-        #[arg(long, default_value_t = 8)]
-        window: usize,
-        /// How long to measure.
-        #[arg(long, default_value = "20s")]
-        duration: String,
-        /// RocksDB directory (default: a temporary one, removed after).
-        #[arg(long)]
-        data_dir: Option<std::path::PathBuf>,
-    },
+    /// Durable ingest rate (samples/s acknowledged); with `--peer
+    /// prometheus`, against a Prometheus fed the same samples in the same
+    /// run, and the 30-day OFU query against Prometheus' `query_range`.
+    Ingest(IngestArgs),
+}
+
+/// Arguments of `bench ingest`.
+#[derive(clap::Args)]
+struct IngestArgs {
+    /// Concurrent agent streams.
+    #[arg(long, default_value_t = 8)]
+    streams: usize,
+    /// GPUs per stream.
+    #[arg(long, default_value_t = 8)]
+    gpus: usize,
+    /// Metrics per GPU (from the catalog).
+    #[arg(long, default_value_t = 20)]
+    metrics: usize,
+    /// Samples per series per batch.
+    #[arg(long, default_value_t = 50)]
+    points: usize,
+    /// Batches in flight per stream.
+    #[arg(long, default_value_t = 8)]
+    window: usize,
+    /// How long to measure (each system, with `--peer`).
+    #[arg(long, default_value = "20s")]
+    duration: String,
+    /// RocksDB directory (default: a temporary one, removed after).
+    #[arg(long)]
+    data_dir: Option<std::path::PathBuf>,
+    /// Also measure this peer on the same machine, fed the same samples
+    /// with the same batch size and concurrency.
+    #[arg(long, value_enum)]
+    peer: Option<peer::Peer>,
+    /// With `--peer`: days of one GPU's OFU at 100 ms for the query
+    /// comparison (0 skips it).
+    #[arg(long, default_value_t = 30)]
+    query_days: i64,
+    /// With `--peer prometheus`: the server binary.
+    #[arg(long, default_value = "prometheus")]
+    prometheus: String,
+    /// With `--peer prometheus`: promtool (TSDB blocks for the query).
+    #[arg(long, default_value = "promtool")]
+    promtool: String,
 }
 
 fn hello(node: &str, gpus: usize) -> v1::Hello {
@@ -86,7 +107,7 @@ fn hello(node: &str, gpus: usize) -> v1::Hello {
         gpus: (0..gpus)
             .map(|g| v1::GpuInfo {
                 index: g as u32,
-                uuid: format!("GPU-{node}-{g:02}"),
+                uuid: gpu_uuid(node, g),
                 model: "NVIDIA H100 80GB HBM3".into(),
                 ..Default::default()
             })
@@ -96,25 +117,39 @@ fn hello(node: &str, gpus: usize) -> v1::Hello {
     }
 }
 
+/// The uuid of GPU `g` of `node`.
+fn gpu_uuid(node: &str, g: usize) -> String {
+    format!("GPU-{node}-{g:02}")
+}
+
+/// The `p`-th sample of GPU `g`'s metric `mi`: its time (100 ms apart from
+/// `t0`) and a realistic value for the metric's unit (ratios, clocks,
+/// power) with a 10-on, 2-off phase. `bench ingest` and its peer send the
+/// same samples.
+fn sample(p: usize, g: usize, mi: usize, unit: &str, t0: i64) -> (i64, f64) {
+    let phase = (p % 12 < 10) as u8 as f64;
+    let v = match unit {
+        "ratio" => 0.05 + 0.6 * phase,
+        "MHz" => 1352.0 + ((p * 7 + g + mi) % 5) as f64,
+        _ => 300.0 + 250.0 * phase,
+    };
+    (t0 + p as i64 * 100, v)
+}
+
+/// Batch `seq` (from 1) of `node`: every GPU × metric with samples
+/// `seq * points ..` of [`sample`].
 fn batch(node: &str, seq: u64, gpus: usize, metrics: usize, points: usize, t0: i64) -> v1::Batch {
     let mut series = Vec::with_capacity(gpus * metrics);
+    let first = seq as usize * points;
     for g in 0..gpus {
         for (mi, m) in CATALOG.iter().take(metrics).enumerate() {
-            let ts: Vec<i64> = (0..points as i64).map(|i| t0 + i * 100).collect();
-            let values: Vec<f64> = (0..points)
-                .map(|i| {
-                    let phase = ((seq as usize * points + i) % 12 < 10) as u8 as f64;
-                    match m.unit {
-                        "ratio" => 0.05 + 0.6 * phase,
-                        "MHz" => 1352.0 + ((i * 7 + g + mi) % 5) as f64,
-                        _ => 300.0 + 250.0 * phase,
-                    }
-                })
-                .collect();
+            let (timestamps_ms, values) = (first..first + points)
+                .map(|p| sample(p, g, mi, m.unit, t0))
+                .unzip();
             series.push(v1::Series {
-                gpu_uuid: format!("GPU-{node}-{g:02}"),
+                gpu_uuid: gpu_uuid(node, g),
                 metric: m.name.into(),
-                timestamps_ms: ts,
+                timestamps_ms,
                 values,
                 window_ms: vec![100; points],
                 ..Default::default()
@@ -129,24 +164,42 @@ fn batch(node: &str, seq: u64, gpus: usize, metrics: usize, points: usize, t0: i
 }
 
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
-    let (streams, gpus, metrics, points, window, duration, data_dir) = match a.what {
-        What::Storage(s) => return storage::run(s).await,
-        What::Tenants(t) => return tenants::run(t).await,
-        What::Backpressure(b) => return backpressure::run(b).await,
-        What::Ingest {
-            streams,
-            gpus,
-            metrics,
-            points,
-            window,
-            duration,
-            data_dir,
-        } => (streams, gpus, metrics, points, window, duration, data_dir),
-    };
-    let metrics = metrics.min(CATALOG.len());
-    let duration = Duration::from_millis(crate::parse_ms(&duration)? as u64);
+    match a.what {
+        What::Storage(s) => storage::run(s).await,
+        What::Tenants(t) => tenants::run(t).await,
+        What::Backpressure(b) => backpressure::run(b).await,
+        What::Ingest(i) if i.peer.is_some() => peer::run(&i).await,
+        What::Ingest(i) => ingest(&i, ingest_start_ms()).await.map(drop),
+    }
+}
+
+/// Samples a run had accepted, and how long it ran.
+#[derive(Debug, Clone, Copy)]
+struct Accepted {
+    samples: u64,
+    secs: f64,
+}
+
+impl Accepted {
+    fn per_second(&self) -> f64 {
+        self.samples as f64 / self.secs
+    }
+}
+
+/// Where `bench ingest`'s samples start: an hour ago, so that a run of a
+/// minute stays within the last two hours (Prometheus' head block).
+fn ingest_start_ms() -> i64 {
+    flopwatch_proto::clock::SystemClock.now_ms() - 3_600_000
+}
+
+/// The collector's durable ingest rate, the samples of [`sample`] from
+/// `start_ms`.
+async fn ingest(a: &IngestArgs, start_ms: i64) -> anyhow::Result<Accepted> {
+    let (streams, gpus, points, window) = (a.streams, a.gpus, a.points, a.window);
+    let metrics = a.metrics.min(CATALOG.len());
+    let duration = Duration::from_millis(crate::parse_ms(&a.duration)? as u64);
     let tmp = tempdir_path();
-    let dir = data_dir.unwrap_or_else(|| tmp.clone());
+    let dir = a.data_dir.clone().unwrap_or_else(|| tmp.clone());
     let cfg = CollectorConfig {
         data_dir: dir.clone(),
         anonymous_tenant: Some("default".into()),
@@ -161,7 +214,6 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
 
     let acked = Arc::new(AtomicU64::new(0));
     let per_batch = (gpus * metrics * points) as u64;
-    let start_ms = clock.now_ms() - 3_600_000;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for s in 0..streams {
@@ -184,8 +236,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             loop {
                 while in_flight < window && started.elapsed() < duration {
                     seq += 1;
-                    let t0 = start_ms + (seq as i64) * (points as i64) * 100;
-                    let b = batch(&node, seq, gpus, metrics, points, t0);
+                    let b = batch(&node, seq, gpus, metrics, points, start_ms);
                     tx.send(AgentMessage {
                         msg: Some(agent_message::Msg::Batch(b)),
                     })
@@ -225,10 +276,14 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         total as f64 / elapsed,
         stats.commit_micros.load(Ordering::Relaxed) as f64 / commits as f64 / 1000.0
     );
+    drop(collector);
     if dir == tmp {
         let _ = std::fs::remove_dir_all(&tmp);
     }
-    Ok(())
+    Ok(Accepted {
+        samples: total,
+        secs: elapsed,
+    })
 }
 
 fn tempdir_path() -> std::path::PathBuf {

@@ -24,6 +24,8 @@ mod mfu;
 mod ofu;
 mod ownership;
 mod peer_cert;
+#[cfg(feature = "prometheus-peer")]
+pub mod prometheus_peer;
 pub mod promql;
 mod query;
 mod remote_write;
@@ -49,3 +51,12 @@ pub use stats::Stats;
 pub use tile::{adjusted_ofu, quantize, TileShape};
 pub use tls::{metrics_config, server_config};
 pub use validate::{check_kept, decode_and_validate, Rules};
+
+/// Prometheus remote write 1.0 on the wire (`prompb`): the messages the
+/// collector sends, their encoder (protobuf, then snappy) and the send
+/// error of [`RemoteWriteEndpoint::write`].
+pub mod prompb {
+    pub use crate::remote_write::{
+        encode_request, Label, Sample, SendError, TimeSeries, WriteRequest,
+    };
+}

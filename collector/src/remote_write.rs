@@ -207,6 +207,13 @@ impl RemoteQueue {
     }
 }
 
+/// A `WriteRequest` as it goes on the wire: protobuf, then snappy's block
+/// format (remote-write 1.0). One encoder for the collector's sender and
+/// for `flopwatch bench ingest --peer prometheus`.
+pub fn encode_request(req: &WriteRequest) -> Result<Vec<u8>, snap::Error> {
+    snap::raw::Encoder::new().compress_vec(&req.encode_to_vec())
+}
+
 /// Groups points into a snappy-compressed `WriteRequest` body.
 fn encode(points: &[Point]) -> Result<Vec<u8>, snap::Error> {
     let mut series: Vec<TimeSeries> = Vec::new();
@@ -228,13 +235,13 @@ fn encode(points: &[Point]) -> Result<Vec<u8>, snap::Error> {
         s.samples.sort_by_key(|s| s.timestamp);
         s.samples.dedup_by_key(|s| s.timestamp);
     }
-    let body = WriteRequest { timeseries: series }.encode_to_vec();
-    snap::raw::Encoder::new().compress_vec(&body)
+    encode_request(&WriteRequest { timeseries: series })
 }
 
-/// A failed send.
+/// A failed send: the endpoint's status and the first line of its answer,
+/// or the connection error.
 #[derive(Debug)]
-struct SendError {
+pub struct SendError {
     reason: Failure,
     /// What happened: the status and the first line of the response body,
     /// or the connection error.
@@ -244,10 +251,25 @@ struct SendError {
 }
 
 impl SendError {
-    fn retried(&self) -> bool {
+    /// Whether the remote-write specification says to send the request
+    /// again (a connection error, a 5xx, a 429), rather than drop it.
+    pub fn retried(&self) -> bool {
         self.reason != Failure::ClientError
     }
 }
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "remote write ({}): {}",
+            self.reason.label(),
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for SendError {}
 
 /// A secret given inline or in a file read for every request (so that a
 /// rotated token or password is picked up without a restart).
@@ -388,7 +410,18 @@ impl Endpoint {
 
     /// Sends `points` as one `WriteRequest`.
     async fn send(&self, points: &[Point]) -> Result<(), SendError> {
-        let body = encode(points).map_err(|e| SendError {
+        self.post(encode(points)).await
+    }
+
+    /// Sends `req` as the background sender sends its requests (headers,
+    /// credentials, snappy); `Ok` on a 2xx. No retry: the caller decides
+    /// ([`SendError::retried`]).
+    pub async fn write(&self, req: &WriteRequest) -> Result<(), SendError> {
+        self.post(encode_request(req)).await
+    }
+
+    async fn post(&self, body: Result<Vec<u8>, snap::Error>) -> Result<(), SendError> {
+        let body = body.map_err(|e| SendError {
             // Cannot happen for a Vec; never worth a retry.
             reason: Failure::ClientError,
             message: format!("snappy: {e}"),

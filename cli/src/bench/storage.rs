@@ -19,9 +19,12 @@
 //!    (blocks up to 24 h, its most compact setting), the output directory
 //!    measured.
 //! 4. Query: one GPU with `--query-days` of OFU at 100 ms, compacted; the
-//!    Query service's OFU over the whole range at a 1 h step, timed over
-//!    gRPC.
+//!    Query service's OFU of the GPU and of its job over the whole range
+//!    at a 1 h step, timed over gRPC. `bench ingest --peer prometheus`
+//!    runs the same with the identical samples in Prometheus and times
+//!    its `query_range` beside each ([`super::peer`]).
 
+use super::peer::{self, QueryPeer, QueryRow};
 use anyhow::{bail, Context};
 use flopwatch_agent::source::replay::ReplaySource;
 use flopwatch_agent::source::{Capture, GpuSource, SourceError};
@@ -31,7 +34,8 @@ use flopwatch_agent::TokioClock;
 use flopwatch_agent::{PlanCarry, Sampler};
 use flopwatch_collector::server;
 use flopwatch_collector::store::{
-    rocks::RocksEngine, round_decimals, Cf, CommitSet, GpuRecord, OfuSample, Store, WINDOW_MS,
+    rocks::RocksEngine, round_decimals, Cf, CommitSet, GpuRecord, JobRecord, OfuSample, Store,
+    WINDOW_MS,
 };
 use flopwatch_config::{CollectorConfig, SamplingConfig};
 use flopwatch_proto::clock::Clock;
@@ -412,13 +416,9 @@ fn prometheus_bytes(s: &Samples, work: &Path, name: &str, promtool: &str) -> any
         for m in metrics {
             writeln!(f, "# TYPE {m} gauge")?;
             for ((gpu, _), pts) in s.iter().filter(|((_, mm), _)| *mm == m) {
+                let labels = format!("gpu=\"{gpu}\"");
                 for &(ts, v, _) in pts {
-                    writeln!(
-                        f,
-                        "{m}{{gpu=\"{gpu}\"}} {v:?} {}.{:03}",
-                        ts.div_euclid(1000),
-                        ts.rem_euclid(1000)
-                    )?;
+                    peer::om_sample(&mut f, m, &labels, ts, v)?;
                 }
             }
         }
@@ -428,34 +428,52 @@ fn prometheus_bytes(s: &Samples, work: &Path, name: &str, promtool: &str) -> any
     let out = work.join(format!("{name}-prometheus"));
     // promtool adds blocks to what is there: start empty.
     let _ = std::fs::remove_dir_all(&out);
-    let status = std::process::Command::new(promtool)
-        .args([
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            "--max-block-duration=24h",
-        ])
-        .arg(&om)
-        .arg(&out)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .with_context(|| format!("running {promtool} (Debian package `prometheus`)"))?;
-    if !status.success() {
-        bail!("{promtool} tsdb create-blocks-from openmetrics failed: {status}");
-    }
+    peer::promtool_blocks(promtool, &om, &out, "24h")?;
     let _ = std::fs::remove_file(&om);
     Ok(dir_bytes(&out))
 }
 
-/// 30 days of one GPU's OFU at 100 ms, compacted; then the hourly query.
-async fn query_bench(dir: &Path, days: i64) -> anyhow::Result<()> {
+/// One GPU's OFU samples of the hour starting at `h` (100 ms apart, the
+/// first 100 ms in), from the generator state `x`.
+fn query_hour(h: i64, x: &mut u64) -> Vec<OfuSample> {
+    (0..36_000)
+        .map(|i| {
+            *x ^= *x << 13;
+            *x ^= *x >> 7;
+            *x ^= *x << 17;
+            let tpa = (60_000 + (*x % 2000) as i64) as f64 / 1e5;
+            OfuSample {
+                ts_ms: h + i * 100 + 100,
+                ofu: tpa * 1352.0 / 1830.0,
+                tensor_active: tpa,
+                sm_clock_mhz: 1352.0,
+                window_ms: 100,
+            }
+        })
+        .filter(|s| s.ts_ms < h + WINDOW_MS)
+        .collect()
+}
+
+/// `days` of one GPU's OFU at 100 ms, compacted; then the hourly query
+/// of the GPU (and of its job). With `peer`, the identical samples go to
+/// Prometheus too (promtool blocks), and each query is compared with
+/// Prometheus' `query_range` of `avg_over_time(...[1h])` at a 1 h step.
+pub(super) async fn query_bench(
+    dir: &Path,
+    days: i64,
+    peer: Option<&QueryPeer>,
+) -> anyhow::Result<Vec<QueryRow>> {
     let now = flopwatch_proto::clock::SystemClock.now_ms();
     let end = now / WINDOW_MS * WINDOW_MS - WINDOW_MS;
     let start = end - days * 24 * WINDOW_MS;
-    let uuid = "GPU-query-000";
+    let (uuid, job) = ("GPU-query-000", "job-q");
     let _ = std::fs::remove_dir_all(dir);
     let built = Instant::now();
     let mut total = 0u64;
+    let mut blocks = peer
+        .map(|p| peer::OfuBlocks::new(p, uuid, job))
+        .transpose()?;
+    let mut peer_s = 0.0;
     {
         let store = Store::new(Arc::new(RocksEngine::open(dir)?), false);
         let gpu = GpuRecord {
@@ -467,30 +485,32 @@ async fn query_bench(dir: &Path, days: i64) -> anyhow::Result<()> {
         };
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for (seq, h) in (start..end).step_by(WINDOW_MS as usize).enumerate() {
-            let samples: Vec<OfuSample> = (0..36_000)
-                .map(|i| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let tpa = (60_000 + (x % 2000) as i64) as f64 / 1e5;
-                    OfuSample {
-                        ts_ms: h + i * 100 + 100,
-                        ofu: tpa * 1352.0 / 1830.0,
-                        tensor_active: tpa,
-                        sm_clock_mhz: 1352.0,
-                        window_ms: 100,
-                    }
-                })
-                .filter(|s| s.ts_ms < h + WINDOW_MS)
-                .collect();
+            let samples = query_hour(h, &mut x);
             total += samples.len() as u64;
+            if let Some(b) = blocks.as_mut() {
+                let t = Instant::now();
+                b.add(&samples)?;
+                peer_s += t.elapsed().as_secs_f64();
+            }
             store.commit(
                 "default",
                 &CommitSet {
                     seq: seq as u64 + 1,
-                    ofu: vec![(uuid.into(), Some("job-q".into()), samples)],
+                    ofu: vec![(uuid.into(), Some(job.into()), samples)],
                     gpus: if seq == 0 {
                         vec![gpu.clone()]
+                    } else {
+                        Vec::new()
+                    },
+                    jobs: if seq == 0 {
+                        vec![JobRecord {
+                            job_id: job.into(),
+                            gpu_uuid: uuid.into(),
+                            node_id: gpu.node_id.clone(),
+                            first_seen_ms: start,
+                            last_seen_ms: end,
+                            ..Default::default()
+                        }]
                     } else {
                         Vec::new()
                     },
@@ -504,39 +524,77 @@ async fn query_bench(dir: &Path, days: i64) -> anyhow::Result<()> {
         store.compact(now + 2 * WINDOW_MS, 0)?;
         store.engine().flush()?;
     }
+    let blocks = match blocks {
+        Some(b) => {
+            let t = Instant::now();
+            let (tsdb, n) = b.finish()?;
+            peer_s += t.elapsed().as_secs_f64();
+            if n != total {
+                bail!("{n} samples to Prometheus, {total} to flopwatch");
+            }
+            Some(tsdb)
+        }
+        None => None,
+    };
     println!(
         "query data: {days} days × 1 GPU of OFU at 100 ms = {total} samples, written and compacted in {:.1} s",
-        built.elapsed().as_secs_f64()
+        built.elapsed().as_secs_f64() - peer_s
     );
+    if let Some(tsdb) = &blocks {
+        println!(
+            "  the same samples as Prometheus TSDB blocks (OpenMetrics → promtool, 54 h blocks): {peer_s:.1} s, {} bytes",
+            dir_bytes(tsdb)
+        );
+    }
     let clock = Arc::new(TokioClock::new());
     let (_collector, srv) = server::Loopback::open(&config(dir), clock).await?;
     let mut client = QueryClient::connect(srv.url.clone()).await?;
-    let req = |from: i64, step_ms: i64| v1::OfuRequest {
-        scope: Some(v1::ofu_request::Scope::GpuUuid(uuid.into())),
-        start_ms: from,
-        end_ms: end,
-        step_ms,
-    };
-    for (label, from, step, runs) in [
+    let gpu_scope = v1::ofu_request::Scope::GpuUuid(uuid.into());
+    let job_scope = v1::ofu_request::Scope::JobId(job.into());
+    let gpu_q = format!("avg_over_time(flopwatch_ofu_ratio{{UUID=\"{uuid}\"}}[1h])");
+    let job_q = format!("avg(avg_over_time(flopwatch_ofu_ratio{{job_id=\"{job}\"}}[1h]))");
+    let cases = [
         (
             "1 h step, hour-aligned (hour rollups)",
+            "30-day OFU of one GPU, 1 h step",
+            &gpu_scope,
+            &gpu_q,
             start,
             WINDOW_MS,
-            50,
         ),
         (
             "1 h step, start 30 s past the hour (minute rollups)",
+            "30-day OFU of one GPU, 1 h step, 30 s past the hour",
+            &gpu_scope,
+            &gpu_q,
             start + 30_000,
             WINDOW_MS,
-            50,
         ),
-        ("summary only", start, 0, 50),
-    ] {
+        ("summary only", "", &gpu_scope, &gpu_q, start, 0),
+        (
+            "its job, 1 h step, hour-aligned",
+            "30-day OFU of one job, 1 h step",
+            &job_scope,
+            &job_q,
+            start,
+            WINDOW_MS,
+        ),
+    ];
+    let mut answers = Vec::new();
+    for (label, _, scope, _, from, step) in &cases {
+        // 50 runs, or at least 5 and then as many as fit 10 s.
+        let began = Instant::now();
         let mut times = Vec::new();
         let mut resp = None;
-        for _ in 0..runs {
+        while times.len() < 50 && (times.len() < 5 || began.elapsed() < Duration::from_secs(10)) {
             let t = Instant::now();
-            let r = client.ofu(req(from, step)).await?.into_inner();
+            let req = v1::OfuRequest {
+                scope: Some((*scope).clone()),
+                start_ms: *from,
+                end_ms: end,
+                step_ms: *step,
+            };
+            let r = client.ofu(req).await?.into_inner();
             times.push(t.elapsed().as_secs_f64() * 1000.0);
             resp = Some(r);
         }
@@ -544,18 +602,63 @@ async fn query_bench(dir: &Path, days: i64) -> anyhow::Result<()> {
         let r = resp.context("no response")?;
         let samples = r.summary.as_ref().map_or(0, |s| s.samples);
         println!(
-            "query {days} d of one GPU's OFU, {label}: {} points, {samples} samples; median {:.1} ms, p95 {:.1} ms, max {:.1} ms ({runs} runs, loopback gRPC)",
+            "query {days} d of one GPU's OFU, {label}: {} points, {samples} samples; median {:.1} ms, p95 {:.1} ms, max {:.1} ms ({} runs, loopback gRPC)",
             r.points.len(),
             times[times.len() / 2],
             times[(times.len() * 95 / 100).min(times.len() - 1)],
             times[times.len() - 1],
+            times.len(),
         );
-        if from == start && samples != total {
+        if *from == start && samples != total {
             bail!("query counted {samples} samples, {total} stored");
         }
+        answers.push((times[times.len() / 2], r.points));
     }
     srv.stop().await?;
-    Ok(())
+    let (Some(peer), Some(tsdb)) = (peer, blocks) else {
+        return Ok(Vec::new());
+    };
+    let (prom, http) = peer::serve_blocks(peer, &tsdb, days).await?;
+    let mut rows = Vec::new();
+    for ((_, row, _, q, from, step), (ours, points)) in cases.iter().zip(&answers) {
+        if *step == 0 {
+            continue;
+        }
+        // Prometheus' point at T averages (T - 1 h, T]: flopwatch's bucket
+        // starting at T - 1 h.
+        let runs = 5;
+        let (times, theirs) =
+            peer::query_range(&http, &prom, q, (from + step, end, *step), runs).await?;
+        let mut worst = 0f64;
+        let mut compared = 0;
+        for p in points {
+            if let Some((_, v)) = theirs.iter().find(|(t, _)| *t == p.timestamp_ms + step) {
+                worst = worst.max((v - p.ofu).abs());
+                compared += 1;
+            }
+        }
+        let median = times[times.len() / 2];
+        println!(
+            "Prometheus query_range `{q}`, {row}: {} points; median {median:.1} ms, min {:.1} ms, max {:.1} ms ({runs} runs, loopback HTTP); {compared} points equal to flopwatch's within {worst:.1e}",
+            theirs.len(),
+            times[0],
+            times[times.len() - 1],
+        );
+        // On the hour both answers hold the same samples. Off the hour
+        // flopwatch moves a bucket edge inside a minute to the minute's
+        // start (Store::ofu_pieces), so a bucket's mean moves slightly.
+        let tolerance = if from % WINDOW_MS == 0 { 1e-9 } else { 1e-4 };
+        if compared + 1 < points.len() || worst > tolerance {
+            bail!("Prometheus and flopwatch answer `{row}` differently: {compared} of {} points compared, worst difference {worst}", points.len());
+        }
+        rows.push(QueryRow {
+            label: row.to_string(),
+            flopwatch_ms: *ours,
+            prometheus_ms: Some(median),
+        });
+    }
+    drop(prom);
+    Ok(rows)
 }
 
 /// Runs the storage benchmark.
@@ -636,7 +739,7 @@ pub async fn run(a: StorageArgs) -> anyhow::Result<()> {
         }
     }
     if a.query_days > 0 {
-        query_bench(&work.join("query"), a.query_days).await?;
+        query_bench(&work.join("query"), a.query_days, None).await?;
     }
     if work == tmp {
         let _ = std::fs::remove_dir_all(&tmp);

@@ -1,0 +1,565 @@
+//! `flopwatch bench ingest --peer prometheus`: flopwatch against a real
+//! Prometheus (Debian's 2.42, started here on a loopback port) on the same
+//! machine, in the same run.
+//!
+//! **Ingest.** First the collector, exactly as `bench ingest` measures it
+//! (`--streams` agent streams, `--window` batches of `--gpus` × `--metrics`
+//! × `--points` samples in flight each, only acknowledged samples counted).
+//! Then Prometheus with `--web.enable-remote-write-receiver`, fed the same
+//! samples ([`super::sample`]: the same series, values and timestamps) for
+//! the same time, through the collector's own remote-write client
+//! ([`RemoteWriteEndpoint::write`]: protobuf and snappy, as the collector
+//! sends them): one HTTP client per stream and `--window` requests in
+//! flight per stream, each request holding as many samples as a batch.
+//! Only 2xx answers count. Prometheus' head refuses a sample older than the
+//! newest one of its series, so, as Prometheus' own remote-write shards do,
+//! no two requests in flight hold the same series: request slot `w` of a
+//! stream owns every `window`-th series of it and sends `window` batches'
+//! worth of their points at once. After the run the server's own
+//! `prometheus_tsdb_head_samples_appended_total` must equal the samples
+//! counted, so that nothing answered 2xx was dropped.
+//!
+//! What an answer means: flopwatch acknowledges a batch once it, its OFU
+//! and the agent's sequence number are in one RocksDB write through the WAL
+//! (written to the file, no fsync: `sync_wal = false`), and a replayed
+//! batch is recognised. Prometheus answers 2xx once the samples are in its
+//! in-memory head and its WAL record is written to the file (no fsync); a
+//! replayed request is appended again. Both survive the process dying,
+//! neither survives the machine losing power.
+//!
+//! **Query** (`--query-days`, 30 by default): one GPU's OFU at 100 ms for
+//! the whole range, written to flopwatch by `bench storage`'s query
+//! benchmark ([`super::storage::query_bench`]) and, the identical samples,
+//! to Prometheus as TSDB blocks made by `promtool tsdb create-blocks-from
+//! openmetrics` (54-hour blocks, the largest Prometheus' own compaction
+//! makes at this retention). Then flopwatch's `Query/Ofu` at a 1 h step
+//! against Prometheus' `query_range` of `avg_over_time(...[1h])` at a 1 h
+//! step, for the GPU and for its job; the two answers are compared point
+//! by point.
+
+use super::{gpu_uuid, sample, Accepted, IngestArgs};
+use anyhow::{bail, Context};
+use flopwatch_collector::prometheus_peer::{find_tool, LocalPrometheus, PrometheusOptions};
+use flopwatch_collector::prompb::{Label, Sample, TimeSeries, WriteRequest};
+use flopwatch_collector::store::{OfuSample, WINDOW_MS};
+use flopwatch_collector::RemoteWriteEndpoint;
+use flopwatch_config::RemoteWriteConfig;
+use flopwatch_proto::metrics::CATALOG;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A system measured beside flopwatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Peer {
+    /// Prometheus (`prometheus` and `promtool` on PATH, Debian package).
+    Prometheus,
+}
+
+/// The series flopwatch stores OFU under, as Prometheus gets it.
+const OFU_NAME: &str = "flopwatch_ofu_ratio";
+
+/// promtool's block length for the query data (`--max-block-duration`):
+/// 54 h is the largest block Prometheus' compaction makes when the
+/// retention is at least 22.5 days (blocks up to a tenth of it).
+const BLOCK_MS: i64 = 54 * WINDOW_MS;
+
+/// Runs `bench ingest` against `a.peer`.
+pub(super) async fn run(a: &IngestArgs) -> anyhow::Result<()> {
+    let prometheus = find_tool(&a.prometheus).map_err(anyhow::Error::msg)?;
+    let promtool = if a.query_days > 0 {
+        Some(find_tool(&a.promtool).map_err(anyhow::Error::msg)?)
+    } else {
+        None
+    };
+    let version = version(&prometheus)?;
+    let work = super::tempdir_path().with_extension("peer");
+    std::fs::create_dir_all(&work)?;
+    let start_ms = super::ingest_start_ms();
+
+    println!("## flopwatch collector, durable ingest");
+    let ours = super::ingest(a, start_ms).await?;
+    println!();
+    println!("## {version}, remote-write receiver");
+    let theirs = prometheus_ingest(a, &prometheus, start_ms, &work.join("ingest")).await?;
+    let _ = std::fs::remove_dir_all(work.join("ingest"));
+    let query = match &promtool {
+        Some(promtool) => {
+            println!();
+            println!("## 30-day query data");
+            let peer = QueryPeer {
+                prometheus: prometheus.clone(),
+                promtool: promtool.clone(),
+                work: work.join("query-prometheus"),
+            };
+            super::storage::query_bench(&work.join("query"), a.query_days, Some(&peer)).await?
+        }
+        None => Vec::new(),
+    };
+    let _ = std::fs::remove_dir_all(&work);
+
+    println!();
+    println!("## flopwatch against {version}, same machine, same run");
+    println!("| figure | flopwatch | Prometheus | flopwatch / Prometheus | goal |");
+    println!("|---|---:|---:|---:|---|");
+    let ratio = ours.per_second() / theirs.per_second();
+    println!(
+        "| ingest, samples/s accepted | {} | {} | {ratio:.2}× | ≥ 3×: {} |",
+        thousands(ours.per_second()),
+        thousands(theirs.per_second()),
+        met(ratio >= 3.0)
+    );
+    for row in &query {
+        if let Some(p) = row.prometheus_ms {
+            let faster = p / row.flopwatch_ms;
+            let ratio = if faster >= 1.0 {
+                format!("{faster:.0}× faster")
+            } else {
+                format!("{:.1}× slower", 1.0 / faster)
+            };
+            println!(
+                "| {}, median | {:.1} ms | {:.1} ms | {ratio} | ≥ 10× faster: {} |",
+                row.label,
+                row.flopwatch_ms,
+                p,
+                met(faster >= 10.0)
+            );
+        }
+    }
+    println!(
+        "(accepted: flopwatch acks, each after one RocksDB write through the WAL, no fsync; Prometheus 2xx answers, each after its head append and WAL write, no fsync)"
+    );
+    Ok(())
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "missed"
+    }
+}
+
+/// `x` rounded, with thousands separators.
+fn thousands(x: f64) -> String {
+    let digits = format!("{:.0}", x.max(0.0));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The first line of `prometheus --version`.
+fn version(prometheus: &str) -> anyhow::Result<String> {
+    let out = std::process::Command::new(prometheus)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("running {prometheus} --version"))?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let line = text.lines().next().unwrap_or("prometheus").trim();
+    // "prometheus, version 2.42.0+ds (branch: ...)" → "Prometheus 2.42.0+ds"
+    Ok(match line.split_once("version ") {
+        Some((_, v)) => format!("Prometheus {}", v.split_whitespace().next().unwrap_or(v)),
+        None => line.to_string(),
+    })
+}
+
+/// A loopback port nothing listens on now.
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A started Prometheus, ready.
+async fn start(o: PrometheusOptions) -> anyhow::Result<(LocalPrometheus, reqwest::Client)> {
+    let mut prom = LocalPrometheus::spawn(&o).with_context(|| format!("starting {}", o.binary))?;
+    let http = reqwest::Client::new();
+    let ready = format!("{}/-/ready", prom.url());
+    prom.wait_ready(|| http.get(&ready), Duration::from_secs(120))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    Ok((prom, http))
+}
+
+/// The samples Prometheus' head has appended (`/metrics`).
+async fn appended(http: &reqwest::Client, prom: &LocalPrometheus) -> anyhow::Result<u64> {
+    let page = http
+        .get(format!("{}/metrics", prom.url()))
+        .send()
+        .await?
+        .text()
+        .await?;
+    Ok(page
+        .lines()
+        .filter(|l| l.starts_with("prometheus_tsdb_head_samples_appended_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64)
+}
+
+/// Request `k` (from 0) of slot `w` of `slots` of stream `node`: the
+/// stream's series `j` with `j % slots == w`, each with the samples of
+/// batches `1 + k * slots ..= (k + 1) * slots` (see [`super::batch`]).
+#[allow(clippy::too_many_arguments)]
+fn request(
+    node: &str,
+    w: usize,
+    slots: usize,
+    k: usize,
+    gpus: usize,
+    metrics: usize,
+    points: usize,
+    t0: i64,
+) -> WriteRequest {
+    let first = (1 + k * slots) * points;
+    let label = |name: &str, value: String| Label {
+        name: name.into(),
+        value,
+    };
+    let timeseries = (w..gpus * metrics)
+        .step_by(slots)
+        .map(|j| {
+            let (g, mi) = (j / metrics, j % metrics);
+            let m = &CATALOG[mi];
+            let mut labels = vec![
+                label("__name__", m.name.into()),
+                label("UUID", gpu_uuid(node, g)),
+                label("gpu", g.to_string()),
+                label("hostname", node.into()),
+                label("modelName", "NVIDIA H100 80GB HBM3".into()),
+            ];
+            labels.sort();
+            let samples = (first..first + slots * points)
+                .map(|p| {
+                    let (timestamp, value) = sample(p, g, mi, m.unit, t0);
+                    Sample { value, timestamp }
+                })
+                .collect();
+            TimeSeries { labels, samples }
+        })
+        .collect();
+    WriteRequest { timeseries }
+}
+
+/// Prometheus' remote-write ingest of the samples `bench ingest` sends,
+/// with the same batch size and as many requests in flight.
+async fn prometheus_ingest(
+    a: &IngestArgs,
+    prometheus: &str,
+    t0: i64,
+    dir: &Path,
+) -> anyhow::Result<Accepted> {
+    let (streams, gpus, points, window) = (a.streams, a.gpus, a.points, a.window);
+    let metrics = a.metrics.min(CATALOG.len());
+    let duration = Duration::from_millis(crate::parse_ms(&a.duration)? as u64);
+    let _ = std::fs::remove_dir_all(dir);
+    let (prom, http) = start(PrometheusOptions {
+        binary: prometheus.into(),
+        remote_write_receiver: true,
+        ..PrometheusOptions::new(dir, free_port()?)
+    })
+    .await?;
+    let before = appended(&http, &prom).await?;
+    let cfg = RemoteWriteConfig {
+        url: format!("{}/api/v1/write", prom.url()),
+        timeout: Duration::from_secs(120),
+        ..Default::default()
+    };
+    let slots = window.clamp(1, (gpus * metrics).max(1));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for s in 0..streams {
+        // One client (connection pool) per stream, as each agent stream
+        // is its own connection.
+        let endpoint = Arc::new(RemoteWriteEndpoint::new(&cfg)?);
+        for w in 0..slots {
+            let endpoint = endpoint.clone();
+            tasks.push(tokio::spawn(async move {
+                let node = format!("bench-{s:03}");
+                let mut accepted = 0u64;
+                let mut k = 0;
+                while started.elapsed() < duration {
+                    let req = request(&node, w, slots, k, gpus, metrics, points, t0);
+                    let n: usize = req.timeseries.iter().map(|t| t.samples.len()).sum();
+                    endpoint
+                        .write(&req)
+                        .await
+                        .with_context(|| format!("stream {s}, request slot {w}"))?;
+                    accepted += n as u64;
+                    k += 1;
+                }
+                anyhow::Ok(accepted)
+            }));
+        }
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let stored = appended(&http, &prom).await? - before;
+    if stored != total {
+        bail!("Prometheus answered 2xx for {total} samples but its head appended {stored}");
+    }
+    println!(
+        "ingest: {streams} streams × {slots} requests in flight, {} samples/request ({} series × {} points), {} series in all",
+        (gpus * metrics).div_ceil(slots) * slots * points,
+        (gpus * metrics).div_ceil(slots),
+        slots * points,
+        streams * gpus * metrics,
+    );
+    println!(
+        "accepted {total} samples in {secs:.2} s = {:.0} samples/s (2xx answers; head appended {stored}); server pid {}",
+        total as f64 / secs,
+        prom.pid()
+    );
+    Ok(Accepted {
+        samples: total,
+        secs,
+    })
+}
+
+/// Prometheus for the query comparison: its tools and a work directory.
+pub(super) struct QueryPeer {
+    prometheus: String,
+    promtool: String,
+    work: PathBuf,
+}
+
+/// One query compared: flopwatch's median and, with a peer, Prometheus'.
+pub(super) struct QueryRow {
+    pub label: String,
+    pub flopwatch_ms: f64,
+    pub prometheus_ms: Option<f64>,
+}
+
+/// One `OpenMetrics` sample line; values print round-trip exactly.
+pub(super) fn om_sample(
+    f: &mut impl Write,
+    name: &str,
+    labels: &str,
+    ts_ms: i64,
+    v: f64,
+) -> std::io::Result<()> {
+    writeln!(
+        f,
+        "{name}{{{labels}}} {v:?} {}.{:03}",
+        ts_ms.div_euclid(1000),
+        ts_ms.rem_euclid(1000)
+    )
+}
+
+/// `promtool tsdb create-blocks-from openmetrics` of `om` into `out`,
+/// blocks of at most `max_block`.
+pub(super) fn promtool_blocks(
+    promtool: &str,
+    om: &Path,
+    out: &Path,
+    max_block: &str,
+) -> anyhow::Result<()> {
+    let status = std::process::Command::new(promtool)
+        .args(["tsdb", "create-blocks-from", "openmetrics"])
+        .arg(format!("--max-block-duration={max_block}"))
+        .arg(om)
+        .arg(out)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .with_context(|| format!("running {promtool} (Debian package `prometheus`)"))?;
+    if !status.success() {
+        bail!("{promtool} tsdb create-blocks-from openmetrics failed: {status}");
+    }
+    Ok(())
+}
+
+/// One GPU's OFU samples on their way into Prometheus: an OpenMetrics file
+/// per 54-hour block, turned into a block by promtool when the next block
+/// starts (promtool reads its input once per block it spans, so one file
+/// per block reads each sample twice in all).
+pub(super) struct OfuBlocks<'a> {
+    peer: &'a QueryPeer,
+    labels: String,
+    open: Option<(i64, std::io::BufWriter<std::fs::File>)>,
+    samples: u64,
+}
+
+impl<'a> OfuBlocks<'a> {
+    pub fn new(peer: &'a QueryPeer, uuid: &str, job: &str) -> anyhow::Result<Self> {
+        let _ = std::fs::remove_dir_all(&peer.work);
+        std::fs::create_dir_all(&peer.work)?;
+        Ok(Self {
+            peer,
+            labels: format!("UUID=\"{uuid}\",job_id=\"{job}\""),
+            open: None,
+            samples: 0,
+        })
+    }
+
+    fn om_path(&self) -> PathBuf {
+        self.peer.work.join("block.om")
+    }
+
+    fn tsdb(&self) -> PathBuf {
+        self.peer.work.join("tsdb")
+    }
+
+    /// Appends samples (in time order).
+    pub fn add(&mut self, samples: &[OfuSample]) -> anyhow::Result<()> {
+        for s in samples {
+            let block = s.ts_ms.div_euclid(BLOCK_MS);
+            if self.open.as_ref().is_some_and(|(b, _)| *b != block) {
+                self.seal()?;
+            }
+            if self.open.is_none() {
+                let mut f = std::io::BufWriter::new(std::fs::File::create(self.om_path())?);
+                writeln!(f, "# TYPE {OFU_NAME} gauge")?;
+                self.open = Some((block, f));
+            }
+            let (_, f) = self.open.as_mut().expect("opened above");
+            om_sample(f, OFU_NAME, &self.labels, s.ts_ms, s.ofu)?;
+            self.samples += 1;
+        }
+        Ok(())
+    }
+
+    /// Turns the open file into a block.
+    fn seal(&mut self) -> anyhow::Result<()> {
+        if let Some((_, mut f)) = self.open.take() {
+            writeln!(f, "# EOF")?;
+            f.flush()?;
+            drop(f);
+            promtool_blocks(&self.peer.promtool, &self.om_path(), &self.tsdb(), "54h")?;
+            std::fs::remove_file(self.om_path())?;
+        }
+        Ok(())
+    }
+
+    /// Seals the last block; Prometheus' TSDB directory and its samples.
+    pub fn finish(mut self) -> anyhow::Result<(PathBuf, u64)> {
+        self.seal()?;
+        Ok((self.tsdb(), self.samples))
+    }
+}
+
+/// A Prometheus serving the blocks in `tsdb`, kept `days` (and more).
+pub(super) async fn serve_blocks(
+    peer: &QueryPeer,
+    tsdb: &Path,
+    days: i64,
+) -> anyhow::Result<(LocalPrometheus, reqwest::Client)> {
+    start(PrometheusOptions {
+        binary: peer.prometheus.clone(),
+        tsdb: tsdb.to_path_buf(),
+        args: vec![format!("--storage.tsdb.retention.time={}d", days + 5)],
+        ..PrometheusOptions::new(&peer.work, free_port()?)
+    })
+    .await
+}
+
+/// `query_range` of `q` from `start_ms` to `end_ms` (inclusive) at
+/// `step_ms`, `runs` times: the times in ms (sorted) and the last answer's
+/// points (unix ms, value) of its one series.
+pub(super) async fn query_range(
+    http: &reqwest::Client,
+    prom: &LocalPrometheus,
+    q: &str,
+    (start_ms, end_ms, step_ms): (i64, i64, i64),
+    runs: usize,
+) -> anyhow::Result<(Vec<f64>, Vec<(i64, f64)>)> {
+    let secs = |ms: i64| format!("{}.{:03}", ms.div_euclid(1000), ms.rem_euclid(1000));
+    let mut times = Vec::new();
+    let mut points = Vec::new();
+    for _ in 0..runs {
+        let t = Instant::now();
+        let r = http
+            .get(format!("{}/api/v1/query_range", prom.url()))
+            .query(&[
+                ("query", q.to_string()),
+                ("start", secs(start_ms)),
+                ("end", secs(end_ms)),
+                ("step", secs(step_ms)),
+            ])
+            .send()
+            .await?;
+        let status = r.status();
+        let text = r.text().await?;
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+        if !status.is_success() {
+            bail!("Prometheus query_range `{q}`: {status}: {text}");
+        }
+        let v: serde_json::Value = serde_json::from_str(&text)?;
+        let result = v["data"]["result"].as_array().cloned().unwrap_or_default();
+        let [series] = &result[..] else {
+            bail!(
+                "Prometheus query_range `{q}`: {} series, not one",
+                result.len()
+            );
+        };
+        points = series["values"]
+            .as_array()
+            .map(|vs| {
+                vs.iter()
+                    .filter_map(|p| {
+                        let ts = p[0].as_f64()?;
+                        let v = p[1].as_str()?.parse::<f64>().ok()?;
+                        Some(((ts * 1000.0).round() as i64, v))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok((times, points))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_hold_disjoint_series_and_a_batch_of_samples() {
+        // 2 GPUs × 5 metrics, 10 points a batch, 2 requests in flight.
+        let (gpus, metrics, points, slots) = (2, 5, 10, 2);
+        let mut seen = std::collections::BTreeMap::new();
+        for w in 0..slots {
+            for k in 0..3 {
+                let req = request("n", w, slots, k, gpus, metrics, points, 0);
+                let n: usize = req.timeseries.iter().map(|t| t.samples.len()).sum();
+                assert_eq!(n, gpus * metrics * points, "a batch's worth");
+                for t in &req.timeseries {
+                    assert!(t.labels.windows(2).all(|p| p[0].name < p[1].name));
+                    let key: Vec<String> = t.labels.iter().map(|l| l.value.clone()).collect();
+                    let owner = seen.entry(key).or_insert(w);
+                    assert_eq!(*owner, w, "a series belongs to one slot");
+                }
+            }
+        }
+        assert_eq!(seen.len(), gpus * metrics);
+        // The same samples as the collector's batches: batch 1's first
+        // series is request 0 of slot 0's first series, first points.
+        let b = super::super::batch("n", 1, gpus, metrics, points, 0);
+        let r = request("n", 0, slots, 0, gpus, metrics, points, 0);
+        let s = &r.timeseries[0].samples;
+        assert_eq!(s.len(), slots * points);
+        for (i, (ts, v)) in b.series[0]
+            .timestamps_ms
+            .iter()
+            .zip(&b.series[0].values)
+            .enumerate()
+        {
+            assert_eq!((s[i].timestamp, s[i].value), (*ts, *v));
+        }
+    }
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(2_687_250.4), "2,687,250");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(thousands(1000.0), "1,000");
+    }
+}
