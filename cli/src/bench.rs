@@ -12,6 +12,7 @@
 //! collector's memory under a slow disk) live in the submodules.
 
 mod backpressure;
+mod fleet;
 mod slow_engine;
 mod storage;
 mod tenants;
@@ -48,6 +49,9 @@ enum What {
     /// The collector's memory while agents push more than its (slowed)
     /// storage takes: agents spool, the collector stays flat.
     Backpressure(backpressure::BackpressureArgs),
+    /// A fleet of agents on one collector (streams, memory per stream, ack
+    /// latency), and with `--storm` its return after a collector kill -9.
+    Fleet(fleet::FleetArgs),
     /// Durable ingest rate (samples/s acknowledged).
     Ingest {
         /// Concurrent agent streams.
@@ -133,6 +137,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         What::Storage(s) => return storage::run(s).await,
         What::Tenants(t) => return tenants::run(t).await,
         What::Backpressure(b) => return backpressure::run(b).await,
+        What::Fleet(f) => return fleet::run(f).await,
         What::Ingest {
             streams,
             gpus,
