@@ -550,7 +550,7 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
         .args(["-TERM", &col.child.id().to_string()])
         .status();
     let _ = col.child.wait();
-    let report = result?;
+    let steady = result?;
     let done = drained.context("the agents did not drain")?;
     let produced = field(&done, "produced");
     let acked = field(&done, "acked");
@@ -559,12 +559,12 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
     // Unacknowledged over all agents, missing from the store over those
     // checked: the larger is what was lost.
     let lost = ((produced - acked).max(0.0) as u64).max(counted.saturating_sub(stored));
-    let _ = report;
     println!(
         "after the run: {produced} samples produced, {acked} acknowledged, {pending} batches pending; store checked for {checked} agents: {counted} produced, {stored} stored"
     );
     println!(
-        "fleet result: agents={n} lost={lost} produced={produced} acked={acked} checked_agents={checked} checked_produced={counted} checked_stored={stored}"
+        "fleet result: agents={n} connected={} stored_per_s={:.0} lost={lost} produced={produced} acked={acked} checked_agents={checked} checked_produced={counted} checked_stored={stored}",
+        steady.connected, steady.stored_per_s
     );
     if tmp {
         let _ = std::fs::remove_dir_all(&root);
@@ -611,7 +611,14 @@ fn verify(root: &Path, gpus: usize, metrics: usize, k: usize) -> anyhow::Result<
     Ok((checked, counted, stored))
 }
 
-/// Connect, steady state, storm; returns the report.
+/// What the steady state measured, for the result line.
+#[derive(Default)]
+struct Steady {
+    connected: f64,
+    stored_per_s: f64,
+}
+
+/// Connect, steady state, storm (each printed as it ends).
 #[allow(clippy::too_many_arguments)]
 fn run_phases(
     a: &FleetArgs,
@@ -623,17 +630,12 @@ fn run_phases(
     threads0: u64,
     ag_pid: u32,
     ag: &Lines,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<Steady> {
     let n = a.agents;
     let interval = ms(&a.interval)?;
     let ramp = ms(&a.ramp)?;
     let duration = ms(&a.duration)?;
-    let mut report = String::new();
-    let mut say = |s: String| {
-        println!("{s}");
-        report.push_str(&s);
-        report.push('\n');
-    };
+    let say = |s: String| println!("{s}");
     say(format!(
         "fleet: {n} agents × {} GPUs × {} metrics, one point per series per {} (± 20 %), started over {}; collector pid {}, VmRSS before the agents {:.1} MiB, {threads0} threads; root {}",
         a.gpus,
@@ -734,8 +736,12 @@ fn run_phases(
         (g1 - g0) / secs * 100.0,
         (g1 - g0) / (c1 - c0 + g1 - g0).max(1e-9) * 100.0,
     ));
+    let steady = Steady {
+        connected: field(&last, "connected"),
+        stored_per_s: stored,
+    };
     if !a.storm {
-        return Ok(report);
+        return Ok(steady);
     }
     // 3. The storm.
     let before = last_status(ag);
@@ -796,5 +802,5 @@ fn run_phases(
         field(&after, "connections") - field(&before, "connections"),
         mib(peak),
     ));
-    Ok(report)
+    Ok(steady)
 }
