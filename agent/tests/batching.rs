@@ -75,11 +75,7 @@ async fn batches(sampler: Box<dyn Sampler>, secs: u64) -> (usize, u64) {
 
 #[tokio::test(start_paused = true)]
 async fn a_backed_off_agent_sends_fewer_batches() {
-    let (fixed, _) = batches(
-        Box::new(FixedSampler::new(Duration::from_millis(100))),
-        300,
-    )
-    .await;
+    let (fixed, _) = batches(Box::new(FixedSampler::new(Duration::from_millis(100))), 300).await;
     let cfg = SamplingConfig {
         adaptive: true,
         ..Default::default()

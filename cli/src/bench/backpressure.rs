@@ -235,7 +235,11 @@ pub(super) fn lines(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
     out
 }
 
-pub(super) fn wait_for(lines: &Mutex<Vec<String>>, prefix: &str, limit: Duration) -> anyhow::Result<String> {
+pub(super) fn wait_for(
+    lines: &Mutex<Vec<String>>,
+    prefix: &str,
+    limit: Duration,
+) -> anyhow::Result<String> {
     let until = Instant::now() + limit;
     loop {
         if let Some(l) = lines

@@ -204,7 +204,10 @@ async fn feed(
         }
         if now >= next_sample {
             k += 1;
-            batcher.add(capture(now, &inventory, metrics, interval_ms, k), &inventory);
+            batcher.add(
+                capture(now, &inventory, metrics, interval_ms, k),
+                &inventory,
+            );
             next_sample = now + interval_ms * 4 / 5 + draw(interval_ms * 2 / 5);
         }
         if batcher.due(now, last_cut, flush_ms, 50_000) {
@@ -434,7 +437,10 @@ fn start_collector(config: &Path, log: &Path) -> anyhow::Result<Collector> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    bail!("the collector keeps failing to start; see {}", log.display())
+    bail!(
+        "the collector keeps failing to start; see {}",
+        log.display()
+    )
 }
 
 /// The agents' status lines so far.
@@ -540,7 +546,9 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
     )?;
     let ag_pid = ag.id();
     let ag_out = lines(&mut ag);
-    let result = run_phases(&a, &root, &config, &log, &mut col, rss0, threads0, ag_pid, &ag_out);
+    let result = run_phases(
+        &a, &root, &config, &log, &mut col, rss0, threads0, ag_pid, &ag_out,
+    );
     // Whatever happened: stop the agents' sources and let them drain.
     std::fs::write(root.join("agents").join("stop"), b"")?;
     let drained = wait_for(&ag_out, "agents done ", Duration::from_secs(240));
@@ -671,8 +679,9 @@ fn run_phases(
         all_at.as_secs_f64(),
         ramp.as_secs_f64()
     ));
-    // 2. The steady state, after one interval for every agent to send.
-    std::thread::sleep(interval + Duration::from_secs(2));
+    // 2. The steady state, after one interval for every agent to send
+    // (batches wait at most MAX_BATCH_AGE).
+    std::thread::sleep(interval.min(Duration::from_secs(10)) + Duration::from_secs(2));
     let pid = col.child.id();
     let first = last_status(ag);
     let (c0, g0) = (
