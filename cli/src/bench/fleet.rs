@@ -156,6 +156,7 @@ struct Produced {
 
 /// One synthetic agent's source: every series one point per `interval`
 /// (± 20 %), cut by the agent's batch policy and queued in its outbox.
+#[allow(clippy::too_many_arguments)]
 async fn feed(
     node: String,
     inventory: Vec<GpuInfo>,
