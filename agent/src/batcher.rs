@@ -2,10 +2,31 @@
 //! Each reading becomes its stored point through
 //! [`Reading::point`](crate::capture::Reading::point), the pipeline's one
 //! conversion.
+//!
+//! **When a batch is cut** ([`Batcher::due`]): when it holds the most
+//! samples a batch may, or by age. While some series held is sampled at
+//! least once per flush interval (a fixed sampler, or an adaptive one
+//! snapped to its minimum), every flush interval, as always. While every
+//! series held comes more slowly (a backed-off adaptive sampler sends one
+//! point per interval, its `window_ms` that interval), each point waits
+//! at most the shortest such interval, capped at [`MAX_BATCH_AGE`]: the
+//! points of one interval leave together, one batch per interval instead
+//! of one per second holding almost nothing, and the collector commits
+//! that many fewer writes (`flopwatch bench fleet`). With nothing held,
+//! an empty batch (the agent's intervals and backlog, and its sign of
+//! life) goes every [`MAX_BATCH_AGE`]. A change snaps the sampler back,
+//! its points carry short windows, and the flush interval's cadence
+//! resumes. Events (XID) go out at the flush interval.
 
 use crate::capture::Capture;
 use flopwatch_proto::model::{Batch, Event, GpuInfo, JobAssignment, Point, SeriesBatch};
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Longest a batch is held while its samples come slowly: bounds what a
+/// kill -9 of an agent without a spool loses, and how late a backed-off
+/// agent's samples reach the collector.
+pub const MAX_BATCH_AGE: Duration = Duration::from_secs(10);
 
 /// One (GPU, metric) series and the points taken since the last cut.
 #[derive(Debug)]
@@ -37,6 +58,10 @@ pub struct Batcher {
     jobs: BTreeMap<usize, JobAssignment>,
     events: Vec<Event>,
     samples: usize,
+    /// Shortest window (ms) of the points added since the last cut.
+    interval_ms: Option<u32>,
+    /// When the first point or event since the last cut was added.
+    first_ms: Option<i64>,
 }
 
 impl Batcher {
@@ -71,6 +96,9 @@ impl Batcher {
                 self.jobs.insert(i, j);
             }
         }
+        if !capture.events.is_empty() {
+            self.first_ms.get_or_insert(capture.ts_ms);
+        }
         self.events.extend(capture.events);
     }
 
@@ -89,13 +117,19 @@ impl Batcher {
         inventory: &[GpuInfo],
     ) {
         self.cursor = 0;
+        if gpus.iter().any(|g| !g.readings.is_empty()) {
+            self.first_ms.get_or_insert(ts_ms);
+        }
         for g in gpus {
             if g.gpu >= inventory.len() {
                 continue;
             }
             for r in g.readings {
                 let i = self.slot(g.gpu, r.metric);
-                self.slots[i].points.push(r.point(ts_ms, g.window_ms));
+                let p = r.point(ts_ms, g.window_ms);
+                let w = p.window_ms.unwrap_or(0);
+                self.interval_ms = Some(self.interval_ms.map_or(w, |m| m.min(w)));
+                self.slots[i].points.push(p);
                 self.samples += 1;
             }
         }
@@ -109,6 +143,40 @@ impl Batcher {
     /// True when nothing is held.
     pub fn is_empty(&self) -> bool {
         self.samples == 0 && self.events.is_empty()
+    }
+
+    /// How old a batch may grow before it is cut, ms: `flush_ms` while
+    /// a series held is sampled at least that often (or an event is
+    /// held), else the shortest sampling interval among the series held,
+    /// at most [`MAX_BATCH_AGE`] (which is also the pace of the empty
+    /// batches that tell the collector an agent with nothing to send is
+    /// alive). Never below `flush_ms`. See the module docs.
+    pub fn max_age_ms(&self, flush_ms: i64) -> i64 {
+        let cap = (MAX_BATCH_AGE.as_millis() as i64).max(flush_ms);
+        if !self.events.is_empty() {
+            return flush_ms;
+        }
+        self.interval_ms
+            .map_or(cap, |w| i64::from(w).clamp(flush_ms, cap))
+    }
+
+    /// When the batch is due by age, unix ms, the last cut having been at
+    /// `last_cut_ms`. At the flush interval the cadence is the flush
+    /// interval's, as with a fixed sampler; past it, each point waits at
+    /// most the max age, so that the points of one sampling interval
+    /// (metric groups back off on their own schedules) leave together.
+    pub fn due_at(&self, last_cut_ms: i64, flush_ms: i64) -> i64 {
+        let age = self.max_age_ms(flush_ms);
+        match self.first_ms {
+            Some(first) if age > flush_ms => first + age,
+            _ => last_cut_ms + age,
+        }
+    }
+
+    /// Whether to cut at `now_ms`: the batch holds `max_samples`, or it
+    /// is due by age ([`Batcher::due_at`]).
+    pub fn due(&self, now_ms: i64, last_cut_ms: i64, flush_ms: i64, max_samples: usize) -> bool {
+        self.samples >= max_samples || now_ms >= self.due_at(last_cut_ms, flush_ms)
     }
 
     /// Takes everything as a batch (seq 0: numbered when first sent),
@@ -138,6 +206,8 @@ impl Batcher {
             })
             .collect();
         self.samples = 0;
+        self.interval_ms = None;
+        self.first_ms = None;
         Batch {
             seq: 0,
             agent_id: agent_id.to_string(),
@@ -261,5 +331,67 @@ mod tests {
             .series
             .iter()
             .all(|s| s.metric == metrics::POWER_W && s.points.len() == 1));
+    }
+
+    #[test]
+    fn batches_are_cut_at_the_pace_samples_come() {
+        let inventory = vec![GpuInfo {
+            uuid: "GPU-0".into(),
+            ..Default::default()
+        }];
+        let capture = |ts_ms: i64, window: Option<u32>| {
+            let mut r = Reading::new(metrics::TENSOR_ACTIVE, 0.5);
+            r.window_ms = window;
+            Capture {
+                ts_ms,
+                gpus: vec![GpuCapture {
+                    gpu: 0,
+                    window_ms: 100,
+                    readings: vec![r],
+                }],
+                ..Default::default()
+            }
+        };
+        let due = |b: &Batcher, now: i64, last_cut: i64| b.due(now, last_cut, 1_000, 100);
+        let mut b = Batcher::default();
+        // Fixed 100 ms: the flush interval's cadence.
+        b.add(capture(100, None), &inventory);
+        assert_eq!(b.max_age_ms(1_000), 1_000);
+        assert!(!due(&b, 999, 0));
+        assert!(due(&b, 1_000, 0));
+        b.cut(&inventory, "n", "b", 1_000);
+        // Nothing held: an empty batch per MAX_BATCH_AGE.
+        assert!(!due(&b, 10_999, 1_000));
+        assert!(due(&b, 11_000, 1_000));
+        // Backed off to 6.4 s: a point waits 6.4 s for the others.
+        b.add(capture(12_000, Some(6_400)), &inventory);
+        b.add(capture(15_000, Some(6_400)), &inventory);
+        assert!(!due(&b, 18_399, 11_000));
+        assert!(due(&b, 18_400, 11_000));
+        b.cut(&inventory, "n", "b", 18_400);
+        // Snapped back: the flush interval again.
+        b.add(capture(19_000, Some(100)), &inventory);
+        assert!(!due(&b, 19_399, 18_400));
+        assert!(due(&b, 19_400, 18_400));
+        b.cut(&inventory, "n", "b", 19_400);
+        // Past the cap.
+        b.add(capture(40_000, Some(30_000)), &inventory);
+        assert_eq!(b.max_age_ms(1_000), MAX_BATCH_AGE.as_millis() as i64);
+        assert!(due(&b, 50_000, 19_400));
+        // A longer flush interval is never shortened; a full batch goes now.
+        assert_eq!(b.max_age_ms(3_600_000), 3_600_000);
+        assert!(b.due(40_000, 40_000, 1_000, 1));
+        // An event goes out at the flush interval.
+        b.cut(&inventory, "n", "b", 50_000);
+        b.add(
+            Capture {
+                ts_ms: 50_500,
+                events: vec![Event::default()],
+                ..Default::default()
+            },
+            &inventory,
+        );
+        assert_eq!(b.max_age_ms(1_000), 1_000);
+        assert!(due(&b, 51_000, 50_000));
     }
 }

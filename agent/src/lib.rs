@@ -23,6 +23,7 @@ mod clock;
 mod filter;
 mod health;
 mod identity;
+pub mod latency;
 mod mfu;
 mod outbox;
 mod placement;

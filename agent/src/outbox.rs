@@ -33,6 +33,8 @@ use tracing::warn;
 struct Entry {
     batch: v1::Batch,
     sent: bool,
+    /// When it was last put on the wire (for [`OutboxStats::ack_latency`]).
+    sent_at: Option<tokio::time::Instant>,
     /// Some collector may hold it already (sent on a stream that ended
     /// without its ack, or spooled by an earlier run): sent flagged so.
     uncertain: bool,
@@ -64,6 +66,8 @@ pub struct OutboxStats {
     pub acked_samples: AtomicU64,
     /// Batches rejected by the collector.
     pub rejected_batches: AtomicU64,
+    /// From a batch put on the wire (the last time) to its ack.
+    pub ack_latency: crate::latency::LatencyHistogram,
 }
 
 /// The bounded outbox, shared by the sampling loop and the client.
@@ -145,6 +149,7 @@ impl Outbox {
                 uncertain: b.seq <= inner.uncertain_upto,
                 batch: b,
                 sent: false,
+                sent_at: None,
             });
         }
     }
@@ -173,6 +178,7 @@ impl Outbox {
                             inner.entries.push_back(Entry {
                                 batch,
                                 sent: false,
+                                sent_at: None,
                                 uncertain: false,
                             });
                         }
@@ -213,6 +219,7 @@ impl Outbox {
             inner.entries.push_back(Entry {
                 batch,
                 sent: false,
+                sent_at: None,
                 uncertain: false,
             });
         }
@@ -297,6 +304,7 @@ impl Outbox {
                 next_seq += 1;
             }
             e.sent = true;
+            e.sent_at = Some(tokio::time::Instant::now());
             in_flight += 1;
             let mut b = e.batch.clone();
             b.uncertain = e.uncertain;
@@ -314,6 +322,9 @@ impl Outbox {
                 break;
             }
             let n = samples(&e.batch);
+            if let Some(t) = e.sent_at {
+                self.stats.ack_latency.observe(t.elapsed());
+            }
             inner.entries.pop_front();
             self.stats.acked_batches.fetch_add(1, Ordering::Relaxed);
             self.stats.acked_samples.fetch_add(n, Ordering::Relaxed);

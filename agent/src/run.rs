@@ -427,7 +427,7 @@ async fn sample_loop(
             break;
         };
         let now = clock.now_ms();
-        if now - last_flush >= flush_ms || batcher.len() >= opts.max_batch_samples {
+        if batcher.due(now, last_flush, flush_ms, opts.max_batch_samples) {
             cut.cut(&mut batcher, &mut inbox, sampler.as_ref(), now);
             last_flush = now;
         }

@@ -13,7 +13,8 @@
 //! after any restart carries the same number and the collector drops the
 //! replay. Records are written with one `write(2)` each as soon as a batch is
 //! cut, so a kill -9 of the agent loses only the batch being assembled
-//! (at most `flush_interval` of samples); the file is fsynced every
+//! (at most `flush_interval` of samples, or 10 s while adaptive sampling
+//! has backed off, `batcher::MAX_BATCH_AGE`); the file is fsynced every
 //! `fsync_interval`, which bounds what a power loss can take besides.
 //!
 //! Segments whose records are all acknowledged are deleted. Past

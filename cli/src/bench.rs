@@ -12,6 +12,7 @@
 //! collector's memory under a slow disk) live in the submodules.
 
 mod backpressure;
+mod fleet;
 mod peer;
 mod slow_engine;
 mod storage;
@@ -49,6 +50,9 @@ enum What {
     /// The collector's memory while agents push more than its (slowed)
     /// storage takes: agents spool, the collector stays flat.
     Backpressure(backpressure::BackpressureArgs),
+    /// A fleet of agents on one collector (streams, memory per stream, ack
+    /// latency), and with `--storm` its return after a collector kill -9.
+    Fleet(fleet::FleetArgs),
     /// Durable ingest rate (samples/s acknowledged); with `--peer
     /// prometheus`, against a Prometheus fed the same samples in the same
     /// run, and the 30-day OFU query against Prometheus' `query_range`.
@@ -168,6 +172,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         What::Storage(s) => storage::run(s).await,
         What::Tenants(t) => tenants::run(t).await,
         What::Backpressure(b) => backpressure::run(b).await,
+        What::Fleet(f) => fleet::run(f).await,
         What::Ingest(i) if i.peer.is_some() => peer::run(&i).await,
         What::Ingest(i) => ingest(&i, ingest_start_ms()).await.map(drop),
     }

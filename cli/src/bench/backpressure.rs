@@ -81,7 +81,7 @@ enum Role {
     Agents,
 }
 
-fn ms(s: &str) -> anyhow::Result<Duration> {
+pub(super) fn ms(s: &str) -> anyhow::Result<Duration> {
     Ok(Duration::from_millis(crate::parse_ms(s)?.max(0) as u64))
 }
 
@@ -222,7 +222,7 @@ async fn agents(a: BackpressureArgs) -> anyhow::Result<()> {
 // The driver.
 
 /// Stdout lines of a child, kept as they come.
-fn lines(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
+pub(super) fn lines(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
     let out = Arc::new(Mutex::new(Vec::new()));
     if let Some(stdout) = child.stdout.take() {
         let o = out.clone();
@@ -235,7 +235,11 @@ fn lines(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
     out
 }
 
-fn wait_for(lines: &Mutex<Vec<String>>, prefix: &str, limit: Duration) -> anyhow::Result<String> {
+pub(super) fn wait_for(
+    lines: &Mutex<Vec<String>>,
+    prefix: &str,
+    limit: Duration,
+) -> anyhow::Result<String> {
     let until = Instant::now() + limit;
     loop {
         if let Some(l) = lines
@@ -254,7 +258,7 @@ fn wait_for(lines: &Mutex<Vec<String>>, prefix: &str, limit: Duration) -> anyhow
 }
 
 /// `VmRSS`, `VmHWM` (KiB) and thread count of `pid`.
-fn memory(pid: u32) -> Option<(u64, u64, u64)> {
+pub(super) fn memory(pid: u32) -> Option<(u64, u64, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let value = |key: &str| -> Option<u64> {
         s.lines()
@@ -270,7 +274,7 @@ fn memory(pid: u32) -> Option<(u64, u64, u64)> {
 /// A `/metrics` page (`None` when the collector does not answer). The
 /// page lists every GPU's counters: fetched once per sample, it costs the
 /// collector some CPU and transient memory, as any Prometheus scrape does.
-fn scrape_page(addr: &str) -> Option<String> {
+pub(super) fn scrape_page(addr: &str) -> Option<String> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
     write!(
@@ -284,7 +288,7 @@ fn scrape_page(addr: &str) -> Option<String> {
 }
 
 /// An unlabelled value of a `/metrics` page.
-fn value(page: &str, name: &str) -> Option<f64> {
+pub(super) fn value(page: &str, name: &str) -> Option<f64> {
     page.lines().find_map(|l| {
         let (k, v) = l.rsplit_once(' ')?;
         // Unlabelled series are written `name{} value`.
@@ -292,8 +296,8 @@ fn value(page: &str, name: &str) -> Option<f64> {
     })
 }
 
-/// `key=value` of an agents status line.
-fn field(line: &str, key: &str) -> f64 {
+/// `key=value` of a status line.
+pub(super) fn field(line: &str, key: &str) -> f64 {
     line.split_whitespace()
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
         .and_then(|v| v.parse().ok())
@@ -315,11 +319,13 @@ struct Sample {
     agents: String,
 }
 
-fn spawn(role: &str, args: &[String], log: &Path) -> anyhow::Result<Child> {
+/// This binary as `bench <bench> --role <role>`, stdout piped, stderr to
+/// `log`.
+pub(super) fn spawn(bench: &str, role: &str, args: &[String], log: &Path) -> anyhow::Result<Child> {
     let exe = std::env::current_exe()?;
     let err = std::fs::File::create(log)?;
     Command::new(exe)
-        .args(["bench", "backpressure", "--role", role])
+        .args(["bench", bench, "--role", role])
         .args(args)
         .env("FLOPWATCH_LOG", "warn")
         .stdin(Stdio::null())
@@ -329,7 +335,7 @@ fn spawn(role: &str, args: &[String], log: &Path) -> anyhow::Result<Child> {
         .with_context(|| format!("starting the {role} process"))
 }
 
-fn mib(kib: u64) -> f64 {
+pub(super) fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
@@ -340,6 +346,7 @@ async fn driver(a: BackpressureArgs) -> anyhow::Result<()> {
     let duration = ms(&a.duration)?;
     let every = ms(&a.sample_every)?.max(Duration::from_millis(100));
     let mut col = spawn(
+        "backpressure",
         "collector",
         &[
             "--dir".into(),
@@ -355,6 +362,7 @@ async fn driver(a: BackpressureArgs) -> anyhow::Result<()> {
     let pid = col.id();
     let (rss0, _, _) = memory(pid).context("reading /proc/PID/status")?;
     let mut ag = spawn(
+        "backpressure",
         "agents",
         &[
             "--dir".into(),

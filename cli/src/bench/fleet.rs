@@ -1,0 +1,816 @@
+//! `flopwatch bench fleet`: one collector under a fleet of agents, and
+//! optionally a reconnect storm (the collector killed with SIGKILL and
+//! restarted on its data directory).
+//!
+//! Three processes (this binary each time):
+//!
+//! 1. the driver (what the user runs) writes a collector configuration,
+//!    starts the collector and the agents, samples the collector's
+//!    `/proc/PID/status` and `/proc/PID/stat` (memory, threads, CPU) and
+//!    the agents' status lines, and prints a summary;
+//! 2. the collector: `flopwatch collector --config` with RocksDB in a
+//!    fresh directory, exactly as shipped, on a fixed loopback port so a
+//!    restarted one is found where the killed one was;
+//! 3. `--agents` agents in one process, each the real agent's delivery
+//!    path: the [`Batcher`] and its cut policy, an [`Outbox`] over a disk
+//!    [`Spool`], and [`client::run`] (its 8-batch window, ack timeout,
+//!    jittered reconnect backoff, 50/s drain rate), one gRPC connection
+//!    and Ingest stream each.
+//!
+//! The agents are fed by a cheap synthetic source that sends what the
+//! adaptive sampler sends on steady and periodic-training work
+//! (docs/BENCHMARKS.md, adaptive sampling: 70.4× fewer samples than fixed
+//! 100 ms, one sample per series about every 7 s): every `--gpus` ×
+//! `--metrics` series gets one point per `--interval` (± 20 %, each agent
+//! at its own phase), carrying its window (`window_ms` = the interval) as
+//! the sampler's aggregated points do, so the batch cut policy sees the
+//! rate a backed-off agent sees. Running the sampler itself at 100 ms for
+//! 10,000 agents would take the machine's two cores from the collector.
+//!
+//! Ack latency is measured on the agents' side, from a batch put on the
+//! wire to its ack (`OutboxStats::ack_latency`); samples stored are the
+//! samples the agents had acknowledged (an ack means durable in the
+//! collector's WAL). After the run the driver stops the agents' sources,
+//! waits until every outbox is empty, stops the collector and counts, in
+//! its store, every sample of `--verify-agents` agents: lost = produced −
+//! stored (and produced − acknowledged over all agents).
+//!
+//! The collector's `/metrics` is not scraped: with one page listing every
+//! GPU of the fleet, a scrape of 80,000 GPUs would be the largest load of
+//! the run.
+
+use super::backpressure::{field, lines, memory, mib, ms, spawn, wait_for};
+use anyhow::{bail, Context};
+use flopwatch_agent::client::{self, ClientOptions, ClientState};
+use flopwatch_agent::latency::{quantile, BUCKETS};
+use flopwatch_agent::{Batcher, Capture, GpuCapture, Outbox, Reading};
+use flopwatch_agent::{Spool, SpoolOptions, SpoolStats};
+use flopwatch_proto::clock::{Clock, SystemClock};
+use flopwatch_proto::metrics::CATALOG;
+use flopwatch_proto::model::GpuInfo;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Arguments of `bench fleet`.
+#[derive(clap::Args)]
+pub struct FleetArgs {
+    /// Agents (one connection and Ingest stream each, all in one process).
+    #[arg(long, default_value_t = 1000)]
+    agents: usize,
+    /// GPUs per agent.
+    #[arg(long, default_value_t = 8)]
+    gpus: usize,
+    /// Metrics per GPU (from the catalog).
+    #[arg(long, default_value_t = 20)]
+    metrics: usize,
+    /// Each series' sampling interval (the adaptive sampler's, backed off).
+    #[arg(long, default_value = "7s")]
+    interval: String,
+    /// Agents start spread over this long.
+    #[arg(long, default_value = "20s")]
+    ramp: String,
+    /// How long the steady state is measured, once every agent is
+    /// connected and has sent for one interval.
+    #[arg(long, default_value = "60s")]
+    duration: String,
+    /// After the steady state, kill the collector with SIGKILL, restart it
+    /// on its data directory and measure the agents' return.
+    #[arg(long)]
+    storm: bool,
+    /// Agents whose every stored sample is counted after the run (0: all).
+    #[arg(long, default_value_t = 500)]
+    verify_agents: usize,
+    /// Working directory (collector store, agent spools, logs); default:
+    /// a temporary one, removed after.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Which process this is.
+    #[arg(long, hide = true, value_enum, default_value_t = Role::Driver)]
+    role: Role,
+    /// The collector's URL (agents process).
+    #[arg(long, hide = true)]
+    collector: Option<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Role {
+    Driver,
+    Agents,
+}
+
+pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
+    match a.role {
+        Role::Driver => driver(a).await,
+        Role::Agents => agents(a).await,
+    }
+}
+
+/// Raises the open-file limit to `want` (10,000 agents need a socket
+/// each, and a spool segment each on the agents' side): the soft limit to
+/// the hard one, and the hard one too where the process may. Children
+/// inherit it. Returns the soft limit in force.
+fn raise_nofile(want: u64) -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read or write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
+        }
+        if lim.rlim_cur >= want {
+            return lim.rlim_cur;
+        }
+        let up = libc::rlimit {
+            rlim_cur: want.max(lim.rlim_max),
+            rlim_max: want.max(lim.rlim_max),
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &up) == 0 {
+            return up.rlim_cur;
+        }
+        let soft = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &soft) == 0 {
+            return soft.rlim_cur;
+        }
+        lim.rlim_cur
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The agents process.
+
+/// What the agents process counts, over all agents.
+#[derive(Default)]
+struct Produced {
+    samples: AtomicU64,
+    batches: AtomicU64,
+}
+
+/// One synthetic agent's source: every series one point per `interval`
+/// (± 20 %), cut by the agent's batch policy and queued in its outbox.
+#[allow(clippy::too_many_arguments)]
+async fn feed(
+    node: String,
+    inventory: Vec<GpuInfo>,
+    metrics: usize,
+    interval: Duration,
+    outbox: Arc<Outbox>,
+    produced: Arc<Produced>,
+    mine: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) {
+    let flush_ms = 1_000;
+    let interval_ms = interval.as_millis() as i64;
+    let mut batcher = Batcher::default();
+    let mut seed = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        node.hash(&mut h);
+        h.finish() | 1
+    };
+    let mut draw = move |span: i64| {
+        // xorshift: cheap, and the agents' phases need no more.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % span.max(1) as u64) as i64
+    };
+    let start = SystemClock.now_ms();
+    let mut next_sample = start + draw(interval_ms);
+    let mut last_cut = start;
+    let mut k = 0u64;
+    let cut = |batcher: &mut Batcher, now: i64| {
+        let n = batcher.len() as u64;
+        let b = batcher.cut(&inventory, &node, "bench", now);
+        outbox.push(b.into());
+        produced.samples.fetch_add(n, Ordering::Relaxed);
+        produced.batches.fetch_add(1, Ordering::Relaxed);
+        mine.fetch_add(n, Ordering::Relaxed);
+    };
+    loop {
+        let now = SystemClock.now_ms();
+        if stop.load(Ordering::Relaxed) {
+            if !batcher.is_empty() {
+                cut(&mut batcher, now);
+            }
+            return;
+        }
+        if now >= next_sample {
+            k += 1;
+            batcher.add(
+                capture(now, &inventory, metrics, interval_ms, k),
+                &inventory,
+            );
+            next_sample = now + interval_ms * 4 / 5 + draw(interval_ms * 2 / 5);
+        }
+        if batcher.due(now, last_cut, flush_ms, 50_000) {
+            cut(&mut batcher, now);
+            last_cut = now;
+        }
+        let due = batcher.due_at(last_cut, flush_ms).min(next_sample);
+        let wait = (due - SystemClock.now_ms()).clamp(10, 1_000);
+        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    }
+}
+
+/// What a backed-off adaptive sampler sends at `ts`: one aggregated point
+/// per series, its window the interval, its peak above its mean.
+fn capture(ts: i64, inventory: &[GpuInfo], metrics: usize, window_ms: i64, k: u64) -> Capture {
+    Capture {
+        ts_ms: ts,
+        gpus: (0..inventory.len())
+            .map(|g| GpuCapture {
+                gpu: g,
+                window_ms: 100,
+                readings: CATALOG
+                    .iter()
+                    .take(metrics)
+                    .enumerate()
+                    .map(|(mi, m)| {
+                        let phase = ((k as usize + g + mi) % 12 < 10) as u8 as f64;
+                        let value = match m.unit {
+                            "ratio" => 0.05 + 0.6 * phase,
+                            "MHz" => 1352.0 + ((k as usize * 7 + g + mi) % 5) as f64,
+                            _ => 300.0 + 250.0 * phase,
+                        };
+                        let mut r = Reading::new(m.name, value);
+                        r.window_ms = Some(window_ms as u32);
+                        r.peak = Some(value * 1.05);
+                        r
+                    })
+                    .collect(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+async fn agents(a: FleetArgs) -> anyhow::Result<()> {
+    let dir = a.dir.clone().context("--dir")?;
+    let url = a.collector.clone().context("--collector")?;
+    raise_nofile(a.agents as u64 * 3 + 1024);
+    let interval = ms(&a.interval)?;
+    let ramp = ms(&a.ramp)?;
+    let metrics = a.metrics.min(CATALOG.len());
+    let produced = Arc::new(Produced::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut fleet = Vec::new();
+    let started = Instant::now();
+    for i in 0..a.agents {
+        let node = format!("fleet-{i:05}");
+        let spool = Spool::open(
+            &SpoolOptions {
+                dir: dir.join(&node),
+                max_bytes: 1 << 30,
+                fsync_interval: Duration::from_secs(1),
+            },
+            Arc::new(SpoolStats::default()),
+        )?;
+        let outbox = Arc::new(Outbox::with_spool(64, spool));
+        let wire = super::hello(&node, a.gpus);
+        let inventory: Vec<GpuInfo> = wire
+            .gpus
+            .iter()
+            .map(|g| GpuInfo {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                model: g.model.clone(),
+                ..Default::default()
+            })
+            .collect();
+        let hello = flopwatch_proto::model::Hello::try_from(wire)
+            .map_err(|e| anyhow::anyhow!("hello: {e}"))?;
+        let (state, watch) = tokio::sync::watch::channel(ClientState::default());
+        let mine = Arc::new(AtomicU64::new(0));
+        let at = ramp.mul_f64(i as f64 / a.agents.max(1) as f64);
+        let (o, p, m, s) = (outbox.clone(), produced.clone(), mine.clone(), stop.clone());
+        let url = url.clone();
+        let node_id = node.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(started + at)).await;
+            tokio::spawn(client::run(
+                ClientOptions {
+                    collectors: vec![url],
+                    token: None,
+                    hello,
+                    drain_timeout: Duration::from_secs(1),
+                    max_batches_per_second: Some(50),
+                    tls: Default::default(),
+                },
+                o.clone(),
+                state,
+            ));
+            feed(node_id, inventory, metrics, interval, o, p, m, s).await;
+        });
+        fleet.push((node, outbox, watch, mine));
+    }
+    let status = |label: &str| {
+        let mut hist = vec![0u64; BUCKETS];
+        let (mut acked, mut acked_batches, mut pending, mut connected, mut connections) =
+            (0u64, 0u64, 0usize, 0usize, 0u64);
+        for (_, o, w, _) in &fleet {
+            acked += o.stats.acked_samples.load(Ordering::Relaxed);
+            acked_batches += o.stats.acked_batches.load(Ordering::Relaxed);
+            pending += o.len();
+            let st = w.borrow();
+            connected += usize::from(st.connected_to.is_some());
+            connections += st.connections;
+            for (h, c) in hist.iter_mut().zip(o.stats.ack_latency.counts()) {
+                *h += c;
+            }
+        }
+        let hist: Vec<String> = hist
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c > 0)
+            .map(|(i, c)| format!("{i}:{c}"))
+            .collect();
+        println!(
+            "{label} t={:.2} produced={} produced_batches={} acked={acked} acked_batches={acked_batches} pending={pending} connected={connected} connections={connections} hist={}",
+            started.elapsed().as_secs_f64(),
+            produced.samples.load(Ordering::Relaxed),
+            produced.batches.load(Ordering::Relaxed),
+            hist.join(","),
+        );
+        let _ = std::io::stdout().flush();
+        pending
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Until the driver asks to stop: sources stop, outboxes drain.
+    loop {
+        tick.tick().await;
+        status("agents");
+        if dir.join("stop").exists() {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let until = Instant::now() + Duration::from_secs(180);
+    while status("agents") > 0 && Instant::now() < until {
+        tick.tick().await;
+    }
+    let mut out = String::new();
+    for (node, _, _, mine) in &fleet {
+        out.push_str(&format!("{node}\t{}\n", mine.load(Ordering::Relaxed)));
+    }
+    std::fs::write(dir.join("produced.tsv"), out)?;
+    status("agents done");
+    // The spools stay on disk; nothing more to deliver in a benchmark.
+    std::process::exit(0)
+}
+
+// ---------------------------------------------------------------------------
+// The driver.
+
+/// A loopback port below the kernel's ephemeral range, so that none of
+/// the agents' outbound connections holds it when the collector restarts.
+fn free_port() -> anyhow::Result<u16> {
+    let base = 20_000 + (std::process::id() % 10_000) as u16;
+    for p in (base..32_000).chain(20_000..base) {
+        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
+            return Ok(p);
+        }
+    }
+    bail!("no free loopback port below 32000")
+}
+
+/// `utime + stime` of `pid`, seconds.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = s.rsplit_once(") ")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5), counted from the state (field 3).
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// The collector process (and what it prints).
+struct Collector {
+    child: Child,
+}
+
+fn start_collector(config: &Path, log: &Path) -> anyhow::Result<Collector> {
+    // Right after a kill the port or the store's lock may still be held
+    // for a moment: retry.
+    for _ in 0..100 {
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["collector", "--config"])
+            .arg(config)
+            .env("FLOPWATCH_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .context("starting the collector")?;
+        let out = lines(&mut child);
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if out
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .any(|l| l.starts_with("listening on"))
+            {
+                return Ok(Collector { child });
+            }
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
+            }
+            if Instant::now() > until {
+                let _ = child.kill();
+                bail!("the collector did not start; see {}", log.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!(
+        "the collector keeps failing to start; see {}",
+        log.display()
+    )
+}
+
+/// The agents' status lines so far.
+type Lines = Arc<Mutex<Vec<String>>>;
+
+fn last_status(l: &Lines) -> String {
+    l.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .rev()
+        .find(|l| l.starts_with("agents t="))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The latency histogram of a status line.
+fn hist(line: &str) -> Vec<u64> {
+    let mut h = vec![0u64; BUCKETS];
+    let list = line
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("hist="))
+        .unwrap_or("");
+    for pair in list.split(',').filter(|p| !p.is_empty()) {
+        if let Some((i, c)) = pair.split_once(':') {
+            if let (Ok(i), Ok(c)) = (i.parse::<usize>(), c.parse::<u64>()) {
+                if i < BUCKETS {
+                    h[i] = c;
+                }
+            }
+        }
+    }
+    h
+}
+
+fn fmt_ms(d: Option<Duration>) -> String {
+    d.map(|d| format!("{:.1} ms", d.as_secs_f64() * 1000.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// Sockets `pid` holds open.
+fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .map(|t| t.to_string_lossy().starts_with("socket:"))
+                        .unwrap_or(false)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+async fn driver(a: FleetArgs) -> anyhow::Result<()> {
+    let tmp = a.dir.is_none();
+    let root = a.dir.clone().unwrap_or_else(super::tempdir_path);
+    std::fs::create_dir_all(&root)?;
+    let _ = std::fs::remove_file(root.join("stop"));
+    let n = a.agents;
+    let nofile = raise_nofile(n as u64 * 3 + 1024);
+    if nofile < n as u64 * 2 + 256 {
+        bail!(
+            "{n} agents need about {} open files per process; the limit is {nofile} (raise the hard limit: ulimit -Hn)",
+            n * 2 + 256
+        );
+    }
+    let port = free_port()?;
+    let config = root.join("collector.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\
+             anonymous_tenant = \"default\"\nplaintext = true\nmax_agents = {}\n",
+            root.join("collector").display(),
+            n + 16
+        ),
+    )?;
+    let log = root.join("collector.log");
+    let mut col = start_collector(&config, &log)?;
+    std::thread::sleep(Duration::from_millis(500));
+    let (rss0, _, threads0) = memory(col.child.id()).context("reading /proc/PID/status")?;
+    let mut ag = spawn(
+        "fleet",
+        "agents",
+        &[
+            "--dir".into(),
+            root.join("agents").display().to_string(),
+            "--collector".into(),
+            format!("http://127.0.0.1:{port}"),
+            "--agents".into(),
+            n.to_string(),
+            "--gpus".into(),
+            a.gpus.to_string(),
+            "--metrics".into(),
+            a.metrics.to_string(),
+            "--interval".into(),
+            a.interval.clone(),
+            "--ramp".into(),
+            a.ramp.clone(),
+        ],
+        &root.join("agents.log"),
+    )?;
+    let ag_pid = ag.id();
+    let ag_out = lines(&mut ag);
+    let result = run_phases(
+        &a, &root, &config, &log, &mut col, rss0, threads0, ag_pid, &ag_out,
+    );
+    // Whatever happened: stop the agents' sources and let them drain.
+    std::fs::write(root.join("agents").join("stop"), b"")?;
+    let drained = wait_for(&ag_out, "agents done ", Duration::from_secs(240));
+    let _ = ag.kill();
+    let _ = ag.wait();
+    let _ = Command::new("kill")
+        .args(["-TERM", &col.child.id().to_string()])
+        .status();
+    let _ = col.child.wait();
+    let steady = result?;
+    let done = drained.context("the agents did not drain")?;
+    let produced = field(&done, "produced");
+    let acked = field(&done, "acked");
+    let pending = field(&done, "pending");
+    let (checked, counted, stored) = verify(&root, a.gpus, a.metrics, a.verify_agents)?;
+    // Unacknowledged over all agents, missing from the store over those
+    // checked: the larger is what was lost.
+    let lost = ((produced - acked).max(0.0) as u64).max(counted.saturating_sub(stored));
+    println!(
+        "after the run: {produced} samples produced, {acked} acknowledged, {pending} batches pending; store checked for {checked} agents: {counted} produced, {stored} stored"
+    );
+    println!(
+        "fleet result: agents={n} connected={} stored_per_s={:.0} lost={lost} produced={produced} acked={acked} checked_agents={checked} checked_produced={counted} checked_stored={stored}",
+        steady.connected, steady.stored_per_s
+    );
+    if tmp {
+        let _ = std::fs::remove_dir_all(&root);
+    } else {
+        println!("logs and data under {}", root.display());
+    }
+    Ok(())
+}
+
+/// Counts, in the stopped collector's store, every sample of `k` agents
+/// spread over the fleet (all when `k` is 0), against what each produced.
+fn verify(root: &Path, gpus: usize, metrics: usize, k: usize) -> anyhow::Result<(usize, u64, u64)> {
+    use flopwatch_collector::store::{rocks::RocksEngine, Store};
+    let produced = std::fs::read_to_string(root.join("agents").join("produced.tsv"))
+        .context("reading produced.tsv")?;
+    let rows: Vec<(String, u64)> = produced
+        .lines()
+        .filter_map(|l| {
+            let (node, n) = l.split_once('\t')?;
+            Some((node.to_string(), n.parse().ok()?))
+        })
+        .collect();
+    let dir = root.join("collector");
+    let engine = RocksEngine::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
+    let store = Store::new(Arc::new(engine), false);
+    let step = if k == 0 || k >= rows.len() {
+        1
+    } else {
+        rows.len() / k
+    };
+    let (mut checked, mut counted, mut stored) = (0usize, 0u64, 0u64);
+    for (node, n) in rows.iter().step_by(step.max(1)) {
+        checked += 1;
+        counted += n;
+        for g in 0..gpus {
+            let uuid = format!("GPU-{node}-{g:02}");
+            for m in CATALOG.iter().take(metrics) {
+                stored += store
+                    .series("default", &uuid, m.name, i64::MIN, i64::MAX, usize::MAX)?
+                    .len() as u64;
+            }
+        }
+    }
+    Ok((checked, counted, stored))
+}
+
+/// What the steady state measured, for the result line.
+#[derive(Default)]
+struct Steady {
+    connected: f64,
+    stored_per_s: f64,
+}
+
+/// Connect, steady state, storm (each printed as it ends).
+#[allow(clippy::too_many_arguments)]
+fn run_phases(
+    a: &FleetArgs,
+    root: &Path,
+    config: &Path,
+    log: &Path,
+    col: &mut Collector,
+    rss0: u64,
+    threads0: u64,
+    ag_pid: u32,
+    ag: &Lines,
+) -> anyhow::Result<Steady> {
+    let n = a.agents;
+    let interval = ms(&a.interval)?;
+    let ramp = ms(&a.ramp)?;
+    let duration = ms(&a.duration)?;
+    let say = |s: String| println!("{s}");
+    say(format!(
+        "fleet: {n} agents × {} GPUs × {} metrics, one point per series per {} (± 20 %), started over {}; collector pid {}, VmRSS before the agents {:.1} MiB, {threads0} threads; root {}",
+        a.gpus,
+        a.metrics,
+        a.interval,
+        a.ramp,
+        col.child.id(),
+        mib(rss0),
+        root.display()
+    ));
+    // 1. Every agent connected.
+    let t0 = Instant::now();
+    let limit = ramp + Duration::from_secs(180);
+    let all_at = loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let s = last_status(ag);
+        if field(&s, "connected") as usize >= n {
+            break t0.elapsed();
+        }
+        if memory(col.child.id()).is_none() {
+            bail!("the collector exited; see {}", log.display());
+        }
+        if t0.elapsed() > limit {
+            bail!(
+                "only {} of {n} agents connected after {:.0} s",
+                field(&s, "connected"),
+                limit.as_secs_f64()
+            );
+        }
+    };
+    say(format!(
+        "connected: all {n} streams after {:.1} s (agents started over {:.0} s)",
+        all_at.as_secs_f64(),
+        ramp.as_secs_f64()
+    ));
+    // 2. The steady state, after one interval for every agent to send
+    // (batches wait at most MAX_BATCH_AGE).
+    std::thread::sleep(interval.min(Duration::from_secs(10)) + Duration::from_secs(2));
+    let pid = col.child.id();
+    let first = last_status(ag);
+    let (c0, g0) = (
+        cpu_seconds(pid).unwrap_or(0.0),
+        cpu_seconds(ag_pid).unwrap_or(0.0),
+    );
+    let w0 = Instant::now();
+    let (mut rss_max, mut threads_max, mut min_connected) = (0u64, 0u64, n);
+    let mut rss_sum = 0.0;
+    let mut samples = 0u32;
+    while w0.elapsed() < duration {
+        std::thread::sleep(Duration::from_secs(1));
+        let Some((rss, _, threads)) = memory(pid) else {
+            bail!("the collector exited; see {}", log.display());
+        };
+        rss_max = rss_max.max(rss);
+        threads_max = threads_max.max(threads);
+        rss_sum += rss as f64;
+        samples += 1;
+        min_connected = min_connected.min(field(&last_status(ag), "connected") as usize);
+    }
+    let secs = w0.elapsed().as_secs_f64();
+    let last = last_status(ag);
+    let (c1, g1) = (
+        cpu_seconds(pid).unwrap_or(0.0),
+        cpu_seconds(ag_pid).unwrap_or(0.0),
+    );
+    let (rss_end, hwm, _) = memory(pid).unwrap_or_default();
+    let socks = sockets(pid);
+    let h: Vec<u64> = hist(&last)
+        .iter()
+        .zip(hist(&first))
+        .map(|(x, y)| x.saturating_sub(y))
+        .collect();
+    let stored = (field(&last, "acked") - field(&first, "acked")) / secs;
+    let batches = (field(&last, "acked_batches") - field(&first, "acked_batches")) / secs;
+    let rss_mean = rss_sum / f64::from(samples.max(1));
+    say(format!(
+        "steady state, {secs:.0} s: streams connected {} of {n} (at least {min_connected} throughout; collector holds {socks} sockets); stored {stored:.0} samples/s in {batches:.1} batches/s",
+        field(&last, "connected"),
+    ));
+    say(format!(
+        "ack latency (agents' side, sent to acked, {} acks): p50 {} p99 {} max {}",
+        h.iter().sum::<u64>(),
+        fmt_ms(quantile(&h, 0.5)),
+        fmt_ms(quantile(&h, 0.99)),
+        fmt_ms(quantile(&h, 1.0)),
+    ));
+    say(format!(
+        "collector: VmRSS {:.1} MiB at the end, {:.1} MiB mean, {:.1} MiB max, VmHWM {:.1} MiB; beyond the {:.1} MiB before the agents: {:.1} KiB per stream (mean); threads at most {threads_max}",
+        mib(rss_end),
+        rss_mean / 1024.0,
+        mib(rss_max),
+        mib(hwm),
+        mib(rss0),
+        (rss_mean - rss0 as f64) / n.max(1) as f64,
+    ));
+    say(format!(
+        "CPU (% of one core, of 2 cores = 200 %): collector {:.1} %, load generator (agents) {:.1} %; load generator's share of the two {:.0} %",
+        (c1 - c0) / secs * 100.0,
+        (g1 - g0) / secs * 100.0,
+        (g1 - g0) / (c1 - c0 + g1 - g0).max(1e-9) * 100.0,
+    ));
+    let steady = Steady {
+        connected: field(&last, "connected"),
+        stored_per_s: stored,
+    };
+    if !a.storm {
+        return Ok(steady);
+    }
+    // 3. The storm.
+    let before = last_status(ag);
+    let killed = Instant::now();
+    let _ = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+    let _ = col.child.wait();
+    *col = start_collector(config, log)?;
+    let restarted = killed.elapsed();
+    let pid = col.child.id();
+    let mut arrivals: Vec<(f64, usize)> = Vec::new();
+    let mut peak = 0u64;
+    let mut dropped = false;
+    let back = loop {
+        std::thread::sleep(Duration::from_millis(200));
+        if let Some((_, hwm, _)) = memory(pid) {
+            peak = peak.max(hwm);
+        }
+        let s = last_status(ag);
+        let c = field(&s, "connected") as usize;
+        arrivals.push((killed.elapsed().as_secs_f64(), c));
+        // The agents' status is at most half a second old: count the
+        // return only once they have seen the collector go.
+        dropped |= c < n;
+        if dropped && c >= n {
+            break Some(killed.elapsed());
+        }
+        if killed.elapsed() > Duration::from_secs(180) {
+            break None;
+        }
+        if memory(pid).is_none() {
+            bail!("the restarted collector exited; see {}", log.display());
+        }
+    };
+    // The fleet's catch-up: spooled batches drain at 50/s per agent.
+    std::thread::sleep(Duration::from_secs(10));
+    if let Some((_, hwm, _)) = memory(pid) {
+        peak = peak.max(hwm);
+    }
+    let when = |share: f64| {
+        arrivals
+            .iter()
+            .find(|(_, c)| *c as f64 >= share * n as f64)
+            .map(|(t, _)| format!("{t:.1} s"))
+            .unwrap_or_else(|| "-".into())
+    };
+    let after = last_status(ag);
+    say(format!(
+        "storm: collector killed (SIGKILL) with {} streams open, restarted and listening {:.1} s later; all {n} back {} after the kill; 10 % / 50 % / 90 % back at {} / {} / {}; {} streams opened; peak VmHWM of the restarted collector {:.1} MiB",
+        field(&before, "connected"),
+        restarted.as_secs_f64(),
+        back.map(|d| format!("{:.1} s", d.as_secs_f64()))
+            .unwrap_or_else(|| "NOT within 180 s".into()),
+        when(0.1),
+        when(0.5),
+        when(0.9),
+        field(&after, "connections") - field(&before, "connections"),
+        mib(peak),
+    ));
+    Ok(steady)
+}
