@@ -17,6 +17,7 @@ use flopwatch_proto::model::NodeIdentity;
 use flopwatch_proto::v1::ofu_request;
 use flopwatch_sim::FleetPlan;
 use flopwatch_tests::procs::free_port;
+use flopwatch_tests::prom::tool;
 use flopwatch_tests::TestCollector;
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -31,19 +32,6 @@ impl Drop for Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn tool(name: &str) -> String {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {name}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{name}` not found: run ./deploy/dev/setup.sh (installs Debian's prometheus package)"
-    );
-    name.to_string()
 }
 
 fn host_port(url: &str) -> String {

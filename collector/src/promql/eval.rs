@@ -7,7 +7,8 @@
 //! - an instant selector takes, at `t`, the newest sample in
 //!   `[t - 5m, t]` (the lookback delta) and reports it at `t`;
 //! - a range selector's window is `[t - range, t]` (closed in 2.x);
-//! - range-vector functions and arithmetic drop `__name__`; comparisons
+//! - range-vector functions (but `last_over_time`) and arithmetic drop
+//!   `__name__`; comparisons
 //!   filter (or give 0/1 with `bool`, dropping `__name__`); `without`
 //!   drops `__name__`, `by` keeps only the listed labels;
 //! - `offset` shifts a selector back in time.
@@ -234,10 +235,14 @@ impl Evaluator<'_> {
                 });
             }
             if vals.iter().any(Option::is_some) {
-                out.push(StepSeries {
-                    labels: drop_name(s.labels),
-                    vals,
-                });
+                // Prometheus 2.42 keeps the name through last_over_time
+                // only.
+                let labels = if f == RangeFn::Last {
+                    s.labels
+                } else {
+                    drop_name(s.labels)
+                };
+                out.push(StepSeries { labels, vals });
             }
         }
         check_unique(&out)?;

@@ -19,6 +19,8 @@ mod eval;
 mod functions;
 mod model;
 mod query;
+#[cfg(test)]
+mod tests;
 
 /// The result of a query, as Prometheus types it.
 #[derive(Debug, Clone, PartialEq)]
