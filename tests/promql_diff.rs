@@ -70,7 +70,11 @@ fn samples(base: i64, seed: u64) -> Samples {
     let mut e = 1_000.0;
     let mut push = |s: &mut Samples, t: i64, w: u32, reset: bool| {
         let p = 100.0 + 600.0 * r.next();
-        e = if reset { p } else { e + p * f64::from(w) / 1000.0 };
+        e = if reset {
+            p
+        } else {
+            e + p * f64::from(w) / 1000.0
+        };
         s.ts.push(t);
         s.window.push(w);
         s.tpa.push(r.next());
@@ -88,7 +92,15 @@ fn samples(base: i64, seed: u64) -> Samples {
     s
 }
 
-fn batch(seq: u64, gpu: &str, job: &str, pod: &str, since: i64, s: &Samples, r: std::ops::Range<usize>) -> v1::Batch {
+fn batch(
+    seq: u64,
+    gpu: &str,
+    job: &str,
+    pod: &str,
+    since: i64,
+    s: &Samples,
+    r: std::ops::Range<usize>,
+) -> v1::Batch {
     let series = |metric: &str, v: &[f64]| v1::Series {
         gpu_uuid: gpu.into(),
         metric: metric.into(),
@@ -169,7 +181,10 @@ fn canon_prometheus(data: &serde_json::Value) -> Canon {
     let result = &data["result"];
     match data["resultType"].as_str().unwrap() {
         "scalar" => {
-            out.insert(vec![("__scalar__".into(), String::new())], vec![point(result)]);
+            out.insert(
+                vec![("__scalar__".into(), String::new())],
+                vec![point(result)],
+            );
         }
         "vector" => {
             for s in result.as_array().unwrap() {
@@ -285,7 +300,15 @@ async fn promql_answers_as_prometheus_does() {
         let mut seq = 0;
         for chunk in (0..s.ts.len()).collect::<Vec<_>>().chunks(1_000) {
             seq += 1;
-            let b = batch(seq, gpu, job, pod, base, &s, chunk[0]..chunk[chunk.len() - 1] + 1);
+            let b = batch(
+                seq,
+                gpu,
+                job,
+                pod,
+                base,
+                &s,
+                chunk[0]..chunk[chunk.len() - 1] + 1,
+            );
             let r = a.call(b).await.unwrap();
             assert!(matches!(r, collector_message::Msg::Ack(_)), "{r:?}");
         }
@@ -309,21 +332,65 @@ async fn promql_answers_as_prometheus_does() {
             let _ = writeln!(e.1, "{name}{labels} {v:?} {}.{:03}", t / 1000, t % 1000);
         };
         for (j, &t) in s.ts.iter().enumerate() {
-            add("flopwatch_gpu_power_watts", "gauge", "flopwatch_gpu_power_watts", t, s.power[j]);
-            add("flopwatch_gpu_tensor_active_ratio", "gauge", "flopwatch_gpu_tensor_active_ratio", t, s.tpa[j]);
-            add("flopwatch_gpu_sm_clock_avg_hertz", "gauge", "flopwatch_gpu_sm_clock_avg_hertz", t, s.clock[j] * 1e6);
-            add("flopwatch_gpu_energy_joules", "counter", "flopwatch_gpu_energy_joules_total", t, s.energy[j]);
+            add(
+                "flopwatch_gpu_power_watts",
+                "gauge",
+                "flopwatch_gpu_power_watts",
+                t,
+                s.power[j],
+            );
+            add(
+                "flopwatch_gpu_tensor_active_ratio",
+                "gauge",
+                "flopwatch_gpu_tensor_active_ratio",
+                t,
+                s.tpa[j],
+            );
+            add(
+                "flopwatch_gpu_sm_clock_avg_hertz",
+                "gauge",
+                "flopwatch_gpu_sm_clock_avg_hertz",
+                t,
+                s.clock[j] * 1e6,
+            );
+            add(
+                "flopwatch_gpu_energy_joules",
+                "counter",
+                "flopwatch_gpu_energy_joules_total",
+                t,
+                s.energy[j],
+            );
         }
         let mut ofu = Vec::new();
         tc.collector
             .store
-            .ofu("default", gpu, i64::MIN, i64::MAX, None, &mut |x| ofu.push(x))
+            .ofu("default", gpu, i64::MIN, i64::MAX, None, &mut |x| {
+                ofu.push(x)
+            })
             .unwrap();
         assert_eq!(ofu.len(), s.ts.len(), "an OFU sample per sample");
         for x in ofu {
-            add("flopwatch_ofu_ratio", "gauge", "flopwatch_ofu_ratio", x.ts_ms, x.ofu);
-            add("flopwatch_ofu_tensor_active_ratio", "gauge", "flopwatch_ofu_tensor_active_ratio", x.ts_ms, x.tensor_active);
-            add("flopwatch_ofu_sm_clock_hertz", "gauge", "flopwatch_ofu_sm_clock_hertz", x.ts_ms, x.sm_clock_mhz * 1e6);
+            add(
+                "flopwatch_ofu_ratio",
+                "gauge",
+                "flopwatch_ofu_ratio",
+                x.ts_ms,
+                x.ofu,
+            );
+            add(
+                "flopwatch_ofu_tensor_active_ratio",
+                "gauge",
+                "flopwatch_ofu_tensor_active_ratio",
+                x.ts_ms,
+                x.tensor_active,
+            );
+            add(
+                "flopwatch_ofu_sm_clock_hertz",
+                "gauge",
+                "flopwatch_ofu_sm_clock_hertz",
+                x.ts_ms,
+                x.sm_clock_mhz * 1e6,
+            );
         }
     }
     for (family, (kind, lines)) in &families {
@@ -357,8 +424,20 @@ async fn promql_answers_as_prometheus_does() {
     let scenarios: [(i64, i64, i64, i64, &str); 4] = [
         (dense + 420_011, dense + 60_011, dense + 120_011, 100, "1s"),
         (dense + 300_011, dense + 11, dense + 600_011, 1_000, "1m"),
-        (base + 20 * DAY + 3 * HOUR + 311, base + 10 * DAY + 11, base + 11 * DAY + 11, 60_000, "1h"),
-        (base + 30 * DAY + 1_234_511, base + 300_011, base + 30 * DAY + 300_011, HOUR, "30d"),
+        (
+            base + 20 * DAY + 3 * HOUR + 311,
+            base + 10 * DAY + 11,
+            base + 11 * DAY + 11,
+            60_000,
+            "1h",
+        ),
+        (
+            base + 30 * DAY + 1_234_511,
+            base + 300_011,
+            base + 30 * DAY + 300_011,
+            HOUR,
+            "30d",
+        ),
     ];
     let secs = |ms: i64| format!("{}.{:03}", ms.div_euclid(1000), ms.rem_euclid(1000));
     let mut failures = Vec::new();
@@ -377,7 +456,9 @@ async fn promql_answers_as_prometheus_does() {
                 .unwrap();
             let want: serde_json::Value = serde_json::from_str(&want).unwrap();
             assert_eq!(want["status"], "success", "{q}: {want}");
-            let got = engine.instant(&Scope::All, &q, t).unwrap_or_else(|e| panic!("{q}: {e}"));
+            let got = engine
+                .instant(&Scope::All, &q, t)
+                .unwrap_or_else(|e| panic!("{q}: {e}"));
             if let Some(d) = differ(&canon_prometheus(&want["data"]), &canon_flopwatch(got)) {
                 failures.push(format!("instant {q} @{t}: {d}"));
             }

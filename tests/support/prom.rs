@@ -23,7 +23,12 @@ pub fn tool(name: &str) -> String {
 /// `promtool tsdb create-blocks-from openmetrics` of `om` into `out`.
 pub fn openmetrics_blocks(om: &Path, out: &Path) {
     let status = Command::new(tool("promtool"))
-        .args(["tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=24h"])
+        .args([
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            "--max-block-duration=24h",
+        ])
         .arg(om)
         .arg(out)
         .stdout(Stdio::null())

@@ -346,20 +346,16 @@ impl Evaluator<'_> {
                     "sum" => v.iter().sum(),
                     "avg" => v.iter().sum::<f64>() / v.len() as f64,
                     "count" => v.len() as f64,
-                    "min" => v[1..].iter().fold(v[0], |m, &x| {
-                        if m > x || m.is_nan() {
-                            x
-                        } else {
-                            m
-                        }
-                    }),
-                    "max" => v[1..].iter().fold(v[0], |m, &x| {
-                        if m < x || m.is_nan() {
-                            x
-                        } else {
-                            m
-                        }
-                    }),
+                    "min" => {
+                        v[1..]
+                            .iter()
+                            .fold(v[0], |m, &x| if m > x || m.is_nan() { x } else { m })
+                    }
+                    "max" => {
+                        v[1..]
+                            .iter()
+                            .fold(v[0], |m, &x| if m < x || m.is_nan() { x } else { m })
+                    }
                     _ => quantile(param.as_ref().map_or(f64::NAN, |p| p[i]), &mut v),
                 };
                 vals.push(Some(x));
@@ -405,8 +401,12 @@ impl Evaluator<'_> {
                 }
                 Ok(Val::Scalar(out))
             }
-            (Val::Vector(v), Val::Scalar(s)) => self.vector_scalar(v, &s, false, is_cmp, want_bool, &f),
-            (Val::Scalar(s), Val::Vector(v)) => self.vector_scalar(v, &s, true, is_cmp, want_bool, &f),
+            (Val::Vector(v), Val::Scalar(s)) => {
+                self.vector_scalar(v, &s, false, is_cmp, want_bool, &f)
+            }
+            (Val::Scalar(s), Val::Vector(v)) => {
+                self.vector_scalar(v, &s, true, is_cmp, want_bool, &f)
+            }
             (Val::Vector(_), Val::Vector(_)) => Err(unsupported(format_args!(
                 "binary operator {op} between two instant vectors"
             ))),
@@ -462,7 +462,11 @@ fn check_unique(v: &[StepSeries]) -> Result<(), QueryError> {
     let mut seen: HashMap<&Labels, &StepSeries> = HashMap::new();
     for s in v {
         if let Some(o) = seen.insert(&s.labels, s) {
-            if o.vals.iter().zip(&s.vals).any(|(a, b)| a.is_some() && b.is_some()) {
+            if o.vals
+                .iter()
+                .zip(&s.vals)
+                .any(|(a, b)| a.is_some() && b.is_some())
+            {
                 return Err(QueryError::Unsupported(
                     "vector cannot contain metrics with the same labelset".into(),
                 ));

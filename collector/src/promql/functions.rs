@@ -42,20 +42,12 @@ impl RangeFn {
         let (_, first) = *w.first()?;
         Some(match self {
             Self::Avg => w.iter().map(|p| p.1).sum::<f64>() / w.len() as f64,
-            Self::Min => w.iter().fold(first, |m, p| {
-                if p.1 < m || m.is_nan() {
-                    p.1
-                } else {
-                    m
-                }
-            }),
-            Self::Max => w.iter().fold(first, |m, p| {
-                if p.1 > m || m.is_nan() {
-                    p.1
-                } else {
-                    m
-                }
-            }),
+            Self::Min => w
+                .iter()
+                .fold(first, |m, p| if p.1 < m || m.is_nan() { p.1 } else { m }),
+            Self::Max => w
+                .iter()
+                .fold(first, |m, p| if p.1 > m || m.is_nan() { p.1 } else { m }),
             Self::Sum => w.iter().map(|p| p.1).sum(),
             Self::Count => w.len() as f64,
             Self::Last => w[w.len() - 1].1,
@@ -172,7 +164,9 @@ mod tests {
     fn rate_extrapolates_as_prometheus_does() {
         // A counter rising 1/s sampled every 10 s, window (t-60s, t] with
         // t 5 s after the last sample: extrapolated to both edges.
-        let w: Vec<(i64, f64)> = (0..6).map(|i| (1_000 + i * 10_000, 100.0 + i as f64 * 10.0)).collect();
+        let w: Vec<(i64, f64)> = (0..6)
+            .map(|i| (1_000 + i * 10_000, 100.0 + i as f64 * 10.0))
+            .collect();
         let t = 56_000;
         let r = RangeFn::Rate.apply(&w, t, 60_000, 0.0).unwrap();
         // sampled 50 s, to_start 5 s (t0 - (t - 60 s)) = 1-(-4) = 5 s,

@@ -145,11 +145,12 @@ impl Engine {
         start_ms: i64,
         end_ms: i64,
     ) -> Result<Vec<String>, QueryError> {
-        let mut names: Vec<String> = query::series(&self.c.store, scope, matchers, start_ms, end_ms)?
-            .into_iter()
-            .flatten()
-            .map(|(k, _)| k)
-            .collect();
+        let mut names: Vec<String> =
+            query::series(&self.c.store, scope, matchers, start_ms, end_ms)?
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k)
+                .collect();
         names.sort();
         names.dedup();
         Ok(names)
@@ -165,12 +166,13 @@ impl Engine {
         start_ms: i64,
         end_ms: i64,
     ) -> Result<Vec<String>, QueryError> {
-        let mut values: Vec<String> = query::series(&self.c.store, scope, matchers, start_ms, end_ms)?
-            .into_iter()
-            .flatten()
-            .filter(|(k, _)| k == name)
-            .map(|(_, v)| v)
-            .collect();
+        let mut values: Vec<String> =
+            query::series(&self.c.store, scope, matchers, start_ms, end_ms)?
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| k == name)
+                .map(|(_, v)| v)
+                .collect();
         values.sort();
         values.dedup();
         Ok(values)

@@ -287,7 +287,12 @@ impl Model<'_> {
 
     /// The samples of `s` with `from ≤ t ≤ to`, in time order, in the
     /// family's unit.
-    pub fn samples(&self, s: &SeriesRef, from: i64, to: i64) -> Result<Vec<(i64, f64)>, StoreError> {
+    pub fn samples(
+        &self,
+        s: &SeriesRef,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<(i64, f64)>, StoreError> {
         let mut out = Vec::new();
         for &(a, b) in &s.spans {
             let (lo, hi) = (a.max(from), b.min(to.saturating_add(1)));
@@ -297,7 +302,10 @@ impl Model<'_> {
             match &s.source {
                 Source::Ofu { tenant, gpu, col } => {
                     self.store.ofu(tenant, gpu, lo, hi, None, &mut |x| {
-                        out.push((x.ts_ms, ofu_column(*col, x.ofu, x.tensor_active, x.sm_clock_mhz)));
+                        out.push((
+                            x.ts_ms,
+                            ofu_column(*col, x.ofu, x.tensor_active, x.sm_clock_mhz),
+                        ));
                     })?;
                 }
                 Source::Raw {
@@ -340,7 +348,10 @@ impl Model<'_> {
                     key,
                     metric,
                     ..
-                } => !self.store.series(tenant, key, metric, lo, hi, 1)?.is_empty(),
+                } => !self
+                    .store
+                    .series(tenant, key, metric, lo, hi, 1)?
+                    .is_empty(),
             };
             if found {
                 return Ok(true);

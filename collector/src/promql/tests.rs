@@ -67,7 +67,9 @@ fn store() -> Store {
 }
 
 fn labels(l: &[(&str, &str)]) -> Vec<(String, String)> {
-    l.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    l.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 #[test]
@@ -75,7 +77,10 @@ fn grafana_health_check_is_a_scalar() {
     let s = store();
     assert_eq!(
         instant(&s, &Scope::All, "1+1", 4_000).unwrap(),
-        Value::Scalar { t_ms: 4_000, v: 2.0 }
+        Value::Scalar {
+            t_ms: 4_000,
+            v: 2.0
+        }
     );
 }
 
@@ -106,11 +111,18 @@ fn a_tenant_sees_its_series_with_the_labels_metrics_exports() {
     assert_eq!(v.len(), 1);
     assert_eq!(v[0].v, 109.0);
     // Every tenant's with Scope::All, told apart by `tenant`.
-    let got = instant(&s, &Scope::All, "count by (tenant) (flopwatch_gpu_power_watts)", 3_500);
+    let got = instant(
+        &s,
+        &Scope::All,
+        "count by (tenant) (flopwatch_gpu_power_watts)",
+        3_500,
+    );
     let Ok(Value::Vector(v)) = got else { panic!() };
     assert_eq!(v.len(), 2);
     let names = series(&s, &a, &["{__name__=~\".+\"}".into()], 0, 10_000).unwrap();
-    assert!(names.iter().all(|l| l.contains(&("tenant".into(), "a".into()))));
+    assert!(names
+        .iter()
+        .all(|l| l.contains(&("tenant".into(), "a".into()))));
     assert_eq!(names.len(), 4, "{names:?}");
 }
 
@@ -118,7 +130,15 @@ fn a_tenant_sees_its_series_with_the_labels_metrics_exports() {
 fn range_steps_start_at_start_and_rate_extrapolates() {
     let s = store();
     let b = Scope::Tenant("b".into());
-    let got = range(&s, &b, "rate(flopwatch_gpu_energy_joules_total[2s])", 2_500, 4_500, 1_000).unwrap();
+    let got = range(
+        &s,
+        &b,
+        "rate(flopwatch_gpu_energy_joules_total[2s])",
+        2_500,
+        4_500,
+        1_000,
+    )
+    .unwrap();
     assert_eq!(
         got,
         Value::Matrix(vec![RangeSeries {
@@ -151,6 +171,17 @@ fn prometheus_refusals_are_kept() {
     assert!(e.to_string().contains("histogram_quantile"), "{e}");
     let e = instant(&s, &Scope::All, "x and y", 0).unwrap_err();
     assert!(e.to_string().contains("and"), "{e}");
-    assert_eq!(instant(&s, &Scope::All, "sum(", 0).unwrap_err().http_status(), 400);
-    assert!(instant(&s, &Scope::All, "rate(flopwatch_gpu_energy_joules_total[1m0.1s])", 5_000).is_ok());
+    assert_eq!(
+        instant(&s, &Scope::All, "sum(", 0)
+            .unwrap_err()
+            .http_status(),
+        400
+    );
+    assert!(instant(
+        &s,
+        &Scope::All,
+        "rate(flopwatch_gpu_energy_joules_total[1m0.1s])",
+        5_000
+    )
+    .is_ok());
 }
