@@ -33,6 +33,9 @@ pub(super) struct StepSeries {
     pub vals: Vec<Option<f64>>,
 }
 
+/// Samples of one series, in time order.
+pub(super) type Points = Vec<(i64, f64)>;
+
 /// A node's value at every step.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Val {
@@ -159,7 +162,7 @@ impl Evaluator<'_> {
     pub fn range_samples(
         &self,
         ms: &MatrixSelector,
-    ) -> Result<Vec<(SeriesRef, Vec<(i64, f64)>)>, QueryError> {
+    ) -> Result<Vec<(SeriesRef, Points)>, QueryError> {
         let m = matchers(&ms.vs)?;
         let off = offset_ms(&ms.vs.offset);
         let range = ms.range.as_millis() as i64;
@@ -346,16 +349,12 @@ impl Evaluator<'_> {
                     "sum" => v.iter().sum(),
                     "avg" => v.iter().sum::<f64>() / v.len() as f64,
                     "count" => v.len() as f64,
-                    "min" => {
-                        v[1..]
-                            .iter()
-                            .fold(v[0], |m, &x| if m > x || m.is_nan() { x } else { m })
-                    }
-                    "max" => {
-                        v[1..]
-                            .iter()
-                            .fold(v[0], |m, &x| if m < x || m.is_nan() { x } else { m })
-                    }
+                    "min" => v[1..]
+                        .iter()
+                        .fold(v[0], |m, &x| if m > x || m.is_nan() { x } else { m }),
+                    "max" => v[1..]
+                        .iter()
+                        .fold(v[0], |m, &x| if m < x || m.is_nan() { x } else { m }),
                     _ => quantile(param.as_ref().map_or(f64::NAN, |p| p[i]), &mut v),
                 };
                 vals.push(Some(x));
