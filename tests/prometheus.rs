@@ -10,7 +10,7 @@ use flopwatch_agent::AdaptiveSampler;
 use flopwatch_agent::SpoolOptions;
 use flopwatch_agent::TokioClock;
 use flopwatch_agent::{AgentOptions, DeliveryOptions};
-use flopwatch_collector::prometheus_peer::{find_tool, LocalPrometheus, PrometheusOptions};
+use flopwatch_collector::prometheus_peer::{LocalPrometheus, PrometheusOptions};
 use flopwatch_collector::Auth;
 use flopwatch_config::{CollectorConfig, ExporterConfig, RemoteWriteConfig, SamplingConfig};
 use flopwatch_proto::clock::Clock;
@@ -18,16 +18,13 @@ use flopwatch_proto::model::NodeIdentity;
 use flopwatch_proto::v1::ofu_request;
 use flopwatch_sim::FleetPlan;
 use flopwatch_tests::procs::free_port;
+use flopwatch_tests::prom::tool;
 use flopwatch_tests::TestCollector;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn tool(name: &str) -> String {
-    find_tool(name).unwrap_or_else(|e| panic!("{e}"))
-}
 
 fn host_port(url: &str) -> String {
     url.trim_start_matches("http://")

@@ -38,7 +38,7 @@ mod tile;
 mod tls;
 mod validate;
 
-pub use auth::{digest, Auth};
+pub use auth::{digest, Auth, Scope};
 pub use cluster::other_peers;
 pub use codec::Block;
 pub use error::CollectorError;

@@ -3,6 +3,7 @@
 
 pub mod pki;
 pub mod procs;
+pub mod prom;
 pub mod raw;
 
 use flopwatch_agent::source::GpuSource;

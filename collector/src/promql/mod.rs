@@ -15,6 +15,13 @@ use crate::series::Labels;
 use crate::state::Collector;
 use std::sync::Arc;
 
+mod eval;
+mod functions;
+mod model;
+mod query;
+#[cfg(test)]
+mod tests;
+
 /// The result of a query, as Prometheus types it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
@@ -100,8 +107,7 @@ impl Engine {
 
     /// `query` evaluated at `time_ms` (`/api/v1/query`).
     pub fn instant(&self, scope: &Scope, query: &str, time_ms: i64) -> Result<Value, QueryError> {
-        let _ = (&self.c, scope, query, time_ms);
-        Err(QueryError::Unsupported("not implemented yet".into()))
+        query::instant(&self.c.store, scope, query, time_ms)
     }
 
     /// `query` evaluated at `start_ms`, `start_ms + step_ms`, … ≤ `end_ms`
@@ -114,8 +120,7 @@ impl Engine {
         end_ms: i64,
         step_ms: i64,
     ) -> Result<Value, QueryError> {
-        let _ = (&self.c, scope, query, start_ms, end_ms, step_ms);
-        Err(QueryError::Unsupported("not implemented yet".into()))
+        query::range(&self.c.store, scope, query, start_ms, end_ms, step_ms)
     }
 
     /// Label sets of the series matching any of `matchers` (each a series
@@ -128,8 +133,7 @@ impl Engine {
         start_ms: i64,
         end_ms: i64,
     ) -> Result<Vec<Labels>, QueryError> {
-        let _ = (&self.c, scope, matchers, start_ms, end_ms);
-        Ok(Vec::new())
+        query::series(&self.c.store, scope, matchers, start_ms, end_ms)
     }
 
     /// Label names of those series (all series when `matchers` is empty),
@@ -141,8 +145,15 @@ impl Engine {
         start_ms: i64,
         end_ms: i64,
     ) -> Result<Vec<String>, QueryError> {
-        let _ = (&self.c, scope, matchers, start_ms, end_ms);
-        Ok(Vec::new())
+        let mut names: Vec<String> =
+            query::series(&self.c.store, scope, matchers, start_ms, end_ms)?
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k)
+                .collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
     }
 
     /// Values of label `name` on those series, sorted
@@ -155,7 +166,15 @@ impl Engine {
         start_ms: i64,
         end_ms: i64,
     ) -> Result<Vec<String>, QueryError> {
-        let _ = (&self.c, scope, name, matchers, start_ms, end_ms);
-        Ok(Vec::new())
+        let mut values: Vec<String> =
+            query::series(&self.c.store, scope, matchers, start_ms, end_ms)?
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| k == name)
+                .map(|(_, v)| v)
+                .collect();
+        values.sort();
+        values.dedup();
+        Ok(values)
     }
 }

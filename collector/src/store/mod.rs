@@ -24,6 +24,7 @@ mod compact;
 mod hours;
 pub mod keys;
 mod limbo;
+mod listing;
 mod membership;
 pub mod memory;
 mod model;

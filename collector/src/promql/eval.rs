@@ -1,0 +1,476 @@
+//! The evaluator: a `promql-parser` AST evaluated at every step of a range
+//! (an instant query is a range of one step), as Prometheus 2.42's engine
+//! evaluates it (`promql/engine.go`): each node yields its value at all
+//! steps, series by series.
+//!
+//! Semantics kept from Prometheus 2.42:
+//! - an instant selector takes, at `t`, the newest sample in
+//!   `[t - 5m, t]` (the lookback delta) and reports it at `t`;
+//! - a range selector's window is `[t - range, t]` (closed in 2.x);
+//! - range-vector functions (but `last_over_time`) and arithmetic drop
+//!   `__name__`; comparisons
+//!   filter (or give 0/1 with `bool`, dropping `__name__`); `without`
+//!   drops `__name__`, `by` keeps only the listed labels;
+//! - `offset` shifts a selector back in time.
+//!
+//! Anything else is refused with [`QueryError::Unsupported`] naming the
+//! part (HTTP 422).
+
+use super::functions::{quantile, RangeFn};
+use super::model::{Model, SeriesRef};
+use super::{QueryError, LOOKBACK_MS};
+use crate::series::Labels;
+use promql_parser::label::{MatchOp, Matcher};
+use promql_parser::parser::{
+    AggregateExpr, BinaryExpr, Call, Expr, LabelModifier, MatrixSelector, Offset, VectorSelector,
+};
+use std::collections::HashMap;
+
+/// One series' values at the steps (`None`: no sample at that step).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct StepSeries {
+    pub labels: Labels,
+    pub vals: Vec<Option<f64>>,
+}
+
+/// Samples of one series, in time order.
+pub(super) type Points = Vec<(i64, f64)>;
+
+/// A node's value at every step.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Val {
+    Scalar(Vec<f64>),
+    Vector(Vec<StepSeries>),
+}
+
+/// Steps `start, start + step, … ≤ end`.
+pub(super) struct Evaluator<'a> {
+    pub model: Model<'a>,
+    pub start: i64,
+    pub step: i64,
+    pub n: usize,
+}
+
+fn unsupported(what: impl std::fmt::Display) -> QueryError {
+    QueryError::Unsupported(format!("unsupported by flopwatch's PromQL engine: {what}"))
+}
+
+fn internal(e: crate::store::StoreError) -> QueryError {
+    QueryError::Internal(e.to_string())
+}
+
+fn offset_ms(o: &Option<Offset>) -> i64 {
+    match o {
+        None => 0,
+        Some(Offset::Pos(d)) => d.as_millis() as i64,
+        Some(Offset::Neg(d)) => -(d.as_millis() as i64),
+    }
+}
+
+/// The selector's matchers, its metric name as a `__name__` matcher.
+fn matchers(vs: &VectorSelector) -> Result<Vec<Matcher>, QueryError> {
+    if vs.at.is_some() {
+        return Err(unsupported("the @ modifier"));
+    }
+    if !vs.matchers.or_matchers.is_empty() {
+        return Err(unsupported("`or` inside a label selector"));
+    }
+    let mut m = vs.matchers.matchers.clone();
+    if let Some(n) = &vs.name {
+        m.push(Matcher::new(MatchOp::Equal, "__name__", n));
+    }
+    Ok(m)
+}
+
+pub(super) fn drop_name(mut l: Labels) -> Labels {
+    l.retain(|(k, _)| k != "__name__");
+    l
+}
+
+impl Evaluator<'_> {
+    fn t(&self, i: usize) -> i64 {
+        self.start + i as i64 * self.step
+    }
+
+    fn end(&self) -> i64 {
+        self.t(self.n.saturating_sub(1))
+    }
+
+    pub fn eval(&self, e: &Expr) -> Result<Val, QueryError> {
+        match e {
+            Expr::NumberLiteral(x) => Ok(Val::Scalar(vec![x.val; self.n])),
+            Expr::Paren(p) => self.eval(&p.expr),
+            Expr::Unary(u) => Ok(match self.eval(&u.expr)? {
+                Val::Scalar(v) => Val::Scalar(v.into_iter().map(|x| -x).collect()),
+                Val::Vector(v) => Val::Vector(
+                    v.into_iter()
+                        .map(|s| StepSeries {
+                            labels: drop_name(s.labels),
+                            vals: s.vals.into_iter().map(|x| x.map(|x| -x)).collect(),
+                        })
+                        .collect(),
+                ),
+            }),
+            Expr::VectorSelector(vs) => self.instant_selector(vs),
+            Expr::MatrixSelector(_) => Err(QueryError::BadData(
+                "a range vector is only a valid result of an instant query".into(),
+            )),
+            Expr::Call(c) => self.call(c),
+            Expr::Aggregate(a) => self.aggregate(a),
+            Expr::Binary(b) => self.binary(b),
+            Expr::StringLiteral(_) => Err(unsupported("string literals")),
+            Expr::Subquery(_) => Err(unsupported("subqueries")),
+            Expr::Extension(_) => Err(unsupported("extension expressions")),
+        }
+    }
+
+    fn instant_selector(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
+        let m = matchers(vs)?;
+        let off = offset_ms(&vs.offset);
+        let mut out = Vec::new();
+        for s in self.model.select(&m).map_err(internal)? {
+            let pts = self
+                .model
+                .samples(&s, self.start - off - LOOKBACK_MS, self.end() - off)
+                .map_err(internal)?;
+            let mut vals = Vec::with_capacity(self.n);
+            let mut j = 0;
+            for i in 0..self.n {
+                let r = self.t(i) - off;
+                while j < pts.len() && pts[j].0 <= r {
+                    j += 1;
+                }
+                vals.push(
+                    j.checked_sub(1)
+                        .map(|k| pts[k])
+                        .filter(|p| p.0 >= r - LOOKBACK_MS)
+                        .map(|p| p.1),
+                );
+            }
+            if vals.iter().any(Option::is_some) {
+                out.push(StepSeries {
+                    labels: s.labels,
+                    vals,
+                });
+            }
+        }
+        Ok(Val::Vector(out))
+    }
+
+    /// The samples of each series a range selector picks, read once for
+    /// all steps.
+    pub fn range_samples(
+        &self,
+        ms: &MatrixSelector,
+    ) -> Result<Vec<(SeriesRef, Points)>, QueryError> {
+        let m = matchers(&ms.vs)?;
+        let off = offset_ms(&ms.vs.offset);
+        let range = ms.range.as_millis() as i64;
+        let mut out = Vec::new();
+        for s in self.model.select(&m).map_err(internal)? {
+            let pts = self
+                .model
+                .samples(&s, self.start - off - range, self.end() - off)
+                .map_err(internal)?;
+            if !pts.is_empty() {
+                out.push((s, pts));
+            }
+        }
+        Ok(out)
+    }
+
+    fn scalar_arg(&self, e: &Expr, what: &str) -> Result<Vec<f64>, QueryError> {
+        match self.eval(e)? {
+            Val::Scalar(v) => Ok(v),
+            Val::Vector(_) => Err(QueryError::BadData(format!(
+                "{what} expects a scalar parameter"
+            ))),
+        }
+    }
+
+    fn call(&self, c: &Call) -> Result<Val, QueryError> {
+        let name = c.func.name;
+        let Some(f) = RangeFn::of(name) else {
+            return Err(unsupported(format_args!("function {name}()")));
+        };
+        let args = &c.args.args;
+        let (q, arg) = if f == RangeFn::Quantile {
+            let [q, m] = args.as_slice() else {
+                return Err(QueryError::BadData(format!("{name}() takes two arguments")));
+            };
+            (Some(self.scalar_arg(q, name)?), m)
+        } else {
+            let [m] = args.as_slice() else {
+                return Err(QueryError::BadData(format!("{name}() takes one argument")));
+            };
+            (None, m)
+        };
+        let ms = match arg.as_ref() {
+            Expr::MatrixSelector(ms) => ms,
+            Expr::Subquery(_) => return Err(unsupported("subqueries")),
+            _ => {
+                return Err(QueryError::BadData(format!(
+                    "{name}() expects a range vector"
+                )))
+            }
+        };
+        let off = offset_ms(&ms.vs.offset);
+        let range = ms.range.as_millis() as i64;
+        let mut out = Vec::new();
+        for (s, pts) in self.range_samples(ms)? {
+            let mut vals = Vec::with_capacity(self.n);
+            let (mut lo, mut hi) = (0usize, 0usize);
+            for i in 0..self.n {
+                let t = self.t(i) - off;
+                while lo < pts.len() && pts[lo].0 < t - range {
+                    lo += 1;
+                }
+                hi = hi.max(lo);
+                while hi < pts.len() && pts[hi].0 <= t {
+                    hi += 1;
+                }
+                let w = &pts[lo..hi];
+                let qi = q.as_ref().map_or(0.0, |q| q[i]);
+                vals.push(if w.is_empty() {
+                    None
+                } else {
+                    f.apply(w, t, range, qi)
+                });
+            }
+            if vals.iter().any(Option::is_some) {
+                // Prometheus 2.42 keeps the name through last_over_time
+                // only.
+                let labels = if f == RangeFn::Last {
+                    s.labels
+                } else {
+                    drop_name(s.labels)
+                };
+                out.push(StepSeries { labels, vals });
+            }
+        }
+        check_unique(&out)?;
+        Ok(Val::Vector(out))
+    }
+
+    fn aggregate(&self, a: &AggregateExpr) -> Result<Val, QueryError> {
+        let op = a.op.to_string();
+        let param = match (&a.param, op.as_str()) {
+            (Some(p), "topk" | "bottomk" | "quantile") => Some(self.scalar_arg(p, &op)?),
+            (None, "sum" | "avg" | "min" | "max" | "count") => None,
+            _ => return Err(unsupported(format_args!("aggregation {op}"))),
+        };
+        let Val::Vector(input) = self.eval(&a.expr)? else {
+            return Err(QueryError::BadData(format!(
+                "expected an instant vector in aggregation {op}"
+            )));
+        };
+        // Group key of each input series.
+        let key = |l: &Labels| -> Labels {
+            match &a.modifier {
+                None => Vec::new(),
+                Some(LabelModifier::Include(by)) => l
+                    .iter()
+                    .filter(|(k, _)| by.labels.iter().any(|b| b == k))
+                    .cloned()
+                    .collect(),
+                Some(LabelModifier::Exclude(without)) => l
+                    .iter()
+                    .filter(|(k, _)| k != "__name__" && !without.labels.iter().any(|b| b == k))
+                    .cloned()
+                    .collect(),
+            }
+        };
+        let mut groups: Vec<(Labels, Vec<usize>)> = Vec::new();
+        let mut index: HashMap<Labels, usize> = HashMap::new();
+        for (i, s) in input.iter().enumerate() {
+            let k = key(&s.labels);
+            let g = *index.entry(k.clone()).or_insert_with(|| {
+                groups.push((k, Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push(i);
+        }
+        if matches!(op.as_str(), "topk" | "bottomk") {
+            let k = param.unwrap_or_default();
+            let mut keep = vec![vec![false; self.n]; input.len()];
+            for (_, members) in &groups {
+                for (i, &kf) in k.iter().enumerate() {
+                    let k = kf as i64;
+                    if k < 1 {
+                        continue;
+                    }
+                    let mut vals: Vec<(usize, f64)> = members
+                        .iter()
+                        .filter_map(|&m| input[m].vals[i].map(|v| (m, v)))
+                        .collect();
+                    // NaN ranks last either way, as in Prometheus's heaps.
+                    vals.sort_by(|a, b| {
+                        let (x, y) = (a.1, b.1);
+                        match (x.is_nan(), y.is_nan()) {
+                            (true, false) => std::cmp::Ordering::Greater,
+                            (false, true) => std::cmp::Ordering::Less,
+                            _ if op == "topk" => y.total_cmp(&x),
+                            _ => x.total_cmp(&y),
+                        }
+                    });
+                    for &(m, _) in vals.iter().take(k as usize) {
+                        keep[m][i] = true;
+                    }
+                }
+            }
+            let out = input
+                .into_iter()
+                .zip(keep)
+                .filter_map(|(s, keep)| {
+                    let vals: Vec<Option<f64>> = s
+                        .vals
+                        .iter()
+                        .zip(keep)
+                        .map(|(v, k)| v.filter(|_| k))
+                        .collect();
+                    vals.iter().any(Option::is_some).then_some(StepSeries {
+                        labels: s.labels,
+                        vals,
+                    })
+                })
+                .collect();
+            return Ok(Val::Vector(out));
+        }
+        let mut out = Vec::new();
+        for (labels, members) in groups {
+            let mut vals = Vec::with_capacity(self.n);
+            for i in 0..self.n {
+                let mut v: Vec<f64> = members.iter().filter_map(|&m| input[m].vals[i]).collect();
+                if v.is_empty() {
+                    vals.push(None);
+                    continue;
+                }
+                let x = match op.as_str() {
+                    "sum" => v.iter().sum(),
+                    "avg" => v.iter().sum::<f64>() / v.len() as f64,
+                    "count" => v.len() as f64,
+                    "min" => v[1..]
+                        .iter()
+                        .fold(v[0], |m, &x| if m > x || m.is_nan() { x } else { m }),
+                    "max" => v[1..]
+                        .iter()
+                        .fold(v[0], |m, &x| if m < x || m.is_nan() { x } else { m }),
+                    _ => quantile(param.as_ref().map_or(f64::NAN, |p| p[i]), &mut v),
+                };
+                vals.push(Some(x));
+            }
+            out.push(StepSeries { labels, vals });
+        }
+        Ok(Val::Vector(out))
+    }
+
+    fn binary(&self, b: &BinaryExpr) -> Result<Val, QueryError> {
+        let op = b.op.to_string();
+        if matches!(op.as_str(), "and" | "or" | "unless") {
+            return Err(unsupported(format_args!("set operator {op}")));
+        }
+        let is_cmp = matches!(op.as_str(), "==" | "!=" | ">" | "<" | ">=" | "<=");
+        let want_bool = b.return_bool();
+        let lhs = self.eval(&b.lhs)?;
+        let rhs = self.eval(&b.rhs)?;
+        let f = |x: f64, y: f64| -> Result<(f64, bool), QueryError> {
+            Ok(match op.as_str() {
+                "+" => (x + y, true),
+                "-" => (x - y, true),
+                "*" => (x * y, true),
+                "/" => (x / y, true),
+                "%" => (x % y, true),
+                "^" => (x.powf(y), true),
+                "atan2" => (x.atan2(y), true),
+                "==" => (x, x == y),
+                "!=" => (x, x != y),
+                ">" => (x, x > y),
+                "<" => (x, x < y),
+                ">=" => (x, x >= y),
+                "<=" => (x, x <= y),
+                _ => return Err(unsupported(format_args!("operator {op}"))),
+            })
+        };
+        match (lhs, rhs) {
+            (Val::Scalar(l), Val::Scalar(r)) => {
+                let mut out = Vec::with_capacity(self.n);
+                for (x, y) in l.into_iter().zip(r) {
+                    let (v, keep) = f(x, y)?;
+                    out.push(if is_cmp { f64::from(u8::from(keep)) } else { v });
+                }
+                Ok(Val::Scalar(out))
+            }
+            (Val::Vector(v), Val::Scalar(s)) => {
+                self.vector_scalar(v, &s, false, is_cmp, want_bool, &f)
+            }
+            (Val::Scalar(s), Val::Vector(v)) => {
+                self.vector_scalar(v, &s, true, is_cmp, want_bool, &f)
+            }
+            (Val::Vector(_), Val::Vector(_)) => Err(unsupported(format_args!(
+                "binary operator {op} between two instant vectors"
+            ))),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn vector_scalar(
+        &self,
+        v: Vec<StepSeries>,
+        s: &[f64],
+        swap: bool,
+        is_cmp: bool,
+        want_bool: bool,
+        f: &dyn Fn(f64, f64) -> Result<(f64, bool), QueryError>,
+    ) -> Result<Val, QueryError> {
+        let mut out = Vec::with_capacity(v.len());
+        for series in v {
+            let mut vals = Vec::with_capacity(self.n);
+            for (i, x) in series.vals.iter().enumerate() {
+                let Some(x) = *x else {
+                    vals.push(None);
+                    continue;
+                };
+                let (l, r) = if swap { (s[i], x) } else { (x, s[i]) };
+                let (mut value, mut keep) = f(l, r)?;
+                if is_cmp && swap {
+                    value = x;
+                }
+                if want_bool {
+                    value = f64::from(u8::from(keep));
+                    keep = true;
+                }
+                vals.push(keep.then_some(value));
+            }
+            if vals.iter().any(Option::is_some) {
+                let labels = if !is_cmp || want_bool {
+                    drop_name(series.labels)
+                } else {
+                    series.labels
+                };
+                out.push(StepSeries { labels, vals });
+            }
+        }
+        check_unique(&out)?;
+        Ok(Val::Vector(out))
+    }
+}
+
+/// Prometheus refuses a result where two series share a label set at one
+/// step (after `__name__` was dropped).
+fn check_unique(v: &[StepSeries]) -> Result<(), QueryError> {
+    let mut seen: HashMap<&Labels, &StepSeries> = HashMap::new();
+    for s in v {
+        if let Some(o) = seen.insert(&s.labels, s) {
+            if o.vals
+                .iter()
+                .zip(&s.vals)
+                .any(|(a, b)| a.is_some() && b.is_some())
+            {
+                return Err(QueryError::Unsupported(
+                    "vector cannot contain metrics with the same labelset".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}

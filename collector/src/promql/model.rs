@@ -1,0 +1,413 @@
+//! The series model: the series `/metrics` exports, with its names and
+//! labels, backed by the stored samples instead of the live state.
+//!
+//! - `flopwatch_ofu_ratio`, `flopwatch_ofu_tensor_active_ratio` and
+//!   `flopwatch_ofu_sm_clock_hertz` per GPU, from the stored OFU samples.
+//! - one family per catalog metric per GPU (`flopwatch_gpu_…`) and per node
+//!   device (`flopwatch_device_…`), from the raw series, in the family's
+//!   base unit ([`crate::series::family`]: the stored value × `scale`).
+//!
+//! Labels are [`crate::series::gpu_labels`]' and
+//! [`crate::series::device_labels`]'. Job labels (`job_id`, `pod`, …):
+//! a GPU sample carries those of the job whose stored record covers its
+//! time (`first_seen_ms ≤ t ≤ last_seen_ms`; the latest started wins where
+//! two overlap), none outside every job. So a GPU's series changes its
+//! label set when its job changes, as a relabelled target's does in
+//! Prometheus: one series per (GPU, family, job), each holding only the
+//! samples of its job's time. `flopwatch_node_ofu_ratio` and
+//! `flopwatch_job_ofu_ratio` are not series here: `avg by (node)` or
+//! `avg by (job_id)` over `flopwatch_ofu_ratio` answers them per step.
+
+use crate::auth::Scope;
+use crate::series::{family_of, Family, Labels, On};
+use crate::store::{GpuRecord, JobRecord, NodeRecord, OfuPiece, Store, StoreError};
+use promql_parser::label::{MatchOp, Matcher};
+use std::collections::HashMap;
+
+/// Which column of a GPU's OFU samples a series is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OfuCol {
+    Ofu,
+    Tensor,
+    Clock,
+}
+
+/// Where a series' samples are stored.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Source {
+    Ofu {
+        tenant: String,
+        gpu: String,
+        col: OfuCol,
+    },
+    Raw {
+        tenant: String,
+        key: String,
+        metric: String,
+        scale: f64,
+    },
+}
+
+/// One series: its labels, where its samples are, and the time spans
+/// (`[from, to)`) whose samples are its own (job attribution).
+#[derive(Debug, Clone)]
+pub(super) struct SeriesRef {
+    /// Sorted by name, `__name__` included.
+    pub labels: Labels,
+    pub source: Source,
+    pub spans: Vec<(i64, i64)>,
+}
+
+/// A matcher of a selector: `name op value` on one label (absent = "").
+pub(super) fn matches(m: &[Matcher], labels: &Labels) -> bool {
+    m.iter().all(|m| {
+        let v = labels
+            .iter()
+            .find(|(k, _)| *k == m.name)
+            .map_or("", |(_, v)| v.as_str());
+        m.is_match(v)
+    })
+}
+
+/// The `__name__` value an equality matcher pins, if one does.
+fn pinned_name(m: &[Matcher]) -> Option<&str> {
+    m.iter()
+        .find(|m| m.name == "__name__" && matches!(m.op, MatchOp::Equal))
+        .map(|m| m.value.as_str())
+}
+
+/// Job spans of one GPU: constant-owner pieces of the time line, with the
+/// index of the owning job record (or `None`).
+fn job_segments(jobs: &[&JobRecord]) -> Vec<(i64, i64, Option<usize>)> {
+    let mut cuts = vec![i64::MIN, i64::MAX];
+    for j in jobs {
+        cuts.push(j.first_seen_ms);
+        cuts.push(j.last_seen_ms.saturating_add(1));
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    let owner = |t: i64| {
+        jobs.iter()
+            .enumerate()
+            .filter(|(_, j)| j.first_seen_ms <= t && t <= j.last_seen_ms)
+            .max_by_key(|(_, j)| j.first_seen_ms)
+            .map(|(i, _)| i)
+    };
+    let mut out: Vec<(i64, i64, Option<usize>)> = Vec::new();
+    for w in cuts.windows(2) {
+        let o = owner(w[0]);
+        match out.last_mut() {
+            Some(last) if last.2 == o && last.1 == w[0] => last.1 = w[1],
+            _ => out.push((w[0], w[1], o)),
+        }
+    }
+    out
+}
+
+fn sorted(mut l: Labels) -> Labels {
+    l.retain(|(_, v)| !v.is_empty());
+    l.sort();
+    l
+}
+
+fn job_labels(l: &mut Labels, j: &JobRecord) {
+    for (k, v) in [
+        ("job_id", &j.job_id),
+        ("pod", &j.pod),
+        ("namespace", &j.namespace),
+        ("container", &j.container),
+        ("hpc_job", &j.hpc_job),
+    ] {
+        l.push((k.into(), v.clone()));
+    }
+}
+
+/// The families of the OFU columns.
+const OFU_FAMILIES: [(&str, OfuCol); 3] = [
+    ("flopwatch_ofu_ratio", OfuCol::Ofu),
+    ("flopwatch_ofu_tensor_active_ratio", OfuCol::Tensor),
+    ("flopwatch_ofu_sm_clock_hertz", OfuCol::Clock),
+];
+
+/// The series visible to a scope, listed from the store's inventories.
+pub(super) struct Model<'a> {
+    pub store: &'a Store,
+    pub scope: &'a Scope,
+}
+
+impl Model<'_> {
+    fn tenant(&self) -> Option<&str> {
+        match self.scope {
+            Scope::All => None,
+            Scope::Tenant(t) => Some(t.as_str()),
+        }
+    }
+
+    /// Every series whose labels satisfy `m` (no samples read).
+    pub fn select(&self, m: &[Matcher]) -> Result<Vec<SeriesRef>, StoreError> {
+        let name = pinned_name(m);
+        let wants = |family: &str| name.is_none_or(|n| n == family);
+        let tenant = self.tenant();
+        let nodes: HashMap<(String, String), NodeRecord> = self
+            .store
+            .nodes(tenant)?
+            .into_iter()
+            .map(|(t, n)| ((t, n.node_id.clone()), n))
+            .collect();
+        let hostname = |t: &str, n: &str| {
+            nodes
+                .get(&(t.to_string(), n.to_string()))
+                .map(|r| r.hostname.clone())
+                .unwrap_or_default()
+        };
+        let mut jobs: HashMap<(String, String), Vec<JobRecord>> = HashMap::new();
+        for (t, j) in self.store.jobs(tenant)? {
+            jobs.entry((t, j.gpu_uuid.clone())).or_default().push(j);
+        }
+        let mut out = Vec::new();
+        let gpu_family = name.is_none_or(|n| n.starts_with("flopwatch_ofu_"));
+        let raw_family = name.is_none_or(|n| n.starts_with("flopwatch_gpu_"));
+        for (t, g) in self.store.gpus(tenant)? {
+            if !self.scope.allows(&t) {
+                continue;
+            }
+            let base = gpu_base(&t, &g, &hostname(&t, &g.node_id));
+            let gpu_jobs: Vec<&JobRecord> = jobs
+                .get(&(t.clone(), g.uuid.clone()))
+                .map(|v| v.iter().collect())
+                .unwrap_or_default();
+            let segments = job_segments(&gpu_jobs);
+            // One label set per owner: the GPU's, plus the job's.
+            let mut owners: Vec<(Labels, Vec<(i64, i64)>)> = Vec::new();
+            let mut seen: HashMap<Option<usize>, usize> = HashMap::new();
+            for (a, b, o) in segments {
+                let i = *seen.entry(o).or_insert_with(|| {
+                    let mut l = base.clone();
+                    if let Some(j) = o {
+                        job_labels(&mut l, gpu_jobs[j]);
+                    }
+                    owners.push((l, Vec::new()));
+                    owners.len() - 1
+                });
+                owners[i].1.push((a, b));
+            }
+            let mut families: Vec<(String, Source)> = Vec::new();
+            if gpu_family {
+                for (n, col) in OFU_FAMILIES {
+                    if wants(n) {
+                        families.push((
+                            n.to_string(),
+                            Source::Ofu {
+                                tenant: t.clone(),
+                                gpu: g.uuid.clone(),
+                                col,
+                            },
+                        ));
+                    }
+                }
+            }
+            if raw_family {
+                self.raw_families(&t, &g.uuid, On::Gpu, &wants, &mut families)?;
+            }
+            for (n, source) in families {
+                for (l, spans) in &owners {
+                    let mut labels = l.clone();
+                    labels.push(("__name__".into(), n.clone()));
+                    let labels = sorted(labels);
+                    if matches(m, &labels) {
+                        out.push(SeriesRef {
+                            labels,
+                            source: source.clone(),
+                            spans: spans.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        if name.is_none_or(|n| n.starts_with("flopwatch_device_")) {
+            for ((t, _), n) in &nodes {
+                if !self.scope.allows(t) {
+                    continue;
+                }
+                for d in &n.devices {
+                    let mut families = Vec::new();
+                    self.raw_families(t, &d.id, On::Device, &wants, &mut families)?;
+                    for (f, source) in families {
+                        let labels = sorted(vec![
+                            ("__name__".into(), f),
+                            ("kind".into(), d.kind.clone()),
+                            ("device".into(), d.name.clone()),
+                            ("device_id".into(), d.id.clone()),
+                            ("hostname".into(), n.hostname.clone()),
+                            ("node".into(), n.node_id.clone()),
+                            ("tenant".into(), t.clone()),
+                        ]);
+                        if matches(m, &labels) {
+                            out.push(SeriesRef {
+                                labels,
+                                source,
+                                spans: vec![(i64::MIN, i64::MAX)],
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| a.labels.cmp(&b.labels));
+        Ok(out)
+    }
+
+    fn raw_families(
+        &self,
+        tenant: &str,
+        key: &str,
+        on: On,
+        wants: &dyn Fn(&str) -> bool,
+        out: &mut Vec<(String, Source)>,
+    ) -> Result<(), StoreError> {
+        for metric in self.store.raw_metrics(tenant, key)? {
+            let Some(f): Option<Family> = family_of(&metric, on) else {
+                continue;
+            };
+            let n = f.sample_name();
+            if wants(&n) {
+                out.push((
+                    n,
+                    Source::Raw {
+                        tenant: tenant.to_string(),
+                        key: key.to_string(),
+                        metric,
+                        scale: f.scale,
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The samples of `s` with `from ≤ t ≤ to`, in time order, in the
+    /// family's unit.
+    pub fn samples(
+        &self,
+        s: &SeriesRef,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<(i64, f64)>, StoreError> {
+        let mut out = Vec::new();
+        for &(a, b) in &s.spans {
+            let (lo, hi) = (a.max(from), b.min(to.saturating_add(1)));
+            if lo >= hi {
+                continue;
+            }
+            match &s.source {
+                Source::Ofu { tenant, gpu, col } => {
+                    self.store.ofu(tenant, gpu, lo, hi, None, &mut |x| {
+                        out.push((
+                            x.ts_ms,
+                            ofu_column(*col, x.ofu, x.tensor_active, x.sm_clock_mhz),
+                        ));
+                    })?;
+                }
+                Source::Raw {
+                    tenant,
+                    key,
+                    metric,
+                    scale,
+                } => {
+                    for p in self.store.series(tenant, key, metric, lo, hi, usize::MAX)? {
+                        out.push((p.ts_ms, p.value * scale));
+                    }
+                }
+            }
+        }
+        out.sort_by_key(|p| p.0);
+        Ok(out)
+    }
+
+    /// Whether `s` has a sample in `[from, to]`.
+    pub fn has_samples(&self, s: &SeriesRef, from: i64, to: i64) -> Result<bool, StoreError> {
+        for &(a, b) in &s.spans {
+            let (lo, hi) = (a.max(from), b.min(to.saturating_add(1)));
+            if lo >= hi {
+                continue;
+            }
+            let found = match &s.source {
+                Source::Ofu { tenant, gpu, .. } => {
+                    let mut any = false;
+                    self.store
+                        .ofu_pieces(tenant, gpu, lo, hi, None, Some(0), &mut |p| {
+                            any |= match p {
+                                OfuPiece::Sample(_) => true,
+                                OfuPiece::Agg { agg, .. } => agg.count > 0,
+                            }
+                        })?;
+                    any
+                }
+                Source::Raw {
+                    tenant,
+                    key,
+                    metric,
+                    ..
+                } => !self
+                    .store
+                    .series(tenant, key, metric, lo, hi, 1)?
+                    .is_empty(),
+            };
+            if found {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// A column of an OFU sample or aggregate, in the family's unit.
+pub(super) fn ofu_column(col: OfuCol, ofu: f64, tensor_active: f64, sm_clock_mhz: f64) -> f64 {
+    match col {
+        OfuCol::Ofu => ofu,
+        OfuCol::Tensor => tensor_active,
+        OfuCol::Clock => sm_clock_mhz * 1e6,
+    }
+}
+
+/// A GPU's labels without job labels ([`crate::series::gpu_labels`]' set).
+fn gpu_base(tenant: &str, g: &GpuRecord, hostname: &str) -> Labels {
+    vec![
+        ("gpu".into(), g.index.to_string()),
+        ("UUID".into(), g.uuid.clone()),
+        ("modelName".into(), g.model.clone()),
+        ("hostname".into(), hostname.to_string()),
+        ("node".into(), g.node_id.clone()),
+        ("tenant".into(), tenant.to_string()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: &str, a: i64, b: i64) -> JobRecord {
+        JobRecord {
+            job_id: id.into(),
+            first_seen_ms: a,
+            last_seen_ms: b,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn job_segments_cover_the_time_line_once() {
+        let (a, b) = (job("a", 100, 199), job("b", 150, 300));
+        let s = job_segments(&[&a, &b]);
+        assert_eq!(
+            s,
+            vec![
+                (i64::MIN, 100, None),
+                (100, 150, Some(0)),
+                (150, 301, Some(1)),
+                (301, i64::MAX, None),
+            ]
+        );
+        assert_eq!(job_segments(&[]), vec![(i64::MIN, i64::MAX, None)]);
+    }
+}

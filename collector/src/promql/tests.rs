@@ -1,0 +1,187 @@
+//! The engine over a small in-memory store: scope, names and labels, the
+//! Grafana contract's corner cases, Prometheus's checks on a range.
+
+use super::query::{instant, range, series};
+use super::{QueryError, RangeSeries, Sample, Value};
+use crate::auth::Scope;
+use crate::store::{memory::MemEngine, CommitSet, GpuRecord, JobRecord, NodeRecord, Store};
+use flopwatch_proto::model::{Point, SeriesBatch};
+use std::sync::Arc;
+
+fn points(f: impl Fn(i64) -> f64) -> Vec<Point> {
+    (0..10)
+        .map(|i| Point {
+            ts_ms: 1_000 * i,
+            value: f(i),
+            peak: None,
+            window_ms: Some(1_000),
+        })
+        .collect()
+}
+
+/// Tenant `a`: GPU `G1` on `n1`, running job `j1` from 5 s on; tenant `b`:
+/// GPU `G2`. Power 100 + i W and energy (a counter) each second 0..9 s.
+fn store() -> Store {
+    let s = Store::new(Arc::new(MemEngine::new()), false);
+    for (tenant, gpu, node) in [("a", "G1", "n1"), ("b", "G2", "n2")] {
+        let set = CommitSet {
+            series: vec![
+                SeriesBatch {
+                    gpu_uuid: gpu.into(),
+                    metric: "power_w".into(),
+                    points: points(|i| 100.0 + i as f64),
+                },
+                SeriesBatch {
+                    gpu_uuid: gpu.into(),
+                    metric: "energy_j".into(),
+                    points: points(|i| (10 * i) as f64),
+                },
+            ],
+            gpus: vec![GpuRecord {
+                uuid: gpu.into(),
+                node_id: node.into(),
+                model: "H100".into(),
+                ..Default::default()
+            }],
+            nodes: vec![NodeRecord {
+                node_id: node.into(),
+                hostname: format!("host-{node}"),
+                ..Default::default()
+            }],
+            jobs: if tenant == "a" {
+                vec![JobRecord {
+                    job_id: "j1".into(),
+                    gpu_uuid: gpu.into(),
+                    first_seen_ms: 5_000,
+                    last_seen_ms: 9_000,
+                    ..Default::default()
+                }]
+            } else {
+                Vec::new()
+            },
+            ..Default::default()
+        };
+        s.commit(tenant, &set).unwrap();
+    }
+    s
+}
+
+fn labels(l: &[(&str, &str)]) -> Vec<(String, String)> {
+    l.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn grafana_health_check_is_a_scalar() {
+    let s = store();
+    assert_eq!(
+        instant(&s, &Scope::All, "1+1", 4_000).unwrap(),
+        Value::Scalar {
+            t_ms: 4_000,
+            v: 2.0
+        }
+    );
+}
+
+#[test]
+fn a_tenant_sees_its_series_with_the_labels_metrics_exports() {
+    let s = store();
+    let a = Scope::Tenant("a".into());
+    let got = instant(&s, &a, "flopwatch_gpu_power_watts", 3_500).unwrap();
+    assert_eq!(
+        got,
+        Value::Vector(vec![Sample {
+            labels: labels(&[
+                ("UUID", "G1"),
+                ("__name__", "flopwatch_gpu_power_watts"),
+                ("gpu", "0"),
+                ("hostname", "host-n1"),
+                ("modelName", "H100"),
+                ("node", "n1"),
+                ("tenant", "a"),
+            ]),
+            t_ms: 3_500,
+            v: 103.0,
+        }])
+    );
+    // The job's samples are another series (its label set has job_id).
+    let got = instant(&s, &a, "flopwatch_gpu_power_watts{job_id=\"j1\"}", 9_500).unwrap();
+    let Value::Vector(v) = got else { panic!() };
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].v, 109.0);
+    // Every tenant's with Scope::All, told apart by `tenant`.
+    let got = instant(
+        &s,
+        &Scope::All,
+        "count by (tenant) (flopwatch_gpu_power_watts)",
+        3_500,
+    );
+    let Ok(Value::Vector(v)) = got else { panic!() };
+    assert_eq!(v.len(), 2);
+    let names = series(&s, &a, &["{__name__=~\".+\"}".into()], 0, 10_000).unwrap();
+    assert!(names
+        .iter()
+        .all(|l| l.contains(&("tenant".into(), "a".into()))));
+    assert_eq!(names.len(), 4, "{names:?}");
+}
+
+#[test]
+fn range_steps_start_at_start_and_rate_extrapolates() {
+    let s = store();
+    let b = Scope::Tenant("b".into());
+    let got = range(
+        &s,
+        &b,
+        "rate(flopwatch_gpu_energy_joules_total[2s])",
+        2_500,
+        4_500,
+        1_000,
+    )
+    .unwrap();
+    assert_eq!(
+        got,
+        Value::Matrix(vec![RangeSeries {
+            labels: labels(&[
+                ("UUID", "G2"),
+                ("gpu", "0"),
+                ("hostname", "host-n2"),
+                ("modelName", "H100"),
+                ("node", "n2"),
+                ("tenant", "b"),
+            ]),
+            points: vec![(2_500, 10.0), (3_500, 10.0), (4_500, 10.0)],
+        }])
+    );
+}
+
+#[test]
+fn prometheus_refusals_are_kept() {
+    let s = store();
+    let e = range(&s, &Scope::All, "1", 0, 11_001, 1).unwrap_err();
+    assert_eq!(
+        e,
+        QueryError::BadData(
+            "exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)".into()
+        )
+    );
+    assert!(range(&s, &Scope::All, "1", 0, 11_000, 1).is_ok());
+    let e = instant(&s, &Scope::All, "histogram_quantile(0.9, x)", 0).unwrap_err();
+    assert_eq!(e.http_status(), 422);
+    assert!(e.to_string().contains("histogram_quantile"), "{e}");
+    let e = instant(&s, &Scope::All, "x and y", 0).unwrap_err();
+    assert!(e.to_string().contains("and"), "{e}");
+    assert_eq!(
+        instant(&s, &Scope::All, "sum(", 0)
+            .unwrap_err()
+            .http_status(),
+        400
+    );
+    assert!(instant(
+        &s,
+        &Scope::All,
+        "rate(flopwatch_gpu_energy_joules_total[1m0.1s])",
+        5_000
+    )
+    .is_ok());
+}
