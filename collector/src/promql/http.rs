@@ -600,8 +600,10 @@ fn parse_rfc3339(s: &str) -> Option<i64> {
     };
     let (y, mo, d) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
     let (h, mi, se) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
-    if !(1..=12).contains(&mo) || d < 1 || d > days_in_month(y, mo) || h > 23 || mi > 59 || se > 59
-    {
+    if !(1..=12).contains(&mo) || !(1..=days_in_month(y, mo)).contains(&d) {
+        return None;
+    }
+    if h > 23 || mi > 59 || se > 59 {
         return None;
     }
     let mut rest = &s[19..];
