@@ -1576,7 +1576,10 @@ fn grafana_datasource() -> Value {
     let docs = yaml_documents(&read(&deploy_dir().join(file)), file);
     assert_eq!(docs.len(), 1, "{file}: one document");
     let v = &docs[0].value;
-    assert_eq!(v["apiVersion"], 1, "{file}: Grafana provisioning apiVersion");
+    assert_eq!(
+        v["apiVersion"], 1,
+        "{file}: Grafana provisioning apiVersion"
+    );
     let list = v["datasources"].as_array().expect("datasources");
     assert_eq!(list.len(), 1, "{file}: one data source");
     list[0].clone()
@@ -1597,7 +1600,10 @@ fn grafana_datasource_reads_the_collectors_prometheus_api() {
     let rest = url
         .strip_prefix("https://")
         .expect("https: the bundle serves the API over TLS");
-    let (host, port) = rest.trim_end_matches('/').rsplit_once(':').expect("HOST:PORT");
+    let (host, port) = rest
+        .trim_end_matches('/')
+        .rsplit_once(':')
+        .expect("HOST:PORT");
     let port: i32 = port.parse().expect("a port number");
     let parts: Vec<&str> = host.split('.').collect();
     assert_eq!(parts.len(), 3, "{host}: SERVICE.NAMESPACE.svc");
@@ -1607,7 +1613,11 @@ fn grafana_datasource_reads_the_collectors_prometheus_api() {
         .find(|s| s.metadata.name.as_deref() == Some(parts[0]))
         .unwrap_or_else(|| panic!("no Service {}", parts[0]));
     let spec = svc.spec.expect("spec");
-    assert_ne!(spec.cluster_ip.as_deref(), Some("None"), "{host}: not the headless Service");
+    assert_ne!(
+        spec.cluster_ip.as_deref(),
+        Some("None"),
+        "{host}: not the headless Service"
+    );
     let sp = spec
         .ports
         .iter()
@@ -1626,9 +1636,20 @@ fn grafana_datasource_reads_the_collectors_prometheus_api() {
         .prometheus_api
         .listen_addr()
         .expect("[prometheus_api] listen is set");
-    assert!(listen.ip().is_unspecified(), "{listen}: unreachable from Grafana");
-    assert_eq!(i32::from(listen.port()), container_port, "prometheus_api.listen");
-    let tls = cfg.prometheus_api.tls.as_ref().expect("[prometheus_api.tls]");
+    assert!(
+        listen.ip().is_unspecified(),
+        "{listen}: unreachable from Grafana"
+    );
+    assert_eq!(
+        i32::from(listen.port()),
+        container_port,
+        "prometheus_api.listen"
+    );
+    let tls = cfg
+        .prometheus_api
+        .tls
+        .as_ref()
+        .expect("[prometheus_api.tls]");
     // The certificate the gRPC port serves, whose SANs name the Service.
     let grpc = cfg.tls.as_ref().expect("[tls]");
     assert_eq!((&tls.cert, &tls.key), (&grpc.cert, &grpc.key));
@@ -1636,8 +1657,13 @@ fn grafana_datasource_reads_the_collectors_prometheus_api() {
     let json = &ds["jsonData"];
     let secure = &ds["secureJsonData"];
     assert_eq!(json["httpHeaderName1"], "Authorization");
-    let header = secure["httpHeaderValue1"].as_str().expect("httpHeaderValue1");
-    assert!(header.starts_with("Bearer $"), "{header}: a token from the environment");
+    let header = secure["httpHeaderValue1"]
+        .as_str()
+        .expect("httpHeaderValue1");
+    assert!(
+        header.starts_with("Bearer $"),
+        "{header}: a token from the environment"
+    );
     assert_eq!(json["tlsAuthWithCACert"], true);
     assert!(secure["tlsCACert"].as_str().is_some_and(|c| !c.is_empty()));
     assert_eq!(json["prometheusType"], "Prometheus");
@@ -1648,18 +1674,28 @@ fn grafana_datasource_reads_the_collectors_prometheus_api() {
     );
     // The NetworkPolicy admits the monitoring namespace to that port.
     let policies = objects::<NetworkPolicy>("NetworkPolicy");
-    let open = policies.iter().flat_map(|p| p.spec.iter()).flat_map(|s| s.ingress.iter().flatten()).any(|rule| {
-        rule.ports.iter().flatten().any(|p| p.port == Some(IntOrString::String(target.clone())))
-            && rule.from.as_ref().is_some_and(|f| !f.is_empty())
-            && rule.from.iter().flatten().all(|peer| {
-                peer.namespace_selector
-                    .as_ref()
-                    .and_then(|n| n.match_labels.as_ref())
-                    .and_then(|l| l.get("kubernetes.io/metadata.name"))
-                    .is_some_and(|n| n == "monitoring")
-            })
-    });
-    assert!(open, "no NetworkPolicy rule opens {target} to the monitoring namespace");
+    let open = policies
+        .iter()
+        .flat_map(|p| p.spec.iter())
+        .flat_map(|s| s.ingress.iter().flatten())
+        .any(|rule| {
+            rule.ports
+                .iter()
+                .flatten()
+                .any(|p| p.port == Some(IntOrString::String(target.clone())))
+                && rule.from.as_ref().is_some_and(|f| !f.is_empty())
+                && rule.from.iter().flatten().all(|peer| {
+                    peer.namespace_selector
+                        .as_ref()
+                        .and_then(|n| n.match_labels.as_ref())
+                        .and_then(|l| l.get("kubernetes.io/metadata.name"))
+                        .is_some_and(|n| n == "monitoring")
+                })
+        });
+    assert!(
+        open,
+        "no NetworkPolicy rule opens {target} to the monitoring namespace"
+    );
 }
 
 /// The dashboard runs on the flopwatch data source as on a Prometheus:
@@ -1677,7 +1713,10 @@ fn dashboard_can_use_the_provisioned_datasource() {
         .expect("a datasource variable");
     assert_eq!(var["query"], ds["type"]);
     let regex = var["regex"].as_str().unwrap_or_default();
-    assert!(regex.is_empty(), "a regex `{regex}` could hide a data source");
+    assert!(
+        regex.is_empty(),
+        "a regex `{regex}` could hide a data source"
+    );
     let uid = format!("${{{}}}", var["name"].as_str().unwrap());
     for p in all_panels(&d) {
         if p["type"] != "row" {

@@ -136,7 +136,8 @@ impl Env {
                 client_ca: None,
                 require_client_cert: false,
             };
-            serving.api_tls = Some(flopwatch_collector::api_config(&section, Path::new("")).unwrap());
+            serving.api_tls =
+                Some(flopwatch_collector::api_config(&section, Path::new("")).unwrap());
             let ca = std::fs::read(pki.ca_file()).unwrap();
             http = http
                 .tls_built_in_root_certs(false)
@@ -145,7 +146,12 @@ impl Env {
         let server = server::Loopback::start_serving(collector, serving)
             .await
             .unwrap();
-        assert_eq!(server.api_url.starts_with("https://"), tls, "{}", server.api_url);
+        assert_eq!(
+            server.api_url.starts_with("https://"),
+            tls,
+            "{}",
+            server.api_url
+        );
         let seeded_at = SystemClock.now_ms();
         for t in &tenants {
             let ch = tonic::transport::Channel::from_shared(server.url.clone())
@@ -153,13 +159,24 @@ impl Env {
                 .connect()
                 .await
                 .unwrap();
-            let (mut a, w) =
-                RawAgent::open(ch, Some(t.agent_token.as_str()), raw::hello(&t.node, &t.host, &t.gpu))
-                    .await
-                    .unwrap();
+            let (mut a, w) = RawAgent::open(
+                ch,
+                Some(t.agent_token.as_str()),
+                raw::hello(&t.node, &t.host, &t.gpu),
+            )
+            .await
+            .unwrap();
             assert_eq!(w.tenant, t.name);
             let reply = a
-                .call(raw::batch(1, &t.gpu, seeded_at - 35_000, 300, t.ofu, t.power, Some(&t.job)))
+                .call(raw::batch(
+                    1,
+                    &t.gpu,
+                    seeded_at - 35_000,
+                    300,
+                    t.ofu,
+                    t.power,
+                    Some(&t.job),
+                ))
                 .await
                 .unwrap();
             assert!(
@@ -282,7 +299,11 @@ impl Reply {
         let v = self.json();
         assert_eq!(v["status"], "error", "{}", self.body);
         assert_eq!(v["errorType"], error_type, "{}", self.body);
-        assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{}", self.body);
+        assert!(
+            v["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{}",
+            self.body
+        );
     }
 }
 
@@ -391,7 +412,10 @@ fn grafana_step_arithmetic_matches_grafanas_examples() {
     assert_eq!(seconds(1_700_000_000_000), "1700000000");
     assert_eq!(seconds(500), "0.5");
     assert_eq!(go_duration(rate_interval(20_000, TIME_INTERVAL_MS)), "1m0s");
-    assert_eq!(go_duration(rate_interval(3_600_000, TIME_INTERVAL_MS)), "1h0m15s");
+    assert_eq!(
+        go_duration(rate_interval(3_600_000, TIME_INTERVAL_MS)),
+        "1h0m15s"
+    );
 }
 
 /// One range request of a dashboard panel.
@@ -419,7 +443,10 @@ fn dashboard_panels() -> Vec<PanelQuery> {
     for p in panels {
         let width = p["gridPos"]["w"].as_i64().unwrap_or(24);
         for t in p["targets"].as_array().into_iter().flatten() {
-            assert_ne!(t["instant"], true, "the dashboard's panels are range panels");
+            assert_ne!(
+                t["instant"], true,
+                "the dashboard's panels are range panels"
+            );
             out.push(PanelQuery {
                 title: format!("{} / {}", p["title"].as_str().unwrap_or("?"), t["refId"]),
                 expr: t["expr"].as_str().unwrap().to_string(),
@@ -465,7 +492,9 @@ fn range_request(q: &PanelQuery, now: i64, range_ms: i64) -> (Vec<(&'static str,
 async fn save_and_test_values() {
     let env = Env::start(false).await;
     let want = r#"{"status":"success","data":{"resultType":"scalar","result":[4,"2"]}}"#;
-    let r = env.get_raw("/api/v1/query?query=1%2B1&time=4", PROVIDER).await;
+    let r = env
+        .get_raw("/api/v1/query?query=1%2B1&time=4", PROVIDER)
+        .await;
     assert_eq!((r.status, r.body.as_str()), (200, want));
     let form = [("query", "1+1".to_string()), ("time", "4".to_string())];
     for t in [PROVIDER, &env.tenants[0].query_token] {
@@ -474,7 +503,9 @@ async fn save_and_test_values() {
     }
     // A query that does not parse is the client's fault: 400, not 422.
     let bad = [("query", "avg(".to_string()), ("time", "4".to_string())];
-    env.post("/api/v1/query", &bad, Some(PROVIDER)).await.assert_error(400, "bad_data");
+    env.post("/api/v1/query", &bad, Some(PROVIDER))
+        .await
+        .assert_error(400, "bad_data");
 }
 
 /// What the data source's settings page and the query editor ask before
@@ -491,9 +522,15 @@ async fn connection_setup_is_answered_as_by_prometheus() {
     for f in ["revision", "branch", "buildUser", "buildDate", "goVersion"] {
         assert!(info[f].is_string(), "{f}: {info}");
     }
-    assert_eq!(env.get("/api/v1/metadata", &[], t).await.data(), serde_json::json!({}));
+    assert_eq!(
+        env.get("/api/v1/metadata", &[], t).await.data(),
+        serde_json::json!({})
+    );
     let limited = [("limit", "1000".to_string())];
-    assert_eq!(env.get("/api/v1/metadata", &limited, t).await.data(), serde_json::json!({}));
+    assert_eq!(
+        env.get("/api/v1/metadata", &limited, t).await.data(),
+        serde_json::json!({})
+    );
     assert_eq!(
         env.get("/api/v1/rules", &[], t).await.data(),
         serde_json::json!({"groups": []})
@@ -504,8 +541,12 @@ async fn connection_setup_is_answered_as_by_prometheus() {
         ("start", seconds(now - 3_600_000)),
         ("end", seconds(now)),
     ];
-    env.get("/api/v1/query_exemplars", &ex, t).await.assert_error(404, "not_found");
-    env.post("/api/v1/query_exemplars", &ex, t).await.assert_error(404, "not_found");
+    env.get("/api/v1/query_exemplars", &ex, t)
+        .await
+        .assert_error(404, "not_found");
+    env.post("/api/v1/query_exemplars", &ex, t)
+        .await
+        .assert_error(404, "not_found");
 }
 
 /// The metric and label browser's requests are answered in Prometheus's
@@ -517,7 +558,9 @@ async fn browsing_requests_are_answered_in_prometheus_shape() {
     let range = env.browse_range(3600);
     env.get("/api/v1/labels", &range, t).await.strings();
     env.post("/api/v1/labels", &range, t).await.strings();
-    env.get("/api/v1/label/__name__/values", &range, t).await.strings();
+    env.get("/api/v1/label/__name__/values", &range, t)
+        .await
+        .strings();
     let mut series = range.to_vec();
     series.push(("match[]", "flopwatch_ofu_ratio".to_string()));
     for r in [
@@ -526,14 +569,22 @@ async fn browsing_requests_are_answered_in_prometheus_shape() {
     ] {
         let d = r.data();
         for s in d.as_array().expect("an array of label sets") {
-            assert!(s.as_object().expect("a label set").values().all(Value::is_string));
+            assert!(s
+                .as_object()
+                .expect("a label set")
+                .values()
+                .all(Value::is_string));
         }
     }
     let mut var = range.to_vec();
     var.push(("match[]", "flopwatch_ofu_ratio".to_string()));
-    env.get("/api/v1/label/job_id/values", &var, t).await.strings();
+    env.get("/api/v1/label/job_id/values", &var, t)
+        .await
+        .strings();
     // Grafana retries a refused POST as a GET; a bad request is a 400.
-    env.get("/api/v1/series", &range, t).await.assert_error(400, "bad_data");
+    env.get("/api/v1/series", &range, t)
+        .await
+        .assert_error(400, "bad_data");
 }
 
 /// The browser and the variables see the ingested series.
@@ -546,7 +597,10 @@ async fn browsing_and_variables_values() {
     for l in ["__name__", "tenant", "job_id", "hostname", "UUID", "gpu"] {
         assert!(names.iter().any(|n| n == l), "no label {l}: {names:?}");
     }
-    let metrics = env.get("/api/v1/label/__name__/values", &range, t).await.strings();
+    let metrics = env
+        .get("/api/v1/label/__name__/values", &range, t)
+        .await
+        .strings();
     for m in ["flopwatch_ofu_ratio", "flopwatch_gpu_power_watts"] {
         assert!(metrics.iter().any(|n| n == m), "no metric {m}: {metrics:?}");
     }
@@ -569,19 +623,37 @@ async fn browsing_and_variables_values() {
     let mut var = range.to_vec();
     var.push(("match[]", "flopwatch_ofu_ratio".to_string()));
     let want: Vec<String> = env.tenants.iter().map(|t| t.job.clone()).collect();
-    assert_eq!(env.get("/api/v1/label/job_id/values", &var, t).await.strings(), want);
+    assert_eq!(
+        env.get("/api/v1/label/job_id/values", &var, t)
+            .await
+            .strings(),
+        want
+    );
     // label_values(flopwatch_ofu_ratio, tenant)
-    let tenants = env.get("/api/v1/label/tenant/values", &var, t).await.strings();
+    let tenants = env
+        .get("/api/v1/label/tenant/values", &var, t)
+        .await
+        .strings();
     assert_eq!(tenants, ["tenant-a", "tenant-b"]);
     // label_values(flopwatch_ofu_ratio{tenant=~"tenant-a"}, hostname)
     let mut one = range.to_vec();
-    one.push(("match[]", r#"flopwatch_ofu_ratio{tenant=~"tenant-a"}"#.to_string()));
+    one.push((
+        "match[]",
+        r#"flopwatch_ofu_ratio{tenant=~"tenant-a"}"#.to_string(),
+    ));
     assert_eq!(
-        env.get("/api/v1/label/hostname/values", &one, t).await.strings(),
+        env.get("/api/v1/label/hostname/values", &one, t)
+            .await
+            .strings(),
         [env.tenants[0].host.clone()]
     );
     // label_values(job_id): no match[]
-    assert_eq!(env.get("/api/v1/label/job_id/values", &range, t).await.strings(), want);
+    assert_eq!(
+        env.get("/api/v1/label/job_id/values", &range, t)
+            .await
+            .strings(),
+        want
+    );
 }
 
 /// Every panel of the dashboard, as Grafana requests it for the last 6
@@ -593,14 +665,21 @@ async fn dashboard_panels_values() {
     for range_ms in [6 * 3_600_000, 3_600_000] {
         for q in dashboard_panels() {
             let (params, step) = range_request(&q, now, range_ms);
-            let d = env.post("/api/v1/query_range", &params, Some(PROVIDER)).await.data();
+            let d = env
+                .post("/api/v1/query_range", &params, Some(PROVIDER))
+                .await
+                .data();
             assert_eq!(d["resultType"], "matrix", "{}: {d}", q.title);
             let start = align(now - range_ms, step);
             let end = align(now, step);
             for s in d["result"].as_array().unwrap() {
                 for p in s["values"].as_array().unwrap() {
                     let t = (p[0].as_f64().unwrap() * 1000.0).round() as i64;
-                    assert!(t >= start && t <= end && (t - start) % step == 0, "{}: {t}", q.title);
+                    assert!(
+                        t >= start && t <= end && (t - start) % step == 0,
+                        "{}: {t}",
+                        q.title
+                    );
                     assert!(p[1].is_string(), "{}: {p}", q.title);
                 }
             }
@@ -613,8 +692,14 @@ async fn dashboard_panels_values() {
         .find(|q| q.expr.starts_with("avg(flopwatch_ofu_ratio"))
         .unwrap();
     let (params, step) = range_request(&fleet, now, 3_600_000);
-    let d = env.post("/api/v1/query_range", &params, Some(PROVIDER)).await.data();
-    let values = d["result"][0]["values"].as_array().expect("a series").clone();
+    let d = env
+        .post("/api/v1/query_range", &params, Some(PROVIDER))
+        .await
+        .data();
+    let values = d["result"][0]["values"]
+        .as_array()
+        .expect("a series")
+        .clone();
     let last = values.last().expect("points");
     assert_eq!(last[1], "0.375", "{d}");
     let last_t = (last[0].as_f64().unwrap() * 1000.0).round() as i64;
@@ -627,12 +712,16 @@ async fn dashboard_panels_values() {
 async fn queries_answer_in_prometheus_shape_success_or_error() {
     let env = Env::start(false).await;
     let now = SystemClock.now_ms();
-    let r = env.get_raw("/api/v1/query?query=1%2B1&time=4", PROVIDER).await;
+    let r = env
+        .get_raw("/api/v1/query?query=1%2B1&time=4", PROVIDER)
+        .await;
     check_query_shape(&r, "scalar");
     for q in dashboard_panels().iter().take(4) {
         let (mut params, _) = range_request(q, now, 3_600_000);
         params.push(("timeout", "60s".to_string()));
-        let r = env.post("/api/v1/query_range", &params, Some(PROVIDER)).await;
+        let r = env
+            .post("/api/v1/query_range", &params, Some(PROVIDER))
+            .await;
         check_query_shape(&r, "matrix");
     }
 }
@@ -645,7 +734,10 @@ fn check_query_shape(r: &Reply, result_type: &str) {
         assert_eq!(r.data()["resultType"], result_type, "{}", r.body);
     } else {
         assert!([400, 422, 503].contains(&r.status), "{r:?}");
-        let e = r.json()["errorType"].as_str().unwrap_or_default().to_string();
+        let e = r.json()["errorType"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         r.assert_error(r.status, &e);
     }
 }
@@ -664,17 +756,64 @@ fn endpoints(now: i64) -> Vec<(&'static str, &'static str, Vec<(&'static str, St
     };
     let m = |s: &str| ("match[]", s.to_string());
     vec![
-        ("GET", "/api/v1/query", vec![("query", "flopwatch_ofu_ratio".into()), ("time", end.clone())]),
-        ("POST", "/api/v1/query", vec![("query", "flopwatch_gpu_power_watts".into()), ("time", end.clone())]),
-        ("POST", "/api/v1/query_range", with(vec![("query", "flopwatch_ofu_ratio".into()), ("step", "15".into())])),
-        ("GET", "/api/v1/query_range", with(vec![("query", "sum by (tenant, job_id, hostname, UUID) (flopwatch_gpu_power_watts)".into()), ("step", "60".into())])),
-        ("GET", "/api/v1/series", with(vec![m("flopwatch_ofu_ratio")])),
-        ("POST", "/api/v1/series", with(vec![m("{__name__=~\"flopwatch_.*\"}")])),
+        (
+            "GET",
+            "/api/v1/query",
+            vec![
+                ("query", "flopwatch_ofu_ratio".into()),
+                ("time", end.clone()),
+            ],
+        ),
+        (
+            "POST",
+            "/api/v1/query",
+            vec![
+                ("query", "flopwatch_gpu_power_watts".into()),
+                ("time", end.clone()),
+            ],
+        ),
+        (
+            "POST",
+            "/api/v1/query_range",
+            with(vec![
+                ("query", "flopwatch_ofu_ratio".into()),
+                ("step", "15".into()),
+            ]),
+        ),
+        (
+            "GET",
+            "/api/v1/query_range",
+            with(vec![
+                (
+                    "query",
+                    "sum by (tenant, job_id, hostname, UUID) (flopwatch_gpu_power_watts)".into(),
+                ),
+                ("step", "60".into()),
+            ]),
+        ),
+        (
+            "GET",
+            "/api/v1/series",
+            with(vec![m("flopwatch_ofu_ratio")]),
+        ),
+        (
+            "POST",
+            "/api/v1/series",
+            with(vec![m("{__name__=~\"flopwatch_.*\"}")]),
+        ),
         ("GET", "/api/v1/labels", range.clone()),
-        ("POST", "/api/v1/labels", with(vec![m("flopwatch_ofu_ratio")])),
+        (
+            "POST",
+            "/api/v1/labels",
+            with(vec![m("flopwatch_ofu_ratio")]),
+        ),
         ("GET", "/api/v1/label/__name__/values", range.clone()),
         ("GET", "/api/v1/label/tenant/values", range.clone()),
-        ("GET", "/api/v1/label/job_id/values", with(vec![m("flopwatch_ofu_ratio")])),
+        (
+            "GET",
+            "/api/v1/label/job_id/values",
+            with(vec![m("flopwatch_ofu_ratio")]),
+        ),
         ("GET", "/api/v1/label/hostname/values", range.clone()),
         ("GET", "/api/v1/label/UUID/values", range.clone()),
         ("GET", "/api/v1/status/buildinfo", vec![]),
@@ -683,7 +822,13 @@ fn endpoints(now: i64) -> Vec<(&'static str, &'static str, Vec<(&'static str, St
     ]
 }
 
-async fn call(env: &Env, method: &str, path: &str, p: &[(&str, String)], token: Option<&str>) -> Reply {
+async fn call(
+    env: &Env,
+    method: &str,
+    path: &str,
+    p: &[(&str, String)],
+    token: Option<&str>,
+) -> Reply {
     match method {
         "GET" => env.get(path, p, token).await,
         _ => env.post(path, p, token).await,
@@ -711,7 +856,11 @@ async fn isolation(tls: bool) {
         for token in wrong {
             let r = call(&env, method, path, &params, token).await;
             r.assert_error(401, "unauthorized");
-            assert!(seen(&env, &r.body).is_empty(), "{method} {path}: {}", r.body);
+            assert!(
+                seen(&env, &r.body).is_empty(),
+                "{method} {path}: {}",
+                r.body
+            );
             checked += 1;
         }
         for (i, t) in env.tenants.iter().enumerate() {
@@ -749,7 +898,10 @@ async fn tenants_see_only_their_series_on_every_endpoint_over_tls() {
         .bearer_auth(PROVIDER)
         .send()
         .await;
-    assert!(got.as_ref().map_or(true, |r| !r.status().is_success()), "{got:?}");
+    assert!(
+        got.as_ref().map_or(true, |r| !r.status().is_success()),
+        "{got:?}"
+    );
 }
 
 /// Each tenant's token sees its own series on every data endpoint, the
@@ -772,6 +924,11 @@ async fn tenant_isolation_values() {
         }
         let r = call(&env, method, path, &params, Some(PROVIDER)).await;
         r.data();
-        assert_eq!(seen(&env, &r.body), ["tenant-a", "tenant-b"], "{method} {path}: {}", r.body);
+        assert_eq!(
+            seen(&env, &r.body),
+            ["tenant-a", "tenant-b"],
+            "{method} {path}: {}",
+            r.body
+        );
     }
 }

@@ -179,7 +179,11 @@ impl Collector {
     /// every tenant, no token the `anonymous_tenant` when one is set. A
     /// presented token that is refused counts as an auth failure of
     /// `service`.
-    pub fn bearer_scope(&self, token: Option<&str>, service: &'static str) -> Result<Scope, AuthError> {
+    pub fn bearer_scope(
+        &self,
+        token: Option<&str>,
+        service: &'static str,
+    ) -> Result<Scope, AuthError> {
         let creds = Credentials {
             token: token.map(str::to_string),
             cert: None,

@@ -54,11 +54,9 @@ fn http_config(
 ) -> Result<flopwatch_transport::metrics_http::MetricsTls, TlsFileError> {
     let cert = read_certs(&format!("{key}.cert"), base, &tls.cert)?;
     let key_pem = read_key(&format!("{key}.key"), base, &tls.key)?;
-    flopwatch_transport::metrics_http::tls_config(&cert, &key_pem).map_err(|message| {
-        TlsFileError {
-            key: key.into(),
-            path: base.join(&tls.cert),
-            message,
-        }
+    flopwatch_transport::metrics_http::tls_config(&cert, &key_pem).map_err(|message| TlsFileError {
+        key: key.into(),
+        path: base.join(&tls.cert),
+        message,
     })
 }

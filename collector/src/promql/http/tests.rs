@@ -65,7 +65,13 @@ fn times_parse_as_prometheus_parses_them() {
     assert_eq!(parse_time("1970-01-01T00:00:00Z"), Ok(0));
     assert_eq!(parse_time(MIN_TIME_TEXT), Ok(MIN_TIME_MS));
     assert_eq!(parse_time(MAX_TIME_TEXT), Ok(MAX_TIME_MS));
-    for bad in ["", "abc", "2023-13-01T00:00:00Z", "2023-11-14 22:13:20Z", "1_000"] {
+    for bad in [
+        "",
+        "abc",
+        "2023-13-01T00:00:00Z",
+        "2023-11-14 22:13:20Z",
+        "1_000",
+    ] {
         assert_eq!(
             parse_time(bad),
             Err(format!("cannot parse {bad:?} to a valid timestamp"))
@@ -107,7 +113,9 @@ fn strings_are_escaped_as_go_escapes_them() {
 
 async fn body(r: Response) -> (u16, String) {
     let status = r.status().as_u16();
-    let b = axum::body::to_bytes(r.into_body(), usize::MAX).await.unwrap();
+    let b = axum::body::to_bytes(r.into_body(), usize::MAX)
+        .await
+        .unwrap();
     (status, String::from_utf8(b.to_vec()).unwrap())
 }
 
@@ -248,14 +256,22 @@ async fn every_endpoint_needs_a_known_token() {
 async fn an_anonymous_tenant_needs_no_token_but_a_wrong_one_is_refused() {
     let url = api(Some("default")).await;
     let (code, body) = get(&format!("{url}/api/v1/labels"), None).await;
-    assert_eq!((code, body.as_str()), (200, r#"{"status":"success","data":[]}"#));
+    assert_eq!(
+        (code, body.as_str()),
+        (200, r#"{"status":"success","data":[]}"#)
+    );
     assert_eq!(get(&format!("{url}/api/v1/labels"), Some("x")).await.0, 401);
 }
 
 #[tokio::test]
 async fn bad_parameters_are_refused_with_prometheus_messages() {
     let url = api(None).await;
-    let err = |m: &str| format!(r#"{{"status":"error","errorType":"bad_data","error":{}}}"#, json_str(m));
+    let err = |m: &str| {
+        format!(
+            r#"{{"status":"error","errorType":"bad_data","error":{}}}"#,
+            json_str(m)
+        )
+    };
     for (path, msg) in [
         (
             "/api/v1/query?query=up&time=yesterday",
