@@ -404,10 +404,11 @@ fn grafana_step_arithmetic_matches_grafanas_examples() {
     assert_eq!(grafana_step(0, 6 * h, 1200, TIME_INTERVAL_MS), 20_000);
     // Last hour: 3 s is below the scrape interval.
     assert_eq!(grafana_step(0, h, 1200, TIME_INTERVAL_MS), 15_000);
-    // 30 days on 1000 pixels: 2592 s rounds to 1 h.
-    assert_eq!(grafana_step(0, 720 * h, 1000, TIME_INTERVAL_MS), h);
-    // A wide panel over a year: the 11,000-point limit decides.
-    assert_eq!(grafana_step(0, 8760 * h, 100_000, 1), 3 * h);
+    // 30 days on 1000 pixels: 2592 s rounds to 30 min.
+    assert_eq!(grafana_step(0, 720 * h, 1000, TIME_INTERVAL_MS), h / 2);
+    // A wide panel over a year: 315 s would round to 5 min, but the
+    // 11,000-point limit (2867 s, rounded to 1 h) decides.
+    assert_eq!(grafana_step(0, 8760 * h, 100_000, 1), h);
     assert_eq!(align(1_700_000_017_000, 20_000), 1_700_000_000_000);
     assert_eq!(seconds(1_700_000_000_000), "1700000000");
     assert_eq!(seconds(500), "0.5");
