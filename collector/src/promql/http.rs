@@ -25,13 +25,12 @@ use super::{Engine, QueryError, Value, MAX_POINTS};
 use crate::auth::Scope;
 use crate::series::Labels;
 use crate::state::Collector;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{FromRequest, Path, Query, Request, State};
 use axum::http::header::{CONTENT_TYPE, WWW_AUTHENTICATE};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Form, Router};
-use flopwatch_proto::clock::Clock as _;
 use flopwatch_transport::metrics_http::{bearer, serve_router, MetricsTls};
 use std::fmt::Write as _;
 use std::future::Future;
@@ -201,12 +200,9 @@ async fn begin(api: &Api, req: Request) -> Result<(Scope, Params), ApiError> {
     if !form_body {
         return Ok((scope, Params(url)));
     }
-    let Form(mut body): Form<Vec<(String, String)>> =
-        axum::extract::FromRequest::from_request(req, &())
-            .await
-            .map_err(|e: axum::extract::rejection::FormRejection| {
-                bad_data(format!("error parsing form values: {}", e.body_text()))
-            })?;
+    let Form(mut body) = <Form<Vec<(String, String)>> as FromRequest<()>>::from_request(req, &())
+        .await
+        .map_err(|e| bad_data(format!("error parsing form values: {}", e.body_text())))?;
     body.append(&mut url);
     Ok((scope, Params(body)))
 }
