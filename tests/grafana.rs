@@ -419,6 +419,9 @@ fn grafana_step_arithmetic_matches_grafanas_examples() {
     );
 }
 
+/// A request's parameters, in order.
+type Form = Vec<(&'static str, String)>;
+
 /// One range request of a dashboard panel.
 struct PanelQuery {
     title: String,
@@ -473,7 +476,7 @@ fn interpolate(expr: &str, step: i64, range_ms: i64) -> String {
 }
 
 /// The form of a range panel's request over the last `range_ms`.
-fn range_request(q: &PanelQuery, now: i64, range_ms: i64) -> (Vec<(&'static str, String)>, i64) {
+fn range_request(q: &PanelQuery, now: i64, range_ms: i64) -> (Form, i64) {
     let (from, to) = (now - range_ms, now);
     let step = grafana_step(from, to, q.max_data_points, TIME_INTERVAL_MS);
     let params = vec![
@@ -747,7 +750,7 @@ fn check_query_shape(r: &Reply, result_type: &str) {
 
 /// Every endpoint Grafana calls, as (method, path, params) for the last
 /// hour.
-fn endpoints(now: i64) -> Vec<(&'static str, &'static str, Vec<(&'static str, String)>)> {
+fn endpoints(now: i64) -> Vec<(&'static str, &'static str, Form)> {
     let (start, end) = (seconds(now - 3_600_000), seconds(now));
     let range = vec![("start", start.clone()), ("end", end.clone())];
     let with = |extra: Vec<(&'static str, String)>| {

@@ -499,7 +499,7 @@ fn timestamp_json(out: &mut String, t_ms: i64) {
         out.push('-');
     }
     let _ = write!(out, "{}", t / 1000);
-    if t % 1000 != 0 {
+    if !t.is_multiple_of(1000) {
         let _ = write!(out, ".{:03}", t % 1000);
     }
 }
