@@ -1568,6 +1568,163 @@ fn every_dashboard_panel_has_a_datasource_and_a_query() {
     assert!(shown >= 10, "only {shown} panels");
 }
 
+// ---- Grafana data source ----------------------------------------------
+
+/// The one data source of deploy/grafana/datasource.yml.
+fn grafana_datasource() -> Value {
+    let file = "grafana/datasource.yml";
+    let docs = yaml_documents(&read(&deploy_dir().join(file)), file);
+    assert_eq!(docs.len(), 1, "{file}: one document");
+    let v = &docs[0].value;
+    assert_eq!(
+        v["apiVersion"], 1,
+        "{file}: Grafana provisioning apiVersion"
+    );
+    let list = v["datasources"].as_array().expect("datasources");
+    assert_eq!(list.len(), 1, "{file}: one data source");
+    list[0].clone()
+}
+
+/// Grafana reads the collectors' Prometheus API where the bundle serves
+/// it: the URL names the ClusterIP Service in its namespace (the name the
+/// collectors' certificate carries), on the Service port that leads to the
+/// container port `prometheus_api.listen` binds, over the TLS that
+/// `[prometheus_api.tls]` serves, with a bearer token in the
+/// Authorization header; only the monitoring namespace may connect.
+#[test]
+fn grafana_datasource_reads_the_collectors_prometheus_api() {
+    let ds = grafana_datasource();
+    assert_eq!(ds["type"], "prometheus");
+    assert_eq!(ds["access"], "proxy");
+    let url = ds["url"].as_str().expect("url");
+    let rest = url
+        .strip_prefix("https://")
+        .expect("https: the bundle serves the API over TLS");
+    let (host, port) = rest
+        .trim_end_matches('/')
+        .rsplit_once(':')
+        .expect("HOST:PORT");
+    let port: i32 = port.parse().expect("a port number");
+    let parts: Vec<&str> = host.split('.').collect();
+    assert_eq!(parts.len(), 3, "{host}: SERVICE.NAMESPACE.svc");
+    assert_eq!((parts[1], parts[2]), ("flopwatch", "svc"), "{host}");
+    let svc = objects::<Service>("Service")
+        .into_iter()
+        .find(|s| s.metadata.name.as_deref() == Some(parts[0]))
+        .unwrap_or_else(|| panic!("no Service {}", parts[0]));
+    let spec = svc.spec.expect("spec");
+    assert_ne!(
+        spec.cluster_ip.as_deref(),
+        Some("None"),
+        "{host}: not the headless Service"
+    );
+    let sp = spec
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.port == port)
+        .unwrap_or_else(|| panic!("Service {} has no port {port}", parts[0]));
+    let target = match sp.target_port.clone().unwrap_or(IntOrString::Int(port)) {
+        IntOrString::String(name) => name,
+        IntOrString::Int(n) => panic!("target port by name, not {n}"),
+    };
+    let pod = collector_pod();
+    let container = only_container(pod_spec(&pod));
+    let container_port = port_named(container, &target);
+    let cfg: CollectorConfig = load_pod_config(pod_spec(&pod));
+    let listen = cfg
+        .prometheus_api
+        .listen_addr()
+        .expect("[prometheus_api] listen is set");
+    assert!(
+        listen.ip().is_unspecified(),
+        "{listen}: unreachable from Grafana"
+    );
+    assert_eq!(
+        i32::from(listen.port()),
+        container_port,
+        "prometheus_api.listen"
+    );
+    let tls = cfg
+        .prometheus_api
+        .tls
+        .as_ref()
+        .expect("[prometheus_api.tls]");
+    // The certificate the gRPC port serves, whose SANs name the Service.
+    let grpc = cfg.tls.as_ref().expect("[tls]");
+    assert_eq!((&tls.cert, &tls.key), (&grpc.cert, &grpc.key));
+    // A bearer token from Grafana's environment, never in the file.
+    let json = &ds["jsonData"];
+    let secure = &ds["secureJsonData"];
+    assert_eq!(json["httpHeaderName1"], "Authorization");
+    let header = secure["httpHeaderValue1"]
+        .as_str()
+        .expect("httpHeaderValue1");
+    assert!(
+        header.starts_with("Bearer $"),
+        "{header}: a token from the environment"
+    );
+    assert_eq!(json["tlsAuthWithCACert"], true);
+    assert!(secure["tlsCACert"].as_str().is_some_and(|c| !c.is_empty()));
+    assert_eq!(json["prometheusType"], "Prometheus");
+    assert_eq!(
+        json["prometheusVersion"],
+        flopwatch_collector::promql::API_VERSION,
+        "what /api/v1/status/buildinfo reports"
+    );
+    // The NetworkPolicy admits the monitoring namespace to that port.
+    let policies = objects::<NetworkPolicy>("NetworkPolicy");
+    let open = policies
+        .iter()
+        .flat_map(|p| p.spec.iter())
+        .flat_map(|s| s.ingress.iter().flatten())
+        .any(|rule| {
+            rule.ports
+                .iter()
+                .flatten()
+                .any(|p| p.port == Some(IntOrString::String(target.clone())))
+                && rule.from.as_ref().is_some_and(|f| !f.is_empty())
+                && rule.from.iter().flatten().all(|peer| {
+                    peer.namespace_selector
+                        .as_ref()
+                        .and_then(|n| n.match_labels.as_ref())
+                        .and_then(|l| l.get("kubernetes.io/metadata.name"))
+                        .is_some_and(|n| n == "monitoring")
+                })
+        });
+    assert!(
+        open,
+        "no NetworkPolicy rule opens {target} to the monitoring namespace"
+    );
+}
+
+/// The dashboard runs on the flopwatch data source as on a Prometheus:
+/// its data source variable offers every Prometheus-type data source,
+/// the provisioned one included, and every panel uses it.
+#[test]
+fn dashboard_can_use_the_provisioned_datasource() {
+    let ds = grafana_datasource();
+    let d = dashboard();
+    let var = d["templating"]["list"]
+        .as_array()
+        .expect("templating")
+        .iter()
+        .find(|v| v["type"] == "datasource")
+        .expect("a datasource variable");
+    assert_eq!(var["query"], ds["type"]);
+    let regex = var["regex"].as_str().unwrap_or_default();
+    assert!(
+        regex.is_empty(),
+        "a regex `{regex}` could hide a data source"
+    );
+    let uid = format!("${{{}}}", var["name"].as_str().unwrap());
+    for p in all_panels(&d) {
+        if p["type"] != "row" {
+            assert_eq!(p["datasource"]["uid"], uid.as_str(), "{}", p["title"]);
+        }
+    }
+}
+
 // ---- Prometheus -------------------------------------------------------
 
 fn prometheus(file: &str) -> Value {

@@ -88,6 +88,13 @@ pub async fn run(mut args: CollectorArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let api_tls = match &cfg.prometheus_api.tls {
+        Some(t) => Some(
+            flopwatch_collector::api_config(t, &base)
+                .with_context(|| config.display().to_string())?,
+        ),
+        None => None,
+    };
     let peer_tls = flopwatch_transport::channel::TlsClient::load(&cfg.peer_tls, &base, "peer_tls")
         .with_context(|| config.display().to_string())?;
     let collector = server::open(
@@ -105,9 +112,21 @@ pub async fn run(mut args: CollectorArgs) -> anyhow::Result<()> {
     let metrics = tokio::net::TcpListener::bind(cfg.metrics_listen)
         .await
         .with_context(|| format!("binding metrics_listen {}", cfg.metrics_listen))?;
-    // The bound address, for scripts that ask for port 0 (the metrics
+    let api = match cfg.prometheus_api.listen_addr() {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("binding prometheus_api.listen {a}"))?,
+        ),
+        None => None,
+    };
+    // The bound addresses, for scripts that ask for port 0 (the metrics
     // address is logged).
     println!("listening on {}", listener.local_addr()?);
+    if let Some(a) = &api {
+        let scheme = if api_tls.is_some() { "https" } else { "http" };
+        println!("prometheus api on {scheme}://{}", a.local_addr()?);
+    }
     let health = match cfg.health_listen {
         Some(a) => Some(
             tokio::net::TcpListener::bind(a)
@@ -128,6 +147,8 @@ pub async fn run(mut args: CollectorArgs) -> anyhow::Result<()> {
             peer_tls,
             health,
             metrics_tls,
+            api,
+            api_tls,
         },
         shutdown_signal(),
     )

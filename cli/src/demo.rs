@@ -194,6 +194,10 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         "metrics:   {}  (try: flopwatch top --collector {url})",
         server.metrics_url
     );
+    println!(
+        "grafana:   Prometheus data source URL {}  (try: curl '{}/api/v1/query?query=flopwatch_job_ofu_ratio')",
+        server.api_url, server.api_url
+    );
 
     let start = clock.now_ms();
     let fleet = FleetPlan::new(a.nodes, a.gpus, regress_after);

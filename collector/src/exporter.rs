@@ -32,7 +32,7 @@
 //! | *health:* `flopwatch_storage_memory_bytes` | gauge, RocksDB memtables, block cache and table readers | |
 //! | *health:* `flopwatch_ingest_samples_total`, `flopwatch_ingest_batches_total`, `flopwatch_ingest_duplicate_batches_total`, `flopwatch_ingest_rejected_batches_total`, `flopwatch_ofu_samples_total` | counter | |
 //! | *health:* `flopwatch_ingest_rejected_samples_total` | counter | `reason` |
-//! | *health:* `flopwatch_auth_failures_total` | counter | `service` (`ingest`, `query`, `metrics`), `kind` |
+//! | *health:* `flopwatch_auth_failures_total` | counter | `service` (`ingest`, `query`, `metrics`, `prometheus_api`), `kind` |
 //! | *health:* `flopwatch_ack_latency_seconds` | histogram | |
 //! | *health:* `flopwatch_remote_write_samples_total` | counter | |
 //! | *health:* `flopwatch_remote_write_failures_total` | counter | `reason` (`connection`, `5xx`, `429`, `4xx`, `credentials`) |
@@ -54,7 +54,7 @@
 
 mod dcgm;
 
-use crate::auth::{Credentials, Scope};
+use crate::auth::Scope;
 use crate::live::group_ofu;
 use crate::series::{device_labels, family_of, gpu_labels, Family, Labels, On};
 use crate::state::Collector;
@@ -73,18 +73,11 @@ use std::sync::Arc;
 /// an `authorization` header that holds none) gets, as OpenMetrics text;
 /// `None` refuses it (401). See the module's description.
 pub fn page(collector: &Arc<Collector>, token: Option<&str>) -> Option<String> {
-    let creds = Credentials {
-        token: token.map(str::to_string),
-        cert: None,
-    };
-    let scope = match collector.auth().query(&creds) {
+    let scope = match collector.bearer_scope(token, "metrics") {
         Ok(s) => Some(s),
         // No token and no anonymous tenant: the collector's health only.
         Err(_) if token.is_none() => None,
-        Err(e) => {
-            collector.stats.auth_failure("metrics", &e);
-            return None;
-        }
+        Err(_) => return None,
     };
     Some(flopwatch_transport::metrics_http::render(&registry(
         collector.clone(),

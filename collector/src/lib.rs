@@ -49,7 +49,7 @@ pub use remote_write::Endpoint as RemoteWriteEndpoint;
 pub use state::{Collector, Settings};
 pub use stats::Stats;
 pub use tile::{adjusted_ofu, quantize, TileShape};
-pub use tls::{metrics_config, server_config};
+pub use tls::{api_config, metrics_config, server_config};
 pub use validate::{check_kept, decode_and_validate, Rules};
 
 /// Prometheus remote write 1.0 on the wire (`prompb`): the messages the

@@ -80,6 +80,12 @@ pub struct Serving {
     /// TLS on the `/metrics` listener (`[exporter.tls]`,
     /// [`crate::tls::metrics_config`]); `None` serves plain HTTP.
     pub metrics_tls: Option<flopwatch_transport::metrics_http::MetricsTls>,
+    /// A listener for Prometheus's query API (`[prometheus_api]`,
+    /// [`crate::promql::serve`]); `None`: the API is off.
+    pub api: Option<TcpListener>,
+    /// TLS on the API listener (`[prometheus_api.tls]`,
+    /// [`crate::tls::api_config`]); `None` serves plain HTTP.
+    pub api_tls: Option<flopwatch_transport::metrics_http::MetricsTls>,
 }
 
 /// [`serve`] as a member of a cluster: queries are answered for the whole
@@ -135,6 +141,18 @@ pub async fn serve_cluster(
             l,
             serving.metrics_tls.clone(),
             page,
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+            },
+        ))
+    });
+    let api_task = serving.api.map(|l| {
+        tracing::info!(addr = ?l.local_addr().ok(), tls = serving.api_tls.is_some(), "serving the Prometheus query API");
+        let mut stop = stop_rx.clone();
+        tokio::spawn(crate::promql::serve(
+            collector.clone(),
+            l,
+            serving.api_tls.clone(),
             async move {
                 let _ = stop.wait_for(|s| *s).await;
             },
@@ -220,6 +238,9 @@ pub async fn serve_cluster(
         .await
         .map_err(|e| CollectorError::Setup(e.to_string()))?;
     if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
+    if let Some(t) = api_task {
         let _ = t.await;
     }
     if let Some(t) = health_task {
@@ -348,6 +369,9 @@ pub struct Loopback {
     pub url: String,
     /// `http://127.0.0.1:PORT/metrics` (`https://` with metrics TLS).
     pub metrics_url: String,
+    /// `http://127.0.0.1:PORT`, Prometheus's query API (`https://` with
+    /// its TLS): Grafana's Prometheus data source URL.
+    pub api_url: String,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<Result<(), CollectorError>>,
 }
@@ -378,10 +402,11 @@ impl Loopback {
     }
 
     /// Serves `collector` on `127.0.0.1:0` as `serving` says (TLS, peers);
-    /// the URL is `https://` with TLS.
+    /// the URL is `https://` with TLS. The Prometheus API is served on
+    /// another `127.0.0.1:0` unless `serving` brings its own listener.
     pub async fn start_serving(
         collector: Arc<Collector>,
-        serving: Serving,
+        mut serving: Serving,
     ) -> Result<Self, CollectorError> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
@@ -395,9 +420,20 @@ impl Loopback {
         let metrics_addr = metrics
             .local_addr()
             .map_err(|e| CollectorError::Setup(e.to_string()))?;
+        let api = match serving.api.take() {
+            Some(l) => l,
+            None => TcpListener::bind("127.0.0.1:0")
+                .await
+                .map_err(|e| CollectorError::Setup(format!("binding 127.0.0.1:0: {e}")))?,
+        };
+        let api_addr = api
+            .local_addr()
+            .map_err(|e| CollectorError::Setup(e.to_string()))?;
+        serving.api = Some(api);
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let scheme = |tls: bool| if tls { "https" } else { "http" };
         let metrics_scheme = scheme(serving.metrics_tls.is_some());
+        let api_scheme = scheme(serving.api_tls.is_some());
         let scheme = scheme(serving.tls.is_some());
         let task = tokio::spawn(serve_cluster(
             collector,
@@ -411,6 +447,7 @@ impl Loopback {
         Ok(Self {
             url: format!("{scheme}://{addr}"),
             metrics_url: format!("{metrics_scheme}://{metrics_addr}/metrics"),
+            api_url: format!("{api_scheme}://{api_addr}"),
             stop,
             task,
         })

@@ -1,7 +1,7 @@
 //! The collector's shared state: store, spec table, credentials, settings,
 //! counters, and a cache of GPU records for OFU lookups.
 
-use crate::auth::Auth;
+use crate::auth::{Auth, AuthError, Credentials, Scope};
 use crate::events::{AnalysisSettings, Analyzer};
 use crate::limits::{LimitTable, Limiter};
 use crate::live::Live;
@@ -170,6 +170,29 @@ impl Collector {
             .read()
             .map(|a| a.clone())
             .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    /// What an HTTP request (`/metrics`, the Prometheus API) presenting
+    /// the bearer `token` may read: `None` for no `authorization` header,
+    /// `Some("")` for one that holds no bearer token. The rules of the
+    /// query service: a tenant's query token its tenant, a provider token
+    /// every tenant, no token the `anonymous_tenant` when one is set. A
+    /// presented token that is refused counts as an auth failure of
+    /// `service`.
+    pub fn bearer_scope(
+        &self,
+        token: Option<&str>,
+        service: &'static str,
+    ) -> Result<Scope, AuthError> {
+        let creds = Credentials {
+            token: token.map(str::to_string),
+            cert: None,
+        };
+        self.auth().query(&creds).inspect_err(|e| {
+            if token.is_some() {
+                self.stats.auth_failure(service, e);
+            }
+        })
     }
 
     /// Replaces credentials and limits (SIGHUP). Streams check their

@@ -34,10 +34,28 @@ pub fn metrics_config(
     tls: &ServerTls,
     base: &Path,
 ) -> Result<flopwatch_transport::metrics_http::MetricsTls, TlsFileError> {
-    let cert = read_certs("exporter.tls.cert", base, &tls.cert)?;
-    let key = read_key("exporter.tls.key", base, &tls.key)?;
-    flopwatch_transport::metrics_http::tls_config(&cert, &key).map_err(|message| TlsFileError {
-        key: "exporter.tls".into(),
+    http_config(tls, base, "exporter.tls")
+}
+
+/// The Prometheus API listener's TLS from `[prometheus_api.tls]`
+/// (certificate and key; requests authenticate with bearer tokens).
+pub fn api_config(
+    tls: &ServerTls,
+    base: &Path,
+) -> Result<flopwatch_transport::metrics_http::MetricsTls, TlsFileError> {
+    http_config(tls, base, "prometheus_api.tls")
+}
+
+/// An HTTP listener's TLS from the section named `key`.
+fn http_config(
+    tls: &ServerTls,
+    base: &Path,
+    key: &str,
+) -> Result<flopwatch_transport::metrics_http::MetricsTls, TlsFileError> {
+    let cert = read_certs(&format!("{key}.cert"), base, &tls.cert)?;
+    let key_pem = read_key(&format!("{key}.key"), base, &tls.key)?;
+    flopwatch_transport::metrics_http::tls_config(&cert, &key_pem).map_err(|message| TlsFileError {
+        key: key.into(),
         path: base.join(&tls.cert),
         message,
     })

@@ -19,6 +19,9 @@ pub struct CollectorConfig {
     pub metrics_listen: SocketAddr,
     /// What `/metrics` exports and how it is served.
     pub exporter: ExporterConfig,
+    /// Prometheus's HTTP query API (`/api/v1/*`) over the store, for
+    /// Grafana's Prometheus data source. Off unless `listen` is set.
+    pub prometheus_api: PrometheusApiConfig,
     /// RocksDB directory.
     pub data_dir: PathBuf,
     /// Name reported to agents; defaults to the hostname.
@@ -88,6 +91,28 @@ pub struct ExporterConfig {
     /// TLS on `metrics_listen` (certificate and key; client certificates
     /// are not asked for). Unset: plain HTTP.
     pub tls: Option<ServerTls>,
+}
+
+/// `[prometheus_api]`: Prometheus's HTTP query API (`/api/v1/query`,
+/// `/api/v1/query_range`, series, labels) over the collector's store, on
+/// its own listener. Requests authenticate with a bearer token as `/metrics`
+/// scrapes do.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrometheusApiConfig {
+    /// HTTP address of the API; empty (the default) turns it off.
+    pub listen: String,
+    /// TLS on `listen` (certificate and key; client certificates are not
+    /// asked for). Unset: plain HTTP.
+    pub tls: Option<ServerTls>,
+}
+
+impl PrometheusApiConfig {
+    /// The address to serve on; `None` when the API is off. Call after
+    /// validation (an unparsable address is also `None`).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.listen.parse().ok()
+    }
 }
 
 /// `[cluster]`: batches an agent resent after a collector failed without
@@ -422,6 +447,7 @@ impl Default for CollectorConfig {
             listen: "127.0.0.1:7070".parse().expect("literal address"),
             metrics_listen: "127.0.0.1:9400".parse().expect("literal address"),
             exporter: ExporterConfig::default(),
+            prometheus_api: PrometheusApiConfig::default(),
             data_dir: PathBuf::from("/var/lib/flopwatch"),
             collector_id: String::new(),
             gpu_specs: None,
@@ -551,6 +577,7 @@ impl Validate for CollectorConfig {
         "listen",
         "metrics_listen",
         "exporter",
+        "prometheus_api",
         "data_dir",
         "collector_id",
         "gpu_specs",
@@ -593,6 +620,28 @@ impl Validate for CollectorConfig {
                 return Err(ConfigError::invalid(
                     "exporter.tls.client_ca",
                     "client certificates are not checked on /metrics: scrapes authenticate with a bearer token",
+                ));
+            }
+        }
+        let api = &self.prometheus_api;
+        if !api.listen.is_empty() && api.listen.parse::<SocketAddr>().is_err() {
+            return Err(ConfigError::invalid(
+                "prometheus_api.listen",
+                "must be an address such as 127.0.0.1:9090, or empty to turn the API off",
+            ));
+        }
+        if let Some(tls) = &api.tls {
+            tls.validate("prometheus_api.tls")?;
+            if tls.client_ca.is_some() {
+                return Err(ConfigError::invalid(
+                    "prometheus_api.tls.client_ca",
+                    "client certificates are not checked on the Prometheus API: requests authenticate with a bearer token",
+                ));
+            }
+            if api.listen.is_empty() {
+                return Err(ConfigError::invalid(
+                    "prometheus_api.tls",
+                    "is set but prometheus_api.listen is empty (the API is off)",
                 ));
             }
         }

@@ -20,8 +20,8 @@ mod specs;
 pub use agent::{AgentConfig, HostSettings, NvmlSettings, SimSettings, SourceKind, SpoolConfig};
 pub use collector::{
     resolution_decimals, AgentToken, AnalysisConfig, ClusterConfig, CollectorConfig,
-    ExporterConfig, PolicyConfig, QueryToken, RemoteWriteConfig, StorageConfig, TenantConfig,
-    TenantRetention,
+    ExporterConfig, PolicyConfig, PrometheusApiConfig, QueryToken, RemoteWriteConfig,
+    StorageConfig, TenantConfig, TenantRetention,
 };
 pub use error::ConfigError;
 pub use load::{

@@ -227,3 +227,50 @@ fn exporter_section_reads_and_refuses_client_certificates_by_key() {
         "{e}"
     );
 }
+
+#[test]
+fn prometheus_api_is_off_by_default_and_refuses_bad_values_by_key() {
+    let base = "anonymous_tenant = \"d\"\nplaintext = true\n";
+    let c: CollectorConfig = parse_str(base, Path::new("c.toml")).unwrap();
+    assert_eq!(
+        c.prometheus_api.listen_addr(),
+        None,
+        "off unless listen is set"
+    );
+    let c: CollectorConfig = parse_str(
+        &format!("{base}[prometheus_api]\nlisten = \"0.0.0.0:9090\"\n[prometheus_api.tls]\ncert = \"a.crt\"\nkey = \"a.key\"\n"),
+        Path::new("c.toml"),
+    )
+    .unwrap();
+    assert_eq!(
+        c.prometheus_api.listen_addr(),
+        Some("0.0.0.0:9090".parse().unwrap())
+    );
+    assert_eq!(c.prometheus_api.tls.unwrap().key, PathBuf::from("a.key"));
+    for (text, want) in [
+        (
+            "[prometheus_api]\nlisten = \"localhost\"\n",
+            "prometheus_api.listen",
+        ),
+        (
+            "[prometheus_api]\nlisten = \"127.0.0.1:9090\"\n[prometheus_api.tls]\ncert = \"a.crt\"\nkey = \"a.key\"\nclient_ca = \"ca.pem\"\n",
+            "prometheus_api.tls.client_ca",
+        ),
+        (
+            "[prometheus_api]\nlisten = \"127.0.0.1:9090\"\n[prometheus_api.tls]\ncert = \"\"\nkey = \"a.key\"\n",
+            "prometheus_api.tls.cert",
+        ),
+        (
+            "[prometheus_api.tls]\ncert = \"a.crt\"\nkey = \"a.key\"\n",
+            "prometheus_api.tls",
+        ),
+    ] {
+        let e = parse_str::<CollectorConfig>(&format!("{base}{text}"), Path::new("c.toml"))
+            .unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::Invalid { key, .. } if key == want),
+            "{text}: {e}"
+        );
+        assert!(e.to_string().contains("c.toml"), "{e}");
+    }
+}

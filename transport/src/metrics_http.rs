@@ -220,6 +220,19 @@ async fn serve_page(
                 get(move || async move { probe_answer(r.ready()) }),
             );
     }
+    serve_router(listener, tls, app, shutdown).await
+}
+
+/// Serves any axum `app` on `listener`, over TLS when `tls` is given (each
+/// handshake in its own task, bounded by a timeout), until `shutdown`
+/// resolves: the one way the collector's HTTP listeners (`/metrics`, the
+/// Prometheus query API) are served.
+pub async fn serve_router(
+    listener: TcpListener,
+    tls: Option<MetricsTls>,
+    app: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     match tls {
         None => {
             axum::serve(listener, app)

@@ -10,6 +10,10 @@
 //!
 //! Times are Unix milliseconds throughout.
 
+mod http;
+
+pub use http::{router, serve, API_VERSION};
+
 use crate::auth::Scope;
 use crate::series::Labels;
 use crate::state::Collector;
