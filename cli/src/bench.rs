@@ -14,6 +14,7 @@
 mod backpressure;
 mod fleet;
 mod peer;
+mod prom_query;
 mod slow_engine;
 mod storage;
 mod tenants;

@@ -22,9 +22,9 @@
 //!    Query service's OFU of the GPU and of its job over the whole range
 //!    at a 1 h step, timed over gRPC. `bench ingest --peer prometheus`
 //!    runs the same with the identical samples in Prometheus and times
-//!    its `query_range` beside each ([`super::peer`]).
+//!    its `query_range` beside each ([`super::prom_query`]).
 
-use super::peer::{self, QueryPeer, QueryRow};
+use super::prom_query::{self as peer, QueryPeer, QueryRow};
 use anyhow::{bail, Context};
 use flopwatch_agent::source::replay::ReplaySource;
 use flopwatch_agent::source::{Capture, GpuSource, SourceError};

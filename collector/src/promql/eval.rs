@@ -11,7 +11,9 @@
 //!   `__name__`; comparisons
 //!   filter (or give 0/1 with `bool`, dropping `__name__`); `without`
 //!   drops `__name__`, `by` keeps only the listed labels;
-//! - `offset` shifts a selector back in time.
+//! - `offset` shifts a selector back in time;
+//! - two instant vectors match one to one (`on`/`ignoring`), and
+//!   `time()` is the step's time in seconds.
 //!
 //! Anything else is refused with [`QueryError::Unsupported`] naming the
 //! part (HTTP 422).
@@ -22,7 +24,8 @@ use super::{QueryError, LOOKBACK_MS};
 use crate::series::Labels;
 use promql_parser::label::{MatchOp, Matcher};
 use promql_parser::parser::{
-    AggregateExpr, BinaryExpr, Call, Expr, LabelModifier, MatrixSelector, Offset, VectorSelector,
+    AggregateExpr, BinaryExpr, Call, Expr, LabelModifier, MatrixSelector, Offset,
+    VectorMatchCardinality, VectorSelector,
 };
 use std::collections::HashMap;
 
@@ -190,8 +193,14 @@ impl Evaluator<'_> {
 
     fn call(&self, c: &Call) -> Result<Val, QueryError> {
         let name = c.func.name;
+        if name == "time" {
+            // The evaluation time, in seconds (Grafana's `time() - x`).
+            return Ok(Val::Scalar(
+                (0..self.n).map(|i| self.t(i) as f64 / 1000.0).collect(),
+            ));
+        }
         let Some(f) = RangeFn::of(name) else {
-            return Err(unsupported(format_args!("function {name}()")));
+            return self.other_call(c);
         };
         let args = &c.args.args;
         let (q, arg) = if f == RangeFn::Quantile {
@@ -250,6 +259,32 @@ impl Evaluator<'_> {
         }
         check_unique(&out)?;
         Ok(Val::Vector(out))
+    }
+
+    /// A function this engine does not evaluate: refused (422), unless
+    /// every series it would read is absent (its instant-vector arguments
+    /// are empty), when the answer is as empty as Prometheus's: a panel on
+    /// a metric the store does not hold (the collector's own health, say)
+    /// shows no data rather than an error.
+    fn other_call(&self, c: &Call) -> Result<Val, QueryError> {
+        let name = c.func.name;
+        let mut vectors = 0;
+        for a in &c.args.args {
+            match a.as_ref() {
+                Expr::MatrixSelector(_) | Expr::Subquery(_) | Expr::StringLiteral(_) => {
+                    return Err(unsupported(format_args!("function {name}()")))
+                }
+                e => match self.eval(e)? {
+                    Val::Vector(v) if v.is_empty() => vectors += 1,
+                    Val::Vector(_) => return Err(unsupported(format_args!("function {name}()"))),
+                    Val::Scalar(_) => {}
+                },
+            }
+        }
+        if vectors == 0 {
+            return Err(unsupported(format_args!("function {name}()")));
+        }
+        Ok(Val::Vector(Vec::new()))
     }
 
     fn aggregate(&self, a: &AggregateExpr) -> Result<Val, QueryError> {
@@ -406,10 +441,107 @@ impl Evaluator<'_> {
             (Val::Scalar(s), Val::Vector(v)) => {
                 self.vector_scalar(v, &s, true, is_cmp, want_bool, &f)
             }
-            (Val::Vector(_), Val::Vector(_)) => Err(unsupported(format_args!(
-                "binary operator {op} between two instant vectors"
-            ))),
+            (Val::Vector(l), Val::Vector(r)) => self.vector_vector(b, l, r, is_cmp, want_bool, &f),
         }
+    }
+
+    /// Two instant vectors, matched one to one on their labels but
+    /// `__name__` (or on the `on(…)` labels, or all but the `ignoring(…)`
+    /// ones), as Prometheus's `VectorBinop` with one-to-one cardinality:
+    /// series without a partner are dropped; two on one side with the same
+    /// match labels at one step are an error; `group_left`/`group_right`
+    /// are refused.
+    #[allow(clippy::too_many_arguments)]
+    fn vector_vector(
+        &self,
+        b: &BinaryExpr,
+        l: Vec<StepSeries>,
+        r: Vec<StepSeries>,
+        is_cmp: bool,
+        want_bool: bool,
+        f: &dyn Fn(f64, f64) -> Result<(f64, bool), QueryError>,
+    ) -> Result<Val, QueryError> {
+        let matching = b.modifier.as_ref().and_then(|m| {
+            if !matches!(m.card, VectorMatchCardinality::OneToOne) {
+                return Some(Err(unsupported("group_left / group_right")));
+            }
+            m.matching.as_ref().map(Ok)
+        });
+        let matching = matching.transpose()?;
+        let key = |labels: &Labels| -> Labels {
+            labels
+                .iter()
+                .filter(|(k, _)| match matching {
+                    Some(LabelModifier::Include(on)) => on.labels.iter().any(|o| o == k),
+                    Some(LabelModifier::Exclude(ign)) => {
+                        k != "__name__" && !ign.labels.iter().any(|o| o == k)
+                    }
+                    None => k != "__name__",
+                })
+                .cloned()
+                .collect()
+        };
+        let mut right: HashMap<Labels, Vec<usize>> = HashMap::new();
+        for (i, s) in r.iter().enumerate() {
+            right.entry(key(&s.labels)).or_default().push(i);
+        }
+        let keys: Vec<Labels> = l.iter().map(|s| key(&s.labels)).collect();
+        let mut out = Vec::new();
+        for (li, ls) in l.iter().enumerate() {
+            let Some(partners) = right.get(&keys[li]) else {
+                continue;
+            };
+            let mut vals = Vec::with_capacity(self.n);
+            for i in 0..self.n {
+                let mut rv = partners.iter().filter_map(|&j| r[j].vals[i]);
+                let (Some(x), Some(y)) = (ls.vals[i], rv.next()) else {
+                    vals.push(None);
+                    continue;
+                };
+                if rv.next().is_some() {
+                    return Err(QueryError::BadData(
+                        "found duplicate series for the match group on the right hand-side of the operation; many-to-many matching not allowed: matching labels must be unique on one side".into(),
+                    ));
+                }
+                let twins = keys
+                    .iter()
+                    .enumerate()
+                    .filter(|&(k, key)| k != li && *key == keys[li] && l[k].vals[i].is_some())
+                    .count();
+                if twins > 0 {
+                    return Err(QueryError::BadData(
+                        "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)".into(),
+                    ));
+                }
+                let (value, keep) = f(x, y)?;
+                vals.push(if !is_cmp {
+                    Some(value)
+                } else if want_bool {
+                    Some(f64::from(u8::from(keep)))
+                } else {
+                    keep.then_some(x)
+                });
+            }
+            if vals.iter().any(Option::is_some) {
+                let mut labels = if !is_cmp || want_bool {
+                    drop_name(ls.labels.clone())
+                } else {
+                    ls.labels.clone()
+                };
+                match matching {
+                    Some(LabelModifier::Include(on)) => {
+                        labels.retain(|(k, _)| on.labels.iter().any(|o| o == k))
+                    }
+                    Some(LabelModifier::Exclude(ign)) => {
+                        labels.retain(|(k, _)| !ign.labels.iter().any(|o| o == k))
+                    }
+                    None => {}
+                }
+                out.push(StepSeries { labels, vals });
+            }
+        }
+        check_unique(&out)?;
+        Ok(Val::Vector(out))
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -166,9 +166,21 @@ fn prometheus_refusals_are_kept() {
         )
     );
     assert!(range(&s, &Scope::All, "1", 0, 11_000, 1).is_ok());
-    let e = instant(&s, &Scope::All, "histogram_quantile(0.9, x)", 0).unwrap_err();
+    let e = instant(
+        &s,
+        &Scope::All,
+        "histogram_quantile(0.9, flopwatch_gpu_power_watts)",
+        5_000,
+    )
+    .unwrap_err();
     assert_eq!(e.http_status(), 422);
     assert!(e.to_string().contains("histogram_quantile"), "{e}");
+    // Over series the store does not hold, the answer is as empty as
+    // Prometheus's (a dashboard panel on the collector's own health).
+    assert_eq!(
+        instant(&s, &Scope::All, "histogram_quantile(0.9, x)", 0).unwrap(),
+        Value::Vector(Vec::new())
+    );
     let e = instant(&s, &Scope::All, "x and y", 0).unwrap_err();
     assert!(e.to_string().contains("and"), "{e}");
     assert_eq!(
@@ -184,4 +196,83 @@ fn prometheus_refusals_are_kept() {
         5_000
     )
     .is_ok());
+}
+
+#[test]
+fn time_and_one_to_one_vector_matching() {
+    let s = store();
+    let a = Scope::Tenant("a".into());
+    assert_eq!(
+        instant(&s, &a, "time() - 2", 4_500).unwrap(),
+        Value::Scalar {
+            t_ms: 4_500,
+            v: 2.5
+        }
+    );
+    // Power 104 W and energy 40 J at 4 s: matched on every label but the
+    // name, the name dropped.
+    let Value::Vector(v) = instant(
+        &s,
+        &a,
+        "flopwatch_gpu_power_watts - flopwatch_gpu_energy_joules_total",
+        4_500,
+    )
+    .unwrap() else {
+        panic!("not a vector")
+    };
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].v, 64.0);
+    assert!(v[0].labels.iter().all(|(k, _)| k != "__name__"));
+    // A comparison filters the left side and keeps its name.
+    let Value::Vector(v) = instant(
+        &s,
+        &a,
+        "flopwatch_gpu_power_watts > flopwatch_gpu_energy_joules_total",
+        4_500,
+    )
+    .unwrap() else {
+        panic!("not a vector")
+    };
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].v, 104.0);
+    assert!(v[0].labels.iter().any(|(k, _)| k == "__name__"));
+    let Value::Vector(v) = instant(
+        &s,
+        &a,
+        "flopwatch_gpu_power_watts < flopwatch_gpu_energy_joules_total",
+        4_500,
+    )
+    .unwrap() else {
+        panic!("not a vector")
+    };
+    assert!(v.is_empty());
+    // on(): only the listed labels match and remain.
+    let Value::Vector(v) = instant(
+        &s,
+        &Scope::All,
+        "flopwatch_gpu_power_watts / on(UUID) flopwatch_gpu_energy_joules_total",
+        4_500,
+    )
+    .unwrap() else {
+        panic!("not a vector")
+    };
+    assert_eq!(v.len(), 2);
+    assert!(v.iter().all(|x| x.labels.len() == 1 && x.v == 104.0 / 40.0));
+    // Two left series on one right one: Prometheus's many-to-one error.
+    let e = instant(
+        &s,
+        &Scope::All,
+        "flopwatch_gpu_power_watts / on() flopwatch_gpu_energy_joules_total{UUID=\"G1\"}",
+        4_500,
+    )
+    .unwrap_err();
+    assert_eq!(e.http_status(), 400, "{e}");
+    let e = instant(
+        &s,
+        &a,
+        "flopwatch_gpu_power_watts / on(UUID) group_left flopwatch_gpu_energy_joules_total",
+        4_500,
+    )
+    .unwrap_err();
+    assert_eq!(e.http_status(), 422, "{e}");
 }
