@@ -25,19 +25,25 @@ pub fn gpu_labels(g: &GpuLive) -> Labels {
         ("tenant".into(), g.tenant.clone()),
     ];
     if let Some(j) = &g.job {
-        for (k, v) in [
-            ("job_id", &j.job_id),
-            ("pod", &j.pod),
-            ("namespace", &j.namespace),
-            ("container", &j.container),
-            ("hpc_job", &j.hpc_job),
-        ] {
-            if !v.is_empty() {
-                l.push((k.into(), v.clone()));
-            }
-        }
+        push_job_labels(
+            &mut l,
+            [&j.job_id, &j.pod, &j.namespace, &j.container, &j.hpc_job],
+        );
     }
     l
+}
+
+/// Appends a GPU's job labels (`job_id`, `pod`, `namespace`, `container`,
+/// `hpc_job`, in that order, as given), leaving out the empty ones.
+pub fn push_job_labels(l: &mut Labels, values: [&String; 5]) {
+    for (k, v) in ["job_id", "pod", "namespace", "container", "hpc_job"]
+        .into_iter()
+        .zip(values)
+    {
+        if !v.is_empty() {
+            l.push((k.into(), v.clone()));
+        }
+    }
 }
 
 /// The labels of one node device's series.

@@ -19,7 +19,7 @@
 //! `avg by (job_id)` over `flopwatch_ofu_ratio` answers them per step.
 
 use crate::auth::Scope;
-use crate::series::{family_of, Family, Labels, On};
+use crate::series::{family_of, push_job_labels, Family, Labels, On};
 use crate::store::{GpuRecord, JobRecord, NodeRecord, OfuPiece, Store, StoreError};
 use promql_parser::label::{MatchOp, Matcher};
 use std::collections::HashMap;
@@ -110,18 +110,6 @@ fn sorted(mut l: Labels) -> Labels {
     l
 }
 
-fn job_labels(l: &mut Labels, j: &JobRecord) {
-    for (k, v) in [
-        ("job_id", &j.job_id),
-        ("pod", &j.pod),
-        ("namespace", &j.namespace),
-        ("container", &j.container),
-        ("hpc_job", &j.hpc_job),
-    ] {
-        l.push((k.into(), v.clone()));
-    }
-}
-
 /// The families of the OFU columns.
 const OFU_FAMILIES: [(&str, OfuCol); 3] = [
     ("flopwatch_ofu_ratio", OfuCol::Ofu),
@@ -184,7 +172,11 @@ impl Model<'_> {
                 let i = *seen.entry(o).or_insert_with(|| {
                     let mut l = base.clone();
                     if let Some(j) = o {
-                        job_labels(&mut l, gpu_jobs[j]);
+                        let j = gpu_jobs[j];
+                        push_job_labels(
+                            &mut l,
+                            [&j.job_id, &j.pod, &j.namespace, &j.container, &j.hpc_job],
+                        );
                     }
                     owners.push((l, Vec::new()));
                     owners.len() - 1
