@@ -42,6 +42,9 @@ pub struct Mean {
     max: f64,
     tpa_sum: f64,
     clk_sum: f64,
+    /// Σ OFU, unweighted: what PromQL's `avg_over_time` divides by the
+    /// count (NaN where unknown: rollups written before it was kept).
+    plain: f64,
 }
 
 impl Mean {
@@ -59,14 +62,15 @@ impl Mean {
         self.sum += ofu * w;
         self.tpa_sum += tensor_active * w;
         self.clk_sum += sm_clock_mhz * w;
+        self.plain += ofu;
         self.weight += w;
         self.count += 1;
     }
 
     /// The aggregate as a store keeps it (a rollup bucket): the sample
-    /// count and `[weight, Σ w·OFU, Σ w·TPA, Σ w·f_SM, min, max]`, which
-    /// [`Mean::from_parts`] takes back.
-    pub fn parts(&self) -> (u64, [f64; 6]) {
+    /// count and `[weight, Σ w·OFU, Σ w·TPA, Σ w·f_SM, min, max, Σ OFU]`,
+    /// which [`Mean::from_parts`] takes back.
+    pub fn parts(&self) -> (u64, [f64; 7]) {
         let Self {
             sum,
             weight,
@@ -75,13 +79,14 @@ impl Mean {
             max,
             tpa_sum,
             clk_sum,
+            plain,
         } = *self;
-        (count, [weight, sum, tpa_sum, clk_sum, min, max])
+        (count, [weight, sum, tpa_sum, clk_sum, min, max, plain])
     }
 
     /// A mean from the [`Mean::parts`] of one.
-    pub fn from_parts(count: u64, parts: [f64; 6]) -> Self {
-        let [weight, sum, tpa_sum, clk_sum, min, max] = parts;
+    pub fn from_parts(count: u64, parts: [f64; 7]) -> Self {
+        let [weight, sum, tpa_sum, clk_sum, min, max, plain] = parts;
         Self {
             sum,
             weight,
@@ -90,6 +95,7 @@ impl Mean {
             max,
             tpa_sum,
             clk_sum,
+            plain,
         }
     }
 
@@ -105,6 +111,7 @@ impl Mean {
         self.sum += o.sum;
         self.tpa_sum += o.tpa_sum;
         self.clk_sum += o.clk_sum;
+        self.plain += o.plain;
         self.weight += o.weight;
         self.count += o.count;
         self.min = self.min.min(o.min);
@@ -132,6 +139,12 @@ impl Mean {
         } else {
             0.0
         }
+    }
+
+    /// Σ OFU over the samples, unweighted (`None` where the aggregate
+    /// does not know it).
+    pub fn plain_sum(&self) -> Option<f64> {
+        (!self.plain.is_nan()).then_some(self.plain)
     }
 
     /// Smallest sample.
@@ -187,6 +200,8 @@ mod tests {
         m.add(1.0, 1.0, 1830.0, 100);
         m.add(0.0, 0.0, 1830.0, 900);
         assert!((m.mean().unwrap() - 0.1).abs() < 1e-12);
+        // PromQL's plain sum counts each sample once, whatever its window.
+        assert_eq!(m.plain_sum(), Some(1.0));
         let mut a = Mean::default();
         a.add(1.0, 1.0, 1830.0, 100);
         let mut b = Mean::default();

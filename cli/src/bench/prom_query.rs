@@ -175,11 +175,12 @@ pub(super) async fn serve_blocks(
 }
 
 /// `query_range` of `q` from `start_ms` to `end_ms` (inclusive) at
-/// `step_ms`, `runs` times: the times in ms (sorted) and the last answer's
-/// points (unix ms, value) of its one series.
+/// `step_ms` against the Prometheus API at `url` (Prometheus' or the
+/// collector's), `runs` times: the times in ms (sorted) and the last
+/// answer's points (unix ms, value) of its one series.
 pub(super) async fn query_range(
     http: &reqwest::Client,
-    prom: &LocalPrometheus,
+    url: &str,
     q: &str,
     (start_ms, end_ms, step_ms): (i64, i64, i64),
     runs: usize,
@@ -190,7 +191,7 @@ pub(super) async fn query_range(
     for _ in 0..runs {
         let t = Instant::now();
         let r = http
-            .get(format!("{}/api/v1/query_range", prom.url()))
+            .get(format!("{url}/api/v1/query_range"))
             .query(&[
                 ("query", q.to_string()),
                 ("start", secs(start_ms)),
@@ -203,13 +204,13 @@ pub(super) async fn query_range(
         let text = r.text().await?;
         times.push(t.elapsed().as_secs_f64() * 1000.0);
         if !status.is_success() {
-            bail!("Prometheus query_range `{q}`: {status}: {text}");
+            bail!("query_range `{q}` at {url}: {status}: {text}");
         }
         let v: serde_json::Value = serde_json::from_str(&text)?;
         let result = v["data"]["result"].as_array().cloned().unwrap_or_default();
         let [series] = &result[..] else {
             bail!(
-                "Prometheus query_range `{q}`: {} series, not one",
+                "query_range `{q}` at {url}: {} series, not one",
                 result.len()
             );
         };

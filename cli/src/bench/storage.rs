@@ -614,11 +614,36 @@ pub(super) async fn query_bench(
         }
         answers.push((times[times.len() / 2], r.points));
     }
+    // The same month through the collector's Prometheus API, as Grafana
+    // asks for it: `query_range` at a 1 h step, points at the end of each
+    // hour (the rollups answer hours and minutes wholly inside a window).
+    let http = reqwest::Client::new();
+    let api_cases = [
+        ("30-day OFU of one GPU, PromQL API, 1 h step", &gpu_q),
+        ("30-day OFU of one job, PromQL API, 1 h step", &job_q),
+    ];
+    let api_range = (start + WINDOW_MS, end, WINDOW_MS);
+    let mut api = Vec::new();
+    for (row, q) in api_cases {
+        // One run to size the rest: 5 to 50 runs, about 10 s in all.
+        let (first, _) = peer::query_range(&http, &srv.api_url, q, api_range, 1).await?;
+        let runs = ((10_000.0 / first[0].max(1.0)) as usize).clamp(5, 50);
+        let (times, points) = peer::query_range(&http, &srv.api_url, q, api_range, runs).await?;
+        let median = times[times.len() / 2];
+        println!(
+            "collector query_range `{q}`: {} points; median {median:.1} ms, p95 {:.1} ms, max {:.1} ms ({runs} runs, loopback HTTP)",
+            points.len(),
+            times[(times.len() * 95 / 100).min(times.len() - 1)],
+            times[times.len() - 1],
+        );
+        api.push((row, q, median, points));
+    }
     srv.stop().await?;
     let (Some(peer), Some(tsdb)) = (peer, blocks) else {
         return Ok(Vec::new());
     };
     let (prom, http) = peer::serve_blocks(peer, &tsdb, days).await?;
+    let prom_url = prom.url().to_string();
     let mut rows = Vec::new();
     for ((_, row, _, q, from, step), (ours, points)) in cases.iter().zip(&answers) {
         if *step == 0 {
@@ -628,7 +653,7 @@ pub(super) async fn query_bench(
         // starting at T - 1 h.
         let runs = 5;
         let (times, theirs) =
-            peer::query_range(&http, &prom, q, (from + step, end, *step), runs).await?;
+            peer::query_range(&http, &prom_url, q, (from + step, end, *step), runs).await?;
         let mut worst = 0f64;
         let mut compared = 0;
         for p in points {
@@ -654,6 +679,34 @@ pub(super) async fn query_bench(
         rows.push(QueryRow {
             label: row.to_string(),
             flopwatch_ms: *ours,
+            prometheus_ms: Some(median),
+        });
+    }
+    // The API answers must be Prometheus' own, point for point.
+    for (row, q, ours, points) in api {
+        let runs = 5;
+        let (times, theirs) = peer::query_range(&http, &prom_url, q, api_range, runs).await?;
+        let mut worst = 0f64;
+        let mut compared = 0;
+        for (t, v) in &points {
+            if let Some((_, w)) = theirs.iter().find(|(u, _)| u == t) {
+                worst = worst.max((v - w).abs());
+                compared += 1;
+            }
+        }
+        let median = times[times.len() / 2];
+        println!(
+            "Prometheus query_range `{q}`: {} points; median {median:.1} ms, min {:.1} ms, max {:.1} ms ({runs} runs, loopback HTTP); {compared} points equal to the collector's within {worst:.1e}",
+            theirs.len(),
+            times[0],
+            times[times.len() - 1],
+        );
+        if compared != points.len() || compared != theirs.len() || worst > 1e-9 {
+            bail!("Prometheus and the collector's API answer `{q}` differently: {compared} points compared ({} and {}), worst difference {worst}", theirs.len(), points.len());
+        }
+        rows.push(QueryRow {
+            label: row.to_string(),
+            flopwatch_ms: ours,
             prometheus_ms: Some(median),
         });
     }

@@ -18,8 +18,9 @@
 //! Anything else is refused with [`QueryError::Unsupported`] naming the
 //! part (HTTP 422).
 
+use super::functions::WindowAcc;
 use super::functions::{quantile, RangeFn};
-use super::model::{Model, SeriesRef};
+use super::model::{Model, Piece, SeriesRef};
 use super::{QueryError, LOOKBACK_MS};
 use crate::series::Labels;
 use promql_parser::label::{MatchOp, Matcher};
@@ -226,26 +227,35 @@ impl Evaluator<'_> {
         let off = offset_ms(&ms.vs.offset);
         let range = ms.range.as_millis() as i64;
         let mut out = Vec::new();
-        for (s, pts) in self.range_samples(ms)? {
-            let mut vals = Vec::with_capacity(self.n);
-            let (mut lo, mut hi) = (0usize, 0usize);
-            for i in 0..self.n {
-                let t = self.t(i) - off;
-                while lo < pts.len() && pts[lo].0 < t - range {
-                    lo += 1;
+        // Windows whose ends lie on whole minutes (or hours) take sealed
+        // buckets from the rollups, series by series where they can.
+        if let Some(hours) = self.bucket_grain(f, range, off) {
+            let m = matchers(&ms.vs)?;
+            let (from, to) = (self.start - off - range, self.end() - off);
+            for s in self.model.select(&m).map_err(internal)? {
+                let vals = match self
+                    .model
+                    .ofu_buckets(&s, from, to, hours)
+                    .map_err(internal)?
+                {
+                    Some(pieces) => self.bucket_windows(f, &pieces, range, off),
+                    None => {
+                        let pts = self.model.samples(&s, from, to).map_err(internal)?;
+                        self.sample_windows(f, &pts, range, off, None)
+                    }
+                };
+                if vals.iter().any(Option::is_some) {
+                    out.push(StepSeries {
+                        labels: drop_name(s.labels),
+                        vals,
+                    });
                 }
-                hi = hi.max(lo);
-                while hi < pts.len() && pts[hi].0 <= t {
-                    hi += 1;
-                }
-                let w = &pts[lo..hi];
-                let qi = q.as_ref().map_or(0.0, |q| q[i]);
-                vals.push(if w.is_empty() {
-                    None
-                } else {
-                    f.apply(w, t, range, qi)
-                });
             }
+            check_unique(&out)?;
+            return Ok(Val::Vector(out));
+        }
+        for (s, pts) in self.range_samples(ms)? {
+            let vals = self.sample_windows(f, &pts, range, off, q.as_deref());
             if vals.iter().any(Option::is_some) {
                 // Prometheus 2.42 keeps the name through last_over_time
                 // only.
@@ -259,6 +269,107 @@ impl Evaluator<'_> {
         }
         check_unique(&out)?;
         Ok(Val::Vector(out))
+    }
+
+    /// Whether `f`'s windows can be answered from rollup buckets, and at
+    /// which grain: every window `[t - range, t]` starts and ends on a
+    /// whole hour (`Some(true)`) or minute (`Some(false)`), and `f` needs
+    /// only counts, sums, minima and maxima.
+    fn bucket_grain(&self, f: RangeFn, range: i64, off: i64) -> Option<bool> {
+        use crate::store::{MINUTE_MS, WINDOW_MS};
+        if !matches!(
+            f,
+            RangeFn::Avg | RangeFn::Sum | RangeFn::Count | RangeFn::Min | RangeFn::Max
+        ) {
+            return None;
+        }
+        let aligned = |g: i64| {
+            (self.start - off).rem_euclid(g) == 0
+                && range % g == 0
+                && (self.n < 2 || self.step % g == 0)
+        };
+        if aligned(WINDOW_MS) {
+            Some(true)
+        } else if aligned(MINUTE_MS) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// `f` over each step's window `[t - range, t]` from buckets and
+    /// samples: a bucket starting in `[t - range, t)` lies wholly inside
+    /// (the grain guarantees it), one starting at `t` gives its first
+    /// sample if that sample is at `t` (the window is closed).
+    fn bucket_windows(
+        &self,
+        f: RangeFn,
+        pieces: &[Piece],
+        range: i64,
+        off: i64,
+    ) -> Vec<Option<f64>> {
+        let mut vals = Vec::with_capacity(self.n);
+        let mut lo = 0;
+        for i in 0..self.n {
+            let t = self.t(i) - off;
+            while lo < pieces.len() && pieces[lo].ts() < t - range {
+                lo += 1;
+            }
+            let mut acc = WindowAcc::default();
+            for p in &pieces[lo..] {
+                match *p {
+                    _ if p.ts() > t => break,
+                    Piece::Sample(_, v) => acc.add(1, v, v, v),
+                    Piece::Bucket {
+                        ts,
+                        count,
+                        sum,
+                        min,
+                        max,
+                        first,
+                    } => {
+                        if ts < t {
+                            acc.add(count, sum, min, max);
+                        } else if first.0 == t {
+                            acc.add(1, first.1, first.1, first.1);
+                        }
+                    }
+                }
+            }
+            vals.push(acc.value(f));
+        }
+        vals
+    }
+
+    /// `f` over each step's window `[t - range, t]` of `pts`.
+    fn sample_windows(
+        &self,
+        f: RangeFn,
+        pts: &Points,
+        range: i64,
+        off: i64,
+        q: Option<&[f64]>,
+    ) -> Vec<Option<f64>> {
+        let mut vals = Vec::with_capacity(self.n);
+        let (mut lo, mut hi) = (0usize, 0usize);
+        for i in 0..self.n {
+            let t = self.t(i) - off;
+            while lo < pts.len() && pts[lo].0 < t - range {
+                lo += 1;
+            }
+            hi = hi.max(lo);
+            while hi < pts.len() && pts[hi].0 <= t {
+                hi += 1;
+            }
+            let w = &pts[lo..hi];
+            let qi = q.map_or(0.0, |q| q[i]);
+            vals.push(if w.is_empty() {
+                None
+            } else {
+                f.apply(w, t, range, qi)
+            });
+        }
+        vals
     }
 
     /// A function this engine does not evaluate: refused (422), unless

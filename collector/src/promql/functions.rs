@@ -63,6 +63,49 @@ impl RangeFn {
     }
 }
 
+/// Count, sum, min and max of a window, merged from samples and rollup
+/// buckets: what `avg|sum|count|min|max_over_time` need.
+#[derive(Debug, Default)]
+pub(super) struct WindowAcc {
+    count: u64,
+    sum: f64,
+    min: f64,
+    max: f64,
+}
+
+impl WindowAcc {
+    /// Adds `count` samples with sum `sum`, minimum `min` and maximum `max`.
+    pub fn add(&mut self, count: u64, sum: f64, min: f64, max: f64) {
+        if count == 0 {
+            return;
+        }
+        if self.count == 0 {
+            (self.min, self.max) = (min, max);
+        } else {
+            // Prometheus replaces a NaN minimum or maximum by any number.
+            if min < self.min || self.min.is_nan() {
+                self.min = min;
+            }
+            if max > self.max || self.max.is_nan() {
+                self.max = max;
+            }
+        }
+        self.count += count;
+        self.sum += sum;
+    }
+
+    /// `f`'s value (`None` for an empty window; `f` one of the five).
+    pub fn value(&self, f: RangeFn) -> Option<f64> {
+        (self.count > 0).then(|| match f {
+            RangeFn::Avg => self.sum / self.count as f64,
+            RangeFn::Sum => self.sum,
+            RangeFn::Count => self.count as f64,
+            RangeFn::Min => self.min,
+            _ => self.max,
+        })
+    }
+}
+
 /// `rate`/`increase` (Prometheus's `extrapolatedRate`): the counter's
 /// increase over the window, corrected for resets and extrapolated to the
 /// window's edges (by at most 1.1 average sample spacings, never below

@@ -20,7 +20,7 @@
 
 use crate::auth::Scope;
 use crate::series::{family_of, push_job_labels, Family, Labels, On};
-use crate::store::{GpuRecord, JobRecord, NodeRecord, OfuPiece, Store, StoreError};
+use crate::store::{GpuRecord, JobRecord, NodeRecord, OfuPiece, Store, StoreError, MINUTE_MS};
 use promql_parser::label::{MatchOp, Matcher};
 use std::collections::HashMap;
 
@@ -316,6 +316,77 @@ impl Model<'_> {
         Ok(out)
     }
 
+    /// The pieces of an OFU ratio series `s` with `from ≤ t ≤ to`, in
+    /// time order, for the windowed aggregates: sealed minutes (and hours,
+    /// with `hours`) lying wholly inside the range and a job span as
+    /// [`Piece::Bucket`]s, the rest as samples. `None` where the rollups
+    /// cannot answer: another column (the rollups keep min and max of OFU
+    /// only), or a bucket rolled up before the store kept unweighted sums
+    /// and first samples.
+    pub fn ofu_buckets(
+        &self,
+        s: &SeriesRef,
+        from: i64,
+        to: i64,
+        hours: bool,
+    ) -> Result<Option<Vec<Piece>>, StoreError> {
+        let Source::Ofu {
+            tenant,
+            gpu,
+            col: OfuCol::Ofu,
+        } = &s.source
+        else {
+            return Ok(None);
+        };
+        let mut out = Vec::new();
+        let mut known = true;
+        let mut take = |p: OfuPiece| match p {
+            OfuPiece::Sample(x) => out.push(Piece::Sample(x.ts_ms, x.ofu)),
+            OfuPiece::Agg {
+                ts_ms, agg, first, ..
+            } => match (agg.plain_sum(), first) {
+                (Some(sum), Some(first)) => out.push(Piece::Bucket {
+                    ts: ts_ms,
+                    count: agg.count,
+                    sum,
+                    min: agg.min(),
+                    max: agg.max(),
+                    first,
+                }),
+                _ => known = false,
+            },
+        };
+        // Buckets start on whole minutes: the partial minutes at a span's
+        // ends are read as samples, and buckets of the rest align with
+        // the windows (minutes only, unless `hours`).
+        let grain = if hours { 0 } else { MINUTE_MS };
+        for &(a, b) in &s.spans {
+            let (lo, hi) = (a.max(from), b.min(to.saturating_add(1)));
+            if lo >= hi {
+                continue;
+            }
+            let mid_lo = lo.div_euclid(MINUTE_MS) * MINUTE_MS
+                + MINUTE_MS * i64::from(lo.rem_euclid(MINUTE_MS) != 0);
+            let mid_hi = hi.div_euclid(MINUTE_MS) * MINUTE_MS;
+            if mid_lo >= mid_hi {
+                self.store
+                    .ofu_pieces(tenant, gpu, lo, hi, None, None, &mut take)?;
+                continue;
+            }
+            self.store
+                .ofu_pieces(tenant, gpu, lo, mid_lo, None, None, &mut take)?;
+            self.store
+                .ofu_pieces(tenant, gpu, mid_lo, mid_hi, None, Some(grain), &mut take)?;
+            self.store
+                .ofu_pieces(tenant, gpu, mid_hi, hi, None, None, &mut take)?;
+        }
+        if !known {
+            return Ok(None);
+        }
+        out.sort_by_key(Piece::ts);
+        Ok(Some(out))
+    }
+
     /// Whether `s` has a sample in `[from, to]`.
     pub fn has_samples(&self, s: &SeriesRef, from: i64, to: i64) -> Result<bool, StoreError> {
         for &(a, b) in &s.spans {
@@ -350,6 +421,31 @@ impl Model<'_> {
             }
         }
         Ok(false)
+    }
+}
+
+/// A piece of an OFU ratio series, for the windowed aggregates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Piece {
+    /// One sample: time and value.
+    Sample(i64, f64),
+    /// A sealed minute or hour starting at `ts`: its samples' count,
+    /// unweighted sum, min and max, and its first sample.
+    Bucket {
+        ts: i64,
+        count: u64,
+        sum: f64,
+        min: f64,
+        max: f64,
+        first: (i64, f64),
+    },
+}
+
+impl Piece {
+    pub fn ts(&self) -> i64 {
+        match *self {
+            Self::Sample(ts, _) | Self::Bucket { ts, .. } => ts,
+        }
     }
 }
 

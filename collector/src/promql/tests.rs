@@ -1,10 +1,13 @@
 //! The engine over a small in-memory store: scope, names and labels, the
 //! Grafana contract's corner cases, Prometheus's checks on a range.
 
+use super::model::{Model, Piece};
 use super::query::{instant, range, series};
 use super::{QueryError, RangeSeries, Sample, Value};
 use crate::auth::Scope;
-use crate::store::{memory::MemEngine, CommitSet, GpuRecord, JobRecord, NodeRecord, Store};
+use crate::store::{
+    memory::MemEngine, CommitSet, GpuRecord, JobRecord, NodeRecord, OfuSample, Store,
+};
 use flopwatch_proto::model::{Point, SeriesBatch};
 use std::sync::Arc;
 
@@ -275,4 +278,139 @@ fn time_and_one_to_one_vector_matching() {
     )
     .unwrap_err();
     assert_eq!(e.http_status(), 422, "{e}");
+}
+
+/// One GPU's OFU each second for three hours from `T0` (samples on every
+/// minute and hour boundary), job `j1` from mid-minute to mid-minute;
+/// compacted (hours sealed: rollups) or not (every sample in the head).
+fn ofu_store(compacted: bool) -> Store {
+    const T0: i64 = 1_699_999_200_000;
+    let s = Store::new(Arc::new(MemEngine::new()), false);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for hour in 0..3 {
+        let samples = (0..3600)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                OfuSample {
+                    ts_ms: T0 + hour * 3_600_000 + i * 1_000,
+                    ofu: (x >> 11) as f64 / (1u64 << 53) as f64,
+                    tensor_active: 0.5,
+                    sm_clock_mhz: 1500.0,
+                    window_ms: 1_000,
+                }
+            })
+            .collect();
+        let set = CommitSet {
+            seq: hour as u64 + 1,
+            ofu: vec![("G1".into(), Some("j1".into()), samples)],
+            gpus: vec![GpuRecord {
+                uuid: "G1".into(),
+                node_id: "n1".into(),
+                ..Default::default()
+            }],
+            jobs: vec![JobRecord {
+                job_id: "j1".into(),
+                gpu_uuid: "G1".into(),
+                first_seen_ms: T0 + 1_234_567,
+                last_seen_ms: T0 + 2 * 3_600_000 + 1_800_500,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        s.commit("a", &set).unwrap();
+    }
+    if compacted {
+        s.compact(T0 + 5 * 3_600_000, 0).unwrap();
+    }
+    s
+}
+
+/// Windows on whole minutes or hours read sealed buckets from the rollups,
+/// and answer exactly what the samples do: closed windows (a sample on
+/// the window's end counts), job spans that start and end mid-minute.
+#[test]
+fn rollup_buckets_answer_as_the_samples_do() {
+    const T0: i64 = 1_699_999_200_000;
+    const M: i64 = 60_000;
+    const H: i64 = 3_600_000;
+    let (sealed, head) = (ofu_store(true), ofu_store(false));
+    let cases = [
+        ("avg_over_time(flopwatch_ofu_ratio[1h])", H, 3 * H, H),
+        (
+            "avg_over_time(flopwatch_ofu_ratio{job_id=\"j1\"}[1h])",
+            H,
+            3 * H,
+            H,
+        ),
+        ("sum_over_time(flopwatch_ofu_ratio[5m])", 5 * M, 3 * H, M),
+        (
+            "count_over_time(flopwatch_ofu_ratio{job_id=\"j1\"}[10m])",
+            10 * M,
+            3 * H,
+            2 * M,
+        ),
+        ("min_over_time(flopwatch_ofu_ratio[1m])", M, 3 * H, 7 * M),
+        (
+            "max_over_time(flopwatch_ofu_ratio[2h])",
+            2 * H,
+            3 * H,
+            5 * M,
+        ),
+        (
+            "avg by (job_id) (avg_over_time(flopwatch_ofu_ratio[1h]))",
+            H,
+            3 * H,
+            H,
+        ),
+        // Off the grid: samples only, the same either way.
+        ("avg_over_time(flopwatch_ofu_ratio[1h])", H + 11, 3 * H, H),
+    ];
+    for (q, from, to, step) in cases {
+        let want = range(&head, &Scope::All, q, T0 + from, T0 + to, step).unwrap();
+        let got = range(&sealed, &Scope::All, q, T0 + from, T0 + to, step).unwrap();
+        let (Value::Matrix(want), Value::Matrix(got)) = (want, got) else {
+            panic!("{q}: not matrices");
+        };
+        assert!(!want.is_empty(), "{q}");
+        assert_eq!(want.len(), got.len(), "{q}");
+        for (w, g) in want.iter().zip(&got) {
+            assert_eq!(w.labels, g.labels, "{q}");
+            assert_eq!(w.points.len(), g.points.len(), "{q}");
+            for (a, b) in w.points.iter().zip(&g.points) {
+                assert_eq!(a.0, b.0, "{q}");
+                assert!(
+                    (a.1 - b.1).abs() <= 1e-9 * a.1.abs().max(1.0),
+                    "{q} at {}: {} vs {}",
+                    a.0,
+                    a.1,
+                    b.1
+                );
+            }
+        }
+    }
+    // The sealed store answered from buckets; the other had none to give.
+    let buckets = |s: &Store| {
+        let m = Model {
+            store: s,
+            scope: &Scope::All,
+        };
+        let series = m.select(&[]).unwrap();
+        let ofu = series
+            .iter()
+            .find(|s| {
+                s.labels
+                    .iter()
+                    .any(|(k, v)| k == "__name__" && v == "flopwatch_ofu_ratio")
+            })
+            .unwrap();
+        let pieces = m.ofu_buckets(ofu, T0, T0 + 3 * H, true).unwrap().unwrap();
+        pieces
+            .iter()
+            .filter(|p| matches!(p, Piece::Bucket { .. }))
+            .count()
+    };
+    assert!(buckets(&sealed) > 0);
+    assert_eq!(buckets(&head), 0);
 }

@@ -25,10 +25,9 @@ use super::ofu_chunk::{
     HourMap, RefCache, CLOCKS,
 };
 use super::raw::{chunk_times, raw_block, raw_points, time_ref_prefix, Times, TIME_REF};
-use super::rollup::Rollup;
+use super::rollup::{self, Bucket, Rollup};
 use super::{corrupt, Cf, OfuSample, Op, Precision, Store, StoreError};
 use crate::codec::Block;
-use crate::ofu::Mean;
 use flopwatch_proto::clock::Clock;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -207,14 +206,21 @@ impl Store {
         let old = self.hour_entries(chunk_cf, &g.prefix, g.window)?;
         let values = old.iter().chain(&g.blocks).map(|(_, v)| v.as_slice());
         let mut ops: Vec<Op> = Vec::new();
-        let mut rollup = Rollup::default();
-        let mut minutes: BTreeMap<u8, Mean> = BTreeMap::new();
+        // The hour and its minutes per job (raw series: one entry, "").
+        let mut entries: BTreeMap<String, (Bucket, BTreeMap<u8, Bucket>)> = BTreeMap::new();
         // Every sample weighs its window, raw or OFU: with adaptive
         // sampling one sample may stand for seconds, another for 100 ms.
-        let mut add = |ts: i64, v: f64, tpa: f64, clk: f64, window_ms: u32| {
-            rollup.hour.add(v, tpa, clk, window_ms);
+        let mut add = |job: &str, ts: i64, v: f64, tpa: f64, clk: f64, window_ms: u32| {
+            let (hour, minutes) = match entries.get_mut(job) {
+                Some(e) => e,
+                None => entries.entry(job.to_string()).or_default(),
+            };
+            hour.add(ts, v, tpa, clk, window_ms);
             let m = ((ts - g.window) / MINUTE_MS).clamp(0, 59) as u8;
-            minutes.entry(m).or_default().add(v, tpa, clk, window_ms);
+            minutes
+                .entry(m)
+                .or_default()
+                .add(ts, v, tpa, clk, window_ms);
         };
         let samples;
         if chunk_cf == Cf::Raw {
@@ -248,7 +254,7 @@ impl Store {
                 }
             }
             for p in &points {
-                add(p.ts_ms, p.value, 0.0, 0.0, p.window_ms.unwrap_or(0));
+                add("", p.ts_ms, p.value, 0.0, 0.0, p.window_ms.unwrap_or(0));
             }
             samples = points.len();
             let last = points.last().map_or(g.window, |p| p.ts_ms);
@@ -349,7 +355,14 @@ impl Store {
                     ref_clock(s, &tpa, &clocks)
                 };
                 for x in s.iter() {
-                    add(x.ts_ms, x.ofu, x.tensor_active, x.sm_clock_mhz, x.window_ms);
+                    add(
+                        job,
+                        x.ts_ms,
+                        x.ofu,
+                        x.tensor_active,
+                        x.sm_clock_mhz,
+                        x.window_ms,
+                    );
                 }
                 let last = s.last().map_or(g.window, |x| x.ts_ms);
                 ops.push(Op::Put(
@@ -361,9 +374,19 @@ impl Store {
             samples = n;
         }
         // Raw series keep the hour only; OFU keeps minutes too.
-        if g.kind == keys::KIND_OFU {
-            rollup.minutes = minutes.into_iter().collect();
-        }
+        let rollup = Rollup::per_job(
+            entries
+                .into_iter()
+                .map(|(job, (hour, minutes))| {
+                    let minutes = if g.kind == keys::KIND_OFU {
+                        minutes.into_iter().collect()
+                    } else {
+                        Vec::new()
+                    };
+                    (job, rollup::Entry { hour, minutes })
+                })
+                .collect(),
+        );
         let mut rkey = keys::kind_prefix(g.kind, &g.prefix);
         keys::put_ts(&mut rkey, g.window);
         ops.push(Op::Put(Cf::Rollup, rkey, rollup.encode()));

@@ -404,14 +404,16 @@ fn rollups_answer_coarse_queries_with_the_same_totals() {
             seq = ingest(&store, "t1", T0 + h * H + 7_000, 90, seq);
         }
         store.compact(T0 + 4 * H, 0).unwrap(); // hours 0..=3 sealed, 4 in the head
-        let sum = |start: i64, end: i64, step: Option<i64>| {
+        let of_job = |job: Option<&str>, start: i64, end: i64, step: Option<i64>| {
             let (mut total, mut aggs) = (crate::ofu::Mean::default(), 0);
             store
-                .ofu_pieces("t1", "GPU-1", start, end, None, step, &mut |p| match p {
+                .ofu_pieces("t1", "GPU-1", start, end, job, step, &mut |p| match p {
                     OfuPiece::Sample(x) => {
                         total.add(x.ofu, x.tensor_active, x.sm_clock_mhz, x.window_ms);
                     }
-                    OfuPiece::Agg { agg, ts_ms, len_ms } => {
+                    OfuPiece::Agg {
+                        agg, ts_ms, len_ms, ..
+                    } => {
                         assert!(ts_ms >= start && ts_ms + len_ms <= end);
                         if let Some(st) = step.filter(|&st| st > 0 && st < H) {
                             assert_eq!((ts_ms - start) / st, (ts_ms + len_ms - 1 - start) / st);
@@ -423,6 +425,7 @@ fn rollups_answer_coarse_queries_with_the_same_totals() {
                 .unwrap();
             (total.count, aggs, total.mean().unwrap_or(f64::NAN))
         };
+        let sum = |start: i64, end: i64, step: Option<i64>| of_job(None, start, end, step);
         let (n_raw, a_raw, m_raw) = sum(T0, T0 + 5 * H, None);
         assert_eq!((n_raw, a_raw), (4500, 0), "{name}");
         // Aligned hourly steps: four hour rollups, hour 4 from the head.
@@ -442,23 +445,25 @@ fn rollups_answer_coarse_queries_with_the_same_totals() {
         let (n3, aggs3, _) = sum(start, T0 + 5 * H, Some(20 * 60_000));
         assert_eq!(n3, n2_raw, "{name}");
         assert_eq!(aggs3, 4, "{name}");
-        // A job filter never uses rollups.
-        let mut jobs = 0;
-        store
-            .ofu_pieces(
-                "t1",
-                "GPU-1",
-                T0,
-                T0 + 5 * H,
-                Some("job-a"),
-                Some(H),
-                &mut |p| {
-                    assert!(matches!(p, OfuPiece::Sample(_)));
-                    jobs += 1;
-                },
-            )
-            .unwrap();
-        assert_eq!(jobs, 2250, "{name}");
+        // A job's query answers from its own entries of the rollups, with
+        // the totals of its samples; a job that never ran has none.
+        let (nj, aj, mj) = of_job(Some("job-a"), T0, T0 + 5 * H, None);
+        assert_eq!((nj, aj), (2250, 0), "{name}");
+        let (nj2, aj2, mj2) = of_job(Some("job-a"), T0, T0 + 5 * H, Some(H));
+        assert_eq!(nj2, 2250, "{name}");
+        assert_eq!(aj2, 4, "one hour bucket per sealed hour, {name}");
+        assert!((mj2 - mj).abs() < 1e-12, "{name}");
+        let (nj3, _, _) = of_job(Some("job-a"), start, T0 + 5 * H, Some(H));
+        assert_eq!(
+            nj3,
+            of_job(Some("job-a"), start, T0 + 5 * H, None).0,
+            "{name}"
+        );
+        assert_eq!(
+            of_job(Some("job-z"), T0, T0 + 5 * H, Some(H)).0,
+            0,
+            "{name}"
+        );
     }
 }
 
@@ -466,7 +471,7 @@ fn rollups_answer_coarse_queries_with_the_same_totals() {
 fn hour_rollups(e: &dyn Engine) -> Vec<crate::ofu::Mean> {
     let mut out = Vec::new();
     e.scan(Cf::Rollup, &[], &[0xff; 8], &mut |_, v| {
-        out.push(super::rollup::Rollup::decode(v).unwrap().hour);
+        out.push(super::rollup::Rollup::decode(v).unwrap().gpu().hour.mean);
         true
     })
     .unwrap();

@@ -38,7 +38,7 @@ mod rollup;
 mod scan;
 
 pub use compact::{run_compactor, CompactionReport};
-pub use hours::WINDOW_MS;
+pub use hours::{MINUTE_MS, WINDOW_MS};
 pub use limbo::{LimboBatch, Settle};
 pub use membership::SeqRanges;
 pub use model::Store;

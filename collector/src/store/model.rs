@@ -260,13 +260,15 @@ impl Store {
     }
 
     /// OFU of one GPU in `[start, end)` as samples and, where the caller
-    /// allows it, rollup buckets. With `buckets = Some(step)` (and no
-    /// `job`), a sealed hour or minute lying wholly inside the range and
-    /// inside one step bucket `start + k·step` (any when `step` is 0) comes
-    /// as one [`OfuPiece::Agg`] instead of its samples; at steps of 1 h or
-    /// more every sealed minute inside the range does (its bucket is the
-    /// one it starts in). Hours with samples still in the head come as
-    /// samples. Every sample counts exactly once.
+    /// allows it, rollup buckets. With `buckets = Some(step)`, a sealed
+    /// hour or minute lying wholly inside the range and inside one step
+    /// bucket `start + k·step` (any when `step` is 0) comes as one
+    /// [`OfuPiece::Agg`] instead of its samples; at steps of 1 h or more
+    /// every sealed minute inside the range does (its bucket is the one it
+    /// starts in). With `job`, the buckets are that job's (the rollups keep
+    /// an entry per job; an hour rolled up before they did is read sample
+    /// by sample). Hours with samples still in the head come as samples.
+    /// Every sample counts exactly once.
     #[allow(clippy::too_many_arguments)]
     pub fn ofu_pieces(
         &self,
@@ -284,7 +286,7 @@ impl Store {
         }
         let prefix = keys::ofu_prefix(tenant, gpu);
         let head = keys::kind_prefix(keys::KIND_OFU, &prefix);
-        let step = buckets.filter(|_| job.is_none());
+        let step = buckets;
         let bucket = |ts: i64| match step {
             Some(s) if s > 0 => (ts - start).div_euclid(s),
             _ => 0,
@@ -323,13 +325,22 @@ impl Store {
                             return Ok(true);
                         }
                         let r = Rollup::decode(v).ok_or_else(|| corrupt(Cf::Rollup, "record"))?;
+                        let Some(r) = (match job {
+                            Some(j) => r.job(j),
+                            None => Some(r.gpu()),
+                        }) else {
+                            return Ok(true);
+                        };
                         if usable(w, WINDOW_MS) {
                             covered.insert(w, u64::MAX);
-                            f(OfuPiece::Agg {
-                                ts_ms: w,
-                                len_ms: WINDOW_MS,
-                                agg: r.hour,
-                            });
+                            if r.hour.mean.count > 0 {
+                                f(OfuPiece::Agg {
+                                    ts_ms: w,
+                                    len_ms: WINDOW_MS,
+                                    agg: r.hour.mean,
+                                    first: r.hour.first,
+                                });
+                            }
                             return Ok(true);
                         }
                         // Minutes inside the range: from their rollup (those
@@ -340,12 +351,13 @@ impl Store {
                                 mask |= 1 << i;
                             }
                         }
-                        for (i, agg) in r.minutes {
+                        for (i, b) in r.minutes {
                             if mask & (1 << i) != 0 {
                                 f(OfuPiece::Agg {
                                     ts_ms: w + i64::from(i) * MINUTE_MS,
                                     len_ms: MINUTE_MS,
-                                    agg,
+                                    agg: b.mean,
+                                    first: b.first,
                                 });
                             }
                         }

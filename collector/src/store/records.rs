@@ -240,6 +240,9 @@ pub enum OfuPiece {
         len_ms: i64,
         /// Its samples' aggregate.
         agg: Mean,
+        /// Time and OFU of its first sample (`None`: not known, a bucket
+        /// rolled up before the store kept it).
+        first: Option<(i64, f64)>,
     },
 }
 
