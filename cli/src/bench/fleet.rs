@@ -2,7 +2,7 @@
 //! optionally a reconnect storm (the collector killed with SIGKILL and
 //! restarted on its data directory).
 //!
-//! Three processes (this binary each time):
+//! Three kinds of process (this binary each time):
 //!
 //! 1. the driver (what the user runs) writes a collector configuration,
 //!    starts the collector and the agents, samples the collector's
@@ -11,7 +11,10 @@
 //! 2. the collector: `flopwatch collector --config` with RocksDB in a
 //!    fresh directory, exactly as shipped, on a fixed loopback port so a
 //!    restarted one is found where the killed one was;
-//! 3. `--agents` agents in one process, each the real agent's delivery
+//! 3. the load generator: `--agents` agents in as few processes as the
+//!    open-files limit allows (each agent holds its connection and its
+//!    spool file; 20,000 files a process fit about 9,800 agents), each the
+//!    real agent's delivery
 //!    path: the [`Batcher`] and its cut policy, an [`Outbox`] over a disk
 //!    [`Spool`], and [`client::run`] (its 8-batch window, ack timeout,
 //!    jittered reconnect backoff, 50/s drain rate), one gRPC connection
@@ -81,6 +84,11 @@ pub struct FleetArgs {
     /// on its data directory and measure the agents' return.
     #[arg(long)]
     storm: bool,
+    /// The collector's `[limits] max_concurrent_commits` (batches of one
+    /// tenant committed at once; every agent here is one tenant). Default:
+    /// the collector's own default.
+    #[arg(long)]
+    commit_slots: Option<u32>,
     /// Agents whose every stored sample is counted after the run (0: all).
     #[arg(long, default_value_t = 500)]
     verify_agents: usize,
@@ -94,6 +102,9 @@ pub struct FleetArgs {
     /// The collector's URL (agents process).
     #[arg(long, hide = true)]
     collector: Option<String>,
+    /// The number of this process' first agent (agents process).
+    #[arg(long, hide = true, default_value_t = 0)]
+    first: usize,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -265,7 +276,7 @@ async fn agents(a: FleetArgs) -> anyhow::Result<()> {
     let mut fleet = Vec::new();
     let started = Instant::now();
     for i in 0..a.agents {
-        let node = format!("fleet-{i:05}");
+        let node = format!("fleet-{:05}", a.first + i);
         let spool = Spool::open(
             &SpoolOptions {
                 dir: dir.join(&node),
@@ -457,6 +468,75 @@ fn last_status(l: &Lines) -> String {
         .unwrap_or_default()
 }
 
+/// The load generator's processes: each child, its directory and its
+/// output.
+#[derive(Default)]
+struct Generators {
+    procs: Vec<(Child, PathBuf, Lines)>,
+}
+
+impl Generators {
+    /// One status line for all processes: their last ones' counts summed
+    /// (the latency histograms bucket by bucket).
+    fn status(&self) -> String {
+        Self::combine(self.procs.iter().map(|(_, _, l)| last_status(l)))
+    }
+
+    fn combine(lines: impl Iterator<Item = String>) -> String {
+        const KEYS: [&str; 7] = [
+            "produced",
+            "produced_batches",
+            "acked",
+            "acked_batches",
+            "pending",
+            "connected",
+            "connections",
+        ];
+        let mut sums = [0f64; KEYS.len()];
+        let mut h = vec![0u64; BUCKETS];
+        for l in lines {
+            for (s, k) in sums.iter_mut().zip(KEYS) {
+                *s += field(&l, k);
+            }
+            for (a, b) in h.iter_mut().zip(hist(&l)) {
+                *a += b;
+            }
+        }
+        let mut out = String::from("agents t=0");
+        for (s, k) in sums.iter().zip(KEYS) {
+            out += &format!(" {k}={s}");
+        }
+        let h: Vec<String> = h
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c > 0)
+            .map(|(i, c)| format!("{i}:{c}"))
+            .collect();
+        out + " hist=" + &h.join(",")
+    }
+
+    /// CPU seconds of all processes.
+    fn cpu_seconds(&self) -> f64 {
+        self.procs
+            .iter()
+            .filter_map(|(c, _, _)| cpu_seconds(c.id()))
+            .sum()
+    }
+
+    /// Stops the sources and waits until every process has drained: the
+    /// final status of all, combined.
+    fn drain(&self, limit: Duration) -> anyhow::Result<String> {
+        for (_, dir, _) in &self.procs {
+            std::fs::write(dir.join("stop"), b"")?;
+        }
+        let mut done = Vec::new();
+        for (_, _, l) in &self.procs {
+            done.push(format!("agents {}", wait_for(l, "agents done ", limit)?));
+        }
+        Ok(Self::combine(done.into_iter()))
+    }
+}
+
 /// The latency histogram of a status line.
 fn hist(line: &str) -> Vec<u64> {
     let mut h = vec![0u64; BUCKETS];
@@ -502,59 +582,71 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&root)?;
     let _ = std::fs::remove_file(root.join("stop"));
     let n = a.agents;
+    // Each agent holds about two files (its connection and its spool):
+    // the load generator runs as as many processes as the open-files
+    // limit asks for.
     let nofile = raise_nofile(n as u64 * 3 + 1024);
-    if nofile < n as u64 * 2 + 256 {
-        bail!(
-            "{n} agents need about {} open files per process; the limit is {nofile} (raise the hard limit: ulimit -Hn)",
-            n * 2 + 256
-        );
+    let per_process = (nofile.saturating_sub(256) / 2) as usize;
+    if per_process == 0 {
+        bail!("the open-files limit ({nofile}) leaves no room for agents (raise it: ulimit -n)");
     }
+    let processes = n.div_ceil(per_process).max(1);
     let port = free_port()?;
     let config = root.join("collector.toml");
     std::fs::write(
         &config,
         format!(
             "listen = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\
-             anonymous_tenant = \"default\"\nplaintext = true\nmax_agents = {}\n",
+             anonymous_tenant = \"default\"\nplaintext = true\nmax_agents = {}\n{}",
             root.join("collector").display(),
-            n + 16
+            n + 16,
+            a.commit_slots
+                .map(|c| format!("\n[limits]\nmax_concurrent_commits = {c}\n"))
+                .unwrap_or_default(),
         ),
     )?;
     let log = root.join("collector.log");
     let mut col = start_collector(&config, &log)?;
     std::thread::sleep(Duration::from_millis(500));
     let (rss0, _, threads0) = memory(col.child.id()).context("reading /proc/PID/status")?;
-    let mut ag = spawn(
-        "fleet",
-        "agents",
-        &[
-            "--dir".into(),
-            root.join("agents").display().to_string(),
-            "--collector".into(),
-            format!("http://127.0.0.1:{port}"),
-            "--agents".into(),
-            n.to_string(),
-            "--gpus".into(),
-            a.gpus.to_string(),
-            "--metrics".into(),
-            a.metrics.to_string(),
-            "--interval".into(),
-            a.interval.clone(),
-            "--ramp".into(),
-            a.ramp.clone(),
-        ],
-        &root.join("agents.log"),
-    )?;
-    let ag_pid = ag.id();
-    let ag_out = lines(&mut ag);
-    let result = run_phases(
-        &a, &root, &config, &log, &mut col, rss0, threads0, ag_pid, &ag_out,
-    );
+    let mut gen = Generators::default();
+    for j in 0..processes {
+        let (first, end) = (n * j / processes, n * (j + 1) / processes);
+        let dir = root.join("agents").join(format!("p{j}"));
+        std::fs::create_dir_all(&dir)?;
+        let mut child = spawn(
+            "fleet",
+            "agents",
+            &[
+                "--dir".into(),
+                dir.display().to_string(),
+                "--collector".into(),
+                format!("http://127.0.0.1:{port}"),
+                "--agents".into(),
+                (end - first).to_string(),
+                "--first".into(),
+                first.to_string(),
+                "--gpus".into(),
+                a.gpus.to_string(),
+                "--metrics".into(),
+                a.metrics.to_string(),
+                "--interval".into(),
+                a.interval.clone(),
+                "--ramp".into(),
+                a.ramp.clone(),
+            ],
+            &root.join(format!("agents-{j}.log")),
+        )?;
+        let out = lines(&mut child);
+        gen.procs.push((child, dir, out));
+    }
+    let result = run_phases(&a, &root, &config, &log, &mut col, rss0, threads0, &gen);
     // Whatever happened: stop the agents' sources and let them drain.
-    std::fs::write(root.join("agents").join("stop"), b"")?;
-    let drained = wait_for(&ag_out, "agents done ", Duration::from_secs(240));
-    let _ = ag.kill();
-    let _ = ag.wait();
+    let drained = gen.drain(Duration::from_secs(240));
+    for (child, _, _) in &mut gen.procs {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     let _ = Command::new("kill")
         .args(["-TERM", &col.child.id().to_string()])
         .status();
@@ -564,7 +656,7 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
     let produced = field(&done, "produced");
     let acked = field(&done, "acked");
     let pending = field(&done, "pending");
-    let (checked, counted, stored) = verify(&root, a.gpus, a.metrics, a.verify_agents)?;
+    let (checked, counted, stored) = verify(&root, &gen, a.gpus, a.metrics, a.verify_agents)?;
     // Unacknowledged over all agents, missing from the store over those
     // checked: the larger is what was lost.
     let lost = ((produced - acked).max(0.0) as u64).max(counted.saturating_sub(stored));
@@ -585,10 +677,20 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
 
 /// Counts, in the stopped collector's store, every sample of `k` agents
 /// spread over the fleet (all when `k` is 0), against what each produced.
-fn verify(root: &Path, gpus: usize, metrics: usize, k: usize) -> anyhow::Result<(usize, u64, u64)> {
+fn verify(
+    root: &Path,
+    gen: &Generators,
+    gpus: usize,
+    metrics: usize,
+    k: usize,
+) -> anyhow::Result<(usize, u64, u64)> {
     use flopwatch_collector::store::{rocks::RocksEngine, Store};
-    let produced = std::fs::read_to_string(root.join("agents").join("produced.tsv"))
-        .context("reading produced.tsv")?;
+    let mut produced = String::new();
+    for (_, dir, _) in &gen.procs {
+        let tsv = dir.join("produced.tsv");
+        produced +=
+            &std::fs::read_to_string(&tsv).with_context(|| format!("reading {}", tsv.display()))?;
+    }
     let rows: Vec<(String, u64)> = produced
         .lines()
         .filter_map(|l| {
@@ -637,8 +739,7 @@ fn run_phases(
     col: &mut Collector,
     rss0: u64,
     threads0: u64,
-    ag_pid: u32,
-    ag: &Lines,
+    ag: &Generators,
 ) -> anyhow::Result<Steady> {
     let n = a.agents;
     let interval = ms(&a.interval)?;
@@ -646,11 +747,12 @@ fn run_phases(
     let duration = ms(&a.duration)?;
     let say = |s: String| println!("{s}");
     say(format!(
-        "fleet: {n} agents × {} GPUs × {} metrics, one point per series per {} (± 20 %), started over {}; collector pid {}, VmRSS before the agents {:.1} MiB, {threads0} threads; root {}",
+        "fleet: {n} agents × {} GPUs × {} metrics, one point per series per {} (± 20 %), started over {}, in {} load-generator process(es); collector pid {}, VmRSS before the agents {:.1} MiB, {threads0} threads; root {}",
         a.gpus,
         a.metrics,
         a.interval,
         a.ramp,
+        ag.procs.len(),
         col.child.id(),
         mib(rss0),
         root.display()
@@ -660,7 +762,7 @@ fn run_phases(
     let limit = ramp + Duration::from_secs(180);
     let all_at = loop {
         std::thread::sleep(Duration::from_millis(250));
-        let s = last_status(ag);
+        let s = ag.status();
         if field(&s, "connected") as usize >= n {
             break t0.elapsed();
         }
@@ -684,11 +786,8 @@ fn run_phases(
     // (batches wait at most MAX_BATCH_AGE).
     std::thread::sleep(interval.min(Duration::from_secs(10)) + Duration::from_secs(2));
     let pid = col.child.id();
-    let first = last_status(ag);
-    let (c0, g0) = (
-        cpu_seconds(pid).unwrap_or(0.0),
-        cpu_seconds(ag_pid).unwrap_or(0.0),
-    );
+    let first = ag.status();
+    let (c0, g0) = (cpu_seconds(pid).unwrap_or(0.0), ag.cpu_seconds());
     let w0 = Instant::now();
     let (mut rss_max, mut threads_max, mut min_connected) = (0u64, 0u64, n);
     let mut rss_sum = 0.0;
@@ -702,14 +801,11 @@ fn run_phases(
         threads_max = threads_max.max(threads);
         rss_sum += rss as f64;
         samples += 1;
-        min_connected = min_connected.min(field(&last_status(ag), "connected") as usize);
+        min_connected = min_connected.min(field(&ag.status(), "connected") as usize);
     }
     let secs = w0.elapsed().as_secs_f64();
-    let last = last_status(ag);
-    let (c1, g1) = (
-        cpu_seconds(pid).unwrap_or(0.0),
-        cpu_seconds(ag_pid).unwrap_or(0.0),
-    );
+    let last = ag.status();
+    let (c1, g1) = (cpu_seconds(pid).unwrap_or(0.0), ag.cpu_seconds());
     let (rss_end, hwm, _) = memory(pid).unwrap_or_default();
     let socks = sockets(pid);
     let h: Vec<u64> = hist(&last)
@@ -754,7 +850,7 @@ fn run_phases(
         return Ok(steady);
     }
     // 3. The storm.
-    let before = last_status(ag);
+    let before = ag.status();
     let killed = Instant::now();
     let _ = Command::new("kill")
         .args(["-KILL", &pid.to_string()])
@@ -771,7 +867,7 @@ fn run_phases(
         if let Some((_, hwm, _)) = memory(pid) {
             peak = peak.max(hwm);
         }
-        let s = last_status(ag);
+        let s = ag.status();
         let c = field(&s, "connected") as usize;
         arrivals.push((killed.elapsed().as_secs_f64(), c));
         // The agents' status is at most half a second old: count the
@@ -799,7 +895,7 @@ fn run_phases(
             .map(|(t, _)| format!("{t:.1} s"))
             .unwrap_or_else(|| "-".into())
     };
-    let after = last_status(ag);
+    let after = ag.status();
     say(format!(
         "storm: collector killed (SIGKILL) with {} streams open, restarted and listening {:.1} s later; all {n} back {} after the kill; 10 % / 50 % / 90 % back at {} / {} / {}; {} streams opened; peak VmHWM of the restarted collector {:.1} MiB",
         field(&before, "connected"),
