@@ -29,6 +29,7 @@ mod outbox;
 mod placement;
 mod run;
 mod sampler;
+mod sampling;
 pub mod source;
 mod split;
 mod spool;
@@ -43,6 +44,7 @@ pub use outbox::Outbox;
 pub use placement::order;
 pub use run::{Agent, AgentOptions, DeliveryOptions, SLOW_INTERVAL};
 pub use sampler::{FixedSampler, Sampler};
+pub use sampling::Pacing;
 pub use spool::{Spool, SpoolOptions, SpoolStats};
 pub use telemetry::registry;
 // The TLS settings `AgentOptions` and `client::ClientOptions` carry.

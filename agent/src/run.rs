@@ -1,22 +1,21 @@
-//! The agent: a sampling loop (source → sampler → batcher → outbox) and the
-//! client loop (outbox → collector), joined by the bounded [`Outbox`].
-//! Capture runs on a blocking thread, since NVML calls block.
+//! The agent: a sampling loop (source → sampler → batcher → outbox,
+//! [`crate::sampling`]) and the client loop (outbox → collector), joined by
+//! the bounded [`Outbox`]. Captures run off the runtime's thread, since
+//! NVML calls block.
 
 use crate::attribution::{Attribution, AttributionOptions, AttributionStats};
-use crate::batcher::Batcher;
-use crate::cadence::SlowReads;
 use crate::client::{self, ClientOptions, ClientState};
-use crate::filter::MetricFilter;
 use crate::outbox::Outbox;
 use crate::sampler::Sampler;
-use crate::source::{GpuSource, SourceError};
+use crate::sampling::{Pacing, Sampling};
+use crate::source::GpuSource;
 use flopwatch_proto::clock::Clock;
-use flopwatch_proto::model::{GpuInfo, Hello, NodeIdentity};
+use flopwatch_proto::model::{Hello, NodeIdentity};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::warn;
 
 /// Agent settings.
 #[derive(Debug, Clone)]
@@ -44,6 +43,9 @@ pub struct AgentOptions {
     /// Cumulative counters and the NVLink link state are read at most this
     /// often ([`crate::cadence`]); zero reads them at every capture.
     pub slow_interval: Duration,
+    /// What paces the captures: the runtime (tokio's clock, paused time in
+    /// tests) or a thread of their own (what a node runs).
+    pub pacing: Pacing,
 }
 
 /// The default [`AgentOptions::slow_interval`].
@@ -53,7 +55,8 @@ impl AgentOptions {
     /// `node` streaming to `collectors` with the configuration file's
     /// defaults: a batch every second of at most 50,000 samples, 64 batches
     /// in flight, every metric kept, counters read once a second, 5 s to
-    /// drain at shutdown, no credentials, plaintext.
+    /// drain at shutdown, no credentials, plaintext, captures paced by the
+    /// runtime.
     pub fn new(node: NodeIdentity, collectors: Vec<String>) -> Self {
         Self {
             node,
@@ -67,6 +70,7 @@ impl AgentOptions {
             drain_timeout: Duration::from_secs(5),
             metrics: None,
             slow_interval: SLOW_INTERVAL,
+            pacing: Pacing::Runtime,
         }
     }
 }
@@ -112,8 +116,68 @@ pub struct Agent {
     /// The sampling loop's progress, for `/healthz` and `/readyz`.
     pub health: Arc<crate::health::Health>,
     shutdown: watch::Sender<bool>,
-    sampling: tokio::task::JoinHandle<()>,
+    sampling: Loop,
     client: tokio::task::JoinHandle<()>,
+}
+
+/// The running sampling loop.
+enum Loop {
+    /// [`Pacing::Runtime`].
+    Task(tokio::task::JoinHandle<()>),
+    /// [`Pacing::Thread`]: `done` resolves when the thread ends.
+    Thread {
+        thread: std::thread::JoinHandle<()>,
+        done: tokio::sync::oneshot::Receiver<()>,
+    },
+}
+
+impl Loop {
+    fn start(sampling: Sampling, pacing: Pacing, shutdown: watch::Receiver<bool>) -> Self {
+        match pacing {
+            Pacing::Runtime => Self::Task(tokio::spawn(crate::sampling::on_runtime(
+                sampling, shutdown,
+            ))),
+            Pacing::Thread => {
+                // Attribution starts its lookups on the runtime.
+                let runtime = tokio::runtime::Handle::current();
+                let (done_tx, done) = tokio::sync::oneshot::channel();
+                let thread = std::thread::Builder::new()
+                    .name("flopwatch-sampling".into())
+                    .spawn(move || {
+                        let _runtime = runtime.enter();
+                        crate::sampling::on_thread(
+                            sampling,
+                            &mut crate::sampling::Parked { shutdown },
+                        );
+                        let _ = done_tx.send(());
+                    })
+                    .expect("spawning the sampling thread");
+                Self::Thread { thread, done }
+            }
+        }
+    }
+
+    fn is_finished(&self) -> bool {
+        match self {
+            Self::Task(t) => t.is_finished(),
+            Self::Thread { thread, .. } => thread.is_finished(),
+        }
+    }
+
+    /// Waits for the loop's end (its last batch cut, the outbox closed).
+    async fn join(self) {
+        match self {
+            Self::Task(t) => {
+                let _ = t.await;
+            }
+            Self::Thread { thread, done } => {
+                // Wakes it now rather than at its next capture.
+                thread.thread().unpark();
+                // An error: the thread ended without a word (it panicked).
+                let _ = done.await;
+            }
+        }
+    }
 }
 
 impl Agent {
@@ -220,18 +284,18 @@ impl Agent {
             outbox.clone(),
             state_tx,
         ));
-        let sampling = tokio::spawn(sample_loop(
+        let sampling = Sampling::new(
             source,
             sampler,
-            opts,
+            &opts,
             attribution,
             clock,
             outbox.clone(),
             stats.clone(),
             health.clone(),
-            shutdown_rx,
             state.clone(),
-        ));
+        );
+        let sampling = Loop::start(sampling, opts.pacing, shutdown_rx);
         Self {
             outbox,
             stats,
@@ -248,7 +312,7 @@ impl Agent {
     /// batches get up to the drain timeout to be acknowledged.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
-        let _ = self.sampling.await;
+        self.sampling.join().await;
         let _ = self.client.await;
         if let Some(job) = self.outbox.spool_sync_job() {
             match tokio::task::spawn_blocking(move || job.run()).await {
@@ -293,254 +357,12 @@ async fn sync_spool(outbox: Arc<Outbox>, every: Duration) {
     }
 }
 
-/// Adds the sampler's current intervals and the outbox's backlog to a
-/// batch (the collector exports them), and keeps the intervals for the
-/// agent's own `/metrics`.
-fn annotate(
-    b: &mut flopwatch_proto::model::Batch,
-    sampler: &dyn Sampler,
-    inventory: &[flopwatch_proto::model::GpuInfo],
-    outbox: &Outbox,
-    stats: &AgentStats,
-) {
-    let intervals: Vec<(String, &'static str, u32)> = sampler
-        .intervals()
-        .into_iter()
-        .filter_map(|(gpu, metric, ms)| Some((inventory.get(gpu)?.uuid.clone(), metric, ms)))
-        .collect();
-    b.intervals = intervals
-        .iter()
-        .map(
-            |(uuid, metric, ms)| flopwatch_proto::model::SamplingInterval {
-                gpu_uuid: uuid.clone(),
-                metric: metric.to_string(),
-                interval_ms: *ms,
-            },
-        )
-        .collect();
-    b.pending_bytes = outbox.pending_bytes();
-    b.pending_batches = outbox.len() as u32;
-    if let Ok(mut v) = stats.intervals.lock() {
-        *v = intervals;
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn sample_loop(
-    source: Box<dyn GpuSource>,
-    mut sampler: Box<dyn Sampler>,
-    opts: AgentOptions,
-    mut attribution: Attribution,
-    clock: Arc<dyn Clock>,
-    outbox: Arc<Outbox>,
-    stats: Arc<AgentStats>,
-    health: Arc<crate::health::Health>,
-    mut shutdown: watch::Receiver<bool>,
-    state: watch::Receiver<ClientState>,
-) {
-    let inventory = source.inventory().to_vec();
-    // GPUs, then node devices (InfiniBand ports, NUMA nodes, the host):
-    // series are keyed by GPU UUID or qualified device id alike.
-    let owners = crate::source::series_owners(source.as_ref(), &opts.node.node_id);
-    let flush_ms = opts.flush_interval.as_millis() as i64;
-    let mut batcher = Batcher::default();
-    let mut filter = MetricFilter::new(opts.metrics.clone());
-    let mut slow = SlowReads::new(opts.slow_interval);
-    let cut = Cutter {
-        owners: &owners,
-        node: &opts.node,
-        outbox: &outbox,
-        stats: &stats,
-        state: &state,
-    };
-    let mut last_flush = clock.now_ms();
-    let mut errors_logged = 0u32;
-    // Jobs' own MFU reports ride on the next batch (crate::mfu).
-    let mfu = crate::mfu::MfuInbox::new(attribution.options().mfu_dir.clone());
-    info!(source = source.name(), gpus = inventory.len(), "sampling");
-    let mut next = tokio::time::Instant::now();
-    // The capture taken at the last tick, running on a blocking thread:
-    // its result is taken at the next tick, when it is long finished, so a
-    // capture wakes this task once (its tick), not twice (tick, then the
-    // blocking thread's completion).
-    let mut pending: Option<(i64, Capturing)> = None;
-    let mut source = Some(source);
-    let mut mfu = Some(mfu);
-    loop {
-        health.pace(sampler.next_delay());
-        next += sampler.next_delay();
-        let now_instant = tokio::time::Instant::now();
-        if next < now_instant {
-            // Fell behind (slow driver): skip missed ticks, do not burst.
-            next = now_instant + sampler.next_delay();
-        }
-        let stop = tokio::select! {
-            _ = tokio::time::sleep_until(next) => *shutdown.borrow(),
-            _ = shutdown.changed() => true,
-        };
-        if let Some((at, capturing)) = pending.take() {
-            let (mut s, mut m, r) = match capturing.await {
-                Ok(v) => v,
-                Err(e) => {
-                    warn!(error = %e, "capture task failed; stopping");
-                    // The inbox went with the task: nothing of it is left.
-                    mfu = Some(crate::mfu::MfuInbox::new(None));
-                    break;
-                }
-            };
-            // Returned, read or failed: the loop is not stuck in the driver.
-            health.progressed(r.is_ok());
-            m.push(s.mfu_reports(at));
-            match r {
-                Ok(mut capture) => {
-                    stats.captures.fetch_add(1, Ordering::Relaxed);
-                    note_gpm_denied(&stats, &inventory, s.gpm_permission_denied());
-                    // Lookups run in the background at most every refresh
-                    // interval; every capture carries the latest owners,
-                    // then the source's jobs, then the `job` label.
-                    attribution.tick(at, &inventory, || s.processes());
-                    attribution.apply(at, &mut capture, &inventory);
-                    filter.apply(&mut capture);
-                    sampler.observe(&mut capture);
-                    batcher.add(capture, &owners);
-                }
-                Err(SourceError::Exhausted) => {
-                    info!("source exhausted");
-                    mfu = Some(m);
-                    break;
-                }
-                Err(e) => {
-                    stats.capture_errors.fetch_add(1, Ordering::Relaxed);
-                    if errors_logged < 10 {
-                        warn!(error = %e, "capture failed");
-                        errors_logged += 1;
-                    }
-                }
-            }
-            source = Some(s);
-            mfu = Some(m);
-        }
-        if stop {
-            break;
-        }
-        let (Some(src), Some(mut inbox)) = (source.take(), mfu.take()) else {
-            break;
-        };
-        let now = clock.now_ms();
-        if batcher.due(now, last_flush, flush_ms, opts.max_batch_samples) {
-            cut.cut(&mut batcher, &mut inbox, sampler.as_ref(), now);
-            last_flush = now;
-        }
-        // Only what the sampler needs and the filter keeps is read
-        // (Sampler::due, MetricFilter::plan), slow counters once a period
-        // (SlowReads::plan).
-        if let Some(p) = state.borrow().policy.as_ref() {
-            filter.set_policy(&p.metrics);
-        }
-        let plan = slow.plan(filter.plan(sampler.due(now)), now, owners.len());
-        stats
-            .reads_skipped
-            .fetch_add(plan.skipped().len() as u64, Ordering::Relaxed);
-        let mut src = src;
-        pending = Some((
-            now,
-            tokio::task::spawn_blocking(move || {
-                let r = src.capture_planned(now, &plan);
-                inbox.scan(now);
-                (src, inbox, r)
-            }),
-        ));
-    }
-    let mut mfu = mfu.unwrap_or_else(|| crate::mfu::MfuInbox::new(None));
-    // What is still held goes out as one last batch: the sampler's pending
-    // samples, what the batcher holds, the MFU reports gathered since the
-    // last cut.
-    batcher.add_held(sampler.flush(clock.now_ms()), &owners);
-    if !batcher.is_empty() || mfu.has_reports() {
-        cut.cut(&mut batcher, &mut mfu, sampler.as_ref(), clock.now_ms());
-    }
-    outbox.close();
-}
-
-/// Keeps the source's GPM refusals for `/metrics`, touching the list only
-/// when they change (they almost never do).
-fn note_gpm_denied(stats: &AgentStats, inventory: &[GpuInfo], denied: &[bool]) {
-    let Ok(mut noted) = stats.gpm_denied.lock() else {
-        return;
-    };
-    if noted.iter().map(|(_, d)| d).eq(denied.iter()) {
-        return;
-    }
-    *noted = inventory
-        .iter()
-        .zip(denied)
-        .map(|(gpu, &d)| (gpu.uuid.clone(), d))
-        .collect();
-}
-
-/// A capture running on a blocking thread: it gives the source and the
-/// MFU inbox back with its result.
-type Capturing = tokio::task::JoinHandle<(
-    Box<dyn GpuSource>,
-    crate::mfu::MfuInbox,
-    Result<crate::capture::Capture, SourceError>,
-)>;
-
-/// Cuts batches: the one place a batch is made, in the loop and at
-/// shutdown alike.
-struct Cutter<'a> {
-    owners: &'a [flopwatch_proto::model::GpuInfo],
-    node: &'a flopwatch_proto::model::NodeIdentity,
-    outbox: &'a Outbox,
-    stats: &'a AgentStats,
-    state: &'a watch::Receiver<ClientState>,
-}
-
-impl Cutter<'_> {
-    /// Takes what `batcher` holds, with the jobs' MFU reports, the
-    /// sampler's intervals and the outbox's backlog, and queues it.
-    fn cut(
-        &self,
-        batcher: &mut Batcher,
-        mfu: &mut crate::mfu::MfuInbox,
-        sampler: &dyn Sampler,
-        now: i64,
-    ) {
-        self.stats
-            .samples
-            .fetch_add(batcher.len() as u64, Ordering::Relaxed);
-        let mut b = batcher.cut(self.owners, &self.node.node_id, &self.node.boot_id, now);
-        annotate(&mut b, sampler, self.owners, self.outbox, self.stats);
-        b.mfu_reports = mfu.take();
-        push_split(self.outbox, self.state, b.into());
-    }
-}
-
-/// Queues `batch`, split to fit the collector's size limit (the last
-/// Welcome's, or the default 4 MiB before any), with a margin for the
-/// fields the outbox adds.
-fn push_split(
-    outbox: &Outbox,
-    state: &watch::Receiver<ClientState>,
-    batch: flopwatch_proto::v1::Batch,
-) {
-    let limit = match state.borrow().max_batch_bytes {
-        0 => DEFAULT_MAX_BATCH_BYTES,
-        n => n as usize,
-    };
-    for part in crate::split::split(batch, limit - limit / 16) {
-        outbox.push(part);
-    }
-}
-
-/// A collector's default `max_batch_bytes`, used until a Welcome says.
-const DEFAULT_MAX_BATCH_BYTES: usize = 4 << 20;
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::capture::{Capture, GpuCapture, Reading};
     use crate::sampler::FixedSampler;
+    use crate::source::SourceError;
     use flopwatch_proto::model::{GpuInfo, MfuReport};
 
     /// One GPU whose job reports its MFU at every capture.

@@ -8,7 +8,7 @@
 use flopwatch_agent::source::nvml::NvmlSource;
 use flopwatch_agent::FixedSampler;
 use flopwatch_agent::TokioClock;
-use flopwatch_agent::{Agent, AgentOptions};
+use flopwatch_agent::{Agent, AgentOptions, Pacing};
 use flopwatch_fake_nvml::{control, library_path};
 use flopwatch_proto::model::NodeIdentity;
 use std::sync::Arc;
@@ -44,8 +44,16 @@ async fn until(addr: std::net::SocketAddr, path: &str, want: u16) -> Result<(), 
     }
 }
 
+/// Both pacings: a capture hung in the driver holds the blocking pool's
+/// thread or the sampling thread, never the runtime that serves the probes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_nvml_call_fails_liveness_until_the_driver_answers() {
+    for pacing in [Pacing::Runtime, Pacing::Thread] {
+        hang_and_recover(pacing).await;
+    }
+}
+
+async fn hang_and_recover(pacing: Pacing) {
     let path = library_path().expect("the fake NVML library is built next to this test");
     // The wall clock: the loop's capture interval is real time.
     control::set_time_ms(0).unwrap();
@@ -57,6 +65,7 @@ async fn a_hanging_nvml_call_fails_liveness_until_the_driver_answers() {
         Box::new(FixedSampler::new(interval)),
         AgentOptions {
             drain_timeout: Duration::from_millis(50),
+            pacing,
             // Nothing listens there: batches wait in the outbox.
             ..AgentOptions::new(
                 NodeIdentity::named("n", "b"),

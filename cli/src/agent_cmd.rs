@@ -96,6 +96,9 @@ pub async fn run(mut args: AgentArgs) -> anyhow::Result<()> {
         drain_timeout: Duration::from_secs(5),
         metrics: allow,
         slow_interval: flopwatch_agent::SLOW_INTERVAL,
+        // One wakeup per capture: the captures' own thread sleeps to each
+        // deadline, and the runtime wakes for the client alone.
+        pacing: flopwatch_agent::Pacing::Thread,
     };
     let attribution = flopwatch_agent::attribution::AttributionOptions::from_settings(&cfg);
     let delivery = flopwatch_agent::DeliveryOptions {

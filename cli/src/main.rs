@@ -143,7 +143,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Agent(a) => {
             logging::to_stderr("info")?;
             // One node agent does little work: a single-threaded runtime
-            // keeps its footprint small (captures run on the blocking pool).
+            // keeps its footprint small (captures run on a thread of their
+            // own, AgentOptions::pacing).
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .max_blocking_threads(2)

@@ -81,12 +81,15 @@ measure_agent() { # name source [env...]
     "$agent_bin" agent --config config/agent.toml --source "$source" --collector "$url" &
   local apid=$!
   sleep 5
-  local hz t0 t1 f0 f1 rss hwm
-  hz=$(getconf CLK_TCK)
-  t0=$(awk '{print $14+$15}' /proc/$apid/stat)
+  local t0 t1 f0 f1 rss hwm
+  # Each thread's exact time on CPU (ns, the first field of its
+  # schedstat), not utime + stime, which count whole clock ticks: at this
+  # load those move by ±0.04 points from run to run.
+  threads_ns() { for f in /proc/$apid/task/*/schedstat; do echo "${f%/schedstat} $(cut -d' ' -f1 "$f")"; done 2>/dev/null; }
+  t0=$(threads_ns)
   f0=$(cat "$report" 2>/dev/null || echo 0)
   sleep "$secs"
-  t1=$(awk '{print $14+$15}' /proc/$apid/stat)
+  t1=$(threads_ns)
   f1=$(cat "$report" 2>/dev/null || echo 0)
   rss=$(awk '/VmRSS/{print $2}' /proc/$apid/status)
   hwm=$(awk '/VmHWM/{print $2}' /proc/$apid/status)
@@ -95,9 +98,15 @@ measure_agent() { # name source [env...]
   local stored
   stored=$("$bin" query ofu --collector "$url" --since 1h --json | awk -F: '/"samples"/{gsub(/[ ,]/,"",$2); print $2}')
   kill -TERM $cpid; wait $cpid || true
-  awk -v n="$name" -v s="$secs" -v d="$((t1 - t0))" -v hz="$hz" -v rss="$rss" -v hwm="$hwm" -v st="$stored" \
+  # What each thread ran in the window: a thread started meanwhile counts
+  # from its start, one that ended meanwhile (an idle blocking-pool thread)
+  # is left out.
+  local d
+  d=$(awk 'NR == FNR { t0[$1] = $2; next } { d += $2 - ($1 in t0 ? t0[$1] : 0) } END { print d + 0 }' \
+    <(echo "$t0") <(echo "$t1"))
+  awk -v n="$name" -v s="$secs" -v d="$d" -v rss="$rss" -v hwm="$hwm" -v st="$stored" \
       -v fake="$(( (f1 - f0) ))" 'BEGIN {
-    all = 100*d/hz/s; sim = 100*fake/1e9/s
+    all = 100*d/1e9/s; sim = 100*fake/1e9/s
     printf "agent %-28s RSS %.1f MiB (peak %.1f MiB), CPU %.2f %% of one core over %d s", n, rss/1024, hwm/1024, all, s
     if (fake > 0) printf " (fake libnvidia-ml %.2f %%, the agent %.2f %%)", sim, all - sim
     printf "; %s OFU samples stored\n", st }'

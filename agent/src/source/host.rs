@@ -46,7 +46,11 @@ pub fn parse_cpulist(s: &str) -> Option<Vec<u32>> {
 /// again from offset 0 (the kernel makes the text anew for each read from
 /// the start) into a buffer kept between reads. Opening, sizing and
 /// closing it each time took three more system calls, and reading a proc
-/// file (size 0) into a fresh string a few more as the string grew.
+/// file (size 0) into a fresh string a few more as the string grew. A
+/// read that does not fill the buffer ends the text: the kernel makes
+/// these files whole at the first read and hands out all that fits (as a
+/// regular file does short of its end), so the read that would return 0
+/// is not made.
 struct Reread {
     path: PathBuf,
     file: Option<std::fs::File>,
@@ -80,7 +84,12 @@ impl Reread {
             }
             match file.read_at(&mut self.buf[n..], n as u64) {
                 Ok(0) => break,
-                Ok(k) => n += k,
+                Ok(k) => {
+                    n += k;
+                    if n < self.buf.len() {
+                        break;
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => {
                     self.file = None;
@@ -302,6 +311,20 @@ impl DeviceReader for HostReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reread_file_gives_its_whole_text_each_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stat");
+        // Longer than the first buffer: a full read is not the end.
+        let long = "cpu0 1 2 3 4 5 6 7 8\n".repeat(700);
+        std::fs::write(&path, &long).unwrap();
+        let mut r = Reread::new(path.clone());
+        assert_eq!(r.read(), Some(long.as_str()));
+        std::fs::write(&path, "cpu 1 2 3 4 5\n").unwrap();
+        assert_eq!(r.read(), Some("cpu 1 2 3 4 5\n"));
+        assert_eq!(r.read(), Some("cpu 1 2 3 4 5\n"));
+    }
 
     #[test]
     fn cpulists_parse_and_bad_ones_are_refused() {
