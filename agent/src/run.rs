@@ -7,11 +7,12 @@ use crate::attribution::{Attribution, AttributionOptions, AttributionStats};
 use crate::client::{self, ClientOptions, ClientState};
 use crate::outbox::Outbox;
 use crate::sampler::Sampler;
-use crate::sampling::{Pacing, Sampling};
+pub use crate::sampling::AgentStats;
+use crate::sampling::{LoopOptions, Pacing, Sampling};
 use crate::source::GpuSource;
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::model::{Hello, NodeIdentity};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -52,6 +53,17 @@ pub struct AgentOptions {
 pub const SLOW_INTERVAL: Duration = Duration::from_secs(1);
 
 impl AgentOptions {
+    /// What the sampling loop takes of these options.
+    pub(crate) fn loop_options(&self) -> LoopOptions {
+        LoopOptions {
+            node: self.node.clone(),
+            flush_interval: self.flush_interval,
+            max_batch_samples: self.max_batch_samples,
+            metrics: self.metrics.clone(),
+            slow_interval: self.slow_interval,
+        }
+    }
+
     /// `node` streaming to `collectors` with the configuration file's
     /// defaults: a batch every second of at most 50,000 samples, 64 batches
     /// in flight, every metric kept, counters read once a second, 5 s to
@@ -82,25 +94,6 @@ pub struct DeliveryOptions {
     pub spool: Option<crate::spool::SpoolOptions>,
     /// Most batches sent per second (the spool's drain rate).
     pub max_batches_per_second: Option<u32>,
-}
-
-/// Counters of the sampling loop.
-#[derive(Debug, Default)]
-pub struct AgentStats {
-    /// Captures taken.
-    pub captures: AtomicU64,
-    /// Samples handed to the outbox.
-    pub samples: AtomicU64,
-    /// Captures that failed.
-    pub capture_errors: AtomicU64,
-    /// Readings the sampler's read plans let the source skip.
-    pub reads_skipped: AtomicU64,
-    /// Each metric's current sampling interval when the last batch was cut:
-    /// (GPU UUID, metric, ms).
-    pub intervals: std::sync::Mutex<Vec<(String, &'static str, u32)>>,
-    /// Per GPU, whether the driver refused its GPM samples at the last
-    /// capture: (GPU UUID, refused). Empty for sources without GPM.
-    pub gpm_denied: std::sync::Mutex<Vec<(String, bool)>>,
 }
 
 /// A running agent.
@@ -287,7 +280,7 @@ impl Agent {
         let sampling = Sampling::new(
             source,
             sampler,
-            &opts,
+            &opts.loop_options(),
             attribution,
             clock,
             outbox.clone(),

@@ -31,13 +31,12 @@ use crate::filter::MetricFilter;
 use crate::health::Health;
 use crate::mfu::MfuInbox;
 use crate::outbox::Outbox;
-use crate::run::{AgentOptions, AgentStats};
 use crate::sampler::Sampler;
 use crate::source::{GpuSource, SourceError};
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::model::{GpuInfo, NodeIdentity};
 use std::ops::ControlFlow;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -53,6 +52,35 @@ pub enum Pacing {
     /// A dedicated thread that owns the source and sleeps on the monotonic
     /// clock: one wakeup per capture. What a node runs.
     Thread,
+}
+
+/// Counters of the sampling loop.
+#[derive(Debug, Default)]
+pub struct AgentStats {
+    /// Captures taken.
+    pub captures: AtomicU64,
+    /// Samples handed to the outbox.
+    pub samples: AtomicU64,
+    /// Captures that failed.
+    pub capture_errors: AtomicU64,
+    /// Readings the sampler's read plans let the source skip.
+    pub reads_skipped: AtomicU64,
+    /// Each metric's current sampling interval when the last batch was cut:
+    /// (GPU UUID, metric, ms).
+    pub intervals: std::sync::Mutex<Vec<(String, &'static str, u32)>>,
+    /// Per GPU, whether the driver refused its GPM samples at the last
+    /// capture: (GPU UUID, refused). Empty for sources without GPM.
+    pub gpm_denied: std::sync::Mutex<Vec<(String, bool)>>,
+}
+
+/// What the loop takes of the agent's options (`AgentOptions`).
+#[derive(Debug, Clone)]
+pub(crate) struct LoopOptions {
+    pub node: NodeIdentity,
+    pub flush_interval: Duration,
+    pub max_batch_samples: usize,
+    pub metrics: Option<std::collections::HashSet<String>>,
+    pub slow_interval: Duration,
 }
 
 /// The loop's state between captures.
@@ -117,7 +145,7 @@ impl Sampling {
     pub(crate) fn new(
         source: Box<dyn GpuSource>,
         sampler: Box<dyn Sampler>,
-        opts: &AgentOptions,
+        opts: &LoopOptions,
         attribution: Attribution,
         clock: Arc<dyn Clock>,
         outbox: Arc<Outbox>,
@@ -473,6 +501,17 @@ mod tests {
     use std::sync::atomic::AtomicI64;
     use std::sync::Mutex;
 
+    /// The agent's default options for the loop (`AgentOptions::new`).
+    fn loop_options() -> LoopOptions {
+        LoopOptions {
+            node: NodeIdentity::named("n", "b"),
+            flush_interval: Duration::from_secs(1),
+            max_batch_samples: 50_000,
+            metrics: None,
+            slow_interval: Duration::from_secs(1),
+        }
+    }
+
     /// Made-up monotonic time, ms since `base`, shared by the pace, the
     /// loop's clock and the source.
     #[derive(Clone)]
@@ -576,9 +615,9 @@ mod tests {
             slow_ms: 250,
             taken: taken.clone(),
         };
-        let opts = AgentOptions {
+        let opts = LoopOptions {
             flush_interval: Duration::from_secs(3600),
-            ..AgentOptions::new(NodeIdentity::named("n", "b"), Vec::new())
+            ..loop_options()
         };
         let outbox = Arc::new(Outbox::new(4));
         let stats = Arc::new(AgentStats::default());
@@ -656,7 +695,7 @@ mod tests {
                 seen: 0,
                 asked: asked.clone(),
             }),
-            &AgentOptions::new(NodeIdentity::named("n", "b"), Vec::new()),
+            &loop_options(),
             Attribution::new(AttributionOptions::disabled(), None),
             clock,
             Arc::new(Outbox::new(4)),
