@@ -73,7 +73,7 @@ const DOWNWARD_SAMPLES: &[(&str, &str)] = &[
 ];
 
 fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+    flopwatch_tests::repo_root().join("deploy")
 }
 
 fn k8s_dir() -> PathBuf {
@@ -1959,9 +1959,7 @@ fn unit_env(u: &BTreeMap<String, Vec<String>>, service: &str) -> Vec<(String, St
 }
 
 fn example_config(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../config")
-        .join(name)
+    flopwatch_tests::repo_root().join("config").join(name)
 }
 
 #[test]

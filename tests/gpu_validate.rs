@@ -23,7 +23,7 @@ const PHASES: [&str; 6] = [
 ];
 
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/gpu/validate.sh")
+    flopwatch_tests::repo_root().join("deploy/gpu/validate.sh")
 }
 
 fn run(args: &[&str], envs: &[(&str, &str)], dir: &Path) -> Output {
@@ -188,7 +188,7 @@ fn real_mode_refuses_to_run_without_nvidia_smi() {
 #[test]
 fn dry_run_never_writes_the_real_report() {
     let dir = tempfile::tempdir().unwrap();
-    let real = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/GPU-VALIDATION.md");
+    let real = flopwatch_tests::repo_root().join("docs/GPU-VALIDATION.md");
     let o = run(
         &["--dry-run", "--out", real.to_str().unwrap()],
         &[],

@@ -433,7 +433,7 @@ struct PanelQuery {
 /// with the panel's width as its maxDataPoints (Grafana's default: one
 /// point per pixel; 80 pixels per grid column on a 1920-pixel screen).
 fn dashboard_panels() -> Vec<PanelQuery> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/flopwatch.json");
+    let path = flopwatch_tests::repo_root().join("deploy/grafana/flopwatch.json");
     let d: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     fn walk<'a>(ps: &'a Value, out: &mut Vec<&'a Value>) {
         for p in ps.as_array().into_iter().flatten() {

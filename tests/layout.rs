@@ -23,10 +23,7 @@ const CRATES: [&str; 9] = [
 ];
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
+    flopwatch_tests::repo_root()
 }
 
 /// A crate's modules: path (`a::b`, "" for the root) → code.

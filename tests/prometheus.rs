@@ -85,10 +85,7 @@ fn promtool_findings(page: &str) -> Vec<String> {
 
 /// Every `flopwatch_*` name in the dashboard's PromQL.
 fn dashboard_names() -> BTreeSet<String> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/grafana/flopwatch.json"
-    );
+    let path = flopwatch_tests::repo_root().join("deploy/grafana/flopwatch.json");
     let text = std::fs::read_to_string(path).unwrap();
     let json: Value = serde_json::from_str(&text).unwrap();
     let mut exprs = Vec::new();

@@ -39,7 +39,10 @@ const CTR_B: &str = "bffbc09b4e0b885235403702300ffe8c53208db37617f65c68250ce22b2
 const CTR_DOCKER: &str = "f6f6b9c6a78875c26e65a60448dec9ec0d21dcc5e801662a1444eabcdb85255e";
 
 fn fixture_proc() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/proc")
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("tests/fixtures/proc")
 }
 
 fn opts(proc_root: &Path) -> AttributionOptions {

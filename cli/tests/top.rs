@@ -12,9 +12,11 @@ fn bin() -> &'static str {
 }
 
 fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../config")
-        .join(name)
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("../config")
+    .join(name)
 }
 
 /// Kills the child when dropped, so a failing test leaves no process.

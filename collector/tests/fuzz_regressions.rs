@@ -9,7 +9,6 @@ use flopwatch_collector::{check_kept, decode_and_validate, Rules};
 use flopwatch_proto::v1::{self, agent_message, AgentMessage};
 use prost::Message;
 use std::collections::HashSet;
-use std::path::Path;
 
 const NOW: i64 = 1_700_000_000_000;
 
@@ -95,9 +94,11 @@ fn check_block(bytes: &[u8]) -> Result<(), String> {
 
 /// Runs `f` on every kept input of `target`; how many there were.
 fn kept(target: &str, f: fn(&[u8]) -> Result<(), String>) -> usize {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/regressions")
-        .join(target);
+    let dir = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("fuzz/regressions")
+    .join(target);
     let mut n = 0;
     for e in std::fs::read_dir(&dir).unwrap() {
         let p = e.unwrap().path();

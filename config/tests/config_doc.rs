@@ -336,7 +336,10 @@ struct Row {
 }
 
 fn doc_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/CONFIG.md")
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("../docs/CONFIG.md")
 }
 
 fn doc_text() -> String {

@@ -133,6 +133,17 @@ pub async fn series(
     .unwrap()
 }
 
+/// The repository's root, found at run time: `cargo test` names the
+/// package being tested in `CARGO_MANIFEST_DIR`, so a test binary reused
+/// from a build of another checkout (a shared target directory) still
+/// reads this checkout's files.
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("..")
+}
+
 /// The `flopwatch` binary next to the test executable (built by
 /// `cargo build --workspace --all-targets`), or `FLOPWATCH_BIN`.
 pub fn flopwatch_bin() -> std::path::PathBuf {
