@@ -654,14 +654,10 @@ pub(super) async fn query_bench(
         let runs = 5;
         let (times, theirs) =
             peer::query_range(&http, &prom_url, q, (from + step, end, *step), runs).await?;
-        let mut worst = 0f64;
-        let mut compared = 0;
-        for p in points {
-            if let Some((_, v)) = theirs.iter().find(|(t, _)| *t == p.timestamp_ms + step) {
-                worst = worst.max((v - p.ofu).abs());
-                compared += 1;
-            }
-        }
+        let (compared, worst) = agreement(
+            points.iter().map(|p| (p.timestamp_ms + step, p.ofu)),
+            &theirs,
+        );
         let median = times[times.len() / 2];
         println!(
             "Prometheus query_range `{q}`, {row}: {} points; median {median:.1} ms, min {:.1} ms, max {:.1} ms ({runs} runs, loopback HTTP); {compared} points equal to flopwatch's within {worst:.1e}",
@@ -677,7 +673,7 @@ pub(super) async fn query_bench(
             bail!("Prometheus and flopwatch answer `{row}` differently: {compared} of {} points compared, worst difference {worst}", points.len());
         }
         rows.push(QueryRow {
-            label: row.to_string(),
+            label: row.replace("30-day", &format!("{days}-day")),
             flopwatch_ms: *ours,
             prometheus_ms: Some(median),
         });
@@ -686,14 +682,7 @@ pub(super) async fn query_bench(
     for (row, q, ours, points) in api {
         let runs = 5;
         let (times, theirs) = peer::query_range(&http, &prom_url, q, api_range, runs).await?;
-        let mut worst = 0f64;
-        let mut compared = 0;
-        for (t, v) in &points {
-            if let Some((_, w)) = theirs.iter().find(|(u, _)| u == t) {
-                worst = worst.max((v - w).abs());
-                compared += 1;
-            }
-        }
+        let (compared, worst) = agreement(points.iter().copied(), &theirs);
         let median = times[times.len() / 2];
         println!(
             "Prometheus query_range `{q}`: {} points; median {median:.1} ms, min {:.1} ms, max {:.1} ms ({runs} runs, loopback HTTP); {compared} points equal to the collector's within {worst:.1e}",
@@ -705,13 +694,27 @@ pub(super) async fn query_bench(
             bail!("Prometheus and the collector's API answer `{q}` differently: {compared} points compared ({} and {}), worst difference {worst}", theirs.len(), points.len());
         }
         rows.push(QueryRow {
-            label: row.to_string(),
+            label: row.replace("30-day", &format!("{days}-day")),
             flopwatch_ms: ours,
             prometheus_ms: Some(median),
         });
     }
     drop(prom);
     Ok(rows)
+}
+
+/// Points of `ours` (time, value) that `theirs` has at the same time, and
+/// the largest difference between the two among them.
+fn agreement(ours: impl Iterator<Item = (i64, f64)>, theirs: &[(i64, f64)]) -> (usize, f64) {
+    let theirs: std::collections::HashMap<i64, f64> = theirs.iter().copied().collect();
+    let (mut compared, mut worst) = (0, 0f64);
+    for (t, v) in ours {
+        if let Some(w) = theirs.get(&t) {
+            worst = worst.max((v - w).abs());
+            compared += 1;
+        }
+    }
+    (compared, worst)
 }
 
 /// Runs the storage benchmark.
