@@ -708,6 +708,44 @@ async fn dashboard_panels_values() {
     assert_eq!(last[1], "0.375", "{d}");
     let last_t = (last[0].as_f64().unwrap() * 1000.0).round() as i64;
     assert!(last_t >= env.seeded_at - step, "{d}");
+    // The job and node panels read the derived series: one GPU each, so
+    // each tenant's job and node hold that GPU's OFU.
+    for family in ["flopwatch_job_ofu_ratio{", "flopwatch_node_ofu_ratio{"] {
+        let q = dashboard_panels()
+            .into_iter()
+            .find(|q| q.expr.starts_with(family))
+            .unwrap_or_else(|| panic!("no panel shows {family}"));
+        let (params, _) = range_request(&q, now, 3_600_000);
+        let d = env
+            .post("/api/v1/query_range", &params, Some(PROVIDER))
+            .await
+            .data();
+        let result = d["result"].as_array().expect("a matrix");
+        assert_eq!(result.len(), env.tenants.len(), "{family}: {d}");
+        for t in &env.tenants {
+            let s = result
+                .iter()
+                .find(|s| s["metric"]["tenant"] == t.name)
+                .unwrap_or_else(|| panic!("{family}: no series of {}: {d}", t.name));
+            let label = if family.contains("job") {
+                ("job_id", &t.job)
+            } else {
+                ("node", &t.node)
+            };
+            assert_eq!(s["metric"][label.0], label.1.as_str(), "{s}");
+            let last = s["values"]
+                .as_array()
+                .unwrap()
+                .last()
+                .expect("points")
+                .clone();
+            assert_eq!(
+                last[1].as_str().unwrap().parse::<f64>().unwrap(),
+                t.ofu,
+                "{s}"
+            );
+        }
+    }
 }
 
 /// Grafana's health check is answered even when the engine refuses the

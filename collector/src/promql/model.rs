@@ -14,15 +14,28 @@
 //! two overlap), none outside every job. So a GPU's series changes its
 //! label set when its job changes, as a relabelled target's does in
 //! Prometheus: one series per (GPU, family, job), each holding only the
-//! samples of its job's time. `flopwatch_node_ofu_ratio` and
-//! `flopwatch_job_ofu_ratio` are not series here: `avg by (node)` or
-//! `avg by (job_id)` over `flopwatch_ofu_ratio` answers them per step.
+//! samples of its job's time.
+//!
+//! `flopwatch_node_ofu_ratio` (`tenant`, `node`, `hostname`),
+//! `flopwatch_job_ofu_ratio` and `flopwatch_job_gpus` (`tenant`,
+//! `job_id`) are derived, as `/metrics` derives them from its GPU series:
+//! they have a point at every sample time of their GPUs' OFU series, the
+//! mean (or the number) of the GPUs' newest values at that time, a GPU
+//! counting while its newest sample is at most the lookback delta
+//! (5 minutes) old. A job's GPU counts over its job's time only (the
+//! spans of its `job_id` series). So `flopwatch_node_ofu_ratio` answers
+//! as `avg by (tenant, node, hostname) (flopwatch_ofu_ratio)` does, but
+//! for the 5 minutes after a GPU changes jobs: there `avg by` still sees
+//! the GPU's series of before the change and counts the GPU twice, the
+//! node's series once.
 
+use super::LOOKBACK_MS;
 use crate::auth::Scope;
 use crate::series::{family_of, push_job_labels, Family, Labels, On};
 use crate::store::{GpuRecord, JobRecord, NodeRecord, OfuPiece, Store, StoreError, MINUTE_MS};
 use promql_parser::label::{MatchOp, Matcher};
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 /// Which column of a GPU's OFU samples a series is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +43,13 @@ pub(super) enum OfuCol {
     Ofu,
     Tensor,
     Clock,
+}
+
+/// How a derived series combines its GPUs' newest values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Across {
+    Mean,
+    Count,
 }
 
 /// Where a series' samples are stored.
@@ -46,11 +66,14 @@ pub(super) enum Source {
         metric: String,
         scale: f64,
     },
+    /// A node's or job's series, from its GPUs' OFU series (`members`,
+    /// each with its spans).
+    Across { members: Vec<SeriesRef>, op: Across },
 }
 
 /// One series: its labels, where its samples are, and the time spans
 /// (`[from, to)`) whose samples are its own (job attribution).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct SeriesRef {
     /// Sorted by name, `__name__` included.
     pub labels: Labels,
@@ -110,6 +133,11 @@ fn sorted(mut l: Labels) -> Labels {
     l
 }
 
+/// The derived families ([`Source::Across`]).
+const NODE_OFU: &str = "flopwatch_node_ofu_ratio";
+const JOB_OFU: &str = "flopwatch_job_ofu_ratio";
+const JOB_GPUS: &str = "flopwatch_job_gpus";
+
 /// The families of the OFU columns.
 const OFU_FAMILIES: [(&str, OfuCol); 3] = [
     ("flopwatch_ofu_ratio", OfuCol::Ofu),
@@ -153,6 +181,11 @@ impl Model<'_> {
             jobs.entry((t, j.gpu_uuid.clone())).or_default().push(j);
         }
         let mut out = Vec::new();
+        let node_family = wants(NODE_OFU);
+        let job_family = wants(JOB_OFU) || wants(JOB_GPUS);
+        // The GPUs of each node and job, for the derived series.
+        let mut node_gpus: BTreeMap<Labels, Vec<SeriesRef>> = BTreeMap::new();
+        let mut job_gpus: BTreeMap<Labels, BTreeMap<String, SeriesRef>> = BTreeMap::new();
         let gpu_family = name.is_none_or(|n| n.starts_with("flopwatch_ofu_"));
         let raw_family = name.is_none_or(|n| n.starts_with("flopwatch_gpu_"));
         for (t, g) in self.store.gpus(tenant)? {
@@ -165,6 +198,43 @@ impl Model<'_> {
                 .map(|v| v.iter().collect())
                 .unwrap_or_default();
             let segments = job_segments(&gpu_jobs);
+            let ofu = |spans| SeriesRef {
+                labels: Vec::new(),
+                source: Source::Ofu {
+                    tenant: t.clone(),
+                    gpu: g.uuid.clone(),
+                    col: OfuCol::Ofu,
+                },
+                spans,
+            };
+            if node_family {
+                let node = vec![
+                    ("hostname".into(), hostname(&t, &g.node_id)),
+                    ("node".into(), g.node_id.clone()),
+                    ("tenant".into(), t.clone()),
+                ];
+                node_gpus
+                    .entry(node)
+                    .or_default()
+                    .push(ofu(vec![(i64::MIN, i64::MAX)]));
+            }
+            if job_family {
+                for &(a, b, o) in &segments {
+                    if let Some(j) = o {
+                        let job = vec![
+                            ("job_id".into(), gpu_jobs[j].job_id.clone()),
+                            ("tenant".into(), t.clone()),
+                        ];
+                        job_gpus
+                            .entry(job)
+                            .or_default()
+                            .entry(g.uuid.clone())
+                            .or_insert_with(|| ofu(Vec::new()))
+                            .spans
+                            .push((a, b));
+                    }
+                }
+            }
             // One label set per owner: the GPU's, plus the job's.
             let mut owners: Vec<(Labels, Vec<(i64, i64)>)> = Vec::new();
             let mut seen: HashMap<Option<usize>, usize> = HashMap::new();
@@ -215,6 +285,29 @@ impl Model<'_> {
                     }
                 }
             }
+        }
+        let mut derived = |name: &str, labels: &Labels, members: &[SeriesRef], op| {
+            let mut l = labels.clone();
+            l.push(("__name__".into(), name.to_string()));
+            let labels = sorted(l);
+            if wants(name) && matches(m, &labels) {
+                out.push(SeriesRef {
+                    labels,
+                    source: Source::Across {
+                        members: members.to_vec(),
+                        op,
+                    },
+                    spans: vec![(i64::MIN, i64::MAX)],
+                });
+            }
+        };
+        for (labels, members) in &node_gpus {
+            derived(NODE_OFU, labels, members, Across::Mean);
+        }
+        for (labels, gpus) in &job_gpus {
+            let members: Vec<SeriesRef> = gpus.values().cloned().collect();
+            derived(JOB_OFU, labels, &members, Across::Mean);
+            derived(JOB_GPUS, labels, &members, Across::Count);
         }
         if name.is_none_or(|n| n.starts_with("flopwatch_device_")) {
             for ((t, _), n) in &nodes {
@@ -285,6 +378,9 @@ impl Model<'_> {
         from: i64,
         to: i64,
     ) -> Result<Vec<(i64, f64)>, StoreError> {
+        if let Source::Across { members, op } = &s.source {
+            return self.across(members, *op, from, to);
+        }
         let mut out = Vec::new();
         for &(a, b) in &s.spans {
             let (lo, hi) = (a.max(from), b.min(to.saturating_add(1)));
@@ -310,9 +406,75 @@ impl Model<'_> {
                         out.push((p.ts_ms, p.value * scale));
                     }
                 }
+                Source::Across { .. } => unreachable!("answered above"),
             }
         }
         out.sort_by_key(|p| p.0);
+        Ok(out)
+    }
+
+    /// A derived series' points with `from ≤ t ≤ to`: one at each time
+    /// any member has a sample, combining every member whose newest
+    /// sample is at most [`LOOKBACK_MS`] old.
+    fn across(
+        &self,
+        members: &[SeriesRef],
+        op: Across,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<(i64, f64)>, StoreError> {
+        let lists = members
+            .iter()
+            .map(|m| self.samples(m, from.saturating_sub(LOOKBACK_MS), to))
+            .collect::<Result<Vec<_>, _>>()?;
+        // A merge of the members' samples in time order.
+        let mut next: BinaryHeap<Reverse<(i64, usize)>> = lists
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.first().map(|p| Reverse((p.0, i))))
+            .collect();
+        let mut cursor = vec![0usize; lists.len()];
+        let mut newest: Vec<Option<(i64, f64)>> = vec![None; lists.len()];
+        let mut live: BTreeSet<(i64, usize)> = BTreeSet::new();
+        let mut sum = Sum::default();
+        let mut out = Vec::new();
+        while let Some(&Reverse((t, _))) = next.peek() {
+            while let Some(Reverse((ts, i))) = next.peek().copied().filter(|r| r.0 .0 == t) {
+                next.pop();
+                let (_, v) = lists[i][cursor[i]];
+                if let Some((old_ts, old)) = newest[i].replace((ts, v)) {
+                    live.remove(&(old_ts, i));
+                    sum.sub(old);
+                }
+                live.insert((ts, i));
+                sum.add(v);
+                cursor[i] += 1;
+                if let Some(p) = lists[i].get(cursor[i]) {
+                    next.push(Reverse((p.0, i)));
+                }
+            }
+            while let Some(&(ts, i)) = live.first() {
+                if ts >= t - LOOKBACK_MS {
+                    break;
+                }
+                live.pop_first();
+                if let Some((_, old)) = newest[i].take() {
+                    sum.sub(old);
+                }
+            }
+            if t < from || live.is_empty() {
+                continue;
+            }
+            let value = match op {
+                Across::Count => live.len() as f64,
+                Across::Mean => {
+                    let total =
+                        sum.get(|| live.iter().filter_map(|&(_, i)| newest[i]).map(|p| p.1));
+                    total / live.len() as f64
+                }
+            };
+            out.push((t, value));
+        }
         Ok(out)
     }
 
@@ -389,6 +551,14 @@ impl Model<'_> {
 
     /// Whether `s` has a sample in `[from, to]`.
     pub fn has_samples(&self, s: &SeriesRef, from: i64, to: i64) -> Result<bool, StoreError> {
+        if let Source::Across { members, .. } = &s.source {
+            for m in members {
+                if self.has_samples(m, from, to)? {
+                    return Ok(true);
+                }
+            }
+            return Ok(false);
+        }
         for &(a, b) in &s.spans {
             let (lo, hi) = (a.max(from), b.min(to.saturating_add(1)));
             if lo >= hi {
@@ -415,12 +585,46 @@ impl Model<'_> {
                     .store
                     .series(tenant, key, metric, lo, hi, 1)?
                     .is_empty(),
+                Source::Across { .. } => unreachable!("answered above"),
             };
             if found {
                 return Ok(true);
             }
         }
         Ok(false)
+    }
+}
+
+/// A running sum of the members' newest values, summed afresh once as
+/// many changes as it has terms have gone by (so rounding cannot pile up
+/// while the cost stays constant per change).
+#[derive(Debug, Default)]
+struct Sum {
+    total: f64,
+    terms: usize,
+    changes: usize,
+}
+
+impl Sum {
+    fn add(&mut self, v: f64) {
+        self.total += v;
+        self.terms += 1;
+        self.changes += 1;
+    }
+
+    fn sub(&mut self, v: f64) {
+        self.total -= v;
+        self.terms -= 1;
+        self.changes += 1;
+    }
+
+    /// The sum; `exact` lists the terms when a fresh sum is due.
+    fn get<I: Iterator<Item = f64>>(&mut self, exact: impl FnOnce() -> I) -> f64 {
+        if self.changes > self.terms.max(16) {
+            self.total = exact().sum();
+            self.changes = 0;
+        }
+        self.total
     }
 }
 

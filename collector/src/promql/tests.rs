@@ -414,3 +414,200 @@ fn rollup_buckets_answer_as_the_samples_do() {
     assert!(buckets(&sealed) > 0);
     assert_eq!(buckets(&head), 0);
 }
+
+/// Tenant `a`: GPUs `G1` (every 100 ms for 600 s) and `G2` (every 100 ms,
+/// 50 ms later, for the first 60 s) on `n1`, both in job `j1` from 10 s to
+/// 400 s; `G3` on `n2` (every second). Tenant `b`: `G4` on `n3`.
+fn fleet_store() -> Store {
+    let s = Store::new(Arc::new(MemEngine::new()), false);
+    let ofu = |start: i64, every: i64, n: i64, f: &dyn Fn(i64) -> f64| -> Vec<OfuSample> {
+        (0..n)
+            .map(|i| OfuSample {
+                ts_ms: start + i * every,
+                ofu: f(i),
+                tensor_active: 0.5,
+                sm_clock_mhz: 1500.0,
+                window_ms: every as u32,
+            })
+            .collect()
+    };
+    let gpu = |uuid: &str, node: &str, index: u32| GpuRecord {
+        uuid: uuid.into(),
+        node_id: node.into(),
+        index,
+        model: "H100".into(),
+        ..Default::default()
+    };
+    let node = |id: &str| NodeRecord {
+        node_id: id.into(),
+        hostname: format!("host-{id}"),
+        ..Default::default()
+    };
+    let job = |uuid: &str| JobRecord {
+        job_id: "j1".into(),
+        gpu_uuid: uuid.into(),
+        first_seen_ms: 10_000,
+        last_seen_ms: 400_000,
+        ..Default::default()
+    };
+    let a = CommitSet {
+        ofu: vec![
+            (
+                "G1".into(),
+                None,
+                ofu(0, 100, 6_000, &|i| (i % 97) as f64 / 100.0),
+            ),
+            (
+                "G2".into(),
+                None,
+                ofu(50, 100, 600, &|i| (i % 13) as f64 / 20.0),
+            ),
+            ("G3".into(), None, ofu(0, 1_000, 600, &|_| 0.125)),
+        ],
+        gpus: vec![gpu("G1", "n1", 0), gpu("G2", "n1", 1), gpu("G3", "n2", 0)],
+        nodes: vec![node("n1"), node("n2")],
+        jobs: vec![job("G1"), job("G2")],
+        ..Default::default()
+    };
+    s.commit("a", &a).unwrap();
+    let b = CommitSet {
+        ofu: vec![("G4".into(), None, ofu(0, 1_000, 600, &|_| 0.75))],
+        gpus: vec![gpu("G4", "n3", 0)],
+        nodes: vec![node("n3")],
+        ..Default::default()
+    };
+    s.commit("b", &b).unwrap();
+    s
+}
+
+fn matrix(s: &Store, scope: &Scope, q: &str, start: i64, end: i64, step: i64) -> Vec<RangeSeries> {
+    match range(s, scope, q, start, end, step).unwrap() {
+        Value::Matrix(m) => m,
+        v => panic!("{q}: {v:?}"),
+    }
+}
+
+/// The series without `__name__`.
+fn unnamed(m: Vec<RangeSeries>) -> Vec<RangeSeries> {
+    m.into_iter()
+        .map(|mut s| {
+            s.labels.retain(|(k, _)| k != "__name__");
+            s
+        })
+        .collect()
+}
+
+/// The node and job families `/metrics` exports are series of the API
+/// too: they answer as the mean (count) over the GPUs' series does, a GPU
+/// dropping out 5 minutes after its last sample, and a GPU whose job
+/// changed counting once (where `avg by` over the GPU series still sees
+/// the series before the change for 5 minutes).
+#[test]
+fn node_and_job_series_are_their_gpus_mean() {
+    let s = fleet_store();
+    // Steps off the sample grid, through G2's silence and the job's end.
+    let (start, end, step) = (500, 700_500, 1_000);
+    let pairs = [
+        (
+            "flopwatch_node_ofu_ratio",
+            "avg by (tenant, node, hostname) (flopwatch_ofu_ratio)",
+        ),
+        (
+            "flopwatch_job_ofu_ratio",
+            "avg by (tenant, job_id) (flopwatch_ofu_ratio{job_id!=\"\"})",
+        ),
+        (
+            "flopwatch_job_gpus",
+            "count by (tenant, job_id) (flopwatch_ofu_ratio{job_id!=\"\"})",
+        ),
+    ];
+    // Steps of n1 where a GPU's series before its job change is still
+    // within the lookback, and `avg by` counts that GPU twice.
+    let changing = |t: i64| (10_000..=310_000).contains(&t) || (400_000..=700_000).contains(&t);
+    for (family, by_hand) in pairs {
+        let got = unnamed(matrix(&s, &Scope::All, family, start, end, step));
+        let want = unnamed(matrix(&s, &Scope::All, by_hand, start, end, step));
+        assert_eq!(got.len(), want.len(), "{family}");
+        assert!(!got.is_empty(), "{family}");
+        for (g, w) in got.iter().zip(&want) {
+            let (gl, gp, wl, wp) = (&g.labels, &g.points, &w.labels, &w.points);
+            assert_eq!(gl, wl, "{family}");
+            assert_eq!(gp.len(), wp.len(), "{family} {gl:?}");
+            for (g, w) in gp.iter().zip(wp) {
+                assert_eq!(g.0, w.0, "{family} {gl:?}");
+                if family.contains("node")
+                    && gl.contains(&("node".into(), "n1".into()))
+                    && changing(g.0)
+                {
+                    continue;
+                }
+                assert!(
+                    (g.1 - w.1).abs() <= 1e-12,
+                    "{family} {gl:?} at {}: {} vs {}",
+                    g.0,
+                    g.1,
+                    w.1
+                );
+            }
+        }
+    }
+    let at = |q: &str, t: i64| match instant(&s, &Scope::All, q, t).unwrap() {
+        Value::Vector(v) => v.iter().map(|x| x.v).collect::<Vec<_>>(),
+        v => panic!("{v:?}"),
+    };
+    let close = |got: Vec<f64>, want: f64| {
+        assert!(
+            got.len() == 1 && (got[0] - want).abs() <= 1e-12,
+            "{got:?} vs {want}"
+        );
+    };
+    // Both GPUs at 30 s; G1 alone once G2 has been silent for 5 minutes.
+    let g1 = |t: i64| ((t / 100) % 97) as f64 / 100.0;
+    let g2 = |t: i64| (((t - 50) / 100) % 13) as f64 / 20.0;
+    let n1 = "flopwatch_node_ofu_ratio{node=\"n1\"}";
+    close(at(n1, 30_070), (g1(30_070) + g2(30_070)) / 2.0);
+    // Into the job: each GPU once, its series before the job left out.
+    close(at(n1, 10_070), (g1(10_070) + g2(10_070)) / 2.0);
+    close(at(n1, 400_520), g1(400_520));
+    close(at(n1, 359_940), (g1(359_940) + g2(59_950)) / 2.0);
+    close(at(n1, 360_070), g1(360_070));
+    close(at("flopwatch_job_gpus", 30_070), 2.0);
+    close(at("flopwatch_job_gpus", 370_000), 1.0);
+    // The job's series ends with its time (and the lookback after it).
+    close(at("flopwatch_job_ofu_ratio", 400_000), g1(400_000));
+    assert!(at("flopwatch_job_ofu_ratio", 700_001).is_empty());
+    // Windowed functions read the derived points.
+    let avg = at(
+        "avg_over_time(flopwatch_node_ofu_ratio{node=\"n2\"}[1m])",
+        120_000,
+    );
+    assert_eq!(avg, vec![0.125]);
+    // A tenant sees its own nodes and jobs only.
+    let b = matrix(
+        &s,
+        &Scope::Tenant("b".into()),
+        "flopwatch_node_ofu_ratio",
+        start,
+        end,
+        step,
+    );
+    assert_eq!(b.len(), 1);
+    assert_eq!(
+        b[0].labels,
+        labels(&[
+            ("__name__", "flopwatch_node_ofu_ratio"),
+            ("hostname", "host-n3"),
+            ("node", "n3"),
+            ("tenant", "b"),
+        ])
+    );
+    assert!(matrix(
+        &s,
+        &Scope::Tenant("b".into()),
+        "flopwatch_job_ofu_ratio",
+        start,
+        end,
+        step
+    )
+    .is_empty());
+}
