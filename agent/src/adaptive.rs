@@ -97,7 +97,21 @@ const TRIGGER: &str = "";
 const RUNS_KEPT: usize = 64;
 const RUNS_NEEDED: usize = 8;
 
-type Key = (usize, &'static str);
+/// Where a metric's track is among one GPU's groups: (group, track).
+type Slot = (usize, usize);
+
+/// `metric`'s slot among `groups`. Readings name catalog metrics, the same
+/// static strings every capture, so the address is compared first and the
+/// text only when no address matches.
+fn locate(groups: &[Group], metric: &str) -> Option<Slot> {
+    let find = |same: &dyn Fn(&str) -> bool| {
+        groups
+            .iter()
+            .enumerate()
+            .find_map(|(i, g)| g.tracks.iter().position(|t| same(t.metric)).map(|j| (i, j)))
+    };
+    find(&|m| std::ptr::eq(m, metric)).or_else(|| find(&|m| m == metric))
+}
 
 /// What the sampler has done, for reporting.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -160,6 +174,8 @@ struct Track {
 
 #[derive(Debug, Clone)]
 struct Group {
+    /// [`TRIGGER`], or the one metric of the group.
+    name: &'static str,
     trigger: bool,
     min_ms: i64,
     max_ms: i64,
@@ -208,7 +224,8 @@ pub struct AdaptiveSampler {
     align_ms: i64,
     triggers: Vec<String>,
     overrides: BTreeMap<String, (Option<i64>, Option<i64>)>,
-    groups: BTreeMap<Key, Group>,
+    /// Per GPU, its groups in order of name (the trigger group first).
+    groups: BTreeMap<usize, Vec<Group>>,
     rng: SmallRng,
     stats: SamplerStats,
 }
@@ -265,9 +282,10 @@ impl AdaptiveSampler {
     pub fn intervals(&self) -> Vec<(usize, &'static str, u32)> {
         self.groups
             .iter()
-            .flat_map(|((gpu, _), g)| {
+            .flat_map(|(gpu, gs)| gs.iter().map(move |g| (*gpu, g)))
+            .flat_map(|(gpu, g)| {
                 let i = u32::try_from(g.interval_ms).unwrap_or(u32::MAX);
-                g.tracks.iter().map(move |t| (*gpu, t.metric, i))
+                g.tracks.iter().map(move |t| (gpu, t.metric, i))
             })
             .collect()
     }
@@ -293,10 +311,8 @@ impl AdaptiveSampler {
         if !self.adaptive || self.is_trigger(metric) {
             return true;
         }
-        self.groups
-            .iter()
-            .find(|((g, k), _)| *g == gpu && *k == metric)
-            .is_none_or(|(_, g)| self.group_due(g, now_ms))
+        let groups = self.groups.get(&gpu).map_or(&[][..], Vec::as_slice);
+        locate(groups, metric).is_none_or(|(g, _)| self.group_due(&groups[g], now_ms))
     }
 
     fn is_trigger(&self, metric: &str) -> bool {
@@ -324,9 +340,15 @@ impl AdaptiveSampler {
         now >= g.period_start + g.interval_ms - gt
     }
 
-    fn group_for(&mut self, gpu: usize, metric: &'static str, now: i64) -> Key {
+    /// `metric`'s slot among `gpu`'s groups, made on its first reading:
+    /// the slot, and whether a group was inserted (at the slot's group,
+    /// moving the later ones up by one).
+    fn group_for(&mut self, gpu: usize, metric: &'static str, now: i64) -> (Slot, bool) {
+        if let Some(at) = self.groups.get(&gpu).and_then(|gs| locate(gs, metric)) {
+            return (at, false);
+        }
         let trigger = self.is_trigger(metric);
-        let key = (gpu, if trigger { TRIGGER } else { metric });
+        let name = if trigger { TRIGGER } else { metric };
         let (min_ms, max_ms) = if trigger {
             (self.capture_ms, self.max_ms)
         } else {
@@ -337,60 +359,70 @@ impl AdaptiveSampler {
                 o.1.unwrap_or(self.max_ms).clamp(min, self.max_ms.max(min)),
             )
         };
-        let g = self.groups.entry(key).or_insert_with(|| Group {
-            trigger,
-            min_ms,
-            max_ms,
-            interval_ms: min_ms,
-            period_start: now,
-            last_emit: None,
-            run_start: now,
-            runs: VecDeque::new(),
-            tracks: Vec::new(),
-            change: Change::None,
-            follow: false,
+        let gs = self.groups.entry(gpu).or_default();
+        let (gi, inserted) = match gs.binary_search_by(|g| g.name.cmp(name)) {
+            Ok(gi) => (gi, false),
+            Err(gi) => {
+                gs.insert(
+                    gi,
+                    Group {
+                        name,
+                        trigger,
+                        min_ms,
+                        max_ms,
+                        interval_ms: min_ms,
+                        period_start: now,
+                        last_emit: None,
+                        run_start: now,
+                        runs: VecDeque::new(),
+                        tracks: Vec::new(),
+                        change: Change::None,
+                        follow: false,
+                    },
+                );
+                (gi, true)
+            }
+        };
+        let g = &mut gs[gi];
+        g.tracks.push(Track {
+            metric,
+            agg: metrics::lookup(metric)
+                .map(|m| m.aggregation)
+                .unwrap_or(Aggregation::Point),
+            floor: floor_for(metric),
+            ring: VecDeque::new(),
+            seen_since: None,
+            reference: None,
+            learn_since: now,
+            learned: None,
+            low_reads: 0,
+            sum_vw: 0.0,
+            sum_w: 0,
+            sum_tvw: 0.0,
+            sum_tw: 0.0,
+            peak: f64::MIN,
+            last: 0.0,
+            last_ms: now,
+            n: 0,
+            since: None,
         });
-        if !g.tracks.iter().any(|t| t.metric == metric) {
-            g.tracks.push(Track {
-                metric,
-                agg: metrics::lookup(metric)
-                    .map(|m| m.aggregation)
-                    .unwrap_or(Aggregation::Point),
-                floor: floor_for(metric),
-                ring: VecDeque::new(),
-                seen_since: None,
-                reference: None,
-                learn_since: now,
-                learned: None,
-                low_reads: 0,
-                sum_vw: 0.0,
-                sum_w: 0,
-                sum_tvw: 0.0,
-                sum_tw: 0.0,
-                peak: f64::MIN,
-                last: 0.0,
-                last_ms: now,
-                n: 0,
-                since: None,
-            });
-        }
-        key
-    }
-
-    /// The interval cap of a group: the learned percentile of stable runs,
-    /// within [min, max].
-    fn cap(&self, g: &Group) -> i64 {
-        if g.runs.len() < RUNS_NEEDED {
-            return g.max_ms;
-        }
-        let mut v: Vec<i64> = g.runs.iter().copied().collect();
-        v.sort_unstable();
-        let idx = ((self.percentile / 100.0) * (v.len() - 1) as f64).round() as usize;
-        v[idx.min(v.len() - 1)].clamp(g.min_ms, g.max_ms)
+        ((gi, g.tracks.len() - 1), inserted)
     }
 }
 
 impl Group {
+    /// The interval cap: the `percentile` of stable runs, within
+    /// [min, max].
+    fn cap(&self, percentile: f64) -> i64 {
+        if self.runs.len() < RUNS_NEEDED {
+            return self.max_ms;
+        }
+        let mut v: Vec<i64> = self.runs.iter().copied().collect();
+        v.sort_unstable();
+        let idx = ((percentile / 100.0) * (v.len() - 1) as f64).round() as usize;
+        v[idx.min(v.len() - 1)].clamp(self.min_ms, self.max_ms)
+    }
+
     fn learning(&self) -> bool {
         self.tracks.iter().any(|t| t.learned.is_none())
     }
@@ -610,21 +642,20 @@ impl Sampler for AdaptiveSampler {
             ts_ms: now_ms,
             ..Capture::default()
         };
-        for ((gpu, _), g) in &mut self.groups {
+        for (gpu, gs) in &mut self.groups {
             let mut out = Vec::new();
-            g.emit_until(now_ms, true, 0, &mut out);
+            for g in gs {
+                g.emit_until(now_ms, true, 0, &mut out);
+            }
             if out.is_empty() {
                 continue;
             }
             self.stats.samples += out.len() as u64;
-            match c.gpus.iter_mut().find(|x| x.gpu == *gpu) {
-                Some(x) => x.readings.extend(out),
-                None => c.gpus.push(GpuCapture {
-                    gpu: *gpu,
-                    window_ms: 0,
-                    readings: out,
-                }),
-            }
+            c.gpus.push(GpuCapture {
+                gpu: *gpu,
+                window_ms: 0,
+                readings: out,
+            });
         }
         c
     }
@@ -641,8 +672,9 @@ impl Sampler for AdaptiveSampler {
         ReadPlan::skipping(
             self.groups
                 .iter()
+                .flat_map(|(gpu, gs)| gs.iter().map(move |g| (*gpu, g)))
                 .filter(|(_, g)| !self.group_due(g, at_ms))
-                .flat_map(|((gpu, _), g)| g.tracks.iter().map(move |t| (*gpu, t.metric)))
+                .flat_map(|(gpu, g)| g.tracks.iter().map(move |t| (gpu, t.metric)))
                 .collect(),
         )
     }
@@ -671,14 +703,11 @@ impl Sampler for AdaptiveSampler {
             let fine_ms = cw.max(self.capture_ms as u64) * 3 / 2;
             // Decided before this capture changes any state, so the checks
             // only see the reads the plan asked for.
-            let not_due: Vec<Key> = self
-                .groups
-                .iter()
-                .filter(|(k, g)| k.0 == gpu && !self.group_due(g, now))
-                .map(|(k, _)| *k)
-                .collect();
+            let mut not_due: Vec<bool> = self.groups.get(&gpu).map_or_else(Vec::new, |gs| {
+                gs.iter().map(|g| !self.group_due(g, now)).collect()
+            });
             // Cut at an `align` boundary before this capture joins.
-            for (_, g) in self.groups.iter_mut().filter(|(k, _)| k.0 == gpu) {
+            for g in self.groups.get_mut(&gpu).into_iter().flatten() {
                 if g.crosses(now, self.align_ms) {
                     g.cut(now, cw, &mut gc.readings);
                 }
@@ -687,17 +716,18 @@ impl Sampler for AdaptiveSampler {
                 .iter()
                 .find(|r| r.metric == metrics::TENSOR_ACTIVE)
                 .map(|r| r.value.clamp(0.0, 1.0));
-            let mut touched: Vec<Key> = Vec::new();
+            let mut touched = vec![false; not_due.len()];
             for r in readings {
-                let key = self.group_for(gpu, r.metric, now);
-                if !touched.contains(&key) {
-                    touched.push(key);
+                let ((gi, ti), inserted) = self.group_for(gpu, r.metric, now);
+                if inserted {
+                    // A new group is due (it is learning).
+                    not_due.insert(gi, false);
+                    touched.insert(gi, false);
                 }
-                let checked = !not_due.contains(&key);
-                let g = self.groups.get_mut(&key).expect("group just inserted");
-                let Some(t) = g.tracks.iter_mut().find(|t| t.metric == r.metric) else {
-                    continue;
-                };
+                touched[gi] = true;
+                let checked = !not_due[gi];
+                let g = &mut self.groups.get_mut(&gpu).expect("group just made")[gi];
+                let t = &mut g.tracks[ti];
                 let w = r.window_ms.map_or(cw, u64::from);
                 t.sum_vw += r.value * w as f64;
                 t.sum_w += w;
@@ -714,14 +744,11 @@ impl Sampler for AdaptiveSampler {
                     g.change = g.change.max(c);
                 }
             }
-            // The trigger group first, so that its snap reaches the others.
-            let mut keys: Vec<Key> = self.groups.keys().filter(|k| k.0 == gpu).copied().collect();
-            keys.sort_by_key(|k| k.1 != TRIGGER);
+            // In order of name: the trigger group first, so that its snap
+            // reaches the others.
             let mut trigger_snapped = false;
-            for key in keys {
-                let cap = self.cap(&self.groups[&key]);
-                let g = self.groups.get_mut(&key).expect("listed group");
-                if !touched.contains(&key) {
+            for (g, touched) in self.groups.get_mut(&gpu).into_iter().flatten().zip(touched) {
+                if !touched {
                     // Not read this capture: a trigger snap makes it due.
                     g.follow |= trigger_snapped && !g.trigger;
                     g.change = Change::None;
@@ -746,6 +773,7 @@ impl Sampler for AdaptiveSampler {
                     if !learning {
                         let jitter: f64 = self.rng.random_range(0.0..=1.0) * self.jitter;
                         let next = g.interval_ms as f64 * (2.0 + jitter);
+                        let cap = g.cap(self.percentile);
                         g.interval_ms = (next as i64).clamp(g.min_ms, cap.max(g.min_ms));
                     }
                 }

@@ -190,6 +190,41 @@ fn cpu_utilization_frequency_and_memory_per_numa_node() {
     assert_eq!(value(&r, 1, m::HOST_CPU_UTIL), Some(0.25));
     assert_eq!(value(&r, 2, m::HOST_CPU_UTIL), Some(0.625));
     assert_eq!(r[0].window_ms, 1_000);
+
+    // A plan that skips the host's utilization and every memory: those
+    // files go unread, and the host's next utilization is the exact mean
+    // since its last read, its window the whole span.
+    let skip_host_util = |d: usize, metric: &str| {
+        metric != m::HOST_MEM_AVAILABLE_BYTES && !(d == 2 && metric == m::HOST_CPU_UTIL)
+    };
+    stat(&proc_, &[(200, 0), (200, 0), (25, 175), (25, 175)]);
+    write(&proc_.join("meminfo"), "MemAvailable: 1 kB\n");
+    let r = h.read_planned(3_000, &skip_host_util);
+    assert_eq!(value(&r, 0, m::HOST_CPU_UTIL), Some(1.0));
+    assert_eq!(value(&r, 1, m::HOST_CPU_UTIL), Some(0.0));
+    assert_eq!(value(&r, 2, m::HOST_CPU_UTIL), None);
+    assert_eq!(value(&r, 2, m::HOST_CPU_FREQ_MHZ), Some(1_750.0));
+    assert_eq!(value(&r, 2, m::HOST_MEM_AVAILABLE_BYTES), None);
+    stat(&proc_, &[(300, 0), (300, 0), (25, 275), (25, 275)]);
+    let r = h.read(4_000);
+    // Host, 2,000 to 4,000 ms: 400 busy of 800 jiffies.
+    assert_eq!(value(&r, 2, m::HOST_CPU_UTIL), Some(0.5));
+    let util = |d: usize| {
+        r.iter()
+            .find(|x| x.device == d)
+            .unwrap()
+            .readings
+            .iter()
+            .find(|x| x.metric == m::HOST_CPU_UTIL)
+            .unwrap()
+            .window_ms
+    };
+    assert_eq!(util(2), Some(2_000));
+    assert_eq!(util(0), None);
+    assert!(r.iter().all(|x| x.window_ms == 1_000), "{r:?}");
+    assert_eq!(value(&r, 2, m::HOST_MEM_AVAILABLE_BYTES), Some(1024.0));
+    // Nothing wanted: nothing read, no device reported.
+    assert!(h.read_planned(5_000, &|_, _| false).is_empty());
 }
 
 #[test]

@@ -159,6 +159,8 @@ pub struct HostReader {
     all_cpus: Vec<u32>,
     groups: Vec<Group>,
     devices: Vec<DeviceInfo>,
+    /// When the reader was last asked for anything, unix ms.
+    last_read_ms: Option<i64>,
 }
 
 impl HostReader {
@@ -224,6 +226,7 @@ impl HostReader {
             all_cpus,
             groups,
             devices,
+            last_read_ms: None,
         }
     }
 
@@ -256,14 +259,48 @@ impl DeviceReader for HostReader {
     }
 
     fn read(&mut self, now_ms: i64) -> Vec<DeviceReading> {
-        let stat = self.stat.read().map(parse_stat).unwrap_or_default();
+        self.read_planned(now_ms, &|_, _| true)
+    }
+
+    /// Only the files some wanted metric needs are read: `/proc/stat`
+    /// for CPU utilization, the frequency files for the frequency, a
+    /// group's `meminfo` for its memory. A group whose utilization is
+    /// skipped keeps its last counters, so its next utilization is the
+    /// exact mean since then (`window_ms` set to that span).
+    fn read_planned(
+        &mut self,
+        now_ms: i64,
+        wants: &dyn Fn(usize, &'static str) -> bool,
+    ) -> Vec<DeviceReading> {
+        let want =
+            |metric| -> Vec<bool> { (0..self.groups.len()).map(|d| wants(d, metric)).collect() };
+        let (util, freq_w, mem) = (
+            want(m::HOST_CPU_UTIL),
+            want(m::HOST_CPU_FREQ_MHZ),
+            want(m::HOST_MEM_AVAILABLE_BYTES),
+        );
+        let stat = if util.contains(&true) {
+            self.stat.read().map(parse_stat).unwrap_or_default()
+        } else {
+            HashMap::new()
+        };
         let mut out = Vec::with_capacity(self.groups.len());
-        let khz = self.freqs_khz();
+        let khz = if freq_w.contains(&true) {
+            self.freqs_khz()
+        } else {
+            HashMap::new()
+        };
         let freqs: Vec<Option<f64>> = self
             .groups
             .iter()
             .map(|g| freq_mhz(&khz, g.cpus.as_deref().unwrap_or(&self.all_cpus)))
             .collect();
+        // The capture's window: since the previous read of any metric.
+        let capture_ms = self
+            .last_read_ms
+            .filter(|&t| t < now_ms)
+            .map_or(0, |t| u32::try_from(now_ms - t).unwrap_or(u32::MAX));
+        self.last_read_ms = Some(now_ms);
         for (device, (g, freq)) in self.groups.iter_mut().zip(freqs).enumerate() {
             let mut readings = Vec::new();
             let jiffies = match &g.cpus {
@@ -278,25 +315,39 @@ impl DeviceReader for HostReader {
                 }
             };
             let mut window_ms = 0;
-            if let Some((busy, total)) = jiffies {
+            if let Some((busy, total)) = jiffies.filter(|_| util[device]) {
                 if let Some((ts, b0, t0)) = g.last.filter(|l| l.0 < now_ms) {
                     // Counters only grow; a CPU going offline can shrink a
                     // group's sum, which just skips the window.
                     if total > t0 && busy >= b0 {
                         window_ms = u32::try_from(now_ms - ts).unwrap_or(u32::MAX);
-                        let util = ((busy - b0) as f64 / (total - t0) as f64).clamp(0.0, 1.0);
-                        readings.push(Reading::new(m::HOST_CPU_UTIL, util));
+                        let mut r = Reading::new(
+                            m::HOST_CPU_UTIL,
+                            ((busy - b0) as f64 / (total - t0) as f64).clamp(0.0, 1.0),
+                        );
+                        // Reads skipped since the last: the span, apart
+                        // from the capture's window.
+                        if capture_ms > 0 && window_ms != capture_ms {
+                            r.window_ms = Some(window_ms);
+                            window_ms = capture_ms;
+                        }
+                        readings.push(r);
                     }
                 }
                 if g.last.is_none_or(|l| l.0 < now_ms) {
                     g.last = Some((now_ms, busy, total));
                 }
             }
-            if let Some(f) = freq {
+            if let Some(f) = freq.filter(|_| freq_w[device]) {
                 readings.push(Reading::new(m::HOST_CPU_FREQ_MHZ, f));
             }
-            if let Some(kb) = g.meminfo.read().and_then(|t| meminfo_kb(t, g.mem_key)) {
-                readings.push(Reading::new(m::HOST_MEM_AVAILABLE_BYTES, kb * 1024.0));
+            if mem[device] {
+                if let Some(kb) = g.meminfo.read().and_then(|t| meminfo_kb(t, g.mem_key)) {
+                    readings.push(Reading::new(m::HOST_MEM_AVAILABLE_BYTES, kb * 1024.0));
+                }
+            }
+            if readings.is_empty() && !util[device] {
+                continue;
             }
             out.push(DeviceReading {
                 device,

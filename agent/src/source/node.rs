@@ -34,6 +34,19 @@ pub trait DeviceReader: Send {
     fn devices(&self) -> &[DeviceInfo];
     /// Reads every device once at `now_ms`.
     fn read(&mut self, now_ms: i64) -> Vec<DeviceReading>;
+    /// Reads at `now_ms` what `wants(device, metric)` asks for; may read
+    /// more (the default reads everything: [`NodeSource`] drops and folds
+    /// what the plan skips). A reader that skips a window-mean metric
+    /// reports it, when next read, over the whole span since its last
+    /// read, with the reading's `window_ms` set to that span.
+    fn read_planned(
+        &mut self,
+        now_ms: i64,
+        wants: &dyn Fn(usize, &'static str) -> bool,
+    ) -> Vec<DeviceReading> {
+        let _ = wants;
+        self.read(now_ms)
+    }
 }
 
 /// A GPU source plus node-level device readers.
@@ -70,11 +83,17 @@ impl NodeSource {
         }
     }
 
-    fn device_captures(&mut self, now_ms: i64) -> Capture {
+    /// Every reader's devices, as much as `plan` asks for (all with
+    /// `None`).
+    fn device_captures(&mut self, now_ms: i64, plan: Option<&ReadPlan>) -> Capture {
         let base = self.inner.inventory().len();
         let mut gpus = Vec::new();
         for (r, off) in self.readers.iter_mut().zip(&self.offsets) {
-            for d in r.read(now_ms) {
+            let read = match plan {
+                None => r.read(now_ms),
+                Some(plan) => r.read_planned(now_ms, &|d, m| plan.wants(base + off + d, m)),
+            };
+            for d in read {
                 if d.device >= r.devices().len() {
                     continue;
                 }
@@ -108,16 +127,17 @@ impl GpuSource for NodeSource {
 
     fn capture(&mut self, now_ms: i64) -> Result<Capture, SourceError> {
         let mut c = self.inner.capture(now_ms)?;
-        c.gpus.extend(self.device_captures(now_ms).gpus);
+        c.gpus.extend(self.device_captures(now_ms, None).gpus);
         Ok(c)
     }
 
-    /// The GPU source applies the plan itself; device readings are cheap
-    /// file reads, taken in full and folded by [`PlanCarry`] so a skipped
-    /// window-mean reading still counts toward the next one.
+    /// The GPU source applies the plan itself, and so do readers that
+    /// can ([`DeviceReader::read_planned`]); what a reader read anyway is
+    /// folded by [`PlanCarry`], so a skipped window-mean reading still
+    /// counts toward the next one.
     fn capture_planned(&mut self, now_ms: i64, plan: &ReadPlan) -> Result<Capture, SourceError> {
         let mut c = self.inner.capture_planned(now_ms, plan)?;
-        let mut d = self.device_captures(now_ms);
+        let mut d = self.device_captures(now_ms, Some(plan));
         self.carry.apply(plan, &mut d);
         c.gpus.extend(d.gpus);
         Ok(c)
