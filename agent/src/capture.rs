@@ -110,13 +110,37 @@ impl ReadPlan {
         Self { skip }
     }
 
-    /// This plan, also skipping `more`.
-    pub fn also_skipping(mut self, more: &[(usize, &'static str)]) -> Self {
+    /// This plan, also skipping `more`. Plans are combined at every
+    /// capture from lists already in order, so a sorted `more` is merged
+    /// (linear) rather than appended and sorted again.
+    pub fn also_skipping(self, more: &[(usize, &'static str)]) -> Self {
         if more.is_empty() {
             return self;
         }
-        self.skip.extend_from_slice(more);
-        Self::skipping(self.skip)
+        if !more.is_sorted() {
+            let mut skip = self.skip;
+            skip.extend_from_slice(more);
+            return Self::skipping(skip);
+        }
+        let mut skip = Vec::with_capacity(self.skip.len() + more.len());
+        let (mut a, mut b) = (
+            self.skip.into_iter().peekable(),
+            more.iter().copied().peekable(),
+        );
+        loop {
+            let next = match (a.peek(), b.peek()) {
+                (Some(x), Some(y)) if x <= y => a.next(),
+                (Some(_), Some(_)) | (None, Some(_)) => b.next(),
+                (Some(_), None) => a.next(),
+                (None, None) => break,
+            };
+            if let Some(p) = next {
+                if skip.last() != Some(&p) {
+                    skip.push(p);
+                }
+            }
+        }
+        Self { skip }
     }
 
     /// Whether `metric` of `gpu` should be read.
@@ -215,6 +239,31 @@ mod tests {
             (p.ts_ms, p.peak, p.window_ms),
             (900, Some(0.9), Some(3_200))
         );
+    }
+
+    #[test]
+    fn combined_plans_skip_the_union_in_order_once() {
+        use metrics::{POWER_W as P, SM_ACTIVE as S, TENSOR_ACTIVE as T};
+        let base = ReadPlan::skipping(vec![(0, T), (2, P), (1, S)]);
+        let union = |more: &[(usize, &'static str)]| {
+            let mut want: Vec<_> = base.skipped().iter().chain(more).copied().collect();
+            want.sort_unstable();
+            want.dedup();
+            want
+        };
+        for more in [
+            vec![(0, P), (1, S), (3, T)],
+            vec![(3, T), (0, P), (1, S)],
+            vec![(0, T), (2, P)],
+            vec![(5, S)],
+        ] {
+            let got = ReadPlan::skipping(base.skipped().to_vec()).also_skipping(&more);
+            assert_eq!(got.skipped(), union(&more).as_slice(), "{more:?}");
+            for (g, m) in union(&more) {
+                assert!(!got.wants(g, m));
+            }
+            assert!(got.wants(4, T));
+        }
     }
 
     #[test]
