@@ -709,13 +709,16 @@ async fn dashboard_panels_values() {
     let last_t = (last[0].as_f64().unwrap() * 1000.0).round() as i64;
     assert!(last_t >= env.seeded_at - step, "{d}");
     // The job and node panels read the derived series: one GPU each, so
-    // each tenant's job and node hold that GPU's OFU.
+    // each tenant's job and node hold that GPU's OFU. The seed's job
+    // record covers its batch's last sample only (no `since_ms`), so the
+    // panels are asked a minute later, when every step's lookback still
+    // reaches that sample whatever the step's alignment.
     for family in ["flopwatch_job_ofu_ratio{", "flopwatch_node_ofu_ratio{"] {
         let q = dashboard_panels()
             .into_iter()
             .find(|q| q.expr.starts_with(family))
             .unwrap_or_else(|| panic!("no panel shows {family}"));
-        let (params, _) = range_request(&q, now, 3_600_000);
+        let (params, _) = range_request(&q, env.seeded_at + 60_000, 3_600_000);
         let d = env
             .post("/api/v1/query_range", &params, Some(PROVIDER))
             .await
