@@ -175,7 +175,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         What::Backpressure(b) => backpressure::run(b).await,
         What::Fleet(f) => fleet::run(f).await,
         What::Ingest(i) if i.peer.is_some() => peer::run(&i).await,
-        What::Ingest(i) => ingest(&i, ingest_start_ms()).await.map(drop),
+        What::Ingest(i) => ingest(&i, ingest_start_ms(&i)?).await.map(drop),
     }
 }
 
@@ -192,10 +192,18 @@ impl Accepted {
     }
 }
 
-/// Where `bench ingest`'s samples start: an hour ago, so that a run of a
-/// minute stays within the last two hours (Prometheus' head block).
-fn ingest_start_ms() -> i64 {
-    flopwatch_proto::clock::SystemClock.now_ms() - 3_600_000
+/// Where `bench ingest`'s samples start: far enough back that a run of
+/// `duration` never reaches the present. Every stream's series advance
+/// 100 ms per point, so at a rate of r samples/s over S series a run
+/// covers r / S / 10 seconds of sample time per second; `DATA_PER_SECOND`
+/// is that bound (at the default 1,280 series, 19 M samples/s). A run
+/// that outruns it has samples refused as too far in the future, and
+/// [`ingest`] fails rather than report a rate.
+fn ingest_start_ms(a: &IngestArgs) -> anyhow::Result<i64> {
+    const DATA_PER_SECOND: u64 = 1_500;
+    let duration_ms = crate::parse_ms(&a.duration)? as u64;
+    let span = (duration_ms * DATA_PER_SECOND).max(3_600_000);
+    Ok(flopwatch_proto::clock::SystemClock.now_ms() - span as i64)
 }
 
 /// The collector's durable ingest rate, the samples of [`sample`] from
@@ -258,6 +266,15 @@ async fn ingest(a: &IngestArgs, start_ms: i64) -> anyhow::Result<Accepted> {
                     }) => {
                         in_flight -= 1;
                         acked.fetch_add(a.accepted_samples, Ordering::Relaxed);
+                        if let Some(r) = a.rejected.first() {
+                            anyhow::bail!(
+                                "batch {} had {} samples refused ({}): the run left the \
+                                 samples' time range, and its rate would count them",
+                                a.seq,
+                                r.samples,
+                                r.reason
+                            );
+                        }
                     }
                     Some(other) => anyhow::bail!("unexpected reply {other:?}"),
                     None => anyhow::bail!("stream closed"),

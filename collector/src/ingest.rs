@@ -26,7 +26,7 @@ use crate::store::{AgentKey, CommitSet, GpuRecord, JobRecord, NodeRecord, OfuSam
 use crate::validate::{validate, Reason, Rules};
 use crate::CollectorError;
 use flopwatch_proto::metrics as m;
-use flopwatch_proto::model::{Batch, Hello};
+use flopwatch_proto::model::{Batch, Hello, SeriesBatch};
 use flopwatch_proto::v1::{self, agent_message, collector_message, AgentMessage, CollectorMessage};
 use prost::Message;
 use std::collections::{HashMap, HashSet};
@@ -446,12 +446,13 @@ impl Session {
         Ok(())
     }
 
-    async fn commit(&mut self, set: CommitSet) -> Result<(), Status> {
+    /// Writes `set`, and hands it back for what follows the write.
+    async fn commit(&mut self, set: CommitSet) -> Result<CommitSet, Status> {
         let store = self.c.store.clone();
         let tenant = self.tenant.clone();
         let seq = set.seq;
         let started = std::time::Instant::now();
-        tokio::task::spawn_blocking(move || store.commit(&tenant, &set))
+        let set = tokio::task::spawn_blocking(move || store.commit(&tenant, &set).map(|()| set))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .map_err(CollectorError::from)?;
@@ -460,7 +461,7 @@ impl Session {
             .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         s.batches_committed.fetch_add(1, Ordering::Relaxed);
         self.acked = self.acked.max(seq);
-        Ok(())
+        Ok(set)
     }
 
     /// Validates and commits one batch; `agent` is the stream's reply
@@ -569,23 +570,22 @@ impl Session {
         for (r, n) in &rejected {
             self.c.stats.reject(&self.tenant, *r, *n);
         }
+        let accepted = batch.sample_count() as u64;
         let (mut set, batch_ofu) = self.commit_set(&batch, now);
+        set.series = std::mem::take(&mut batch.series);
         // Another collector may hold this batch: limbo until the cluster
         // settles it (crate::cluster).
         let limbo = batch.uncertain && self.c.settings.cluster.limbo();
         set.limbo = limbo.then_some(now);
-        let accepted = batch.sample_count() as u64;
         let ofu_n: usize = set.ofu.iter().map(|(_, _, s)| s.len()).sum();
-        let gpus = set.gpus.clone();
-        let events = set.events.clone();
-        self.commit(set).await?;
+        let set = self.commit(set).await?;
         if limbo {
             self.c.cluster.committed();
             // Rare (only after a collector failed): worth a line each.
             info!(seq, "uncertain batch committed into limbo");
         }
-        self.c.remember_gpus(&self.tenant, &gpus);
-        for e in &events {
+        self.c.remember_gpus(&self.tenant, &set.gpus);
+        for e in &set.events {
             match e.kind.as_str() {
                 "regression" | "straggler" => {
                     warn!(kind = %e.kind, job = %e.job_id, gpu = %e.gpu_uuid, "{}", e.detail)
@@ -596,7 +596,7 @@ impl Session {
                 self.c.stats.xid(&self.tenant, &e.gpu_uuid, e.value as i64);
             }
         }
-        self.record_live(&batch, &batch_ofu, now);
+        self.record_live(&set.series, &batch, &batch_ofu, now);
         let s = &self.c.stats;
         s.samples_accepted.fetch_add(accepted, Ordering::Relaxed);
         s.ofu_samples.fetch_add(ofu_n as u64, Ordering::Relaxed);
@@ -617,7 +617,13 @@ impl Session {
     }
 
     /// Updates the live view (and the remote-write queue) after a commit.
-    fn record_live(&self, batch: &Batch, batch_ofu: &HashMap<String, BatchOfu>, now: i64) {
+    fn record_live(
+        &self,
+        series: &[SeriesBatch],
+        batch: &Batch,
+        batch_ofu: &HashMap<String, BatchOfu>,
+        now: i64,
+    ) {
         let gpus: Vec<(&str, u32, &str)> = self
             .hello
             .gpus
@@ -634,7 +640,7 @@ impl Session {
                 devices: &self.hello.devices,
                 jobs: &self.jobs,
                 ofu: batch_ofu,
-                series: &batch.series,
+                series,
                 intervals: &batch.intervals,
                 pending: (batch.pending_bytes, batch.pending_batches),
             },
@@ -831,7 +837,6 @@ impl Session {
             devices: crate::store::DeviceRecord::from_hello(&self.hello.devices),
             owner: self.identity.principal.clone(),
         });
-        set.series = batch.series.clone();
         (set, batch_ofu)
     }
 }

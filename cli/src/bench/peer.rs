@@ -67,7 +67,7 @@ pub(super) async fn run(a: &IngestArgs) -> anyhow::Result<()> {
     let version = version(&prometheus)?;
     let work = super::tempdir_path().with_extension("peer");
     std::fs::create_dir_all(&work)?;
-    let start_ms = super::ingest_start_ms();
+    let start_ms = super::ingest_start_ms(a)?;
 
     println!("## flopwatch collector, durable ingest");
     let ours = super::ingest(a, start_ms).await?;

@@ -19,6 +19,11 @@ pub(super) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
+/// Bytes [`put_varint`] writes for `v`.
+pub(super) fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
 pub(super) fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
@@ -68,15 +73,21 @@ pub(super) struct BitWriter {
 }
 
 impl BitWriter {
+    /// Appends the low `n` bits of `v` (`n` ≤ 64), high first, filling
+    /// each byte from its top bit: a byte at a time.
     pub(super) fn bits(&mut self, v: u64, n: u8) {
-        for i in (0..n).rev() {
+        let mut n = u32::from(n.min(64));
+        while n > 0 {
             if self.used == 0 {
                 self.out.push(0);
             }
-            let bit = ((v >> i) & 1) as u8;
+            let free = 8 - u32::from(self.used);
+            let take = free.min(n);
+            let chunk = ((v >> (n - take)) & ((1u64 << take) - 1)) as u8;
             let last = self.out.len() - 1;
-            self.out[last] |= bit << (7 - self.used);
-            self.used = (self.used + 1) % 8;
+            self.out[last] |= chunk << (free - take);
+            self.used = ((u32::from(self.used) + take) % 8) as u8;
+            n -= take;
         }
     }
 }
@@ -87,18 +98,32 @@ pub(super) struct BitReader<'a> {
 }
 
 impl BitReader<'_> {
+    /// Reads `n` bits (`n` ≤ 64), high first: a byte at a time.
     pub(super) fn bits(&mut self, n: u8) -> Result<u64, CodecError> {
+        let mut n = u32::from(n.min(64));
         let mut v = 0u64;
-        for _ in 0..n {
+        while n > 0 {
             let byte = *self.buf.get(self.bit / 8).ok_or(CodecError::Truncated)?;
-            v = (v << 1) | u64::from((byte >> (7 - (self.bit % 8))) & 1);
-            self.bit += 1;
+            let avail = 8 - (self.bit % 8) as u32;
+            let take = avail.min(n);
+            let chunk = (u32::from(byte) >> (avail - take)) & ((1 << take) - 1);
+            v = (v << take) | u64::from(chunk);
+            self.bit += take as usize;
+            n -= take;
         }
         Ok(v)
     }
 }
 
 pub(super) fn encode_xor(out: &mut Vec<u8>, col: &[f64]) {
+    if let Some(stream) = xor_stream(col, usize::MAX) {
+        put_bytes(out, &stream);
+    }
+}
+
+/// The XOR stream of `col`; `None` as soon as it grows past `limit`
+/// bytes (a caller that only wants it if it is the smaller of two).
+pub(super) fn xor_stream(col: &[f64], limit: usize) -> Option<Vec<u8>> {
     let mut w = BitWriter {
         out: Vec::with_capacity(col.len() * 2),
         used: 0,
@@ -134,8 +159,11 @@ pub(super) fn encode_xor(out: &mut Vec<u8>, col: &[f64]) {
             w.bits(u64::from(len - 1), 6);
             w.bits(x >> t, len);
         }
+        if w.out.len() > limit {
+            return None;
+        }
     }
-    put_bytes(out, &w.out);
+    Some(w.out)
 }
 
 pub(super) fn decode_xor(r: &mut Reader<'_>, n: usize) -> Result<Vec<f64>, CodecError> {

@@ -34,7 +34,9 @@
 //! are single IEEE operations (exact on every platform), and the entropy
 //! models are integers, so a chunk decodes identically on any host.
 
-use super::bits::{decode_xor, encode_xor, put_bytes, put_varint, unzigzag, zigzag, Reader};
+use super::bits::{
+    decode_xor, put_bytes, put_varint, unzigzag, varint_len, xor_stream, zigzag, Reader,
+};
 use super::entropy::{Decoder, Encoder, Model, Patterns, Residuals};
 use super::{Block, CodecError, MAX_BLOCK_SAMPLES};
 use std::collections::VecDeque;
@@ -376,8 +378,6 @@ fn encode_column(
     windows: &[u32],
     first: Option<&[f64]>,
 ) -> Result<(), CodecError> {
-    let mut best = vec![COL_XOR];
-    encode_xor(&mut best, col);
     let (scale, ulps, escapes) = best_scale(col, windows);
     let mut preds: Vec<u8> = LEVELS.to_vec();
     if first.is_some() {
@@ -403,10 +403,15 @@ fn encode_column(
     let stream = encode_scaled(col, windows, first, c)?;
     let mut scaled = vec![COL_SCALED, scale.j as u8, c.flags(), c.pred];
     put_bytes(&mut scaled, &stream);
-    if scaled.len() < best.len() {
-        best = scaled;
+    // The XOR stream wins ties; it is given up once its mode byte, length
+    // and bytes so far (at least 2 + its length) exceed the scaled column.
+    match xor_stream(col, scaled.len().saturating_sub(2)) {
+        Some(xor) if 1 + varint_len(xor.len() as u64) + xor.len() <= scaled.len() => {
+            out.push(COL_XOR);
+            put_bytes(out, &xor);
+        }
+        _ => out.extend_from_slice(&scaled),
     }
-    out.extend_from_slice(&best);
     Ok(())
 }
 

@@ -31,6 +31,31 @@ proptest! {
         prop_assert_eq!(&d.windows, &b.windows);
     }
 
+    /// The bit writer and reader move whole bytes at a time; the stream
+    /// they make is the one of writing (reading) bit by bit, high first.
+    #[test]
+    fn bits_are_written_high_first_one_by_one(
+        fields in prop::collection::vec((any::<u64>(), 0u8..=64), 0..60),
+    ) {
+        let mut w = bits::BitWriter { out: Vec::new(), used: 0 };
+        let mut one_by_one: Vec<bool> = Vec::new();
+        for &(v, n) in &fields {
+            w.bits(v, n);
+            one_by_one.extend((0..n).rev().map(|i| (v >> i) & 1 == 1));
+        }
+        let mut expected = vec![0u8; one_by_one.len().div_ceil(8)];
+        for (i, b) in one_by_one.iter().enumerate() {
+            expected[i / 8] |= u8::from(*b) << (7 - i % 8);
+        }
+        prop_assert_eq!(&w.out, &expected);
+        let mut r = bits::BitReader { buf: &w.out, bit: 0 };
+        for &(v, n) in &fields {
+            let mask = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+            prop_assert_eq!(r.bits(n).unwrap(), v & mask);
+        }
+        prop_assert!(r.bits(8).is_err(), "reads past the end");
+    }
+
     #[test]
     fn decoder_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
         let _ = Block::decode(&bytes);

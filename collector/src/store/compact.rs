@@ -61,6 +61,42 @@ struct Group {
     blocks: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
+/// One job's (or a raw series') aggregate of an hour and its 60 minutes,
+/// as compaction adds the hour's samples. Every sample weighs its window,
+/// raw or OFU: with adaptive sampling one sample may stand for seconds,
+/// another for 100 ms.
+struct HourAcc {
+    hour: Bucket,
+    minutes: [Bucket; 60],
+}
+
+impl Default for HourAcc {
+    fn default() -> Self {
+        HourAcc {
+            hour: Bucket::default(),
+            minutes: [Bucket::default(); 60],
+        }
+    }
+}
+
+impl HourAcc {
+    /// Adds a sample of the hour starting at `window`.
+    fn add(&mut self, window: i64, ts: i64, v: f64, tpa: f64, clk: f64, window_ms: u32) {
+        self.hour.add(ts, v, tpa, clk, window_ms);
+        let m = ((ts - window) / MINUTE_MS).clamp(0, 59) as usize;
+        self.minutes[m].add(ts, v, tpa, clk, window_ms);
+    }
+
+    /// The minutes that hold a sample, by index, in order.
+    fn minutes(&self) -> Vec<(u8, Bucket)> {
+        (0u8..)
+            .zip(self.minutes.iter())
+            .filter(|(_, b)| b.mean.count > 0)
+            .map(|(m, b)| (m, *b))
+            .collect()
+    }
+}
+
 fn upper(prefix: &[u8]) -> Vec<u8> {
     let mut to = prefix.to_vec();
     to.extend_from_slice(&[0xff; 17]);
@@ -207,21 +243,7 @@ impl Store {
         let values = old.iter().chain(&g.blocks).map(|(_, v)| v.as_slice());
         let mut ops: Vec<Op> = Vec::new();
         // The hour and its minutes per job (raw series: one entry, "").
-        let mut entries: BTreeMap<String, (Bucket, BTreeMap<u8, Bucket>)> = BTreeMap::new();
-        // Every sample weighs its window, raw or OFU: with adaptive
-        // sampling one sample may stand for seconds, another for 100 ms.
-        let mut add = |job: &str, ts: i64, v: f64, tpa: f64, clk: f64, window_ms: u32| {
-            let (hour, minutes) = match entries.get_mut(job) {
-                Some(e) => e,
-                None => entries.entry(job.to_string()).or_default(),
-            };
-            hour.add(ts, v, tpa, clk, window_ms);
-            let m = ((ts - g.window) / MINUTE_MS).clamp(0, 59) as u8;
-            minutes
-                .entry(m)
-                .or_default()
-                .add(ts, v, tpa, clk, window_ms);
-        };
+        let mut entries: BTreeMap<String, HourAcc> = BTreeMap::new();
         let samples;
         if chunk_cf == Cf::Raw {
             // The timestamps this series may share: the reference's chunk
@@ -253,8 +275,16 @@ impl Store {
                     p.peak = p.peak.map(|x| super::round_decimals(x, d));
                 }
             }
+            let acc = entries.entry(String::new()).or_default();
             for p in &points {
-                add("", p.ts_ms, p.value, 0.0, 0.0, p.window_ms.unwrap_or(0));
+                acc.add(
+                    g.window,
+                    p.ts_ms,
+                    p.value,
+                    0.0,
+                    0.0,
+                    p.window_ms.unwrap_or(0),
+                );
             }
             samples = points.len();
             let last = points.last().map_or(g.window, |p| p.ts_ms);
@@ -354,9 +384,10 @@ impl Store {
                 } else {
                     ref_clock(s, &tpa, &clocks)
                 };
+                let acc = entries.entry(job.clone()).or_default();
                 for x in s.iter() {
-                    add(
-                        job,
+                    acc.add(
+                        g.window,
                         x.ts_ms,
                         x.ofu,
                         x.tensor_active,
@@ -377,13 +408,19 @@ impl Store {
         let rollup = Rollup::per_job(
             entries
                 .into_iter()
-                .map(|(job, (hour, minutes))| {
+                .map(|(job, acc)| {
                     let minutes = if g.kind == keys::KIND_OFU {
-                        minutes.into_iter().collect()
+                        acc.minutes()
                     } else {
                         Vec::new()
                     };
-                    (job, rollup::Entry { hour, minutes })
+                    (
+                        job,
+                        rollup::Entry {
+                            hour: acc.hour,
+                            minutes,
+                        },
+                    )
                 })
                 .collect(),
         );
