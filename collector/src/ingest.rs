@@ -18,7 +18,7 @@
 
 use crate::auth::{AgentIdentity, AuthError, Credentials};
 use crate::events::EventRecord;
-use crate::limits::RetryAfter;
+use crate::limits::{RetryAfter, StreamSeries};
 use crate::live::{BatchOfu, BatchView};
 use crate::ofu::{ofu, Mean};
 use crate::state::Collector;
@@ -141,6 +141,8 @@ struct Session {
     devices: HashSet<String>,
     acked: u64,
     jobs: HashMap<String, v1::JobAssignment>,
+    /// The series this stream has counted against the tenant's cap.
+    series_seen: StreamSeries,
 }
 
 #[tonic::async_trait]
@@ -353,6 +355,7 @@ impl Session {
             hello,
             acked,
             jobs: HashMap::new(),
+            series_seen: StreamSeries::default(),
         })
     }
 
@@ -563,7 +566,10 @@ impl Session {
             devices: &self.devices,
         };
         let mut rejected = validate(&mut batch, &rules);
-        let over = self.c.limits.series(&self.tenant, &mut batch, now);
+        let over = self
+            .c
+            .limits
+            .series(&self.tenant, &mut batch, now, &mut self.series_seen);
         if over > 0 {
             *rejected.entry(Reason::SeriesLimit).or_default() += over;
         }

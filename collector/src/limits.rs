@@ -18,7 +18,7 @@
 
 use flopwatch_config::{CollectorConfig, Limits};
 use flopwatch_proto::model::Batch;
-use std::collections::hash_map::RandomState;
+use foldhash::fast::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, RwLock};
@@ -29,6 +29,10 @@ pub const COMMITS: usize = 32;
 
 /// A series counts as active this long after its last sample.
 pub const SERIES_ACTIVE_MS: i64 = 3_600_000;
+
+/// How often a stream tells the tenant's shared set that a series it
+/// already counted is still sending ([`StreamSeries`]).
+pub const SERIES_REFRESH_MS: i64 = 60_000;
 
 /// Each tenant's limits.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -73,8 +77,22 @@ struct Bucket {
 
 #[derive(Debug, Default)]
 struct SeriesSet {
-    last_seen: HashMap<u64, i64>,
+    last_seen: HashMap<u64, i64, RandomState>,
     last_sweep_ms: Option<i64>,
+}
+
+/// One stream's memory of the series it has counted in its tenant's
+/// shared set, and when it last told the set each was still sending. A
+/// batch whose series were all told within [`SERIES_REFRESH_MS`] passes
+/// without the tenant's lock or a lookup in the tenant-wide set (hundreds
+/// of thousands of entries in a large fleet): an agent sends the same
+/// series batch after batch. The active-series count is an hour's, so a
+/// minute's delay in refreshing it changes nothing; a series new to the
+/// stream, or one it has not sent for a minute, always goes to the set
+/// (and its cap).
+#[derive(Debug, Default)]
+pub struct StreamSeries {
+    told_ms: HashMap<u64, i64, RandomState>,
 }
 
 #[derive(Debug)]
@@ -113,7 +131,7 @@ impl Limiter {
         Limiter {
             table: RwLock::new(table),
             tenants: Mutex::new(HashMap::new()),
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
             global: Arc::new(Semaphore::new(COMMITS)),
         }
     }
@@ -194,25 +212,50 @@ impl Limiter {
 
     /// Drops the samples of series beyond `tenant`'s active-series cap from
     /// `batch` (known series always pass); returns how many were dropped.
-    pub fn series(&self, tenant: &str, batch: &mut Batch, now_ms: i64) -> u64 {
+    /// `stream` is the sending stream's [`StreamSeries`].
+    pub fn series(
+        &self,
+        tenant: &str,
+        batch: &mut Batch,
+        now_ms: i64,
+        stream: &mut StreamSeries,
+    ) -> u64 {
+        let keys: Vec<u64> = batch
+            .series
+            .iter()
+            .map(|s| self.hasher.hash_one((&s.gpu_uuid, &s.metric)))
+            .collect();
+        let fresh = keys.iter().all(|k| {
+            stream
+                .told_ms
+                .get(k)
+                .is_some_and(|&t| (0..SERIES_REFRESH_MS).contains(&(now_ms - t)))
+        });
+        if fresh {
+            return 0;
+        }
         let max = self.limits(tenant).max_series;
         let st = self.state(tenant);
         let mut set = st.series.lock().unwrap_or_else(|e| e.into_inner());
+        set.sweep(now_ms);
+        stream.told_ms.retain(|_, t| now_ms - *t < SERIES_ACTIVE_MS);
         let mut dropped = 0u64;
+        let mut keys = keys.into_iter();
         batch.series.retain(|s| {
-            let key = self.hasher.hash_one((&s.gpu_uuid, &s.metric));
+            let Some(key) = keys.next() else {
+                return true;
+            };
             if let Some(seen) = set.last_seen.get_mut(&key) {
                 *seen = now_ms;
+                stream.told_ms.insert(key, now_ms);
                 return true;
-            }
-            if max > 0 && set.last_seen.len() as u64 >= max {
-                set.sweep(now_ms);
             }
             if max > 0 && set.last_seen.len() as u64 >= max {
                 dropped += s.points.len() as u64;
                 return false;
             }
             set.last_seen.insert(key, now_ms);
+            stream.told_ms.insert(key, now_ms);
             true
         });
         dropped
@@ -264,7 +307,8 @@ impl Limiter {
 }
 
 impl SeriesSet {
-    /// Forgets series idle for [`SERIES_ACTIVE_MS`]; at most once a minute.
+    /// Forgets series idle for [`SERIES_ACTIVE_MS`]; at most once a minute,
+    /// so the set holds the last hour's series whatever the cap.
     fn sweep(&mut self, now_ms: i64) {
         if self.last_sweep_ms.is_some_and(|t| now_ms - t < 60_000) {
             return;
@@ -351,11 +395,12 @@ mod tests {
     #[test]
     fn series_past_the_cap_are_dropped_and_known_ones_pass() {
         let l = Limiter::new(table(0, 0, 2));
+        let mut s = StreamSeries::default();
         let mut b = batch(&[("g1", "a"), ("g1", "b"), ("g1", "c")]);
-        assert_eq!(l.series("acme", &mut b, 0), 2);
+        assert_eq!(l.series("acme", &mut b, 0, &mut s), 2);
         assert_eq!(b.series.len(), 2);
         let mut again = batch(&[("g1", "b"), ("g2", "a"), ("g1", "a")]);
-        assert_eq!(l.series("acme", &mut again, 1000), 2);
+        assert_eq!(l.series("acme", &mut again, 1000, &mut s), 2);
         let kept: Vec<_> = again
             .series
             .iter()
@@ -365,8 +410,36 @@ mod tests {
         assert_eq!(l.active_series("acme", 1000), 2);
         // An hour later the old series are idle and make room.
         let mut later = batch(&[("g2", "a")]);
-        assert_eq!(l.series("acme", &mut later, 1000 + SERIES_ACTIVE_MS + 1), 0);
-        assert_eq!(l.active_series("acme", 1000 + SERIES_ACTIVE_MS + 1), 1);
+        let t = 1000 + SERIES_ACTIVE_MS + 1;
+        assert_eq!(l.series("acme", &mut later, t, &mut s), 0);
+        assert_eq!(l.active_series("acme", t), 1);
+    }
+
+    #[test]
+    fn a_stream_that_sends_the_same_series_skips_the_set_but_keeps_them_active() {
+        let l = Limiter::new(table(0, 0, 2));
+        let (mut one, mut two) = (StreamSeries::default(), StreamSeries::default());
+        let mut t = 0;
+        // Two hours of a batch every 20 s: the series stay active (each is
+        // told to the shared set at least once a minute)...
+        while t <= 2 * SERIES_ACTIVE_MS {
+            let mut b = batch(&[("g1", "a"), ("g1", "b")]);
+            assert_eq!(l.series("acme", &mut b, t, &mut one), 0);
+            assert_eq!(l.active_series("acme", t), 2, "at {t} ms");
+            t += 20_000;
+        }
+        // ...so they still hold the cap: a third series is refused, from
+        // another stream and from this one alongside its known series.
+        let mut other = batch(&[("g2", "a")]);
+        assert_eq!(l.series("acme", &mut other, t, &mut two), 2);
+        let mut more = batch(&[("g1", "a"), ("g1", "b"), ("g1", "c")]);
+        assert_eq!(l.series("acme", &mut more, t, &mut one), 2);
+        assert_eq!(more.series.len(), 2);
+        // The stream goes quiet for an hour; its series then make room.
+        t += SERIES_ACTIVE_MS + 60_000;
+        let mut back = batch(&[("g2", "a")]);
+        assert_eq!(l.series("acme", &mut back, t, &mut two), 0);
+        assert_eq!(l.active_series("acme", t), 1);
     }
 
     #[tokio::test]

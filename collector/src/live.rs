@@ -155,17 +155,25 @@ impl Live {
         let Ok(mut gpus) = self.gpus.write() else {
             return;
         };
-        for (uuid, index, model) in &b.gpus {
-            let e = gpus
-                .entry((b.tenant.to_string(), uuid.to_string()))
-                .or_default();
-            e.tenant = b.tenant.to_string();
-            e.uuid = uuid.to_string();
+        // The batch's GPUs' keys, built once: a batch holds many series
+        // of few GPUs.
+        let keys: Vec<(String, String)> = b
+            .gpus
+            .iter()
+            .map(|(uuid, _, _)| (b.tenant.to_string(), uuid.to_string()))
+            .collect();
+        for (key, (uuid, index, model)) in keys.iter().zip(&b.gpus) {
+            let e = gpus.entry(key.clone()).or_default();
+            set(&mut e.tenant, b.tenant);
+            set(&mut e.uuid, uuid);
             e.index = *index;
-            e.model = model.to_string();
-            e.node_id = b.node_id.to_string();
-            e.hostname = b.hostname.to_string();
-            e.job = b.jobs.get(*uuid).filter(|j| !j.job_id.is_empty()).cloned();
+            set(&mut e.model, model);
+            set(&mut e.node_id, b.node_id);
+            set(&mut e.hostname, b.hostname);
+            let job = b.jobs.get(*uuid).filter(|j| !j.job_id.is_empty());
+            if e.job.as_ref() != job {
+                e.job = job.cloned();
+            }
             if let Some(o) = b.ofu.get(*uuid) {
                 e.ofu = Some(o.ofu);
                 e.tensor_active = o.tensor_active;
@@ -174,15 +182,28 @@ impl Live {
             }
             e.seen_ms = now_ms;
         }
+        let key_of = |uuid: &str| match keys.iter().find(|k| k.1 == uuid) {
+            Some(k) => k.clone(),
+            None => (b.tenant.to_string(), uuid.to_string()),
+        };
+        let mut at: Option<(&str, (String, String))> = None;
         for s in b.series {
-            let (Some(last), Some(e)) = (
-                s.points.last(),
-                gpus.get_mut(&(b.tenant.to_string(), s.gpu_uuid.clone())),
-            ) else {
+            let Some(last) = s.points.last() else {
                 continue;
             };
-            e.counters
-                .insert(s.metric.clone(), (last.ts_ms, last.value));
+            if at.as_ref().is_none_or(|(u, _)| *u != s.gpu_uuid) {
+                at = Some((s.gpu_uuid.as_str(), key_of(&s.gpu_uuid)));
+            }
+            let Some(e) = at.as_ref().and_then(|(_, k)| gpus.get_mut(k)) else {
+                continue;
+            };
+            match e.counters.get_mut(&s.metric) {
+                Some(c) => *c = (last.ts_ms, last.value),
+                None => {
+                    e.counters
+                        .insert(s.metric.clone(), (last.ts_ms, last.value));
+                }
+            }
             e.ts_ms = e.ts_ms.max(last.ts_ms);
         }
         for i in b.intervals {
@@ -329,6 +350,13 @@ pub fn group_ofu<K: Ord + Clone>(
         e.ofu /= f64::from(e.gpus.max(1));
     }
     out
+}
+
+/// `*to = from`, allocating only when it changes.
+fn set(to: &mut String, from: &str) {
+    if to != from {
+        from.clone_into(to);
+    }
 }
 
 #[cfg(test)]
