@@ -641,6 +641,27 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
         gen.procs.push((child, dir, out));
     }
     let result = run_phases(&a, &root, &config, &log, &mut col, rss0, threads0, &gen);
+    let outcome = finish(&a, &root, &mut col, &mut gen, result);
+    // A temporary root goes whatever happened: a failed run of 10,000
+    // agents leaves gigabytes of spools and store behind.
+    if tmp {
+        let _ = std::fs::remove_dir_all(&root);
+    } else {
+        println!("logs and data under {}", root.display());
+    }
+    outcome
+}
+
+/// Stops the agents (letting them drain) and the collector, then counts
+/// what was produced, acknowledged and stored.
+fn finish(
+    a: &FleetArgs,
+    root: &Path,
+    col: &mut Collector,
+    gen: &mut Generators,
+    result: anyhow::Result<Steady>,
+) -> anyhow::Result<()> {
+    let n = a.agents;
     // Whatever happened: stop the agents' sources and let them drain.
     let drained = gen.drain(Duration::from_secs(240));
     for (child, _, _) in &mut gen.procs {
@@ -656,7 +677,7 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
     let produced = field(&done, "produced");
     let acked = field(&done, "acked");
     let pending = field(&done, "pending");
-    let (checked, counted, stored) = verify(&root, &gen, a.gpus, a.metrics, a.verify_agents)?;
+    let (checked, counted, stored) = verify(root, gen, a.gpus, a.metrics, a.verify_agents)?;
     // Unacknowledged over all agents, missing from the store over those
     // checked: the larger is what was lost.
     let lost = ((produced - acked).max(0.0) as u64).max(counted.saturating_sub(stored));
@@ -667,11 +688,6 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
         "fleet result: agents={n} connected={} stored_per_s={:.0} lost={lost} produced={produced} acked={acked} checked_agents={checked} checked_produced={counted} checked_stored={stored}",
         steady.connected, steady.stored_per_s
     );
-    if tmp {
-        let _ = std::fs::remove_dir_all(&root);
-    } else {
-        println!("logs and data under {}", root.display());
-    }
     Ok(())
 }
 
