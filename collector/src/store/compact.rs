@@ -275,16 +275,19 @@ impl Store {
                     p.peak = p.peak.map(|x| super::round_decimals(x, d));
                 }
             }
-            let acc = entries.entry(String::new()).or_default();
-            for p in &points {
-                acc.add(
-                    g.window,
-                    p.ts_ms,
-                    p.value,
-                    0.0,
-                    0.0,
-                    p.window_ms.unwrap_or(0),
-                );
+            // An entry only for a series-hour with samples, as for a job.
+            if !points.is_empty() {
+                let acc = entries.entry(String::new()).or_default();
+                for p in &points {
+                    acc.add(
+                        g.window,
+                        p.ts_ms,
+                        p.value,
+                        0.0,
+                        0.0,
+                        p.window_ms.unwrap_or(0),
+                    );
+                }
             }
             samples = points.len();
             let last = points.last().map_or(g.window, |p| p.ts_ms);
@@ -384,16 +387,18 @@ impl Store {
                 } else {
                     ref_clock(s, &tpa, &clocks)
                 };
-                let acc = entries.entry(job.clone()).or_default();
-                for x in s.iter() {
-                    acc.add(
-                        g.window,
-                        x.ts_ms,
-                        x.ofu,
-                        x.tensor_active,
-                        x.sm_clock_mhz,
-                        x.window_ms,
-                    );
+                if !s.is_empty() {
+                    let acc = entries.entry(job.clone()).or_default();
+                    for x in s.iter() {
+                        acc.add(
+                            g.window,
+                            x.ts_ms,
+                            x.ofu,
+                            x.tensor_active,
+                            x.sm_clock_mhz,
+                            x.window_ms,
+                        );
+                    }
                 }
                 let last = s.last().map_or(g.window, |x| x.ts_ms);
                 ops.push(Op::Put(
