@@ -188,6 +188,8 @@ struct Group {
     run_start: i64,
     runs: VecDeque<i64>,
     tracks: Vec<Track>,
+    /// The tracks' metrics as a read-plan set ([`ReadPlan::set_of`]).
+    reads: u64,
     change: Change,
     /// The GPU's trigger group snapped: snap at the next read.
     follow: bool,
@@ -376,6 +378,7 @@ impl AdaptiveSampler {
                         run_start: now,
                         runs: VecDeque::new(),
                         tracks: Vec::new(),
+                        reads: 0,
                         change: Change::None,
                         follow: false,
                     },
@@ -384,6 +387,7 @@ impl AdaptiveSampler {
             }
         };
         let g = &mut gs[gi];
+        g.reads |= ReadPlan::set_of([metric]);
         g.tracks.push(Track {
             metric,
             agg: metrics::lookup(metric)
@@ -669,14 +673,13 @@ impl Sampler for AdaptiveSampler {
         if !self.adaptive {
             return ReadPlan::all();
         }
-        ReadPlan::skipping(
-            self.groups
-                .iter()
-                .flat_map(|(gpu, gs)| gs.iter().map(move |g| (*gpu, g)))
-                .filter(|(_, g)| !self.group_due(g, at_ms))
-                .flat_map(|(gpu, g)| g.tracks.iter().map(move |t| (gpu, t.metric)))
-                .collect(),
-        )
+        let mut plan = ReadPlan::all();
+        for (&gpu, gs) in &self.groups {
+            for g in gs.iter().filter(|g| !self.group_due(g, at_ms)) {
+                plan.skip_set(gpu, g.reads);
+            }
+        }
+        plan
     }
 
     fn observe(&mut self, capture: &mut Capture) {

@@ -1,12 +1,22 @@
 //! Slow metrics on a slower cadence than the capture interval.
 //!
 //! Cumulative counters (energy, ECC, NVLink and PCIe errors, InfiniBand
-//! errors and discards) and the NVLink link state lose nothing when read
-//! once a second instead of every 100 ms: a counter's increase between two
-//! reads is the same whether or not it was read in between, and links go
-//! down far more rarely than that. They are also the costly reads: the
-//! NVLink error counters alone are 4 NVML calls per link, 18 links × 8 GPUs
-//! per capture, most of all the calls a capture makes. [`SlowReads`] leaves
+//! errors and discards) and the NVLink and InfiniBand link state lose
+//! nothing when read once a second instead of every 100 ms: a counter's
+//! increase between two reads is the same whether or not it was read in
+//! between, and links go down far more rarely than that. They are also the
+//! costly reads: the NVLink error counters alone are 4 NVML calls per link,
+//! 18 links × 8 GPUs per capture, most of all the calls a capture makes.
+//!
+//! The host's counters are slow too. `host_cpu_util` is a window mean of
+//! `/proc/stat`'s tick counters, exact over whatever span lies between two
+//! reads; those count in ticks of 10 ms (`USER_HZ` 100), so a 100 ms
+//! window holds 10 ticks per CPU and a 1 s one 100: the longer window is
+//! the more precise. Memory and CPU frequency are context for the GPUs'
+//! figures, not what OFU is made of. And `/proc/stat` is the dearest file
+//! to read: the kernel prints every interrupt's count into it each time.
+//!
+//! [`SlowReads`] leaves
 //! them out of the read plan except at the first capture of each period
 //! (periods are aligned to the unix epoch, so every node reads them in the
 //! same query buckets); a skipped counter read is simply not taken (see
@@ -16,25 +26,33 @@ use crate::capture::ReadPlan;
 use flopwatch_proto::metrics::{self as m, Aggregation};
 use std::time::Duration;
 
-/// Metrics read once per period: every counter of the catalog, and the
-/// NVLink link state (read in the same loop over the links as the NVLink
-/// error counters, so one without the other saves nothing).
+/// Metrics read once per period: every counter of the catalog, the NVLink
+/// link state (read in the same loop over the links as the NVLink error
+/// counters, so one without the other saves nothing), the InfiniBand port
+/// state and rate, and the host's CPU and memory.
 pub fn is_slow(metric: &str) -> bool {
-    metric == m::NVLINK_LINKS_ACTIVE
-        || m::lookup(metric).is_some_and(|d| d.aggregation == Aggregation::Counter)
+    matches!(
+        metric,
+        m::NVLINK_LINKS_ACTIVE
+            | m::IB_PORT_ACTIVE
+            | m::IB_LINK_RATE_GBPS
+            | m::HOST_CPU_UTIL
+            | m::HOST_CPU_FREQ_MHZ
+            | m::HOST_MEM_AVAILABLE_BYTES
+    ) || m::lookup(metric).is_some_and(|d| d.aggregation == Aggregation::Counter)
 }
 
 /// Decides, capture by capture, whether the slow metrics are read.
 #[derive(Debug, Clone)]
 pub struct SlowReads {
     period_ms: i64,
-    /// The slow metrics of the catalog, for the plan's (device, metric) pairs.
-    metrics: Vec<&'static str>,
     /// When they were last read, unix ms.
     last_ms: Option<i64>,
-    /// The pairs skipped between reads, sorted; made again only when the
-    /// number of devices changes.
-    skip: Vec<(usize, &'static str)>,
+    /// The slow metrics as a set ([`ReadPlan::set_of`]).
+    set: u64,
+    /// What is skipped between reads; made again only when the number of
+    /// devices changes.
+    skip: ReadPlan,
     devices: usize,
 }
 
@@ -44,13 +62,9 @@ impl SlowReads {
     pub fn new(period: Duration) -> Self {
         Self {
             period_ms: i64::try_from(period.as_millis()).unwrap_or(i64::MAX),
-            metrics: m::CATALOG
-                .iter()
-                .map(|d| d.name)
-                .filter(|n| is_slow(n))
-                .collect(),
             last_ms: None,
-            skip: Vec::new(),
+            set: ReadPlan::set_of(m::CATALOG.iter().map(|d| d.name).filter(|n| is_slow(n))),
+            skip: ReadPlan::all(),
             devices: 0,
         }
     }
@@ -70,12 +84,12 @@ impl SlowReads {
             self.last_ms = Some(now_ms);
             return plan;
         }
-        if self.devices != devices || self.skip.is_empty() {
+        if self.devices != devices {
             self.devices = devices;
-            self.skip = (0..devices)
-                .flat_map(|d| self.metrics.iter().map(move |&metric| (d, metric)))
-                .collect();
-            self.skip.sort_unstable();
+            self.skip = ReadPlan::all();
+            for d in 0..devices {
+                self.skip.skip_set(d, self.set);
+            }
         }
         plan.also_skipping(&self.skip)
     }
@@ -95,10 +109,19 @@ mod tests {
             m::NVLINK_LINKS_ACTIVE,
             m::PCIE_REPLAY_TOTAL,
             m::IB_LINK_ERRORS_TOTAL,
+            m::IB_PORT_ACTIVE,
+            m::HOST_CPU_UTIL,
+            m::HOST_MEM_AVAILABLE_BYTES,
         ] {
             assert!(is_slow(metric), "{metric}");
         }
-        for metric in m::OFU_INPUTS.iter().chain(&[m::POWER_W, m::TEMP_C]) {
+        for metric in m::OFU_INPUTS.iter().chain(&[
+            m::POWER_W,
+            m::TEMP_C,
+            m::GPU_UTIL,
+            m::IB_RX_BYTES_S,
+            m::NVLINK_TX_BYTES_S,
+        ]) {
             assert!(!is_slow(metric), "{metric}");
         }
     }

@@ -84,14 +84,23 @@ pub struct Capture {
     pub events: Vec<Event>,
 }
 
-/// Which readings the next capture needs: everything except `skip`.
-/// Readings the sampler has never seen are always wanted, so a new metric
-/// or GPU is read at once.
+/// Which readings the next capture needs: everything except what it
+/// skips. Readings the sampler has never seen are always wanted, so a new
+/// metric or GPU is read at once; so is a metric outside the catalog.
+///
+/// A plan is made at every capture and asked about every reading, so it
+/// is a bit set per device (bit *i*: the catalog's *i*-th metric,
+/// [`metrics::index`]): combining two plans is an OR of words, and a
+/// question is one lookup of the name and a bit test.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReadPlan {
-    /// (gpu, metric) pairs the sampler does not need, sorted.
-    skip: Vec<(usize, &'static str)>,
+    /// Per device, the catalog metrics skipped; no trailing empty sets, so
+    /// equal plans compare equal.
+    skip: Vec<u64>,
 }
+
+// One word per device holds the whole catalog.
+const _: () = assert!(metrics::CATALOG.len() <= u64::BITS as usize);
 
 impl ReadPlan {
     /// Read everything.
@@ -99,60 +108,81 @@ impl ReadPlan {
         Self::default()
     }
 
-    /// Everything except `skip`.
-    pub fn skipping(mut skip: Vec<(usize, &'static str)>) -> Self {
-        // Plans are made at every capture, mostly from lists already in
-        // order: checking is cheaper than sorting.
-        if !skip.is_sorted() {
-            skip.sort_unstable();
+    /// Everything except `skip`, as (device, metric) pairs in any order.
+    pub fn skipping(skip: impl IntoIterator<Item = (usize, &'static str)>) -> Self {
+        let mut plan = Self::default();
+        for (device, metric) in skip {
+            plan.skip(device, metric);
         }
-        skip.dedup();
-        Self { skip }
+        plan
     }
 
-    /// This plan, also skipping `more`. Plans are combined at every
-    /// capture from lists already in order, so a sorted `more` is merged
-    /// (linear) rather than appended and sorted again.
-    pub fn also_skipping(self, more: &[(usize, &'static str)]) -> Self {
-        if more.is_empty() {
-            return self;
+    /// Also skips `metric` of `device` (nothing when it is not in the
+    /// catalog: such a metric is always read).
+    pub fn skip(&mut self, device: usize, metric: &str) {
+        if let Some(i) = metrics::index(metric) {
+            self.skip_set(device, 1 << i);
         }
-        if !more.is_sorted() {
-            let mut skip = self.skip;
-            skip.extend_from_slice(more);
-            return Self::skipping(skip);
-        }
-        let mut skip = Vec::with_capacity(self.skip.len() + more.len());
-        let (mut a, mut b) = (
-            self.skip.into_iter().peekable(),
-            more.iter().copied().peekable(),
-        );
-        loop {
-            let next = match (a.peek(), b.peek()) {
-                (Some(x), Some(y)) if x <= y => a.next(),
-                (Some(_), Some(_)) | (None, Some(_)) => b.next(),
-                (Some(_), None) => a.next(),
-                (None, None) => break,
-            };
-            if let Some(p) = next {
-                if skip.last() != Some(&p) {
-                    skip.push(p);
-                }
-            }
-        }
-        Self { skip }
     }
 
-    /// Whether `metric` of `gpu` should be read.
-    pub fn wants(&self, gpu: usize, metric: &str) -> bool {
+    /// Also skips the metrics of `set` (a bit set as [`ReadPlan::set_of`]
+    /// makes) of `device`.
+    pub fn skip_set(&mut self, device: usize, set: u64) {
+        if set == 0 {
+            return;
+        }
+        if self.skip.len() <= device {
+            self.skip.resize(device + 1, 0);
+        }
+        self.skip[device] |= set;
+    }
+
+    /// The bit set of `names` (those in the catalog), for
+    /// [`ReadPlan::skip_set`].
+    pub fn set_of<'a>(names: impl IntoIterator<Item = &'a str>) -> u64 {
+        names
+            .into_iter()
+            .filter_map(metrics::index)
+            .fold(0, |set, i| set | 1 << i)
+    }
+
+    /// This plan, also skipping what `other` skips.
+    pub fn also_skipping(mut self, other: &ReadPlan) -> Self {
+        if self.skip.len() < other.skip.len() {
+            self.skip.resize(other.skip.len(), 0);
+        }
+        for (a, b) in self.skip.iter_mut().zip(&other.skip) {
+            *a |= b;
+        }
+        self
+    }
+
+    /// Whether `metric` of `device` should be read.
+    pub fn wants(&self, device: usize, metric: &str) -> bool {
+        match (self.skip.get(device), metrics::index(metric)) {
+            (Some(set), Some(i)) => set & (1 << i) == 0,
+            _ => true,
+        }
+    }
+
+    /// How many (device, metric) pairs may be skipped.
+    pub fn skipped_count(&self) -> usize {
+        self.skip.iter().map(|s| s.count_ones() as usize).sum()
+    }
+
+    /// The pairs that may be skipped, by device, then in catalog order.
+    pub fn skipped(&self) -> Vec<(usize, &'static str)> {
         self.skip
-            .binary_search_by(|&(g, m)| (g, m).cmp(&(gpu, metric)))
-            .is_err()
-    }
-
-    /// The pairs that may be skipped.
-    pub fn skipped(&self) -> &[(usize, &'static str)] {
-        &self.skip
+            .iter()
+            .enumerate()
+            .flat_map(|(device, &set)| {
+                metrics::CATALOG
+                    .iter()
+                    .enumerate()
+                    .filter(move |(i, _)| set & (1 << i) != 0)
+                    .map(move |(_, m)| (device, m.name))
+            })
+            .collect()
     }
 }
 
@@ -242,28 +272,47 @@ mod tests {
     }
 
     #[test]
-    fn combined_plans_skip_the_union_in_order_once() {
+    fn combined_plans_skip_the_union() {
         use metrics::{POWER_W as P, SM_ACTIVE as S, TENSOR_ACTIVE as T};
-        let base = ReadPlan::skipping(vec![(0, T), (2, P), (1, S)]);
-        let union = |more: &[(usize, &'static str)]| {
-            let mut want: Vec<_> = base.skipped().iter().chain(more).copied().collect();
-            want.sort_unstable();
-            want.dedup();
-            want
-        };
+        let base = vec![(0, T), (2, P), (1, S)];
         for more in [
             vec![(0, P), (1, S), (3, T)],
             vec![(3, T), (0, P), (1, S)],
             vec![(0, T), (2, P)],
             vec![(5, S)],
+            vec![],
         ] {
-            let got = ReadPlan::skipping(base.skipped().to_vec()).also_skipping(&more);
-            assert_eq!(got.skipped(), union(&more).as_slice(), "{more:?}");
-            for (g, m) in union(&more) {
-                assert!(!got.wants(g, m));
+            let got =
+                ReadPlan::skipping(base.clone()).also_skipping(&ReadPlan::skipping(more.clone()));
+            let mut want: Vec<_> = base.iter().chain(&more).copied().collect();
+            want.sort_by_key(|&(d, m)| (d, metrics::index(m)));
+            want.dedup();
+            assert_eq!(got.skipped(), want, "{more:?}");
+            assert_eq!(got.skipped_count(), want.len());
+            for (g, m) in &want {
+                assert!(!got.wants(*g, m));
             }
-            assert!(got.wants(4, T));
+            assert!(got.wants(4, T) && got.wants(0, S) && got.wants(9, P));
+            // The same plan made in another order is equal.
+            let mut rev = want.clone();
+            rev.reverse();
+            assert_eq!(ReadPlan::skipping(rev), got);
         }
+        assert_eq!(
+            ReadPlan::all().also_skipping(&ReadPlan::all()),
+            ReadPlan::all()
+        );
+    }
+
+    #[test]
+    fn a_metric_outside_the_catalog_is_always_read() {
+        let plan = ReadPlan::skipping(vec![(0, "not_a_metric"), (0, metrics::POWER_W)]);
+        assert!(plan.wants(0, "not_a_metric"));
+        assert!(!plan.wants(0, metrics::POWER_W));
+        assert_eq!(plan.skipped(), vec![(0, metrics::POWER_W)]);
+        let mut set_plan = ReadPlan::all();
+        set_plan.skip_set(0, ReadPlan::set_of([metrics::POWER_W, "not_a_metric"]));
+        assert_eq!(set_plan, plan);
     }
 
     #[test]

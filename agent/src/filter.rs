@@ -19,8 +19,8 @@ pub struct MetricFilter {
     config: Option<HashSet<String>>,
     /// The collector policy's list (all metrics when empty).
     policy: Vec<String>,
-    /// (gpu, metric) pairs seen and dropped, sorted.
-    dropped: Vec<(usize, &'static str)>,
+    /// (gpu, metric) pairs seen and dropped.
+    dropped: ReadPlan,
 }
 
 impl MetricFilter {
@@ -38,7 +38,7 @@ impl MetricFilter {
     pub fn set_policy(&mut self, metrics: &[String]) {
         if self.policy != metrics {
             self.policy = metrics.to_vec();
-            self.dropped.clear();
+            self.dropped = ReadPlan::all();
         }
     }
 
@@ -60,9 +60,7 @@ impl MetricFilter {
             g.readings.retain(|r| {
                 let keep = self.keeps(r.metric);
                 if !keep {
-                    if let Err(i) = dropped.binary_search(&(gpu, r.metric)) {
-                        dropped.insert(i, (gpu, r.metric));
-                    }
+                    dropped.skip(gpu, r.metric);
                 }
                 keep
             });
@@ -72,9 +70,6 @@ impl MetricFilter {
 
     /// `plan` without the readings this filter drops.
     pub fn plan(&self, plan: ReadPlan) -> ReadPlan {
-        if self.dropped.is_empty() {
-            return plan;
-        }
         plan.also_skipping(&self.dropped)
     }
 }

@@ -266,7 +266,7 @@ impl Sampling {
         );
         self.stats
             .reads_skipped
-            .fetch_add(plan.skipped().len() as u64, Ordering::Relaxed);
+            .fetch_add(plan.skipped_count() as u64, Ordering::Relaxed);
         Some(CaptureJob {
             at: now,
             plan,
