@@ -91,12 +91,14 @@ pub struct Capture {
 /// A plan is made at every capture and asked about every reading, so it
 /// is a bit set per device (bit *i*: the catalog's *i*-th metric,
 /// [`metrics::index`]): combining two plans is an OR of words, and a
-/// question is one lookup of the name and a bit test.
+/// question is one lookup of the name and a bit test. A node's devices
+/// (8 GPUs, their InfiniBand ports, NUMA nodes, the host) fit in the plan
+/// itself, so making one allocates nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReadPlan {
     /// Per device, the catalog metrics skipped; no trailing empty sets, so
     /// equal plans compare equal.
-    skip: Vec<u64>,
+    skip: smallvec::SmallVec<[u64; 24]>,
 }
 
 // One word per device holds the whole catalog.

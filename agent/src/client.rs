@@ -11,8 +11,9 @@
 //! not sent to two collectors when it can be helped).
 
 use crate::outbox::Outbox;
+use crate::wire::{self, Outgoing};
 use flopwatch_proto::model::{Hello, Policy};
-use flopwatch_proto::v1::{self, agent_message, collector_message, AgentMessage};
+use flopwatch_proto::v1::{self, collector_message};
 use flopwatch_transport::TlsClient;
 use std::sync::Arc;
 use std::time::Duration;
@@ -227,17 +228,9 @@ async fn session(
         Ok(c) => c,
         Err(e) => return failed(format!("connect: {e}")),
     };
-    let mut client =
-        v1::ingest_client::IngestClient::new(channel).max_decoding_message_size(16 << 20);
-    let (tx, rx) = mpsc::channel::<AgentMessage>(WINDOW + 2);
+    let (tx, rx) = mpsc::channel::<Outgoing>(WINDOW + 2);
     let hello: v1::Hello = opts.hello.clone().into();
-    if tx
-        .send(AgentMessage {
-            msg: Some(agent_message::Msg::Hello(hello)),
-        })
-        .await
-        .is_err()
-    {
+    if tx.send(Outgoing::Hello(Box::new(hello))).await.is_err() {
         return failed("stream closed");
     }
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
@@ -249,8 +242,8 @@ async fn session(
             Err(_) => return failed("token is not valid header text"),
         }
     }
-    let mut inbound = match client.stream(request).await {
-        Ok(r) => r.into_inner(),
+    let mut inbound = match wire::open(channel, request, 16 << 20).await {
+        Ok(r) => r,
         Err(s) => return failed(format!("{}: {}", s.code(), s.message())),
     };
     let welcome = match tokio::time::timeout(ACK_TIMEOUT, inbound.message()).await {
@@ -335,13 +328,7 @@ async fn session(
             };
             tokens -= batches.len() as f64;
             for b in batches {
-                if tx
-                    .send(AgentMessage {
-                        msg: Some(agent_message::Msg::Batch(b)),
-                    })
-                    .await
-                    .is_err()
-                {
+                if tx.send(Outgoing::Batch(b)).await.is_err() {
                     return end("send failed");
                 }
             }

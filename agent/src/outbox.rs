@@ -31,7 +31,9 @@ use tokio::sync::Notify;
 use tracing::warn;
 
 struct Entry {
-    batch: v1::Batch,
+    /// Shared with the stream that sends it ([`crate::wire::Outgoing`]):
+    /// put on the wire without a copy.
+    batch: Arc<v1::Batch>,
     sent: bool,
     /// When it was last put on the wire (for [`OutboxStats::ack_latency`]).
     sent_at: Option<tokio::time::Instant>,
@@ -147,7 +149,7 @@ impl Outbox {
             inner.mem_upto = b.seq;
             inner.entries.push_back(Entry {
                 uncertain: b.seq <= inner.uncertain_upto,
-                batch: b,
+                batch: Arc::new(b),
                 sent: false,
                 sent_at: None,
             });
@@ -176,7 +178,7 @@ impl Outbox {
                         if in_order && inner.entries.len() < self.capacity {
                             inner.mem_upto = batch.seq;
                             inner.entries.push_back(Entry {
-                                batch,
+                                batch: Arc::new(batch),
                                 sent: false,
                                 sent_at: None,
                                 uncertain: false,
@@ -217,7 +219,7 @@ impl Outbox {
                 return;
             }
             inner.entries.push_back(Entry {
-                batch,
+                batch: Arc::new(batch),
                 sent: false,
                 sent_at: None,
                 uncertain: false,
@@ -286,7 +288,9 @@ impl Outbox {
 
     /// The next batches to put on the wire, keeping at most `window`
     /// unacknowledged; numbers them if new.
-    pub fn next_to_send(&self, window: usize) -> Vec<v1::Batch> {
+    /// The batches are shared with the outbox, which keeps them until
+    /// they are acknowledged.
+    pub fn next_to_send(&self, window: usize) -> Vec<Arc<v1::Batch>> {
         let mut inner = self.lock();
         self.refill(&mut inner);
         let mut in_flight = inner.entries.iter().filter(|e| e.sent).count();
@@ -299,16 +303,19 @@ impl Outbox {
             if e.sent {
                 continue;
             }
-            if e.batch.seq == 0 {
-                e.batch.seq = next_seq;
-                next_seq += 1;
+            if e.batch.seq == 0 || e.batch.uncertain != e.uncertain {
+                // Copies only if a stream that ended still holds it.
+                let b = Arc::make_mut(&mut e.batch);
+                if b.seq == 0 {
+                    b.seq = next_seq;
+                    next_seq += 1;
+                }
+                b.uncertain = e.uncertain;
             }
             e.sent = true;
             e.sent_at = Some(tokio::time::Instant::now());
             in_flight += 1;
-            let mut b = e.batch.clone();
-            b.uncertain = e.uncertain;
-            out.push(b);
+            out.push(Arc::clone(&e.batch));
         }
         inner.next_seq = next_seq;
         out
@@ -575,7 +582,7 @@ mod tests {
         assert_eq!(sent, vec![6]);
     }
 
-    fn flags(sent: &[v1::Batch]) -> Vec<(u64, bool)> {
+    fn flags(sent: &[Arc<v1::Batch>]) -> Vec<(u64, bool)> {
         sent.iter().map(|b| (b.seq, b.uncertain)).collect()
     }
 
