@@ -84,6 +84,7 @@
 
 use crate::capture::{Capture, GpuCapture, ReadPlan, Reading};
 use crate::sampler::Sampler;
+use crate::trailing::Trailing;
 use flopwatch_config::SamplingConfig;
 use flopwatch_proto::metrics::{self, Aggregation};
 use rand::rngs::SmallRng;
@@ -150,7 +151,7 @@ struct Track {
     agg: Aggregation,
     floor: f64,
     /// Checked reads in the trailing `peak_window`.
-    ring: VecDeque<(i64, f64)>,
+    ring: Trailing,
     seen_since: Option<i64>,
     /// Trailing peak at the last change (case (a)'s collected peak).
     reference: Option<f64>,
@@ -230,6 +231,10 @@ pub struct AdaptiveSampler {
     groups: BTreeMap<usize, Vec<Group>>,
     rng: SmallRng,
     stats: SamplerStats,
+    /// Per group of the GPU being observed: not due, read this capture
+    /// (kept to reuse their memory).
+    not_due: Vec<bool>,
+    touched: Vec<bool>,
 }
 
 fn ms(d: Duration) -> i64 {
@@ -272,6 +277,8 @@ impl AdaptiveSampler {
             groups: BTreeMap::new(),
             rng: SmallRng::seed_from_u64(seed),
             stats: SamplerStats::default(),
+            not_due: Vec::new(),
+            touched: Vec::new(),
         }
     }
 
@@ -394,7 +401,7 @@ impl AdaptiveSampler {
                 .map(|m| m.aggregation)
                 .unwrap_or(Aggregation::Point),
             floor: floor_for(metric),
-            ring: VecDeque::new(),
+            ring: Trailing::default(),
             seen_since: None,
             reference: None,
             learn_since: now,
@@ -544,21 +551,14 @@ impl Track {
         peak.abs().max(self.floor)
     }
 
-    fn ring_peak(&self) -> f64 {
-        self.ring.iter().map(|x| x.1).fold(f64::MIN, f64::max)
-    }
-
     /// Adds a checked read of one capture window.
     fn check(&mut self, now: i64, v: f64, p: &Params) -> Change {
-        self.ring.push_back((now, v));
-        while self.ring.front().is_some_and(|f| f.0 <= now - p.window_ms) {
-            self.ring.pop_front();
-        }
+        self.ring.push(now, v, p.window_ms);
         let seen = *self.seen_since.get_or_insert(now);
         // A window's worth of reads (90 %: capture times jitter).
         let full = now - seen >= p.window_ms
             && self.ring.len() as i64 * p.capture_ms * 10 >= p.window_ms * 9;
-        let peak = self.ring_peak();
+        let peak = self.ring.peak();
         let mut out = Change::None;
         // (a) the trailing peak moved ≥ θ away from the reference peak.
         match self.reference {
@@ -620,11 +620,11 @@ impl Track {
         out
     }
 
-    fn density(&self, lo: f64) -> f64 {
+    fn density(&mut self, lo: f64) -> f64 {
         if self.ring.is_empty() {
             return 1.0;
         }
-        self.ring.iter().filter(|x| x.1 >= lo).count() as f64 / self.ring.len() as f64
+        self.ring.count_at_least(lo) as f64 / self.ring.len() as f64
     }
 }
 
@@ -706,9 +706,11 @@ impl Sampler for AdaptiveSampler {
             let fine_ms = cw.max(self.capture_ms as u64) * 3 / 2;
             // Decided before this capture changes any state, so the checks
             // only see the reads the plan asked for.
-            let mut not_due: Vec<bool> = self.groups.get(&gpu).map_or_else(Vec::new, |gs| {
-                gs.iter().map(|g| !self.group_due(g, now)).collect()
-            });
+            let mut not_due = std::mem::take(&mut self.not_due);
+            not_due.clear();
+            if let Some(gs) = self.groups.get(&gpu) {
+                not_due.extend(gs.iter().map(|g| !self.group_due(g, now)));
+            }
             // Cut at an `align` boundary before this capture joins.
             for g in self.groups.get_mut(&gpu).into_iter().flatten() {
                 if g.crosses(now, self.align_ms) {
@@ -719,7 +721,9 @@ impl Sampler for AdaptiveSampler {
                 .iter()
                 .find(|r| r.metric == metrics::TENSOR_ACTIVE)
                 .map(|r| r.value.clamp(0.0, 1.0));
-            let mut touched = vec![false; not_due.len()];
+            let mut touched = std::mem::take(&mut self.touched);
+            touched.clear();
+            touched.resize(not_due.len(), false);
             for r in readings {
                 let ((gi, ti), inserted) = self.group_for(gpu, r.metric, now);
                 if inserted {
@@ -750,7 +754,13 @@ impl Sampler for AdaptiveSampler {
             // In order of name: the trigger group first, so that its snap
             // reaches the others.
             let mut trigger_snapped = false;
-            for (g, touched) in self.groups.get_mut(&gpu).into_iter().flatten().zip(touched) {
+            for (g, &touched) in self
+                .groups
+                .get_mut(&gpu)
+                .into_iter()
+                .flatten()
+                .zip(&touched)
+            {
                 if !touched {
                     // Not read this capture: a trigger snap makes it due.
                     g.follow |= trigger_snapped && !g.trigger;
@@ -782,6 +792,8 @@ impl Sampler for AdaptiveSampler {
                 }
             }
             self.stats.samples += gc.readings.len() as u64;
+            self.not_due = not_due;
+            self.touched = touched;
         }
     }
 }

@@ -34,6 +34,7 @@ pub mod source;
 mod split;
 mod spool;
 mod telemetry;
+mod trailing;
 mod wire;
 
 pub use adaptive::{floor_for, AdaptiveSampler, WEIGHTED_CLOCK_STEPS_PER_MHZ};
