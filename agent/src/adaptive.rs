@@ -189,6 +189,9 @@ struct Group {
     run_start: i64,
     runs: VecDeque<i64>,
     tracks: Vec<Track>,
+    /// Tracks still learning (no `learned`): the group is learning while
+    /// any is, asked twice per capture.
+    unlearned: usize,
     /// The tracks' metrics as a read-plan set ([`ReadPlan::set_of`]).
     reads: u64,
     change: Change,
@@ -385,6 +388,7 @@ impl AdaptiveSampler {
                         run_start: now,
                         runs: VecDeque::new(),
                         tracks: Vec::new(),
+                        unlearned: 0,
                         reads: 0,
                         change: Change::None,
                         follow: false,
@@ -395,6 +399,7 @@ impl AdaptiveSampler {
         };
         let g = &mut gs[gi];
         g.reads |= ReadPlan::set_of([metric]);
+        g.unlearned += 1;
         g.tracks.push(Track {
             metric,
             agg: metrics::lookup(metric)
@@ -435,7 +440,11 @@ impl Group {
     }
 
     fn learning(&self) -> bool {
-        self.tracks.iter().any(|t| t.learned.is_none())
+        debug_assert_eq!(
+            self.unlearned,
+            self.tracks.iter().filter(|t| t.learned.is_none()).count()
+        );
+        self.unlearned > 0
     }
 
     /// The send period is over.
@@ -538,6 +547,7 @@ impl Group {
         self.interval_ms = self.min_ms;
         self.period_start = now;
         self.follow = false;
+        self.unlearned = self.tracks.len();
         for t in &mut self.tracks {
             t.learned = None;
             t.learn_since = now;
@@ -747,7 +757,9 @@ impl Sampler for AdaptiveSampler {
                 t.last_ms = now;
                 t.peak = t.peak.max(r.peak.unwrap_or(r.value));
                 if checked && w <= fine_ms {
+                    let was_learning = t.learned.is_none();
                     let c = t.check(now, r.value, &p);
+                    g.unlearned -= usize::from(was_learning && t.learned.is_some());
                     g.change = g.change.max(c);
                 }
             }
