@@ -24,6 +24,7 @@
 
 use crate::spool::{Spool, SpoolStats, SyncJob};
 use flopwatch_proto::v1;
+use prost::Message;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,6 +35,9 @@ struct Entry {
     /// Shared with the stream that sends it ([`crate::wire::Outgoing`]):
     /// put on the wire without a copy.
     batch: Arc<v1::Batch>,
+    /// Its encoded size when queued (asked at every batch cut, for
+    /// [`Outbox::pending_bytes`]: measured once, not at every ask).
+    bytes: u64,
     sent: bool,
     /// When it was last put on the wire (for [`OutboxStats::ack_latency`]).
     sent_at: Option<tokio::time::Instant>,
@@ -149,6 +153,7 @@ impl Outbox {
             inner.mem_upto = b.seq;
             inner.entries.push_back(Entry {
                 uncertain: b.seq <= inner.uncertain_upto,
+                bytes: b.encoded_len() as u64,
                 batch: Arc::new(b),
                 sent: false,
                 sent_at: None,
@@ -178,6 +183,7 @@ impl Outbox {
                         if in_order && inner.entries.len() < self.capacity {
                             inner.mem_upto = batch.seq;
                             inner.entries.push_back(Entry {
+                                bytes: batch.encoded_len() as u64,
                                 batch: Arc::new(batch),
                                 sent: false,
                                 sent_at: None,
@@ -219,6 +225,7 @@ impl Outbox {
                 return;
             }
             inner.entries.push_back(Entry {
+                bytes: batch.encoded_len() as u64,
                 batch: Arc::new(batch),
                 sent: false,
                 sent_at: None,
@@ -392,13 +399,8 @@ impl Outbox {
     /// Encoded bytes of the batches held (sent or not): what the agent
     /// would lose if it died now.
     pub fn pending_bytes(&self) -> u64 {
-        use prost::Message;
         let inner = self.lock();
-        let mem: u64 = inner
-            .entries
-            .iter()
-            .map(|e| e.batch.encoded_len() as u64)
-            .sum();
+        let mem: u64 = inner.entries.iter().map(|e| e.bytes).sum();
         match &inner.spool {
             // What is on disk is not lost by a crash; report the larger.
             Some(s) => mem.max(s.bytes()),
@@ -470,6 +472,22 @@ mod tests {
         o.welcome(43);
         assert!(o.is_empty());
         assert_eq!(o.stats.acked_batches.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn pending_bytes_are_the_held_batches_until_acked() {
+        let o = Outbox::new(8);
+        assert_eq!(o.pending_bytes(), 0);
+        let (a, b) = (batch(3), batch(500));
+        let want = (a.encoded_len() + b.encoded_len()) as u64;
+        o.push(a);
+        o.push(b);
+        assert_eq!(o.pending_bytes(), want);
+        o.welcome(0);
+        let sent = o.next_to_send(1);
+        assert_eq!(o.pending_bytes(), want, "sent is still held");
+        o.ack(sent[0].seq);
+        assert_eq!(o.pending_bytes(), batch(500).encoded_len() as u64);
     }
 
     fn spooled(dir: &std::path::Path, capacity: usize) -> Outbox {
