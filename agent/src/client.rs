@@ -5,11 +5,12 @@
 //! Collectors are tried in the node's rendezvous order
 //! ([`crate::placement`]): the home collector first, then the next when a
 //! stream fails, when a connection cannot be made, or when batches on the
-//! wire get no acknowledgement for [`ACK_TIMEOUT`]. While away from home
+//! wire get no acknowledgement in time ([`crate::deadline`]). While away from home
 //! the client checks home every [`HOME_PROBE`] (a gRPC health check) and
 //! goes back once it answers, after the batches on the wire are acknowledged (so a batch is
 //! not sent to two collectors when it can be helped).
 
+use crate::deadline::AckDeadline;
 use crate::outbox::Outbox;
 use crate::wire::{self, Outgoing};
 use flopwatch_proto::model::{Hello, Policy};
@@ -26,9 +27,10 @@ use tracing::{debug, info, warn};
 
 /// Unacknowledged batches allowed on the wire.
 pub const WINDOW: usize = 8;
-/// Batches on the wire with no answer for this long: the collector is
-/// treated as dead and the next one is tried.
-pub const ACK_TIMEOUT: Duration = Duration::from_secs(4);
+/// Batches on the wire with no answer for this long (more while the
+/// collector has been answering slowly, [`crate::deadline`]): the collector
+/// is treated as dead and the next one is tried.
+pub use crate::deadline::ACK_TIMEOUT;
 /// How often a client away from its home collector checks whether home is
 /// back.
 pub const HOME_PROBE: Duration = Duration::from_secs(2);
@@ -105,6 +107,7 @@ pub async fn run(opts: ClientOptions, outbox: Arc<Outbox>, state: watch::Sender<
     let mut i = 0usize;
     let mut failed_in_row = 0usize;
     let mut deadline: Option<Instant> = None;
+    let mut ack = AckDeadline::new();
     loop {
         if outbox.is_closed() {
             if outbox.is_empty() {
@@ -122,7 +125,7 @@ pub async fn run(opts: ClientOptions, outbox: Arc<Outbox>, state: watch::Sender<
         let pos = i % order.len();
         let url = &opts.collectors[order[pos]];
         let home = (pos != 0).then(|| opts.collectors[order[0]].as_str());
-        match session(&opts, url, home, &outbox, &state, &mut deadline).await {
+        match session(&opts, url, home, &outbox, &state, &mut deadline, &mut ack).await {
             End::Shutdown => return,
             End::Home => {
                 state.send_modify(|s| s.connected_to = None);
@@ -223,6 +226,7 @@ async fn session(
     outbox: &Outbox,
     state: &watch::Sender<ClientState>,
     drain_deadline: &mut Option<Instant>,
+    ack: &mut AckDeadline,
 ) -> End {
     let channel = match connect(&opts.tls, url).await {
         Ok(c) => c,
@@ -246,7 +250,7 @@ async fn session(
         Ok(r) => r,
         Err(s) => return failed(format!("{}: {}", s.code(), s.message())),
     };
-    let welcome = match tokio::time::timeout(ACK_TIMEOUT, inbound.message()).await {
+    let welcome = match tokio::time::timeout(ack.current(), inbound.message()).await {
         Ok(Ok(Some(v1::CollectorMessage {
             msg: Some(collector_message::Msg::Welcome(w)),
         }))) => w,
@@ -301,7 +305,7 @@ async fn session(
         }
         if in_flight == 0 {
             last_answer = Instant::now();
-        } else if last_answer.elapsed() > ACK_TIMEOUT {
+        } else if last_answer.elapsed() > ack.current() {
             return end("no acknowledgement in time");
         }
         if let Some(r) = rate {
@@ -349,7 +353,7 @@ async fn session(
         let now = Instant::now();
         let mut wake = now + IDLE_WAKE;
         if in_flight > 0 {
-            wake = wake.min(last_answer + ACK_TIMEOUT);
+            wake = wake.min(last_answer + ack.current());
         }
         for t in [
             *drain_deadline,
@@ -370,6 +374,9 @@ async fn session(
         tokio::select! {
             m = inbound.message() => match m {
                 Ok(Some(v1::CollectorMessage { msg: Some(m) })) => {
+                    if outbox.in_flight() > 0 {
+                        ack.answered_after(last_answer.elapsed());
+                    }
                     last_answer = Instant::now();
                     match m {
                         collector_message::Msg::Ack(a) => outbox.ack(a.seq),

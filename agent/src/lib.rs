@@ -20,6 +20,7 @@ mod cadence;
 mod capture;
 pub mod client;
 mod clock;
+pub mod deadline;
 mod filter;
 mod health;
 mod identity;

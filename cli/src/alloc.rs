@@ -1,4 +1,16 @@
-//! The C allocator's settings for a long-running process.
+//! The allocators of a long-running process.
+//!
+//! A build with the collector allocates its Rust memory with mimalloc. A
+//! collector under a fleet allocates and frees a few thousand small
+//! blocks per batch (a batch's decoded series, keys and values of its
+//! write, acknowledgements), from many tasks on a few threads; with
+//! glibc's malloc a third of its CPU went to `malloc`, `free` and
+//! `malloc_consolidate` at 10,000 agent streams (docs/BENCHMARKS.md,
+//! fleet). The agent-only build keeps the C allocator: a node agent
+//! allocates little, and every resident page counts there.
+//!
+//! RocksDB's own C++ allocations (memtables, block cache) stay with the C
+//! allocator, whose settings follow.
 //!
 //! glibc's malloc raises its mmap threshold every time a large block is
 //! freed (up to 32 MiB), so after RocksDB's first memtables are flushed
@@ -35,3 +47,8 @@ pub fn tune() {
         set("MALLOC_ARENA_MAX", libc::M_ARENA_MAX, 2);
     }
 }
+
+/// The collector's allocator (see the module docs).
+#[cfg(feature = "collector")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -193,18 +193,29 @@ impl Accepted {
 }
 
 /// Where `bench ingest`'s samples start: far enough back that a run of
-/// `duration` never reaches the present. Every stream's series advance
-/// 100 ms per point, so at a rate of r samples/s over S series a run
-/// covers r / S / 10 seconds of sample time per second; `DATA_PER_SECOND`
-/// is that bound (at the default 1,280 series, 19 M samples/s). A run
-/// that outruns it has samples refused as too far in the future, and
+/// `duration` never reaches the present. Every series advances 100 ms per
+/// point, so at a rate of r samples/s over S series a run covers
+/// r / S / 10 seconds of sample time per second; [`MAX_RATE`] bounds r. A
+/// run that outruns it has samples refused as too far in the future, and
 /// [`ingest`] fails rather than report a rate.
 fn ingest_start_ms(a: &IngestArgs) -> anyhow::Result<i64> {
-    const DATA_PER_SECOND: u64 = 1_500;
     let duration_ms = crate::parse_ms(&a.duration)? as u64;
-    let span = (duration_ms * DATA_PER_SECOND).max(3_600_000);
+    let series = (a.streams * a.gpus * a.metrics.min(CATALOG.len())).max(1) as u64;
+    let span = (duration_ms * (MAX_RATE / series / 10)).max(3_600_000);
+    // Well inside the collector's default 30-day retention.
+    if span > 20 * 86_400_000 {
+        anyhow::bail!(
+            "a {} run over {series} series could cover {} days of sample time: run it shorter or with more series",
+            a.duration,
+            span / 86_400_000
+        );
+    }
     Ok(flopwatch_proto::clock::SystemClock.now_ms() - span as i64)
 }
+
+/// The most samples per second `bench ingest` plans for (above any rate
+/// measured on the 2-core machine, docs/BENCHMARKS.md).
+const MAX_RATE: u64 = 40_000_000;
 
 /// The collector's durable ingest rate, the samples of [`sample`] from
 /// `start_ms`.

@@ -18,6 +18,7 @@
 
 use crate::auth::{AgentIdentity, AuthError, Credentials};
 use crate::events::EventRecord;
+use crate::inbound;
 use crate::limits::{RetryAfter, StreamSeries};
 use crate::live::{BatchOfu, BatchView};
 use crate::ofu::{ofu, Mean};
@@ -34,7 +35,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Code, Request, Response, Status, Streaming};
+use tokio_stream::{Stream, StreamExt};
+use tonic::codegen::http;
+use tonic::{Code, Request, Response, Status};
 use tracing::{debug, info, warn, Instrument};
 
 /// Messages queued towards one agent.
@@ -101,63 +104,33 @@ impl IngestService {
         }
     }
 
-    /// As a tonic server, with the decoding limit above the batch limit so
-    /// oversize batches get a Reject rather than a broken stream.
-    pub fn server(self) -> v1::ingest_server::IngestServer<Self> {
+    /// As a gRPC service, with the decoding limit above the batch limit so
+    /// oversize batches get a Reject rather than a broken stream. The
+    /// stream's wire is [`crate::inbound`]'s: no buffer is held between
+    /// an agent's batches.
+    pub fn server(self) -> IngestRoute {
         let limit = self.collector.settings.max_batch_bytes as usize;
-        v1::ingest_server::IngestServer::new(self)
-            .max_decoding_message_size(limit.saturating_mul(2).max(16 << 20))
+        IngestRoute {
+            service: self,
+            max_message: limit.saturating_mul(2).max(16 << 20),
+        }
     }
-}
 
-fn msg(m: collector_message::Msg) -> Result<CollectorMessage, Status> {
-    Ok(CollectorMessage { msg: Some(m) })
-}
-
-/// A GPU's tensor activity, averaged clock and point clock in one batch.
-type OfuInputs<'a> = (
-    Option<&'a [flopwatch_proto::model::Point]>,
-    Option<&'a [flopwatch_proto::model::Point]>,
-    Option<&'a [flopwatch_proto::model::Point]>,
-);
-
-/// One agent's session.
-struct Session {
-    c: Arc<Collector>,
-    tenant: String,
-    /// Who the stream authenticated as, what it presented, and the
-    /// credential table's generation it was checked against.
-    identity: AgentIdentity,
-    creds: Credentials,
-    auth_generation: u64,
-    /// A batch refused for the tenant's rate, and until when: it and every
-    /// later batch are refused (not consumed) until the agent sends it
-    /// again.
-    throttled: Option<(u64, i64, Defer)>,
-    agent: AgentKey,
-    hello: Hello,
-    gpus: HashSet<String>,
-    /// Ids of the node's devices (InfiniBand ports, NUMA nodes, the host).
-    devices: HashSet<String>,
-    acked: u64,
-    jobs: HashMap<String, v1::JobAssignment>,
-    /// The series this stream has counted against the tenant's cap.
-    series_seen: StreamSeries,
-}
-
-#[tonic::async_trait]
-impl v1::ingest_server::Ingest for IngestService {
-    type StreamStream = ReceiverStream<Result<CollectorMessage, Status>>;
-
-    async fn stream(
+    /// Opens an agent's session on its stream of messages and returns the
+    /// stream of answers.
+    async fn open<S>(
         &self,
-        request: Request<Streaming<AgentMessage>>,
-    ) -> Result<Response<Self::StreamStream>, Status> {
+        request: Request<S>,
+    ) -> Result<Response<ReceiverStream<Result<CollectorMessage, Status>>>, Status>
+    where
+        S: Stream<Item = Result<AgentMessage, Status>> + Unpin + Send + 'static,
+    {
         let mut creds = Credentials::of(&request);
         let mut inbound = request.into_inner();
         let first = inbound
-            .message()
-            .await?
+            .next()
+            .await
+            .transpose()?
             .ok_or_else(|| Status::invalid_argument("stream closed before Hello"))?;
         let Some(agent_message::Msg::Hello(wire_hello)) = first.msg else {
             return Err(Status::invalid_argument(
@@ -210,7 +183,7 @@ impl v1::ingest_server::Ingest for IngestService {
                 stats.stats.agents_connected.fetch_add(1, Ordering::Relaxed);
                 loop {
                     let received = tokio::select! {
-                        m = inbound.message() => Some(m),
+                        m = inbound.next() => Some(m.transpose()),
                         _ = shutdown.wait_for(|stop| *stop) => None,
                     };
                     let Some(received) = received else {
@@ -245,6 +218,81 @@ impl v1::ingest_server::Ingest for IngestService {
             .instrument(span),
         );
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+fn msg(m: collector_message::Msg) -> Result<CollectorMessage, Status> {
+    Ok(CollectorMessage { msg: Some(m) })
+}
+
+/// A GPU's tensor activity, averaged clock and point clock in one batch.
+type OfuInputs<'a> = (
+    Option<&'a [flopwatch_proto::model::Point]>,
+    Option<&'a [flopwatch_proto::model::Point]>,
+    Option<&'a [flopwatch_proto::model::Point]>,
+);
+
+/// One agent's session.
+struct Session {
+    c: Arc<Collector>,
+    tenant: String,
+    /// Who the stream authenticated as, what it presented, and the
+    /// credential table's generation it was checked against.
+    identity: AgentIdentity,
+    creds: Credentials,
+    auth_generation: u64,
+    /// A batch refused for the tenant's rate, and until when: it and every
+    /// later batch are refused (not consumed) until the agent sends it
+    /// again.
+    throttled: Option<(u64, i64, Defer)>,
+    agent: AgentKey,
+    hello: Hello,
+    gpus: HashSet<String>,
+    /// Ids of the node's devices (InfiniBand ports, NUMA nodes, the host).
+    devices: HashSet<String>,
+    acked: u64,
+    jobs: HashMap<String, v1::JobAssignment>,
+    /// The series this stream has counted against the tenant's cap.
+    series_seen: StreamSeries,
+}
+
+/// The Ingest service at the HTTP level: `/flopwatch.v1.Ingest/Stream`
+/// read by [`crate::inbound`], everything else UNIMPLEMENTED.
+#[derive(Clone)]
+pub struct IngestRoute {
+    service: IngestService,
+    max_message: usize,
+}
+
+impl tonic::server::NamedService for IngestRoute {
+    const NAME: &'static str = v1::ingest_server::SERVICE_NAME;
+}
+
+impl tonic::codegen::Service<http::Request<tonic::body::Body>> for IngestRoute {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = tonic::codegen::BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        if request.uri().path() != "/flopwatch.v1.Ingest/Stream" {
+            return Box::pin(async { Ok(inbound::unimplemented()) });
+        }
+        let service = self.service.clone();
+        let max = self.max_message;
+        Box::pin(async move {
+            let response = match inbound::streaming_request::<AgentMessage>(request, max) {
+                Ok(request) => service.open(request).await,
+                Err(status) => Err(status),
+            };
+            Ok(inbound::streaming_response(response))
+        })
     }
 }
 

@@ -118,7 +118,7 @@ pub async fn serve_cluster(
     };
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
-        .set_serving::<flopwatch_proto::v1::ingest_server::IngestServer<IngestService>>()
+        .set_serving::<crate::ingest::IngestRoute>()
         .await;
     health_reporter
         .set_serving::<flopwatch_proto::v1::query_server::QueryServer<QueryService>>()

@@ -421,7 +421,8 @@ fn start_collector(config: &Path, log: &Path) -> anyhow::Result<Collector> {
         let mut child = Command::new(std::env::current_exe()?)
             .args(["collector", "--config"])
             .arg(config)
-            .env("FLOPWATCH_LOG", "warn")
+            // Warnings, and the compaction passes long enough to matter.
+            .env("FLOPWATCH_LOG", "warn,flopwatch_collector::store=info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(err)
@@ -808,6 +809,10 @@ fn run_phases(
     let (mut rss_max, mut threads_max, mut min_connected) = (0u64, 0u64, n);
     let mut rss_sum = 0.0;
     let mut samples = 0u32;
+    // The ack latency's p99 over each 5 s of the steady state: a stall
+    // (a compaction pass, a flush) shows as one slow stretch.
+    let mut stretches: Vec<String> = Vec::new();
+    let mut stretch_from = hist(&first);
     while w0.elapsed() < duration {
         std::thread::sleep(Duration::from_secs(1));
         let Some((rss, _, threads)) = memory(pid) else {
@@ -817,7 +822,18 @@ fn run_phases(
         threads_max = threads_max.max(threads);
         rss_sum += rss as f64;
         samples += 1;
-        min_connected = min_connected.min(field(&ag.status(), "connected") as usize);
+        let now = ag.status();
+        min_connected = min_connected.min(field(&now, "connected") as usize);
+        if samples.is_multiple_of(5) {
+            let h = hist(&now);
+            let d: Vec<u64> = h
+                .iter()
+                .zip(&stretch_from)
+                .map(|(x, y)| x.saturating_sub(*y))
+                .collect();
+            stretches.push(fmt_ms(quantile(&d, 0.99)));
+            stretch_from = h;
+        }
     }
     let secs = w0.elapsed().as_secs_f64();
     let last = ag.status();
@@ -843,6 +859,7 @@ fn run_phases(
         fmt_ms(quantile(&h, 0.99)),
         fmt_ms(quantile(&h, 1.0)),
     ));
+    say(format!("ack latency p99 per 5 s: {}", stretches.join(", ")));
     say(format!(
         "collector: VmRSS {:.1} MiB at the end, {:.1} MiB mean, {:.1} MiB max, VmHWM {:.1} MiB; beyond the {:.1} MiB before the agents: {:.1} KiB per stream (mean); threads at most {threads_max}",
         mib(rss_end),

@@ -176,6 +176,18 @@ async fn appended(http: &reqwest::Client, prom: &LocalPrometheus) -> anyhow::Res
         .sum::<f64>() as u64)
 }
 
+/// How far, in sample time, a request slot may run ahead of the slowest
+/// (half of the hour Prometheus accepts behind its head's newest sample).
+const MAX_LEAD_MS: i64 = 30 * 60 * 1000;
+
+/// Requests answered by the slowest slot.
+fn slowest(done: &[std::sync::atomic::AtomicUsize]) -> usize {
+    done.iter()
+        .map(|d| d.load(std::sync::atomic::Ordering::Relaxed))
+        .min()
+        .unwrap_or(0)
+}
+
 /// Request `k` (from 0) of slot `w` of `slots` of stream `node`: the
 /// stream's series `j` with `j % slots == w`, each with the samples of
 /// batches `1 + k * slots ..= (k + 1) * slots` (see [`super::batch`]).
@@ -245,6 +257,15 @@ async fn prometheus_ingest(
         ..Default::default()
     };
     let slots = window.clamp(1, (gpus * metrics).max(1));
+    // Requests each slot has had answered. No slot runs more than `lead`
+    // requests ahead of the slowest: Prometheus refuses a sample more than
+    // an hour older than its head's newest ("out of bounds"), and the run
+    // crosses hours of sample time per second, so slots left to drift
+    // apart end the run with a 400. Prometheus' own remote write keeps its
+    // shards together the same way: they read one time-ordered WAL.
+    let done: Arc<Vec<std::sync::atomic::AtomicUsize>> =
+        Arc::new((0..streams * slots).map(|_| Default::default()).collect());
+    let lead = (MAX_LEAD_MS / (slots * points) as i64 / 100).max(1) as usize;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for s in 0..streams {
@@ -253,11 +274,16 @@ async fn prometheus_ingest(
         let endpoint = Arc::new(RemoteWriteEndpoint::new(&cfg)?);
         for w in 0..slots {
             let endpoint = endpoint.clone();
+            let done = done.clone();
             tasks.push(tokio::spawn(async move {
                 let node = format!("bench-{s:03}");
                 let mut accepted = 0u64;
                 let mut k = 0;
+                let me = &done[s * slots + w];
                 while started.elapsed() < duration {
+                    while k > slowest(&done) + lead && started.elapsed() < duration {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
                     let req = request(&node, w, slots, k, gpus, metrics, points, t0);
                     let n: usize = req.timeseries.iter().map(|t| t.samples.len()).sum();
                     endpoint
@@ -266,6 +292,7 @@ async fn prometheus_ingest(
                         .with_context(|| format!("stream {s}, request slot {w}"))?;
                     accepted += n as u64;
                     k += 1;
+                    me.store(k, std::sync::atomic::Ordering::Relaxed);
                 }
                 anyhow::Ok(accepted)
             }));

@@ -6,7 +6,7 @@
 //! write every `delay`, in arrival order, then goes to the real engine.
 //! Reads are not slowed.
 
-use flopwatch_collector::store::{Cf, Engine, Op, StoreError, View};
+use flopwatch_collector::store::{Cf, Engine, Op, Step, StoreError, View};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -69,6 +69,16 @@ impl Engine for SlowEngine {
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), StoreError> {
         self.inner.scan(cf, from, to, f)
+    }
+
+    fn walk(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
+    ) -> Result<(), StoreError> {
+        self.inner.walk(cf, from, to, f)
     }
 
     fn delete_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {

@@ -26,11 +26,10 @@ use super::ofu_chunk::{
 };
 use super::raw::{chunk_times, raw_block, raw_points, time_ref_prefix, Times, TIME_REF};
 use super::rollup::{self, Bucket, Rollup};
-use super::{corrupt, Cf, OfuSample, Op, Precision, Store, StoreError};
+use super::{corrupt, Cf, OfuSample, Op, Precision, Step, Store, StoreError};
 use crate::codec::Block;
-use flopwatch_proto::clock::Clock;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// What a compaction or expiry pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,6 +47,9 @@ pub struct CompactionReport {
 /// Most samples decoded for one series-hour: beyond it the hour is left in
 /// the head (and logged) rather than growing memory without bound.
 const MAX_HOUR_SAMPLES: usize = crate::codec::MAX_BLOCK_SAMPLES;
+
+/// Series whose expired hours are deleted in one write.
+const EXPIRE_BATCH: usize = 1024;
 
 /// A key and its value.
 type Entry = (Vec<u8>, Vec<u8>);
@@ -120,15 +122,48 @@ impl Store {
     ) -> Result<CompactionReport, StoreError> {
         let sealed_before = window_of(now_ms.saturating_sub(seal_delay_ms));
         let mut report = CompactionReport::default();
+        let seen = self.head_low.swap(i64::MAX, Ordering::SeqCst);
+        if seen >= sealed_before {
+            // Nothing written since the last whole pass, nor passed over
+            // by it, belongs to a sealed hour: a walk over every series of
+            // the head would find nothing.
+            self.head_low.fetch_min(seen, Ordering::SeqCst);
+            return Ok(report);
+        }
+        let mut unsealed = i64::MAX;
+        let whole = self.pass(sealed_before, deadline, &mut report, &mut unsealed);
+        // What this pass left for later: the hours it passed over, and,
+        // when it did not finish, whatever it was asked to look at.
+        self.head_low.fetch_min(unsealed, Ordering::SeqCst);
+        if !matches!(whole, Ok(true)) {
+            self.head_low.fetch_min(seen, Ordering::SeqCst);
+        }
+        whole.map(|_| report)
+    }
+
+    /// One walk over the head, compacting every sealed series-hour; false
+    /// when `deadline` stopped it. `unsealed` gets the earliest hour of
+    /// the series it passed over. A series-hour that cannot be compacted
+    /// (corrupt, too large) is logged and left, and not counted there: it
+    /// is tried again by the next pass that runs, not made to run passes.
+    fn pass(
+        &self,
+        sealed_before: i64,
+        deadline: Option<std::time::Instant>,
+        report: &mut CompactionReport,
+        unsealed: &mut i64,
+    ) -> Result<bool, StoreError> {
         let mut cursor: Vec<u8> = Vec::new();
         let end = vec![0xff; 8];
         loop {
             if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
-                break;
+                return Ok(false);
             }
-            let group = self.next_group(&mut cursor, &end, sealed_before)?;
-            let Some(g) = group else { break };
-            match self.compact_group(&g, &mut report) {
+            let group = self.next_group(&mut cursor, &end, sealed_before, unsealed)?;
+            let Some(g) = group else {
+                return Ok(true);
+            };
+            match self.compact_group(&g, report) {
                 // Bad bytes in one series-hour must not stop the others:
                 // it stays as it is (and expires with its tenant's data).
                 Err(e @ StoreError::Corrupt { .. }) => {
@@ -137,37 +172,38 @@ impl Store {
                 r => r?,
             }
         }
-        Ok(report)
     }
 
     /// The next sealed series-hour of the head at or after `cursor`,
-    /// moving `cursor` past it.
+    /// moving `cursor` past it. One walk: a series whose first block is
+    /// not sealed is passed over with a seek, so a pass over a head of a
+    /// million series with nothing sealed is one iterator, not a million.
     fn next_group(
         &self,
         cursor: &mut Vec<u8>,
         end: &[u8],
         sealed_before: i64,
+        unsealed: &mut i64,
     ) -> Result<Option<Group>, StoreError> {
         loop {
             let mut group: Option<Group> = None;
-            let mut skip_to: Option<Vec<u8>> = None;
             let mut bad: Option<Vec<u8>> = None;
-            self.engine.scan(Cf::Head, cursor, end, &mut |k, v| {
+            self.engine.walk(Cf::Head, cursor, end, &mut |k, v| {
                 let Some((plen, _)) = keys::series_prefix(Cf::Head, k) else {
                     bad = Some(k.to_vec());
-                    return false;
+                    return Step::Stop;
                 };
                 let Some(ts) = keys::key_ts(k, plen) else {
                     bad = Some(k.to_vec());
-                    return false;
+                    return Step::Stop;
                 };
                 let w = window_of(ts);
                 match &mut group {
                     None => {
                         if w >= sealed_before {
                             // This series' later blocks are later still.
-                            skip_to = Some(upper(&k[..plen]));
-                            return false;
+                            *unsealed = (*unsealed).min(w);
+                            return Step::Seek(upper(&k[..plen]));
                         }
                         group = Some(Group {
                             kind: k[0],
@@ -175,7 +211,7 @@ impl Store {
                             window: w,
                             blocks: vec![(k.to_vec(), v.to_vec())],
                         });
-                        true
+                        Step::Next
                     }
                     Some(g) => {
                         if k.len() >= plen
@@ -184,9 +220,9 @@ impl Store {
                             && w == g.window
                         {
                             g.blocks.push((k.to_vec(), v.to_vec()));
-                            true
+                            Step::Next
                         } else {
-                            false
+                            Step::Stop
                         }
                     }
                 }
@@ -198,16 +234,12 @@ impl Store {
                 cursor.push(0);
                 continue;
             }
-            if let Some(g) = group {
+            if let Some(g) = &group {
                 let last = &g.blocks[g.blocks.len() - 1].0;
                 *cursor = last.clone();
                 cursor.push(0);
-                return Ok(Some(g));
             }
-            match skip_to {
-                Some(s) => *cursor = s,
-                None => return Ok(None),
-            }
+            return Ok(group);
         }
     }
 
@@ -542,47 +574,54 @@ impl Store {
             return Ok(report);
         };
         for cf in [Cf::Raw, Cf::Ofu, Cf::Head, Cf::Rollup] {
+            // One walk per family, a seek per series; the range deletes
+            // are applied a batch at a time, between walks.
             let mut cursor: Vec<u8> = Vec::new();
             let mut touched: Option<(Vec<u8>, Vec<u8>)> = None;
             loop {
-                // Seek to the next series.
-                let mut next: Option<(Vec<u8>, String)> = None;
-                let mut bad = None;
-                self.engine.scan(cf, &cursor, &[0xff; 8], &mut |k, _| {
-                    match keys::series_prefix(cf, k) {
-                        Some((plen, tenant)) => next = Some((k[..plen].to_vec(), tenant.into())),
-                        None => bad = Some(k.to_vec()),
+                let mut ranges: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+                let mut resume: Option<Vec<u8>> = None;
+                self.engine.walk(cf, &cursor, &[0xff; 8], &mut |k, _| {
+                    // A key no version of this store writes: step over it.
+                    let Some((plen, tenant)) = keys::series_prefix(cf, k) else {
+                        return Step::Next;
+                    };
+                    let prefix = &k[..plen];
+                    let next = upper(prefix);
+                    // Chunks and blocks are keyed by their last sample,
+                    // rollups by their hour: both below `cutoff` are wholly
+                    // expired. `k` is the series' first key.
+                    let mut to = prefix.to_vec();
+                    keys::put_ts(&mut to, window_of(retention.cutoff(tenant)));
+                    if k < to.as_slice() {
+                        let mut from = prefix.to_vec();
+                        keys::put_ts(&mut from, i64::MIN);
+                        ranges.push((from, to));
+                        if ranges.len() >= EXPIRE_BATCH {
+                            resume = Some(next);
+                            return Step::Stop;
+                        }
                     }
-                    false
+                    Step::Seek(next)
                 })?;
-                if let Some(mut k) = bad {
-                    k.push(0);
-                    cursor = k;
-                    continue;
-                }
-                let Some((prefix, tenant)) = next else { break };
-                let cutoff = window_of(retention.cutoff(&tenant));
-                let mut from = prefix.clone();
-                keys::put_ts(&mut from, i64::MIN);
-                let mut to = prefix.clone();
-                // Chunks and blocks are keyed by their last sample, rollups
-                // by their hour: both below `cutoff` are wholly expired.
-                keys::put_ts(&mut to, cutoff);
-                let mut any = false;
-                self.engine.scan(cf, &from, &to, &mut |_, _| {
-                    any = true;
-                    false
-                })?;
-                if any {
-                    self.engine
-                        .apply(vec![Op::DeleteRange(cf, from.clone(), to.clone())], false)?;
-                    report.expired_ranges += 1;
-                    touched = Some(match touched {
-                        None => (from, to),
-                        Some((f, _)) => (f, to),
+                if let (Some((from, _)), Some((_, to))) = (ranges.first(), ranges.last()) {
+                    touched = Some(match touched.take() {
+                        None => (from.clone(), to.clone()),
+                        Some((f, _)) => (f, to.clone()),
                     });
                 }
-                cursor = upper(&prefix);
+                report.expired_ranges += ranges.len() as u64;
+                if !ranges.is_empty() {
+                    let ops = ranges
+                        .into_iter()
+                        .map(|(from, to)| Op::DeleteRange(cf, from, to))
+                        .collect();
+                    self.engine.apply(ops, false)?;
+                }
+                match resume {
+                    Some(c) => cursor = c,
+                    None => break,
+                }
             }
             if let Some((from, to)) = touched {
                 self.engine.compact_range(cf, &from, &to)?;
@@ -661,65 +700,4 @@ fn rounded_refs(
         (ref_clock(&rounded, tpa, std::slice::from_ref(&clocks[i])) == Some(0))
             .then_some((i as u8, rounded))
     })
-}
-
-/// Longest the compaction pass at shutdown runs.
-const SHUTDOWN_PASS: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Runs compaction on the store's schedule ([`Store::with_compaction`])
-/// and retention every hour, until `stop` turns true; then one last
-/// compaction pass, so hours sealed by then leave the head before the
-/// store is closed (and flushed) rather than at the next start. Failures
-/// are logged and retried on the next round.
-pub async fn run_compactor(
-    store: Store,
-    clock: Arc<dyn Clock>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let (every, seal_delay) = store.schedule;
-    let seal_ms = i64::try_from(seal_delay.as_millis()).unwrap_or(i64::MAX);
-    let mut last_expiry = i64::MIN;
-    loop {
-        let stopping = tokio::select! {
-            _ = tokio::time::sleep(every) => false,
-            _ = stop.wait_for(|s| *s) => true,
-        };
-        if stopping {
-            let now = clock.now_ms();
-            let s = store.clone();
-            // Bounded, so a backlog cannot hold up the shutdown.
-            let deadline = std::time::Instant::now() + SHUTDOWN_PASS;
-            let pass = move || s.compact_within(now, seal_ms, Some(deadline));
-            match tokio::task::spawn_blocking(pass).await {
-                Ok(Ok(r)) if r.chunks > 0 => tracing::info!(?r, "compaction at shutdown"),
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "compaction at shutdown failed"),
-                Err(e) => tracing::warn!(error = %e, "compaction task failed"),
-            }
-            return;
-        }
-        let now = clock.now_ms();
-        let expire = now.saturating_sub(last_expiry) >= WINDOW_MS;
-        let s = store.clone();
-        let r = tokio::task::spawn_blocking(move || {
-            let mut r = s.compact(now, seal_ms)?;
-            if expire {
-                r.expired_ranges = s.expire()?.expired_ranges;
-            }
-            Ok::<_, StoreError>(r)
-        })
-        .await;
-        match r {
-            Ok(Ok(r)) => {
-                if expire {
-                    last_expiry = now;
-                }
-                if r.chunks > 0 || r.expired_ranges > 0 {
-                    tracing::debug!(?r, "compaction");
-                }
-            }
-            Ok(Err(e)) => tracing::warn!(error = %e, "compaction failed"),
-            Err(e) => tracing::warn!(error = %e, "compaction task failed"),
-        }
-    }
 }

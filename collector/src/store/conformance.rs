@@ -58,6 +58,147 @@ fn engine_scan_is_ordered_bounded_and_stoppable() {
     }
 }
 
+#[test]
+fn engine_walk_seeks_forward_and_never_back() {
+    for (name, e, _dir) in engines() {
+        let puts = (0u8..20)
+            .map(|i| (Cf::Head, vec![b'k', i], vec![i]))
+            .collect();
+        e.write(puts, true).unwrap();
+        let mut seen = Vec::new();
+        e.walk(Cf::Head, &[b'k', 1], &[b'k', 18], &mut |k, v| {
+            assert_eq!(k[1], v[0]);
+            seen.push(k[1]);
+            match k[1] {
+                2 => Step::Seek(vec![b'k', 7]),
+                // Back, or to itself: on to the next key.
+                7 => Step::Seek(vec![b'k', 3]),
+                8 => Step::Seek(vec![b'k', 8]),
+                // Between keys: the next one after.
+                9 => Step::Seek(vec![b'k', 11, 0]),
+                // Past the bound: the end.
+                13 => Step::Seek(vec![b'k', 40]),
+                _ => Step::Next,
+            }
+        })
+        .unwrap();
+        assert_eq!(seen, vec![1, 2, 7, 8, 9, 12, 13], "{name}");
+        let mut seen = Vec::new();
+        e.walk(Cf::Head, &[], &[0xff], &mut |k, _| {
+            seen.push(k[1]);
+            if k[1] == 4 {
+                Step::Stop
+            } else {
+                Step::Next
+            }
+        })
+        .unwrap();
+        assert_eq!(seen, vec![0, 1, 2, 3, 4], "{name}");
+        let mut none = 0;
+        e.walk(Cf::Head, &[b'k', 5], &[b'k', 5], &mut |_, _| {
+            none += 1;
+            Step::Next
+        })
+        .unwrap();
+        assert_eq!(none, 0, "an empty range, {name}");
+    }
+}
+
+/// An engine that counts the walks over it.
+struct Walks {
+    inner: Arc<dyn Engine>,
+    n: std::sync::atomic::AtomicUsize,
+}
+
+impl Walks {
+    fn count(&self) -> usize {
+        self.n.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Engine for Walks {
+    fn apply(&self, ops: Vec<Op>, sync: bool) -> Result<(), StoreError> {
+        self.inner.apply(ops, sync)
+    }
+    fn view(
+        &self,
+        f: &mut dyn FnMut(&dyn View) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        self.inner.view(f)
+    }
+    fn compact_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
+        self.inner.compact_range(cf, from, to)
+    }
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get(cf, key)
+    }
+    fn scan(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        self.inner.scan(cf, from, to, f)
+    }
+    fn walk(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
+    ) -> Result<(), StoreError> {
+        self.n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.walk(cf, from, to, f)
+    }
+    fn delete_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
+        self.inner.delete_range(cf, from, to)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()
+    }
+    fn disk_bytes(&self) -> u64 {
+        self.inner.disk_bytes()
+    }
+}
+
+#[test]
+fn a_pass_walks_the_head_only_once_an_hour_it_holds_is_sealed() {
+    for (name, e, _dir) in engines() {
+        let walks = Arc::new(Walks {
+            inner: e.clone(),
+            n: Default::default(),
+        });
+        let store = Store::new(walks.clone(), false);
+        // 10 s of hour 2, 10 min into it (seal delay 5 min): not sealed.
+        let now = T0 + 2 * H + 600_000;
+        let seq = ingest(&store, "t1", T0 + 2 * H, 10, 0);
+        // Opened on a head it knows nothing of: the first pass walks it.
+        assert_eq!(store.compact(now, 300_000).unwrap().chunks, 0, "{name}");
+        let first = walks.count();
+        assert!(first > 0, "{name}");
+        // Nothing written since, or newer than the sealed hours: skipped.
+        store.compact(now, 300_000).unwrap();
+        let seq = ingest(&store, "t1", T0 + 2 * H + 10_000, 10, seq);
+        store.compact(now + 60_000, 300_000).unwrap();
+        assert_eq!(walks.count(), first, "no walk while hour 2 is open, {name}");
+        // Hour 2 sealed: the blocks the first pass passed over, and the
+        // later ones, are compacted.
+        let r = store.compact(T0 + 3 * H + 600_000, 300_000).unwrap();
+        assert_eq!(r.samples, 2 * 200, "raw and OFU of 20 s, {name}");
+        assert_eq!(count(&*e, Cf::Head), 0, "{name}");
+        let after = walks.count();
+        assert!(after > first, "{name}");
+        store.compact(T0 + 3 * H + 660_000, 300_000).unwrap();
+        assert_eq!(walks.count(), after, "{name}");
+        // Late data for a sealed hour makes the next pass walk.
+        ingest(&store, "t1", T0 + 1000, 2, seq);
+        let r = store.compact(T0 + 3 * H + 720_000, 300_000).unwrap();
+        assert_eq!(r.samples, 2 * 20, "{name}");
+        assert_eq!(count(&*e, Cf::Head), 0, "{name}");
+    }
+}
+
 fn series(gpu: &str, metric: &str, ts: &[i64]) -> SeriesBatch {
     SeriesBatch {
         gpu_uuid: gpu.into(),

@@ -73,6 +73,12 @@ fn parse_record_key(k: &[u8]) -> Option<(AgentKey, u64)> {
     ))
 }
 
+/// The hour of a head block's key.
+fn head_window(key: &[u8]) -> Option<i64> {
+    let (plen, _) = keys::series_prefix(Cf::Head, key)?;
+    keys::key_ts(key, plen).map(super::hours::window_of)
+}
+
 /// The family a limbo key settles into: blocks to `head`, events to
 /// `meta`.
 fn destination(key: &[u8]) -> Option<Cf> {
@@ -208,7 +214,17 @@ impl Store {
             let (cf, k, v) = self.held_put(a, seq)?;
             ops.push(Op::Put(cf, k, v));
         }
+        let head = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Put(Cf::Head, k, _) => head_window(k),
+                _ => None,
+            })
+            .min();
         self.engine.apply(ops, self.sync)?;
+        if let Some(w) = head {
+            self.head_written(w);
+        }
         Ok(true)
     }
 

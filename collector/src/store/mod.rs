@@ -21,6 +21,7 @@
 //! is either wholly present after a crash or was never acked.
 
 mod compact;
+mod compactor;
 mod hours;
 pub mod keys;
 mod limbo;
@@ -37,7 +38,8 @@ pub mod rocks;
 mod rollup;
 mod scan;
 
-pub use compact::{run_compactor, CompactionReport};
+pub use compact::CompactionReport;
+pub use compactor::run_compactor;
 pub use hours::{MINUTE_MS, WINDOW_MS};
 pub use limbo::{LimboBatch, Settle};
 pub use membership::SeqRanges;
@@ -103,6 +105,18 @@ pub enum Op {
     Delete(Cf, Vec<u8>),
     /// Remove every key in `[from, to)`.
     DeleteRange(Cf, Vec<u8>, Vec<u8>),
+}
+
+/// Where an [`Engine::walk`] goes after a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// To the next key.
+    Next,
+    /// To the first key at or after this one (the next key when it is not
+    /// past the key just visited).
+    Seek(Vec<u8>),
+    /// Nowhere: the walk ends.
+    Stop,
 }
 
 /// A consistent read-only view: every scan through one view sees the
@@ -189,6 +203,36 @@ pub trait Engine: Send + Sync + 'static {
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), StoreError>;
 
+    /// Visits keys in `[from, to)` in order, each answered with where to
+    /// go next. An engine with iterators walks with one, so skipping a run
+    /// of keys costs a seek, where ending a [`Engine::scan`] and starting
+    /// another costs a new iterator (over every memtable and file of the
+    /// family). This default restarts a scan at each seek.
+    fn walk(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
+    ) -> Result<(), StoreError> {
+        let mut at = from.to_vec();
+        loop {
+            let mut next: Option<Vec<u8>> = None;
+            self.scan(cf, &at, to, &mut |k, v| match f(k, v) {
+                Step::Next => true,
+                Step::Seek(target) => {
+                    next = Some(past(target, k));
+                    false
+                }
+                Step::Stop => false,
+            })?;
+            match next {
+                Some(n) => at = n,
+                None => return Ok(()),
+            }
+        }
+    }
+
     /// Deletes keys in `[from, to)`.
     fn delete_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError>;
 
@@ -202,6 +246,18 @@ pub trait Engine: Send + Sync + 'static {
     /// cache, table readers); 0 when it cannot tell.
     fn memory_bytes(&self) -> u64 {
         0
+    }
+}
+
+/// Where a walk seeks to from `key`: `target`, or the key right after
+/// `key` when `target` is not past it (a walk never goes back).
+pub(crate) fn past(target: Vec<u8>, key: &[u8]) -> Vec<u8> {
+    if target.as_slice() > key {
+        target
+    } else {
+        let mut next = key.to_vec();
+        next.push(0);
+        next
     }
 }
 

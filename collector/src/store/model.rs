@@ -13,6 +13,7 @@ use crate::events::EventRecord;
 use flopwatch_proto::model::Point;
 use serde::{de::DeserializeOwned, Serialize};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 /// flopwatch's store over any engine.
@@ -27,6 +28,12 @@ pub struct Store {
     pub(super) precision: Arc<super::Precision>,
     /// Serialises changes to one agent's held ranges.
     pub(super) stripes: Arc<super::membership::Stripes>,
+    /// The earliest hour a head block may belong to that no whole
+    /// compaction pass has passed over since it was written (`i64::MIN`:
+    /// unknown, as when the store is opened). While that hour is not
+    /// sealed a pass has nothing to do and is skipped (see
+    /// [`Store::compact_within`]).
+    pub(super) head_low: Arc<AtomicI64>,
 }
 
 /// `e` · tenant · ts · kind · job · gpu: time-ordered within a tenant.
@@ -61,7 +68,16 @@ impl Store {
             ),
             precision: Arc::default(),
             stripes: Arc::default(),
+            head_low: Arc::new(AtomicI64::new(i64::MIN)),
         }
+    }
+
+    /// Head blocks of the hour starting at `window` (or later) were
+    /// written: the next compaction pass looks at them once that hour is
+    /// sealed. Called after the write, so a pass that started before this
+    /// call either saw the blocks or leaves them to the next pass.
+    pub(super) fn head_written(&self, window: i64) {
+        self.head_low.fetch_min(window, Ordering::SeqCst);
     }
 
     /// Rounds values at compaction as `precision` says (opt-in lossy
@@ -118,6 +134,8 @@ impl Store {
     /// head as one block per series and hour.
     pub fn commit(&self, tenant: &str, set: &CommitSet) -> Result<(), StoreError> {
         let mut puts: Vec<Put> = Vec::with_capacity(set.series.len() + set.ofu.len() + 4);
+        // The earliest hour of the head blocks written.
+        let mut low = i64::MAX;
         for s in &set.series {
             let prefix = keys::kind_prefix(
                 keys::KIND_RAW,
@@ -129,6 +147,7 @@ impl Store {
                     .encode()
                     .map_err(|e| corrupt(Cf::Raw, e))?;
                 let last = points.iter().map(|p| p.ts_ms).max().unwrap_or(0);
+                low = low.min(window_of(last));
                 puts.push((Cf::Head, keys::block_key(&prefix, last, set.seq), value));
             }
         }
@@ -138,6 +157,7 @@ impl Store {
                 let samples = &samples[run];
                 let value = ofu_value(job.as_deref().unwrap_or(""), samples, false, None, None)?;
                 let last = samples.iter().map(|s| s.ts_ms).max().unwrap_or(0);
+                low = low.min(window_of(last));
                 puts.push((Cf::Head, keys::block_key(&prefix, last, set.seq), value));
             }
         }
@@ -170,7 +190,9 @@ impl Store {
                 return Ok(());
             }
             sort_puts(&mut puts);
-            return self.engine.write(puts, self.sync);
+            self.engine.write(puts, self.sync)?;
+            self.head_written(low);
+            return Ok(());
         };
         puts.push((
             Cf::Meta,
@@ -187,7 +209,12 @@ impl Store {
             puts.push(self.held_put(a, set.seq)?);
         }
         sort_puts(&mut puts);
-        self.engine.write(puts, self.sync)
+        self.engine.write(puts, self.sync)?;
+        // Limbo blocks reach the head when settled (`Store::settle`).
+        if set.limbo.is_none() {
+            self.head_written(low);
+        }
+        Ok(())
     }
 
     /// Highest durable sequence number of an agent (0: none).

@@ -8,7 +8,7 @@
 //! families have no block compression; the rollups and the metadata (plain
 //! fixed-width records) are compressed with zstd (the only codec built in).
 
-use super::{Cf, Engine, Op, StoreError, View};
+use super::{Cf, Engine, Op, Step, StoreError, View};
 use rocksdb::{
     BlockBasedOptions, ColumnFamilyDescriptor, DBCompressionType, Options, ReadOptions, WriteBatch,
     WriteOptions, DB,
@@ -217,6 +217,41 @@ impl Engine for RocksEngine {
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), StoreError> {
         self.scan_with(ReadOptions::default(), cf, from, to, f)
+    }
+
+    fn walk(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
+    ) -> Result<(), StoreError> {
+        if from >= to || (self.secondary && self.db.cf_handle(cf.name()).is_none()) {
+            return Ok(());
+        }
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(to.to_vec());
+        // A walk passes over much it does not keep: no caching of it.
+        ro.fill_cache(false);
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(cf)?, ro);
+        it.seek(from);
+        while it.valid() {
+            let (Some(k), Some(v)) = (it.key(), it.value()) else {
+                break;
+            };
+            match f(k, v) {
+                Step::Next => it.next(),
+                Step::Seek(target) => {
+                    if target.as_slice() > k {
+                        it.seek(&target);
+                    } else {
+                        it.next();
+                    }
+                }
+                Step::Stop => return Ok(()),
+            }
+        }
+        it.status().map_err(err)
     }
 
     fn view(

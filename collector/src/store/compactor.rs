@@ -1,0 +1,179 @@
+//! When compaction and retention run, and on which thread.
+//!
+//! [`run_compactor`] runs a compaction pass ([`Store::compact`]) every
+//! compaction interval and retention ([`Store::expire`]) every hour. A
+//! pass over the head of a collector holding 10,000 agents walks about 1.7
+//! million series, and retention walks each family's series: seconds of
+//! one core. Run beside ingest at the same priority they take the core
+//! the acknowledgements need, and the agents' ack latency goes from
+//! milliseconds to seconds for as long as the pass lasts
+//! (docs/BENCHMARKS.md, fleet). So the passes run on a thread of their
+//! own, `flopwatch-compact`, at a lower CPU priority (nice +10): they use
+//! the time ingest leaves, and still get a tenth of a core's share when
+//! ingest wants every core, so the head never stops being compacted.
+
+use super::hours::WINDOW_MS;
+use super::{CompactionReport, Store, StoreError};
+use flopwatch_proto::clock::Clock;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Longest the compaction pass at shutdown runs.
+const SHUTDOWN_PASS: Duration = Duration::from_secs(10);
+
+/// The nice value of the compactor's thread (ingest runs at the process'
+/// own, normally 0).
+const NICE: i32 = 10;
+
+/// A job for the compactor's thread.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The compactor's thread.
+struct Worker {
+    jobs: std::sync::mpsc::SyncSender<Job>,
+}
+
+impl Worker {
+    /// Starts the thread; `None` (logged) when the system refuses one, and
+    /// the passes then run on tokio's blocking pool.
+    fn start() -> Option<Self> {
+        let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(1);
+        let spawned = std::thread::Builder::new()
+            .name("flopwatch-compact".into())
+            .spawn(move || {
+                lower_priority();
+                for job in queue {
+                    // A panic is the job's (its caller sees its answer
+                    // dropped), not the thread's: the next pass still runs.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                }
+            });
+        match spawned {
+            Ok(_) => Some(Self { jobs }),
+            Err(e) => {
+                tracing::warn!(error = %e, "no compactor thread; compaction runs at ingest's priority");
+                None
+            }
+        }
+    }
+}
+
+/// Lowers the calling thread's CPU priority to [`NICE`] (on Linux a nice
+/// value is a thread's own, set by its thread id). Refused (a sandbox
+/// without the syscall, say): logged, and the thread runs as before.
+fn lower_priority() {
+    let tid = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(tid), NICE) {
+        tracing::warn!(error = %e, "compactor thread: cannot lower its CPU priority");
+    }
+}
+
+/// Runs `f` on the compactor's thread (on tokio's blocking pool without
+/// one); `None` when it panicked.
+async fn run<T: Send + 'static>(
+    worker: Option<&Worker>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let Some(w) = worker else {
+        return tokio::task::spawn_blocking(f).await.ok();
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    // One job at a time: the queue's one slot is always free here.
+    w.jobs
+        .send(Box::new(move || {
+            let _ = tx.send(f());
+        }))
+        .ok()?;
+    rx.await.ok()
+}
+
+/// Runs compaction on the store's schedule ([`Store::with_compaction`])
+/// and retention every hour, until `stop` turns true; then one last
+/// compaction pass, so hours sealed by then leave the head before the
+/// store is closed (and flushed) rather than at the next start. Failures
+/// are logged and retried on the next round.
+pub async fn run_compactor(
+    store: Store,
+    clock: Arc<dyn Clock>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let (every, seal_delay) = store.schedule;
+    let seal_ms = i64::try_from(seal_delay.as_millis()).unwrap_or(i64::MAX);
+    let worker = Worker::start();
+    let mut last_expiry = i64::MIN;
+    loop {
+        let stopping = tokio::select! {
+            _ = tokio::time::sleep(every) => false,
+            _ = stop.wait_for(|s| *s) => true,
+        };
+        if stopping {
+            let now = clock.now_ms();
+            let s = store.clone();
+            // Bounded, so a backlog cannot hold up the shutdown.
+            let deadline = Instant::now() + SHUTDOWN_PASS;
+            let pass = move || s.compact_within(now, seal_ms, Some(deadline));
+            match run(worker.as_ref(), pass).await {
+                Some(Ok(r)) if r.chunks > 0 => tracing::info!(?r, "compaction at shutdown"),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => tracing::warn!(error = %e, "compaction at shutdown failed"),
+                None => tracing::warn!("compaction task failed"),
+            }
+            return;
+        }
+        let now = clock.now_ms();
+        let expire = now.saturating_sub(last_expiry) >= WINDOW_MS;
+        let s = store.clone();
+        let r = run(worker.as_ref(), move || {
+            let started = Instant::now();
+            let mut r: CompactionReport = s.compact(now, seal_ms)?;
+            let compacted = started.elapsed();
+            if expire {
+                r.expired_ranges = s.expire()?.expired_ranges;
+            }
+            Ok::<_, StoreError>((r, compacted, started.elapsed() - compacted))
+        })
+        .await;
+        match r {
+            Some(Ok((r, compacted, expired))) => {
+                if expire {
+                    last_expiry = now;
+                }
+                // A pass that holds a core for seconds is worth a line.
+                if compacted + expired >= Duration::from_secs(1) {
+                    tracing::info!(?r, ?compacted, ?expired, "compaction pass");
+                } else if r.chunks > 0 || r.expired_ranges > 0 {
+                    tracing::debug!(?r, ?compacted, ?expired, "compaction");
+                }
+            }
+            Some(Err(e)) => tracing::warn!(error = %e, "compaction failed"),
+            None => tracing::warn!("compaction task failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_compactor_thread_runs_below_ingest_and_survives_a_panic() {
+        let w = Worker::start().expect("a thread");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let nice = rt.block_on(run(Some(&w), || {
+            rustix::process::getpriority_process(Some(rustix::thread::gettid()))
+        }));
+        // NICE, or more where the tests themselves run niced further.
+        assert!(nice.unwrap().unwrap() >= NICE);
+        assert_eq!(
+            rt.block_on(run(Some(&w), || panic!("a pass failed"))),
+            None::<()>
+        );
+        assert_eq!(
+            rt.block_on(run(Some(&w), || 7)),
+            Some(7),
+            "the next job runs"
+        );
+    }
+}
