@@ -158,9 +158,21 @@ impl Block {
     }
 
     fn encode_with(&self, compact: bool) -> Result<Vec<u8>, CodecError> {
+        let mut out = Vec::with_capacity(8 + self.ts.len() * (2 + self.cols.len() * 2));
+        self.encode_with_into(compact, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Block::encode`]'s bytes appended to `out` (a head bundle holds
+    /// several blocks in one value).
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), CodecError> {
+        self.encode_with_into(false, out)
+    }
+
+    fn encode_with_into(&self, compact: bool, out: &mut Vec<u8>) -> Result<(), CodecError> {
         self.check_shape()?;
         let n = self.ts.len();
-        let mut out = Vec::with_capacity(8 + n * (2 + self.cols.len() * 2));
+        let start = out.len();
         out.push(if compact { VERSION_MODES } else { VERSION });
         out.push(if self.windows.is_empty() {
             0
@@ -168,11 +180,11 @@ impl Block {
             FLAG_WINDOWS
         });
         out.push(self.cols.len() as u8);
-        put_varint(&mut out, n as u64);
-        encode_ts(&mut out, &self.ts);
+        put_varint(out, n as u64);
+        encode_ts(out, &self.ts);
         for c in &self.cols {
             if !compact {
-                encode_xor(&mut out, c);
+                encode_xor(out, c);
                 continue;
             }
             let mut xor = vec![MODE_XOR];
@@ -217,13 +229,13 @@ impl Block {
             let mut gap = Vec::new();
             put_bytes(&mut gap, &w.out);
             if gap.len() < rle.len() {
-                out[1] |= FLAG_WINDOWS_GAP;
+                out[start + 1] |= FLAG_WINDOWS_GAP;
                 out.extend_from_slice(&gap);
-                return Ok(out);
+                return Ok(());
             }
         }
         out.extend_from_slice(&rle);
-        Ok(out)
+        Ok(())
     }
 
     /// Decodes a block (an error for one that shares another's timestamps:

@@ -2,22 +2,29 @@
 //! retention.
 //!
 //! Acknowledged batches sit in the `head` family as small per-batch blocks
-//! (durable through the WAL before the ack). Once an hour has been over
-//! for `seal_delay`, [`Store::compact`] merges each series' head blocks of
-//! that hour — with the hour's chunk if late data had already been
-//! compacted once — into one chunk (decimal/XOR-packed by
+//! bundled per GPU ([`super::gpu_block`]; one entry per series in stores
+//! written before bundling), durable through the WAL before the ack. Once
+//! an hour has been over for `seal_delay`, [`Store::compact`] merges each
+//! series' head blocks of that hour — with the hour's chunk if late data
+//! had already been compacted once — into one chunk (decimal/XOR-packed by
 //! [`Block::encode_compact`]), computes the hour's rollup, and in **one**
-//! atomic write puts the chunk and the rollup and deletes the head blocks
-//! and any older chunk. A crash before that write leaves the head blocks
-//! (compacted again on the next pass); after it, the chunk. Readers scan
-//! head and chunks under one snapshot, so every sample is seen exactly
-//! once, during a compaction and after it.
+//! atomic write (per GPU-hour of bundles, per series-hour otherwise) puts
+//! the chunks and rollups and deletes the head blocks and any older
+//! chunk. A crash before that write leaves the head blocks (compacted
+//! again on the next pass); after it, the chunks. Readers scan head and
+//! chunks under one snapshot, so every sample is seen exactly once, during
+//! a compaction and after it.
+//!
+//! A pass walks the head once (a seek past each series not yet sealed)
+//! and is skipped while nothing in the head can be sealed yet (the store's
+//! `head_low`).
 //!
 //! [`Store::expire`] deletes, per tenant, every chunk, head block and
 //! rollup of hours wholly before the tenant's retention cutoff with range
 //! deletes, then compacts the ranges so the space is reclaimed. Reads are
 //! clamped to the cutoff meanwhile, so expired samples are never returned.
 
+use super::gpu_block;
 use super::hours::{window_of, MINUTE_MS, WINDOW_MS};
 use super::keys;
 use super::ofu_chunk::{
@@ -61,6 +68,14 @@ struct Group {
     prefix: Vec<u8>,
     window: i64,
     blocks: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// One series-hour's compaction, planned.
+struct Planned {
+    /// Samples in its new chunk.
+    samples: usize,
+    /// The new chunk's timestamps and windows (the reference series only).
+    times: Option<Times>,
 }
 
 /// One job's (or a raw series') aggregate of an hour and its 60 minutes,
@@ -243,24 +258,22 @@ impl Store {
         }
     }
 
+    /// Compacts one series-hour of one-series head blocks (stores written
+    /// before bundling): the GPU's reference series of the hour first, so
+    /// that this one can share the timestamps of its final chunk.
     fn compact_group(&self, g: &Group, report: &mut CompactionReport) -> Result<(), StoreError> {
-        let chunk_cf = if g.kind == keys::KIND_RAW {
-            Cf::Raw
-        } else {
-            Cf::Ofu
-        };
-        // The GPU's reference series, whose chunk's timestamps this one
-        // may share (`None`: this is the reference).
-        let time_ref = if chunk_cf == Cf::Raw {
+        if g.kind == keys::KIND_GPU {
+            return self.compact_gpu_group(g, report);
+        }
+        let time_ref = if g.kind == keys::KIND_RAW {
             time_ref_prefix(&g.prefix)
         } else {
             let mut p = g.prefix.clone();
             keys::put_str(&mut p, TIME_REF);
             Some(p)
         };
+        let mut shared = None;
         if let Some(rp) = &time_ref {
-            // The GPU's reference series of the hour first, so this one
-            // can share the timestamps of its final chunk.
             if let Some(rg) = self.head_group(rp, g.window)? {
                 match self.compact_group(&rg, report) {
                     Err(e @ StoreError::Corrupt { .. }) => {
@@ -269,27 +282,169 @@ impl Store {
                     r => r?,
                 }
             }
+            // The reference's chunk as it now is (any rewrite of it
+            // re-encoded the sharers).
+            self.engine.view(&mut |view| {
+                shared = chunk_times(view, rp, g.window)?;
+                Ok(())
+            })?;
         }
+        let values: Vec<&[u8]> = g.blocks.iter().map(|(_, v)| v.as_slice()).collect();
+        let mut ops = Vec::new();
+        let Some(planned) = self.plan_series(
+            g.kind,
+            &g.prefix,
+            g.window,
+            &values,
+            (shared.as_ref(), shared.as_ref()),
+            &mut ops,
+        )?
+        else {
+            return Ok(());
+        };
+        for (k, _) in &g.blocks {
+            ops.push(Op::Delete(Cf::Head, k.clone()));
+        }
+        self.engine.apply(ops, false)?;
+        report.chunks += 1;
+        report.blocks += g.blocks.len() as u64;
+        report.samples += planned.samples as u64;
+        Ok(())
+    }
+
+    /// Compacts one GPU's bundles of an hour ([`super::gpu_block`]): every
+    /// series they hold, and the GPU's OFU, in one atomic write that also
+    /// deletes the bundles. The reference series is planned first; the
+    /// others decode their old chunks with its timestamps as stored and
+    /// share those of its new chunk. One series-hour too large to compact
+    /// leaves the GPU's hour in the head.
+    fn compact_gpu_group(
+        &self,
+        g: &Group,
+        report: &mut CompactionReport,
+    ) -> Result<(), StoreError> {
+        let bundles = g
+            .blocks
+            .iter()
+            .map(|(_, v)| gpu_block::decode(v))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut raw: BTreeMap<&str, Vec<&[u8]>> = BTreeMap::new();
+        let mut ofu: Vec<&[u8]> = Vec::new();
+        for b in &bundles {
+            for (metric, block) in &b.raw {
+                raw.entry(metric).or_default().push(block);
+            }
+            ofu.extend(&b.ofu);
+        }
+        let mut ref_prefix = g.prefix.clone();
+        keys::put_str(&mut ref_prefix, TIME_REF);
+        let mut before = None;
+        self.engine.view(&mut |view| {
+            before = chunk_times(view, &ref_prefix, g.window)?;
+            Ok(())
+        })?;
+        let mut ops = Vec::new();
+        let (mut chunks, mut samples) = (0u64, 0usize);
+        let mut after = before.clone();
+        if let Some(values) = raw.remove(TIME_REF) {
+            let ts = (before.as_ref(), None);
+            let Some(p) =
+                self.plan_series(keys::KIND_RAW, &ref_prefix, g.window, &values, ts, &mut ops)?
+            else {
+                return Ok(());
+            };
+            after = p.times;
+            chunks += 1;
+            samples += p.samples;
+        }
+        for (metric, values) in &raw {
+            let mut prefix = g.prefix.clone();
+            keys::put_str(&mut prefix, metric);
+            let ts = (before.as_ref(), after.as_ref());
+            let Some(p) =
+                self.plan_series(keys::KIND_RAW, &prefix, g.window, values, ts, &mut ops)?
+            else {
+                return Ok(());
+            };
+            chunks += 1;
+            samples += p.samples;
+        }
+        if !ofu.is_empty() {
+            let ts = (before.as_ref(), after.as_ref());
+            let Some(p) =
+                self.plan_series(keys::KIND_OFU, &g.prefix, g.window, &ofu, ts, &mut ops)?
+            else {
+                return Ok(());
+            };
+            chunks += 1;
+            samples += p.samples;
+        }
+        for (k, _) in &g.blocks {
+            ops.push(Op::Delete(Cf::Head, k.clone()));
+        }
+        self.engine.apply(ops, false)?;
+        report.chunks += chunks;
+        report.blocks += g.blocks.len() as u64;
+        report.samples += samples as u64;
+        Ok(())
+    }
+
+    /// Plans one series-hour's chunk and rollup from its old chunks and the
+    /// head block values `head`, pushing the writes onto `ops` (the caller
+    /// adds the head's deletes and applies them). `times` are the GPU's
+    /// reference chunk's timestamps of the hour: as stored (to decode this
+    /// series' old raw chunks) and as they will be once `ops` are applied
+    /// (to share in the new chunk); unused for the reference series
+    /// itself. `None` when the series-hour is too large to compact (it
+    /// stays in the head).
+    fn plan_series(
+        &self,
+        kind: u8,
+        prefix: &[u8],
+        window: i64,
+        head: &[&[u8]],
+        times: (Option<&Times>, Option<&Times>),
+        ops: &mut Vec<Op>,
+    ) -> Result<Option<Planned>, StoreError> {
+        let chunk_cf = if kind == keys::KIND_RAW {
+            Cf::Raw
+        } else {
+            Cf::Ofu
+        };
+        let (stored, shared) = times;
+        // The GPU's reference series (`None`: this is the reference).
+        let time_ref = if chunk_cf == Cf::Raw {
+            time_ref_prefix(prefix)
+        } else {
+            let mut p = prefix.to_vec();
+            keys::put_str(&mut p, TIME_REF);
+            Some(p)
+        };
+        let g = Group {
+            kind,
+            prefix: prefix.to_vec(),
+            window,
+            blocks: Vec::new(),
+        };
+        let mut new_times = None;
         // The hour's existing chunks (late data after an earlier pass).
         let old = self.hour_entries(chunk_cf, &g.prefix, g.window)?;
-        let values = old.iter().chain(&g.blocks).map(|(_, v)| v.as_slice());
-        let mut ops: Vec<Op> = Vec::new();
+        let values = old
+            .iter()
+            .map(|(_, v)| v.as_slice())
+            .chain(head.iter().copied());
         // The hour and its minutes per job (raw series: one entry, "").
         let mut entries: BTreeMap<String, HourAcc> = BTreeMap::new();
         let samples;
         if chunk_cf == Cf::Raw {
-            // The timestamps this series may share: the reference's chunk
-            // as it now is (any rewrite of it re-encodes the sharers).
-            let mut shared = None;
-            if let Some(rp) = &time_ref {
-                self.engine.view(&mut |view| {
-                    shared = chunk_times(view, rp, g.window)?;
-                    Ok(())
-                })?;
-            }
+            let (stored, shared) = if time_ref.is_some() {
+                (stored, shared)
+            } else {
+                (None, None)
+            };
             let mut points = Vec::new();
             for v in values {
-                let b = match &shared {
+                let b = match stored {
                     Some((ts, w)) => Block::decode_shared(v, ts, w),
                     None => Block::decode(v),
                 }
@@ -297,7 +452,7 @@ impl Store {
                 points.extend(raw_points(&b)?);
                 if points.len() > MAX_HOUR_SAMPLES {
                     tracing::warn!(samples = points.len(), "series-hour too large to compact");
-                    return Ok(());
+                    return Ok(None);
                 }
             }
             points.sort_by_key(|p| p.ts_ms);
@@ -335,6 +490,7 @@ impl Store {
             }
             .map_err(|e| corrupt(chunk_cf, e))?;
             if time_ref.is_none() {
+                new_times = Some((block.ts.clone(), block.windows.clone()));
                 // The reference series (OFU and the GPU's other raw
                 // series): chunks sharing its old timestamps
                 // are re-encoded in this write if they change.
@@ -362,11 +518,7 @@ impl Store {
             let mut by_job: BTreeMap<String, Vec<super::OfuSample>> = BTreeMap::new();
             let mut n = 0;
             let mut failure = None;
-            let mut shared = None;
             self.engine.view(&mut |view| {
-                if let Some(rp) = &time_ref {
-                    shared = chunk_times(view, rp, g.window)?;
-                }
                 tpa = raw_hour(
                     view,
                     &g.prefix,
@@ -391,7 +543,7 @@ impl Store {
             })?;
             if let Some(n) = failure {
                 tracing::warn!(samples = n, "series-hour too large to compact");
-                return Ok(());
+                return Ok(None);
             }
             for (k, _) in &old {
                 ops.push(Op::Delete(chunk_cf, k.clone()));
@@ -436,7 +588,7 @@ impl Store {
                 ops.push(Op::Put(
                     chunk_cf,
                     keys::block_key(&g.prefix, last, i as u64),
-                    ofu_value(job, s, true, refs, shared.as_ref())?,
+                    ofu_value(job, s, true, refs, shared)?,
                 ));
             }
             samples = n;
@@ -464,14 +616,10 @@ impl Store {
         let mut rkey = keys::kind_prefix(g.kind, &g.prefix);
         keys::put_ts(&mut rkey, g.window);
         ops.push(Op::Put(Cf::Rollup, rkey, rollup.encode()));
-        for (k, _) in &g.blocks {
-            ops.push(Op::Delete(Cf::Head, k.clone()));
-        }
-        self.engine.apply(ops, false)?;
-        report.chunks += 1;
-        report.blocks += g.blocks.len() as u64;
-        report.samples += samples as u64;
-        Ok(())
+        Ok(Some(Planned {
+            samples,
+            times: new_times,
+        }))
     }
 
     /// The keys and values of `cf` under `prefix` keyed by a time in the

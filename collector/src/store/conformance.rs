@@ -377,7 +377,11 @@ fn compaction_turns_sealed_hours_into_one_chunk_per_series() {
         assert_eq!(count(&*e, Cf::Raw), 2, "{name}");
         assert_eq!(count(&*e, Cf::Ofu), 4, "{name}");
         assert_eq!(count(&*e, Cf::Rollup), 4, "{name}");
-        assert_eq!(count(&*e, Cf::Head), 20, "hour 2 stays in the head, {name}");
+        assert_eq!(
+            count(&*e, Cf::Head),
+            10,
+            "hour 2 stays in the head, a bundle per batch, {name}"
+        );
         assert_eq!(
             store
                 .series("t1", "GPU-1", "power_w", 0, i64::MAX, 1 << 20)
@@ -422,6 +426,157 @@ fn compaction_turns_sealed_hours_into_one_chunk_per_series() {
             .unwrap();
         assert_eq!(first.len(), 5);
         assert_eq!(first[0].ts_ms, T0 + 1000, "{name}");
+    }
+}
+
+/// Batch `seq` (from 1) of one GPU: 10 points at 100 ms of tensor
+/// activity, the averaged SM clock and power, and the OFU they give.
+fn gpu_batch(seq: u64, from: i64) -> CommitSet {
+    let ts: Vec<i64> = (0..10).map(|i| from + i * 100).collect();
+    let value = |t: i64, k: i64| ((t / 100 + k) % 13) as f64;
+    let series = |metric: &str, f: &dyn Fn(i64) -> f64| SeriesBatch {
+        gpu_uuid: "GPU-1".into(),
+        metric: metric.into(),
+        points: ts
+            .iter()
+            .map(|&t| Point {
+                ts_ms: t,
+                value: f(t),
+                peak: None,
+                window_ms: Some(100),
+            })
+            .collect(),
+    };
+    let tpa = |t: i64| value(t, 0) / 13.0;
+    let clk = |t: i64| 1300.0 + value(t, 5);
+    CommitSet {
+        seq,
+        series: vec![
+            series("tensor_active", &tpa),
+            series("sm_clock_avg_mhz", &clk),
+            series("power_w", &|t| 300.0 + value(t, 3)),
+        ],
+        ofu: vec![(
+            "GPU-1".into(),
+            Some("job-a".into()),
+            ts.iter()
+                .map(|&t| OfuSample {
+                    ts_ms: t,
+                    ofu: crate::ofu::ofu(tpa(t), clk(t), 1830.0),
+                    tensor_active: tpa(t),
+                    sm_clock_mhz: clk(t),
+                    window_ms: 100,
+                })
+                .collect(),
+        )],
+        ..Default::default()
+    }
+}
+
+/// `set`'s samples as a store written before bundling held them: one head
+/// block per series and batch.
+fn commit_per_series(e: &dyn Engine, tenant: &str, set: &CommitSet) {
+    let mut puts = Vec::new();
+    for s in &set.series {
+        let prefix = keys::kind_prefix(
+            keys::KIND_RAW,
+            &keys::raw_prefix(tenant, &s.gpu_uuid, &s.metric),
+        );
+        let last = s.points.iter().map(|p| p.ts_ms).max().unwrap();
+        let value = super::raw::raw_block(&s.points).encode().unwrap();
+        puts.push((Cf::Head, keys::block_key(&prefix, last, set.seq), value));
+    }
+    for (gpu, job, samples) in &set.ofu {
+        let prefix = keys::kind_prefix(keys::KIND_OFU, &keys::ofu_prefix(tenant, gpu));
+        let last = samples.iter().map(|s| s.ts_ms).max().unwrap();
+        let value =
+            super::ofu_chunk::ofu_value(job.as_deref().unwrap_or(""), samples, false, None, None)
+                .unwrap();
+        puts.push((Cf::Head, keys::block_key(&prefix, last, set.seq), value));
+    }
+    e.write(puts, false).unwrap();
+}
+
+#[test]
+fn one_series_head_blocks_of_older_stores_read_and_compact_as_bundles_do() {
+    let metrics = ["tensor_active", "sm_clock_avg_mhz", "power_w"];
+    let reads = |store: &Store| {
+        let raw: Vec<Vec<Point>> = metrics
+            .iter()
+            .map(|m| {
+                store
+                    .series("t1", "GPU-1", m, 0, i64::MAX, 1 << 20)
+                    .unwrap()
+            })
+            .collect();
+        (
+            raw,
+            ofu_all(store, "t1", None),
+            ofu_all(store, "t1", Some("job-a")),
+        )
+    };
+    let sealed = |e: &dyn Engine| {
+        let mut out = Vec::new();
+        for cf in [Cf::Raw, Cf::Ofu, Cf::Rollup, Cf::Head] {
+            e.scan(cf, &[], &[0xff; 8], &mut |k, v| {
+                out.push((cf, k.to_vec(), v.to_vec()));
+                true
+            })
+            .unwrap();
+        }
+        out
+    };
+    for (name, _, _dir) in engines() {
+        // Bundled, one series per block, and the two mixed in one hour:
+        // 30 batches of hour 0 and 10 of hour 1, then late data for hour 0.
+        let mut runs = Vec::new();
+        for way in ["bundled", "per series", "mixed"] {
+            let (_, e, dir) = engines().into_iter().find(|(n, _, _)| *n == name).unwrap();
+            let put = |seq: u64, from: i64| {
+                let set = gpu_batch(seq, from);
+                if way == "per series" || (way == "mixed" && seq.is_multiple_of(2)) {
+                    commit_per_series(&*e, "t1", &set);
+                } else {
+                    Store::new(e.clone(), false).commit("t1", &set).unwrap();
+                }
+            };
+            for seq in 1..=30 {
+                put(seq, T0 + seq as i64 * 1000);
+            }
+            for seq in 31..=40 {
+                put(seq, T0 + H + seq as i64 * 1000);
+            }
+            // Opened on what an older version wrote: the first pass walks
+            // the whole head.
+            let store = Store::new(e.clone(), false);
+            let before = reads(&store);
+            assert_eq!(before.0[0].len(), 400, "{way}, {name}");
+            assert_eq!(before.1.len(), 400, "{way}, {name}");
+            let r = store.compact(T0 + 2 * H, 0).unwrap();
+            if way != "mixed" {
+                // (Mixed, an hour's chunk is written twice, by each kind.)
+                assert_eq!(r.samples, 4 * 400, "3 raw series and OFU, {way}, {name}");
+            }
+            assert_eq!(count(&*e, Cf::Head), 0, "{way}, {name}");
+            assert_eq!(reads(&store), before, "{way}, {name}");
+            // Late data for hour 0 after it was compacted.
+            put(41, T0 + 500);
+            put(42, T0 + 600_000);
+            let store = Store::new(e.clone(), false);
+            let before = reads(&store);
+            assert_eq!(before.0[0].len(), 420, "{way}, {name}");
+            store.compact(T0 + 2 * H, 0).unwrap();
+            assert_eq!(count(&*e, Cf::Head), 0, "{way}, {name}");
+            assert_eq!(reads(&store), before, "{way}, {name}");
+            runs.push((way, sealed(&*e), before, dir));
+        }
+        for (way, chunks, samples, _) in &runs[1..] {
+            assert_eq!(samples, &runs[0].2, "{way}, {name}");
+            assert!(
+                chunks == &runs[0].1,
+                "{way}: chunks and rollups as bundled, {name}"
+            );
+        }
     }
 }
 
@@ -677,7 +832,7 @@ fn compacted_chunks_survive_reopening() {
         before
     );
     assert_eq!(count(&*e, Cf::Raw), 1);
-    assert_eq!(count(&*e, Cf::Head), 200, "raw and OFU blocks of hour 1");
+    assert_eq!(count(&*e, Cf::Head), 100, "the bundles of hour 1");
 }
 
 #[test]
@@ -1165,7 +1320,7 @@ fn a_compaction_pass_past_its_deadline_leaves_the_rest_for_the_next() {
         let past = std::time::Instant::now();
         let r = store.compact_within(T0 + 2 * H, 0, Some(past)).unwrap();
         assert_eq!(r.chunks, 0, "{name}");
-        assert_eq!(count(&*e, Cf::Head), 40, "{name}");
+        assert_eq!(count(&*e, Cf::Head), 20, "a bundle per batch, {name}");
         let r = store.compact_within(T0 + 2 * H, 0, None).unwrap();
         assert!(r.chunks > 0, "{name}");
         assert_eq!(count(&*e, Cf::Head), 0, "{name}");

@@ -9,7 +9,8 @@
 //! |------|---------------------------------------------------------|-------|
 //! | raw  | `tenant gpu metric last_ts seq`                         | codec block: value [, peak] columns |
 //! | ofu  | `tenant gpu last_ts seq`                                | job id + codec block: ofu, tpa, clock |
-//! | head | `'r' tenant gpu metric last_ts seq` / `'o' tenant gpu last_ts seq` | a batch's block, as in raw / ofu |
+//! | head | `'g' tenant gpu last_ts seq`                             | a batch's blocks of one GPU and hour, bundled (see `gpu_block`) |
+//! | head | `'r' tenant gpu metric last_ts seq` / `'o' tenant gpu last_ts seq` | one series' block of a batch (stores written before bundling) |
 //! | rollup | `'r' tenant gpu metric hour` / `'o' tenant gpu hour`   | hour (and minute) aggregates |
 //! | meta | `'a' tenant agent boot`                                 | acked seq (u64 BE) |
 //! | meta | `'m' tenant agent boot`                                 | held seq ranges (membership) |
@@ -105,6 +106,8 @@ pub const STORE_ID: &[u8] = b"~store_id";
 pub const KIND_RAW: u8 = b'r';
 /// Kind byte of OFU blocks in the head and rollups.
 pub const KIND_OFU: u8 = b'o';
+/// Kind byte of GPU blocks (a batch's blocks of one GPU) in the head.
+pub const KIND_GPU: u8 = b'g';
 
 /// Prefix of a series in the `head` and `rollup` families: a kind byte,
 /// then the series prefix of its own family.
@@ -124,7 +127,7 @@ pub fn series_prefix(cf: super::Cf, key: &[u8]) -> Option<(usize, &str)> {
         Cf::Ofu => (0, 2),
         Cf::Head | Cf::Rollup | Cf::Limbo => match *key.first()? {
             KIND_RAW => (1, 3),
-            KIND_OFU => (1, 2),
+            KIND_OFU | KIND_GPU => (1, 2),
             _ => return None,
         },
         Cf::Meta => return None,

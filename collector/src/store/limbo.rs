@@ -83,7 +83,7 @@ fn head_window(key: &[u8]) -> Option<i64> {
 /// `meta`.
 fn destination(key: &[u8]) -> Option<Cf> {
     match *key.first()? {
-        keys::KIND_RAW | keys::KIND_OFU => Some(Cf::Head),
+        keys::KIND_RAW | keys::KIND_OFU | keys::KIND_GPU => Some(Cf::Head),
         keys::META_EVENT => Some(Cf::Meta),
         _ => None,
     }
@@ -286,6 +286,7 @@ mod tests {
         assert_eq!(decode_record(&v[..v.len() - 1]), None, "torn key list");
         assert_eq!(destination(b"rx"), Some(Cf::Head));
         assert_eq!(destination(b"ox"), Some(Cf::Head));
+        assert_eq!(destination(b"gx"), Some(Cf::Head));
         assert_eq!(destination(b"ex"), Some(Cf::Meta));
         assert_eq!(destination(b"nx"), None);
     }

@@ -2,6 +2,7 @@
 //! key prefix, found by seeking past each metric's blocks (one seek per
 //! metric and family, never a scan of the samples).
 
+use super::gpu_block;
 use super::keys::{self, get_str, put_str};
 use super::{Cf, Store, StoreError};
 use std::collections::BTreeSet;
@@ -39,6 +40,10 @@ impl Store {
                 from.extend_from_slice(&[0xff; 17]);
                 out.insert(metric);
             }
+        }
+        // The head's bundles, each naming the metrics it holds.
+        for cf in [Cf::Head, Cf::Limbo] {
+            gpu_block::metrics(&*self.engine, cf, &base, &mut out)?;
         }
         Ok(out.into_iter().collect())
     }

@@ -12,8 +12,9 @@
 //!   [`keys`]. The collector's logic depends only on `Store`.
 //!
 //! Chunks: acknowledged batches land in the `head` family as small
-//! blocks; [`Store::compact`] merges each series' blocks of an hour into one
-//! chunk, with rollups, in one atomic write (see docs/STORAGE.md).
+//! blocks, bundled per GPU ([`gpu_block`]); [`Store::compact`] merges each
+//! series' blocks of an hour into one chunk, with rollups, a GPU's hour in
+//! one atomic write (see docs/STORAGE.md).
 //!
 //! Durability: [`Store::commit`] writes one batch's samples, OFU, metadata
 //! and acked sequence number in a single engine write batch that goes
@@ -22,6 +23,7 @@
 
 mod compact;
 mod compactor;
+mod gpu_block;
 mod hours;
 pub mod keys;
 mod limbo;

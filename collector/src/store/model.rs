@@ -1,5 +1,6 @@
 //! The store: flopwatch's data model over an [`Engine`].
 
+use super::gpu_block::{self, Part};
 use super::hours::{hour_runs, window_of, MINUTE_MS, WINDOW_MS};
 use super::keys::{self, get_str};
 use super::ofu_chunk::{ofu_samples, ofu_value, resolver, RefCache};
@@ -12,7 +13,7 @@ use super::{corrupt, Cf, Engine, Put, StoreError};
 use crate::events::EventRecord;
 use flopwatch_proto::model::Point;
 use serde::{de::DeserializeOwned, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -44,6 +45,23 @@ fn event_key(tenant: &str, e: &EventRecord) -> Vec<u8> {
         keys::put_str(&mut k, p);
     }
     k
+}
+
+/// A batch's head blocks of one GPU and hour: the last timestamp, and
+/// the bundle being written.
+type Bundle = (i64, gpu_block::Writer);
+
+/// Bundles by GPU and hour.
+type Bundles<'a> = BTreeMap<(&'a str, i64), Bundle>;
+
+/// The bundle of `gpu` for the hour of `last`, its last timestamp raised
+/// to `last`.
+fn bundle<'m, 'a>(bundles: &'m mut Bundles<'a>, gpu: &'a str, last: i64) -> &'m mut Bundle {
+    let b = bundles
+        .entry((gpu, window_of(last)))
+        .or_insert_with(|| (last, gpu_block::Writer::new()));
+    b.0 = b.0.max(last);
+    b
 }
 
 fn json<T: Serialize>(v: &T) -> Vec<u8> {
@@ -131,35 +149,40 @@ impl Store {
     }
 
     /// Writes one batch atomically and durably: its samples go to the
-    /// head as one block per series and hour.
+    /// head as one bundle per GPU and hour ([`super::gpu_block`]) holding
+    /// a block per series.
     pub fn commit(&self, tenant: &str, set: &CommitSet) -> Result<(), StoreError> {
-        let mut puts: Vec<Put> = Vec::with_capacity(set.series.len() + set.ofu.len() + 4);
-        // The earliest hour of the head blocks written.
-        let mut low = i64::MAX;
+        let mut bundles: Bundles<'_> = BTreeMap::new();
         for s in &set.series {
-            let prefix = keys::kind_prefix(
-                keys::KIND_RAW,
-                &keys::raw_prefix(tenant, &s.gpu_uuid, &s.metric),
-            );
             for run in hour_runs(s.points.len(), |i| s.points[i].ts_ms) {
                 let points = &s.points[run];
-                let value = raw_block(points)
-                    .encode()
-                    .map_err(|e| corrupt(Cf::Raw, e))?;
                 let last = points.iter().map(|p| p.ts_ms).max().unwrap_or(0);
-                low = low.min(window_of(last));
-                puts.push((Cf::Head, keys::block_key(&prefix, last, set.seq), value));
+                bundle(&mut bundles, &s.gpu_uuid, last)
+                    .1
+                    .raw(&s.metric, |out| raw_block(points).encode_into(out))
+                    .map_err(|e| corrupt(Cf::Raw, e))?;
             }
         }
         for (gpu, job, samples) in &set.ofu {
-            let prefix = keys::kind_prefix(keys::KIND_OFU, &keys::ofu_prefix(tenant, gpu));
             for run in hour_runs(samples.len(), |i| samples[i].ts_ms) {
                 let samples = &samples[run];
                 let value = ofu_value(job.as_deref().unwrap_or(""), samples, false, None, None)?;
                 let last = samples.iter().map(|s| s.ts_ms).max().unwrap_or(0);
-                low = low.min(window_of(last));
-                puts.push((Cf::Head, keys::block_key(&prefix, last, set.seq), value));
+                bundle(&mut bundles, gpu, last).1.ofu(&value);
             }
+        }
+        let mut puts: Vec<Put> = Vec::with_capacity(bundles.len() + set.gpus.len() + 4);
+        // The earliest hour of the head blocks written.
+        let mut low = i64::MAX;
+        for ((gpu, window), (last, bundle)) in bundles {
+            low = low.min(window);
+            // `tenant · gpu`, the prefix a GPU's OFU chunks have too.
+            let prefix = keys::kind_prefix(keys::KIND_GPU, &keys::ofu_prefix(tenant, gpu));
+            puts.push((
+                Cf::Head,
+                keys::block_key(&prefix, last, set.seq),
+                bundle.finish(),
+            ));
         }
         for n in &set.nodes {
             puts.push((
@@ -248,11 +271,21 @@ impl Store {
         let mut out = Vec::new();
         let prefix = keys::raw_prefix(tenant, gpu, metric);
         let head = keys::kind_prefix(keys::KIND_RAW, &prefix);
+        let bundles = keys::ofu_prefix(tenant, gpu);
         self.engine.view(&mut |view| {
             let mut reader = RawReader::new(view, &prefix);
-            for (cf, p) in [(Cf::Raw, &prefix), (Cf::Head, &head), (Cf::Limbo, &head)] {
+            // Chunks, bundles in the head and limbo, then one-series head
+            // blocks of stores written before bundling.
+            let sources = [
+                (Cf::Raw, None),
+                (Cf::Head, Some(&bundles)),
+                (Cf::Limbo, Some(&bundles)),
+                (Cf::Head, None),
+                (Cf::Limbo, None),
+            ];
+            for (cf, bundled) in sources {
                 let mut taken = 0usize;
-                scan_series(view, cf, p, start, end, &mut |hour, v| {
+                let mut visit = |hour: i64, v: &[u8]| {
                     let b = reader.decode(cf, hour, v)?;
                     for pt in raw_points(&b)? {
                         if pt.ts_ms >= start && pt.ts_ms < end {
@@ -261,7 +294,20 @@ impl Store {
                         }
                     }
                     Ok(taken < limit)
-                })?;
+                };
+                match (cf, bundled) {
+                    (_, Some(g)) => gpu_block::scan_parts(
+                        view,
+                        cf,
+                        g,
+                        Part::Raw(metric),
+                        start,
+                        end,
+                        &mut visit,
+                    )?,
+                    (Cf::Raw, None) => scan_series(view, cf, &prefix, start, end, &mut visit)?,
+                    (_, None) => scan_series(view, cf, &head, start, end, &mut visit)?,
+                }
             }
             Ok(())
         })?;
@@ -341,6 +387,18 @@ impl Store {
                         in_head.insert(w);
                         Ok(true)
                     })?;
+                    gpu_block::scan_parts(
+                        view,
+                        cf,
+                        &prefix,
+                        Part::Ofu,
+                        start,
+                        end,
+                        &mut |w, _| {
+                            in_head.insert(w);
+                            Ok(true)
+                        },
+                    )?;
                 }
                 let rprefix = keys::kind_prefix(keys::KIND_OFU, &prefix);
                 scan_series(
@@ -420,11 +478,16 @@ impl Store {
             if cur < end {
                 ranges.push((Cf::Ofu, &prefix, cur, end));
             }
-            ranges.push((Cf::Head, &head, start, end));
-            ranges.push((Cf::Limbo, &head, start, end));
+            // Bundles in the head and limbo (`bundled`), then one-series
+            // head blocks of stores written before bundling.
+            let mut ranges: Vec<_> = ranges.into_iter().map(|r| (r, false)).collect();
+            for cf in [Cf::Head, Cf::Limbo] {
+                ranges.push(((cf, &prefix, start, end), true));
+                ranges.push(((cf, &head, start, end), false));
+            }
             let mut raw_cache = RefCache::default();
-            for (cf, p, from, to) in ranges {
-                scan_series(view, cf, p, from, to, &mut |w, v| {
+            for ((cf, p, from, to), bundled) in ranges {
+                let mut visit = |w: i64, v: &[u8]| {
                     let mask = if cf == Cf::Ofu {
                         covered.get(&w).copied().unwrap_or(0)
                     } else {
@@ -450,7 +513,12 @@ impl Store {
                         }
                     }
                     Ok(true)
-                })?;
+                };
+                if bundled {
+                    gpu_block::scan_parts(view, cf, p, Part::Ofu, from, to, &mut visit)?;
+                } else {
+                    scan_series(view, cf, p, from, to, &mut visit)?;
+                }
             }
             Ok(())
         })

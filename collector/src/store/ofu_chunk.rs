@@ -2,6 +2,7 @@
 //! tensor activity and clock columns) are left out when they can be
 //! recomputed exactly from the GPU's raw series.
 
+use super::gpu_block::{self, Part};
 use super::hours::WINDOW_MS;
 use super::keys::{self, get_str, put_str};
 use super::raw::{chunk_times, raw_points, RawReader, Times, TIME_REF};
@@ -84,8 +85,14 @@ pub(super) fn raw_hour(
     let head = keys::kind_prefix(keys::KIND_RAW, &raw);
     let mut map = HourMap::new();
     let mut reader = RawReader::new(view, &raw);
-    for (cf, p) in [(Cf::Raw, &raw), (Cf::Head, &head)] {
-        scan_series(view, cf, p, w, w + WINDOW_MS, &mut |hour, v| {
+    // Chunks, the head's bundles, and one-series head blocks of stores
+    // written before bundling.
+    for (cf, p, bundled) in [
+        (Cf::Raw, &raw, false),
+        (Cf::Head, &ofu_prefix.to_vec(), true),
+        (Cf::Head, &head, false),
+    ] {
+        let mut visit = |hour: i64, v: &[u8]| {
             let b = reader.decode(cf, hour, v)?;
             for pt in raw_points(&b)? {
                 let bits = pt.value.to_bits();
@@ -98,7 +105,12 @@ pub(super) fn raw_hour(
                     .or_insert(Some(bits));
             }
             Ok(true)
-        })?;
+        };
+        if bundled {
+            gpu_block::scan_parts(view, cf, p, Part::Raw(metric), w, w + WINDOW_MS, &mut visit)?;
+        } else {
+            scan_series(view, cf, p, w, w + WINDOW_MS, &mut visit)?;
+        }
     }
     Ok(map)
 }

@@ -1,0 +1,285 @@
+//! GPU blocks: one head entry per GPU (or node device), batch and hour.
+//!
+//! An acknowledged batch lands in the head as one entry per GPU and hour,
+//! keyed `'g' · tenant · gpu · last_ts · seq`, whose value bundles the
+//! blocks the batch holds for that GPU: one raw block per metric (as a
+//! series' own head block would hold it) and its OFU block. Keyed per
+//! series instead, a batch of 8 GPUs × 20 metrics was 168 RocksDB entries
+//! with a 60-byte key each; a backed-off agent's batch carries one point
+//! per series, so the keys were most of the bytes written, and the
+//! memtable's inserts most of a commit's time (docs/STORAGE.md, *Head*).
+//! Bundled, the same batch is 8 entries.
+//!
+//! Readers take a series' blocks out of the bundles with [`parts`]; a
+//! compaction pass turns a GPU's bundles of an hour into its series'
+//! chunks and rollups in one write (`compact.rs`). Stores written before
+//! bundling hold one head entry per series (kinds `'r'` and `'o'`); those
+//! are read and compacted as before.
+//!
+//! ```text
+//! u8 version (1)
+//! u32 raw blocks:  (u8 len, metric name, u32 len, raw block) each
+//! u32 OFU blocks:  (u32 len, OFU block value) each
+//! ```
+//! Counts and lengths are little-endian.
+
+use super::scan::{scan_series, BlockVisitor};
+use super::{corrupt, Cf, StoreError, View};
+
+/// The bundle format written.
+const VERSION: u8 = 1;
+
+/// Which blocks of a bundle a reader wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Part<'a> {
+    /// The raw series of this metric.
+    Raw(&'a str),
+    /// The OFU series.
+    Ofu,
+}
+
+/// A decoded bundle: borrowed slices of its value.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct GpuBlock<'v> {
+    /// Metric and raw block, in the order written.
+    pub raw: Vec<(&'v str, &'v [u8])>,
+    /// OFU block values (job id, then the block).
+    pub ofu: Vec<&'v [u8]>,
+}
+
+/// Writes a bundle: raw blocks, encoded straight into it, and OFU block
+/// values, in any order (the OFU section goes after the raw one).
+pub(super) struct Writer {
+    /// The version, the raw count, the raw blocks.
+    raw: Vec<u8>,
+    raw_count: u32,
+    ofu: Vec<u8>,
+    ofu_count: u32,
+}
+
+impl Writer {
+    /// An empty bundle.
+    pub(super) fn new() -> Self {
+        let mut raw = Vec::with_capacity(256);
+        raw.push(VERSION);
+        raw.extend_from_slice(&[0; 4]);
+        Self {
+            raw,
+            raw_count: 0,
+            ofu: Vec::new(),
+            ofu_count: 0,
+        }
+    }
+
+    /// Adds `metric`'s raw block, which `encode` appends to the buffer it
+    /// is given.
+    pub(super) fn raw<E>(
+        &mut self,
+        metric: &str,
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        super::keys::put_str(&mut self.raw, metric);
+        let at = self.raw.len();
+        self.raw.extend_from_slice(&[0; 4]);
+        encode(&mut self.raw)?;
+        let len = (self.raw.len() - at - 4) as u32;
+        self.raw[at..at + 4].copy_from_slice(&len.to_le_bytes());
+        self.raw_count += 1;
+        Ok(())
+    }
+
+    /// Adds an OFU block value.
+    pub(super) fn ofu(&mut self, value: &[u8]) {
+        self.ofu
+            .extend_from_slice(&(value.len() as u32).to_le_bytes());
+        self.ofu.extend_from_slice(value);
+        self.ofu_count += 1;
+    }
+
+    /// The bundle's bytes.
+    pub(super) fn finish(mut self) -> Vec<u8> {
+        self.raw[1..5].copy_from_slice(&self.raw_count.to_le_bytes());
+        self.raw.extend_from_slice(&self.ofu_count.to_le_bytes());
+        self.raw.extend_from_slice(&self.ofu);
+        self.raw
+    }
+}
+
+/// A reader of a bundle's bytes.
+struct Cursor<'v> {
+    v: &'v [u8],
+    pos: usize,
+}
+
+impl<'v> Cursor<'v> {
+    fn take(&mut self, n: usize) -> Result<&'v [u8], StoreError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.v.len());
+        let end = end.ok_or_else(|| corrupt(Cf::Head, "GPU block truncated"))?;
+        let out = &self.v[self.pos..end];
+        self.pos = end;
+        Ok(out)
+    }
+
+    fn u32(&mut self) -> Result<usize, StoreError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+
+    fn str(&mut self) -> Result<&'v str, StoreError> {
+        let n = usize::from(self.take(1)?[0]);
+        std::str::from_utf8(self.take(n)?).map_err(|_| corrupt(Cf::Head, "GPU block metric name"))
+    }
+}
+
+/// Decodes a bundle (a malformed one is a corruption error of `head`).
+pub(super) fn decode(v: &[u8]) -> Result<GpuBlock<'_>, StoreError> {
+    let mut c = Cursor { v, pos: 0 };
+    if c.take(1)?[0] != VERSION {
+        return Err(corrupt(Cf::Head, "GPU block version"));
+    }
+    let mut out = GpuBlock::default();
+    for _ in 0..c.u32()? {
+        let metric = c.str()?;
+        let n = c.u32()?;
+        out.raw.push((metric, c.take(n)?));
+    }
+    for _ in 0..c.u32()? {
+        let n = c.u32()?;
+        out.ofu.push(c.take(n)?);
+    }
+    if c.pos != v.len() {
+        return Err(corrupt(Cf::Head, "GPU block has trailing bytes"));
+    }
+    Ok(out)
+}
+
+impl<'v> GpuBlock<'v> {
+    /// The blocks of `part`, in the order written.
+    pub(super) fn part(&self, part: Part<'_>) -> Vec<&'v [u8]> {
+        match part {
+            Part::Raw(metric) => self
+                .raw
+                .iter()
+                .filter(|(m, _)| *m == metric)
+                .map(|(_, b)| *b)
+                .collect(),
+            Part::Ofu => self.ofu.clone(),
+        }
+    }
+}
+
+/// Visits the blocks of `part` held in the bundles of `cf` (the head or
+/// limbo) under `gpu_prefix` (tenant · gpu) whose hour overlaps `[start,
+/// end)`, as [`scan_series`] visits a series' own blocks: `f` gets each
+/// block's hour and value and returns whether to go on.
+pub(super) fn scan_parts(
+    view: &dyn View,
+    cf: Cf,
+    gpu_prefix: &[u8],
+    part: Part<'_>,
+    start: i64,
+    end: i64,
+    f: &mut BlockVisitor<'_>,
+) -> Result<(), StoreError> {
+    let prefix = super::keys::kind_prefix(super::keys::KIND_GPU, gpu_prefix);
+    scan_series(view, cf, &prefix, start, end, &mut |w, v| {
+        for block in decode(v)?.part(part) {
+            if !f(w, block)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })
+}
+
+/// Adds to `out` the metrics of every bundle of `cf` under `gpu_prefix`
+/// (tenant · gpu).
+pub(super) fn metrics(
+    engine: &dyn super::Engine,
+    cf: Cf,
+    gpu_prefix: &[u8],
+    out: &mut std::collections::BTreeSet<String>,
+) -> Result<(), StoreError> {
+    let from = super::keys::kind_prefix(super::keys::KIND_GPU, gpu_prefix);
+    let mut to = from.clone();
+    to.extend_from_slice(&[0xff; 17]);
+    let mut failure = None;
+    engine.scan(cf, &from, &to, &mut |_, v| match decode(v) {
+        Ok(b) => {
+            for (m, _) in &b.raw {
+                if !out.contains(*m) {
+                    out.insert(m.to_string());
+                }
+            }
+            true
+        }
+        Err(e) => {
+            failure = Some(e);
+            false
+        }
+    })?;
+    failure.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn encode(raw: &[(&str, Vec<u8>)], ofu: &[Vec<u8>]) -> Vec<u8> {
+        let mut w = Writer::new();
+        // The OFU blocks first: the writer puts them after the raw ones.
+        for v in ofu {
+            w.ofu(v);
+        }
+        for (metric, block) in raw {
+            w.raw(metric, |out| {
+                out.extend_from_slice(block);
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        }
+        w.finish()
+    }
+
+    #[test]
+    fn a_bundle_gives_back_each_part_in_order() {
+        let raw = vec![
+            ("power_w", vec![1u8, 2, 3]),
+            ("tensor_active", vec![]),
+            ("power_w", vec![9]),
+        ];
+        let ofu = vec![vec![7u8; 300]];
+        let v = encode(&raw, &ofu);
+        let b = decode(&v).unwrap();
+        assert_eq!(
+            b.part(Part::Raw("power_w")),
+            vec![&[1u8, 2, 3][..], &[9][..]]
+        );
+        assert_eq!(b.part(Part::Raw("tensor_active")), vec![&[0u8; 0][..]]);
+        assert!(b.part(Part::Raw("sm_clock_mhz")).is_empty());
+        assert_eq!(b.part(Part::Ofu), vec![&[7u8; 300][..]]);
+        assert_eq!(decode(&encode(&[], &[])).unwrap(), GpuBlock::default());
+    }
+
+    #[test]
+    fn malformed_bundles_are_corrupt_not_a_panic() {
+        let v = encode(&[("m", vec![1, 2, 3])], &[vec![4]]);
+        for cut in 0..v.len() {
+            assert!(decode(&v[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = v.clone();
+        longer.push(0);
+        assert!(decode(&longer).is_err());
+        let mut other = v.clone();
+        other[0] = 2;
+        assert!(decode(&other).is_err(), "unknown version");
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_decode_or_fail_cleanly(v in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = decode(&v);
+        }
+    }
+}
