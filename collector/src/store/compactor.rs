@@ -11,7 +11,11 @@
 //! own, `flopwatch-compact`, at a lower CPU priority (nice +10): they use
 //! the time ingest leaves, and still get a tenth of a core's share when
 //! ingest wants every core, so the head never stops being compacted.
+//! Their writes are applied on a second thread at ingest's priority
+//! (`handoff.rs`): a write holds RocksDB's write queue, which a preempted
+//! low-priority thread must not.
 
+use super::handoff::{jobs_thread, HandOff, Job, Writer};
 use super::hours::WINDOW_MS;
 use super::{CompactionReport, Store, StoreError};
 use flopwatch_proto::clock::Clock;
@@ -25,9 +29,6 @@ const SHUTDOWN_PASS: Duration = Duration::from_secs(10);
 /// own, normally 0).
 const NICE: i32 = 10;
 
-/// A job for the compactor's thread.
-type Job = Box<dyn FnOnce() + Send>;
-
 /// The compactor's thread.
 struct Worker {
     jobs: std::sync::mpsc::SyncSender<Job>,
@@ -37,19 +38,8 @@ impl Worker {
     /// Starts the thread; `None` (logged) when the system refuses one, and
     /// the passes then run on tokio's blocking pool.
     fn start() -> Option<Self> {
-        let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(1);
-        let spawned = std::thread::Builder::new()
-            .name("flopwatch-compact".into())
-            .spawn(move || {
-                lower_priority();
-                for job in queue {
-                    // A panic is the job's (its caller sees its answer
-                    // dropped), not the thread's: the next pass still runs.
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-                }
-            });
-        match spawned {
-            Ok(_) => Some(Self { jobs }),
+        match jobs_thread("flopwatch-compact", lower_priority) {
+            Ok(jobs) => Some(Self { jobs }),
             Err(e) => {
                 tracing::warn!(error = %e, "no compactor thread; compaction runs at ingest's priority");
                 None
@@ -100,6 +90,15 @@ pub async fn run_compactor(
     let (every, seal_delay) = store.schedule;
     let seal_ms = i64::try_from(seal_delay.as_millis()).unwrap_or(i64::MAX);
     let worker = Worker::start();
+    // Without the low-priority thread the passes run at ingest's priority
+    // and write themselves.
+    let store = match worker.as_ref().and(Writer::start()) {
+        Some(writer) => Store {
+            engine: Arc::new(HandOff::new(store.engine.clone(), writer)),
+            ..store
+        },
+        None => store,
+    };
     let mut last_expiry = i64::MIN;
     loop {
         let stopping = tokio::select! {
@@ -154,6 +153,65 @@ pub async fn run_compactor(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_pass_reads_below_ingest_and_writes_at_its_priority() {
+        use crate::store::conformance::gpu_batch;
+        use crate::store::handoff::tests::Threads;
+        let e = Arc::new(Threads::default());
+        let store =
+            Store::new(e.clone(), false).with_compaction(Duration::from_millis(10), Duration::ZERO);
+        // An hour long sealed.
+        let t0 = 1_700_000_000_000 - 1_700_000_000_000 % WINDOW_MS;
+        store.commit("t1", &gpu_batch(1, t0)).unwrap();
+        let committed = e.writes.lock().unwrap().len();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let clock: Arc<dyn Clock> = Arc::new(flopwatch_proto::clock::SystemClock);
+        let task = tokio::spawn(run_compactor(store.clone(), clock, stopped));
+        let compacted = || {
+            let mut head = 0;
+            super::super::Engine::scan(
+                &*e,
+                super::super::Cf::Head,
+                &[],
+                &[0xff; 8],
+                &mut |_, _| {
+                    head += 1;
+                    true
+                },
+            )
+            .unwrap();
+            head == 0
+        };
+        for _ in 0..500 {
+            if compacted() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.send(true).unwrap();
+        task.await.unwrap();
+        assert!(compacted(), "the pass compacted the sealed hour");
+        let writes = e.writes.lock().unwrap()[committed..].to_vec();
+        let reads = e.reads.lock().unwrap().clone();
+        assert!(!writes.is_empty());
+        let ingest = rustix::process::getpriority_process(None).unwrap();
+        for w in &writes {
+            assert_eq!(w.name, "flopwatch-compact-write", "{writes:?}");
+            assert_eq!(w.nice, ingest, "{writes:?}");
+        }
+        let pass: Vec<_> = reads
+            .iter()
+            .filter(|r| r.name == "flopwatch-compact")
+            .collect();
+        assert!(!pass.is_empty(), "{reads:?}");
+        // NICE, or more where the tests themselves run niced further.
+        assert!(pass.iter().all(|r| r.nice >= NICE), "{reads:?}");
+        let samples = store
+            .series("t1", "GPU-1", "power_w", 0, i64::MAX, 100)
+            .unwrap();
+        assert_eq!(samples.len(), 10);
+    }
 
     #[test]
     fn the_compactor_thread_runs_below_ingest_and_survives_a_panic() {

@@ -431,7 +431,7 @@ fn compaction_turns_sealed_hours_into_one_chunk_per_series() {
 
 /// Batch `seq` (from 1) of one GPU: 10 points at 100 ms of tensor
 /// activity, the averaged SM clock and power, and the OFU they give.
-fn gpu_batch(seq: u64, from: i64) -> CommitSet {
+pub(super) fn gpu_batch(seq: u64, from: i64) -> CommitSet {
     let ts: Vec<i64> = (0..10).map(|i| from + i * 100).collect();
     let value = |t: i64, k: i64| ((t / 100 + k) % 13) as f64;
     let series = |metric: &str, f: &dyn Fn(i64) -> f64| SeriesBatch {

@@ -24,6 +24,7 @@
 mod compact;
 mod compactor;
 mod gpu_block;
+mod handoff;
 mod hours;
 pub mod keys;
 mod limbo;
