@@ -157,8 +157,8 @@ mod tests {
     #[tokio::test]
     async fn a_pass_reads_below_ingest_and_writes_at_its_priority() {
         use crate::store::conformance::gpu_batch;
-        use crate::store::handoff::tests::Threads;
-        let e = Arc::new(Threads::default());
+        use crate::store::tap::Tap;
+        let e = Arc::new(Tap::default());
         let store =
             Store::new(e.clone(), false).with_compaction(Duration::from_millis(10), Duration::ZERO);
         // An hour long sealed.

@@ -104,93 +104,32 @@ fn engine_walk_seeks_forward_and_never_back() {
     }
 }
 
-/// An engine that counts the walks over it.
-struct Walks {
-    inner: Arc<dyn Engine>,
-    n: std::sync::atomic::AtomicUsize,
-}
-
-impl Walks {
-    fn count(&self) -> usize {
-        self.n.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-impl Engine for Walks {
-    fn apply(&self, ops: Vec<Op>, sync: bool) -> Result<(), StoreError> {
-        self.inner.apply(ops, sync)
-    }
-    fn view(
-        &self,
-        f: &mut dyn FnMut(&dyn View) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
-        self.inner.view(f)
-    }
-    fn compact_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
-        self.inner.compact_range(cf, from, to)
-    }
-    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.get(cf, key)
-    }
-    fn scan(
-        &self,
-        cf: Cf,
-        from: &[u8],
-        to: &[u8],
-        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
-    ) -> Result<(), StoreError> {
-        self.inner.scan(cf, from, to, f)
-    }
-    fn walk(
-        &self,
-        cf: Cf,
-        from: &[u8],
-        to: &[u8],
-        f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
-    ) -> Result<(), StoreError> {
-        self.n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.walk(cf, from, to, f)
-    }
-    fn delete_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
-        self.inner.delete_range(cf, from, to)
-    }
-    fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush()
-    }
-    fn disk_bytes(&self) -> u64 {
-        self.inner.disk_bytes()
-    }
-}
-
 #[test]
 fn a_pass_walks_the_head_only_once_an_hour_it_holds_is_sealed() {
     for (name, e, _dir) in engines() {
-        let walks = Arc::new(Walks {
-            inner: e.clone(),
-            n: Default::default(),
-        });
+        let walks = Arc::new(super::tap::Tap::new(e.clone()));
         let store = Store::new(walks.clone(), false);
         // 10 s of hour 2, 10 min into it (seal delay 5 min): not sealed.
         let now = T0 + 2 * H + 600_000;
         let seq = ingest(&store, "t1", T0 + 2 * H, 10, 0);
         // Opened on a head it knows nothing of: the first pass walks it.
         assert_eq!(store.compact(now, 300_000).unwrap().chunks, 0, "{name}");
-        let first = walks.count();
+        let first = walks.walks();
         assert!(first > 0, "{name}");
         // Nothing written since, or newer than the sealed hours: skipped.
         store.compact(now, 300_000).unwrap();
         let seq = ingest(&store, "t1", T0 + 2 * H + 10_000, 10, seq);
         store.compact(now + 60_000, 300_000).unwrap();
-        assert_eq!(walks.count(), first, "no walk while hour 2 is open, {name}");
+        assert_eq!(walks.walks(), first, "no walk while hour 2 is open, {name}");
         // Hour 2 sealed: the blocks the first pass passed over, and the
         // later ones, are compacted.
         let r = store.compact(T0 + 3 * H + 600_000, 300_000).unwrap();
         assert_eq!(r.samples, 2 * 200, "raw and OFU of 20 s, {name}");
         assert_eq!(count(&*e, Cf::Head), 0, "{name}");
-        let after = walks.count();
+        let after = walks.walks();
         assert!(after > first, "{name}");
         store.compact(T0 + 3 * H + 660_000, 300_000).unwrap();
-        assert_eq!(walks.count(), after, "{name}");
+        assert_eq!(walks.walks(), after, "{name}");
         // Late data for a sealed hour makes the next pass walk.
         ingest(&store, "t1", T0 + 1000, 2, seq);
         let r = store.compact(T0 + 3 * H + 720_000, 300_000).unwrap();

@@ -160,89 +160,13 @@ impl Engine for HandOff {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
-    use crate::store::memory::MemEngine;
-    use std::sync::Mutex;
-
-    /// Where an engine call ran: the thread's name and nice value.
-    #[derive(Debug, Clone, PartialEq)]
-    pub(in crate::store) struct Caller {
-        pub name: String,
-        pub nice: i32,
-    }
-
-    fn caller() -> Caller {
-        let t = std::thread::current();
-        Caller {
-            name: t.name().unwrap_or("").to_string(),
-            nice: rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap_or(0),
-        }
-    }
-
-    /// Memory, recording the thread of every write and every read.
-    #[derive(Default)]
-    pub(in crate::store) struct Threads {
-        inner: MemEngine,
-        pub writes: Mutex<Vec<Caller>>,
-        pub reads: Mutex<Vec<Caller>>,
-        /// Every write fails with this.
-        pub fail: Mutex<Option<String>>,
-    }
-
-    impl Threads {
-        fn wrote(&self) -> Result<(), StoreError> {
-            self.writes.lock().unwrap().push(caller());
-            match self.fail.lock().unwrap().clone() {
-                Some(m) => Err(StoreError::Engine(m)),
-                None => Ok(()),
-            }
-        }
-    }
-
-    impl Engine for Threads {
-        fn apply(&self, ops: Vec<Op>, sync: bool) -> Result<(), StoreError> {
-            self.wrote()?;
-            self.inner.apply(ops, sync)
-        }
-        fn delete_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
-            self.wrote()?;
-            self.inner.delete_range(cf, from, to)
-        }
-        fn view(
-            &self,
-            f: &mut dyn FnMut(&dyn View) -> Result<(), StoreError>,
-        ) -> Result<(), StoreError> {
-            self.reads.lock().unwrap().push(caller());
-            self.inner.view(f)
-        }
-        fn compact_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
-            self.inner.compact_range(cf, from, to)
-        }
-        fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-            self.inner.get(cf, key)
-        }
-        fn scan(
-            &self,
-            cf: Cf,
-            from: &[u8],
-            to: &[u8],
-            f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
-        ) -> Result<(), StoreError> {
-            self.reads.lock().unwrap().push(caller());
-            self.inner.scan(cf, from, to, f)
-        }
-        fn flush(&self) -> Result<(), StoreError> {
-            Ok(())
-        }
-        fn disk_bytes(&self) -> u64 {
-            0
-        }
-    }
+    use crate::store::tap::{caller, Tap};
 
     #[test]
     fn writes_run_on_the_writer_thread_and_reads_see_them() {
-        let inner = Arc::new(Threads::default());
+        let inner = Arc::new(Tap::default());
         let e = HandOff::new(inner.clone(), Writer::start().expect("a thread"));
         e.apply(vec![Op::Put(Cf::Head, b"a".to_vec(), b"1".to_vec())], false)
             .unwrap();
@@ -260,7 +184,7 @@ pub(super) mod tests {
 
     #[test]
     fn an_engine_error_comes_back_to_the_caller() {
-        let inner = Arc::new(Threads::default());
+        let inner = Arc::new(Tap::default());
         *inner.fail.lock().unwrap() = Some("no space left".into());
         let e = HandOff::new(inner, Writer::start().unwrap());
         let r = e.apply(vec![], false);

@@ -268,3 +268,5 @@ pub(crate) fn past(target: Vec<u8>, key: &[u8]) -> Vec<u8> {
 mod conformance;
 #[cfg(test)]
 mod conformance_limbo;
+#[cfg(test)]
+mod tap;
