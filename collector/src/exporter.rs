@@ -34,6 +34,10 @@
 //! | *health:* `flopwatch_ingest_rejected_samples_total` | counter | `reason` |
 //! | *health:* `flopwatch_auth_failures_total` | counter | `service` (`ingest`, `query`, `metrics`, `prometheus_api`), `kind` |
 //! | *health:* `flopwatch_ack_latency_seconds` | histogram | |
+//! | `flopwatch_tenant_query_limited_total` | counter, Prometheus API queries refused or stopped by a limit | `tenant` (`*`: a provider's), `limit` |
+//! | *health:* `flopwatch_queries_total` | counter | |
+//! | *health:* `flopwatch_query_limited_total` | counter | `limit` (`max_query_bytes`, `max_query_depth`, `max_samples`, `max_series`, `max_concurrent_queries`, `timeout`) |
+//! | *health:* `flopwatch_queries_running`, `flopwatch_queries_queued` | gauge | |
 //! | *health:* `flopwatch_remote_write_samples_total` | counter | |
 //! | *health:* `flopwatch_remote_write_failures_total` | counter | `reason` (`connection`, `5xx`, `429`, `4xx`, `credentials`) |
 //! | *health:* `flopwatch_remote_write_dropped_samples_total` | counter | `reason` (`queue_full`, `4xx`) |
@@ -405,6 +409,20 @@ impl Exporter {
                     )
                 }),
         )?;
+        counter(
+            enc,
+            "flopwatch_tenant_query_limited",
+            "Prometheus API queries refused or stopped by a limit, by tenant (* for a provider's query over every tenant) and limit (max_query_bytes, max_query_depth, max_samples, max_series, max_concurrent_queries, timeout).",
+            s.query_limits()
+                .into_iter()
+                .filter(|((t, _), _)| self.allows(t))
+                .map(|((t, l), n)| {
+                    (
+                        vec![("tenant".to_string(), t), ("limit".to_string(), l.to_string())],
+                        n,
+                    )
+                }),
+        )?;
         gauges(
             enc,
             "flopwatch_tenant_active_series",
@@ -512,6 +530,42 @@ impl Exporter {
                     n,
                 )
             }),
+        )?;
+        counter(
+            enc,
+            "flopwatch_queries",
+            "Prometheus API queries evaluated (answered, failed or stopped by a limit).",
+            one(get(&s.queries)),
+        )?;
+        let mut limited: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for ((_, l), n) in s.query_limits() {
+            *limited.entry(l).or_default() += n;
+        }
+        counter(
+            enc,
+            "flopwatch_query_limited",
+            "Prometheus API queries refused or stopped by a limit, every tenant together, by limit.",
+            limited
+                .into_iter()
+                .map(|(l, n)| (vec![("limit".to_string(), l.to_string())], n)),
+        )?;
+        gauges(
+            enc,
+            "flopwatch_queries_running",
+            "Prometheus API queries evaluating now.",
+            [(
+                Vec::new(),
+                s.queries_running.load(Ordering::Relaxed).max(0) as f64,
+            )],
+        )?;
+        gauges(
+            enc,
+            "flopwatch_queries_queued",
+            "Prometheus API queries waiting for their tenant's turn now.",
+            [(
+                Vec::new(),
+                s.queries_queued.load(Ordering::Relaxed).max(0) as f64,
+            )],
         )?;
         counter(
             enc,

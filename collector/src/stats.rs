@@ -48,6 +48,15 @@ pub struct Stats {
     auth_failures: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     /// XID errors agents reported, by (tenant, GPU UUID).
     xids: Mutex<BTreeMap<(String, String), Xid>>,
+    /// Prometheus API queries evaluated (answered or stopped).
+    pub queries: AtomicU64,
+    /// Prometheus API queries evaluating now.
+    pub queries_running: AtomicI64,
+    /// Prometheus API queries waiting for a turn now.
+    pub queries_queued: AtomicI64,
+    /// Prometheus API queries refused or stopped by a limit, by (tenant,
+    /// limit); the tenant `*` is a provider's query over every tenant.
+    query_limits: Mutex<BTreeMap<(String, &'static str), u64>>,
 }
 
 /// The XID errors of one GPU.
@@ -81,6 +90,10 @@ impl Default for Stats {
             batch_rejects: Mutex::default(),
             auth_failures: Mutex::default(),
             xids: Mutex::default(),
+            queries: AtomicU64::new(0),
+            queries_running: AtomicI64::new(0),
+            queries_queued: AtomicI64::new(0),
+            query_limits: Mutex::default(),
         }
     }
 }
@@ -154,6 +167,21 @@ impl Stats {
     /// XID errors per (tenant, GPU UUID) so far.
     pub fn xids(&self) -> BTreeMap<(String, String), Xid> {
         self.xids.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// Counts a query of `tenant` refused or stopped by `limit`.
+    pub fn query_limited(&self, tenant: &str, limit: &'static str) {
+        if let Ok(mut m) = self.query_limits.lock() {
+            *m.entry((tenant.to_string(), limit)).or_default() += 1;
+        }
+    }
+
+    /// Queries refused or stopped per (tenant, limit) so far.
+    pub fn query_limits(&self) -> Vec<((String, &'static str), u64)> {
+        self.query_limits
+            .lock()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), *v)).collect())
+            .unwrap_or_default()
     }
 
     /// Counts a failed remote-write request.

@@ -97,7 +97,7 @@ pub struct ExporterConfig {
 /// `/api/v1/query_range`, series, labels) over the collector's store, on
 /// its own listener. Requests authenticate with a bearer token as `/metrics`
 /// scrapes do.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PrometheusApiConfig {
     /// HTTP address of the API; empty (the default) turns it off.
@@ -105,7 +105,47 @@ pub struct PrometheusApiConfig {
     /// TLS on `listen` (certificate and key; client certificates are not
     /// asked for). Unset: plain HTTP.
     pub tls: Option<ServerTls>,
+    /// How long a query may run when its request names no `timeout`, and
+    /// the most a request's `timeout` may ask for.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Longest query text, in bytes; a longer one is refused before it is
+    /// parsed.
+    pub max_query_bytes: usize,
+    /// Deepest expression: the deepest bracket nesting plus the number of
+    /// operators, checked before the query is parsed.
+    pub max_query_depth: usize,
+    /// Most samples one query may touch (stored points read plus points
+    /// computed), as Prometheus's `--query.max-samples`.
+    pub max_samples: u64,
+    /// Most series one query may select.
+    pub max_series: u64,
+    /// Queries of one tenant evaluated at once.
+    pub max_concurrent_queries: u32,
+    /// Queries of one tenant waiting for a turn; past it a query is
+    /// refused with 429.
+    pub max_queued_queries: u32,
 }
+
+impl Default for PrometheusApiConfig {
+    fn default() -> Self {
+        Self {
+            listen: String::new(),
+            tls: None,
+            timeout: Duration::from_secs(120),
+            max_query_bytes: 128 * 1024,
+            max_query_depth: 256,
+            max_samples: 50_000_000,
+            max_series: 500_000,
+            max_concurrent_queries: 4,
+            max_queued_queries: 32,
+        }
+    }
+}
+
+/// The deepest `prometheus_api.max_query_depth` allowed: the collector
+/// evaluates queries on a stack sized for it.
+pub const MAX_QUERY_DEPTH: usize = 2048;
 
 impl PrometheusApiConfig {
     /// The address to serve on; `None` when the API is off. Call after
@@ -628,6 +668,30 @@ impl Validate for CollectorConfig {
             return Err(ConfigError::invalid(
                 "prometheus_api.listen",
                 "must be an address such as 127.0.0.1:9090, or empty to turn the API off",
+            ));
+        }
+        for (k, v) in [
+            ("timeout", api.timeout.as_millis() as u64),
+            ("max_query_bytes", api.max_query_bytes as u64),
+            ("max_query_depth", api.max_query_depth as u64),
+            ("max_samples", api.max_samples),
+            ("max_series", api.max_series),
+            (
+                "max_concurrent_queries",
+                u64::from(api.max_concurrent_queries),
+            ),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::invalid(
+                    &format!("prometheus_api.{k}"),
+                    "must be more than 0",
+                ));
+            }
+        }
+        if api.max_query_depth > MAX_QUERY_DEPTH {
+            return Err(ConfigError::invalid(
+                "prometheus_api.max_query_depth",
+                format!("must be at most {MAX_QUERY_DEPTH} (the query stack is sized for it)"),
             ));
         }
         if let Some(tls) = &api.tls {

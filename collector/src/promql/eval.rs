@@ -59,10 +59,6 @@ fn unsupported(what: impl std::fmt::Display) -> QueryError {
     QueryError::Unsupported(format!("unsupported by flopwatch's PromQL engine: {what}"))
 }
 
-fn internal(e: crate::store::StoreError) -> QueryError {
-    QueryError::Internal(e.to_string())
-}
-
 fn offset_ms(o: &Option<Offset>) -> i64 {
     match o {
         None => 0,
@@ -100,7 +96,25 @@ impl Evaluator<'_> {
         self.t(self.n.saturating_sub(1))
     }
 
+    /// `e`'s value at every step. Each node checks the query's budget
+    /// (canceled?) and counts the points it computes; selectors and range
+    /// functions count theirs series by series as they read.
     pub fn eval(&self, e: &Expr) -> Result<Val, QueryError> {
+        self.model.budget.check()?;
+        let v = self.eval_node(e)?;
+        if !matches!(
+            e,
+            Expr::VectorSelector(_) | Expr::Paren(_) | Expr::Call(_) | Expr::MatrixSelector(_)
+        ) {
+            self.model.budget.samples(match &v {
+                Val::Scalar(_) => self.n,
+                Val::Vector(v) => v.len().saturating_mul(self.n),
+            })?;
+        }
+        Ok(v)
+    }
+
+    fn eval_node(&self, e: &Expr) -> Result<Val, QueryError> {
         match e {
             Expr::NumberLiteral(x) => Ok(Val::Scalar(vec![x.val; self.n])),
             Expr::Paren(p) => self.eval(&p.expr),
@@ -132,11 +146,10 @@ impl Evaluator<'_> {
         let m = matchers(vs)?;
         let off = offset_ms(&vs.offset);
         let mut out = Vec::new();
-        for s in self.model.select(&m).map_err(internal)? {
+        for s in self.model.select(&m)? {
             let pts = self
                 .model
-                .samples(&s, self.start - off - LOOKBACK_MS, self.end() - off)
-                .map_err(internal)?;
+                .samples(&s, self.start - off - LOOKBACK_MS, self.end() - off)?;
             let mut vals = Vec::with_capacity(self.n);
             let mut j = 0;
             for i in 0..self.n {
@@ -152,6 +165,7 @@ impl Evaluator<'_> {
                 );
             }
             if vals.iter().any(Option::is_some) {
+                self.model.budget.samples(self.n)?;
                 out.push(StepSeries {
                     labels: s.labels,
                     vals,
@@ -171,11 +185,10 @@ impl Evaluator<'_> {
         let off = offset_ms(&ms.vs.offset);
         let range = ms.range.as_millis() as i64;
         let mut out = Vec::new();
-        for s in self.model.select(&m).map_err(internal)? {
+        for s in self.model.select(&m)? {
             let pts = self
                 .model
-                .samples(&s, self.start - off - range, self.end() - off)
-                .map_err(internal)?;
+                .samples(&s, self.start - off - range, self.end() - off)?;
             if !pts.is_empty() {
                 out.push((s, pts));
             }
@@ -232,19 +245,16 @@ impl Evaluator<'_> {
         if let Some(hours) = self.bucket_grain(f, range, off) {
             let m = matchers(&ms.vs)?;
             let (from, to) = (self.start - off - range, self.end() - off);
-            for s in self.model.select(&m).map_err(internal)? {
-                let vals = match self
-                    .model
-                    .ofu_buckets(&s, from, to, hours)
-                    .map_err(internal)?
-                {
+            for s in self.model.select(&m)? {
+                let vals = match self.model.ofu_buckets(&s, from, to, hours)? {
                     Some(pieces) => self.bucket_windows(f, &pieces, range, off),
                     None => {
-                        let pts = self.model.samples(&s, from, to).map_err(internal)?;
+                        let pts = self.model.samples(&s, from, to)?;
                         self.sample_windows(f, &pts, range, off, None)
                     }
                 };
                 if vals.iter().any(Option::is_some) {
+                    self.model.budget.samples(self.n)?;
                     out.push(StepSeries {
                         labels: drop_name(s.labels),
                         vals,
@@ -264,6 +274,7 @@ impl Evaluator<'_> {
                 } else {
                     drop_name(s.labels)
                 };
+                self.model.budget.samples(self.n)?;
                 out.push(StepSeries { labels, vals });
             }
         }

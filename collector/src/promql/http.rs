@@ -17,10 +17,18 @@
 //!   ([`Collector::bearer_scope`]): a tenant's query token reads its tenant,
 //!   a provider token every tenant, no token only the `anonymous_tenant`
 //!   when one is set; otherwise 401.
-//! - The engine reads RocksDB and blocks: each evaluation runs on a
-//!   blocking thread, answered after the request's `timeout` (Prometheus's
-//!   default, 2 minutes, when none is given) with a `timeout` error.
+//! - Every query is bounded before it runs and while it runs: its text's
+//!   length and depth are checked before it is parsed (400 naming the
+//!   limit, [`super::guard`]); it waits for one of its tenant's turns and
+//!   runs on a query thread ([`super::admission`]; 429 when the tenant's
+//!   queue is full); it stops at `max_samples` or `max_series` (422) and
+//!   is canceled when the request's `timeout` passes (Prometheus's
+//!   default, 2 minutes, and at most `[prometheus_api] timeout`; 503) or
+//!   its client leaves. Each refusal is counted by tenant and limit.
 
+use super::admission::{self, Admission, Refused};
+use super::budget::{Budget, Cancel, WorkLimit};
+use super::guard::{self, ShapeLimit};
 use super::{Engine, QueryError, Value, MAX_POINTS};
 use crate::auth::Scope;
 use crate::series::Labels;
@@ -43,10 +51,6 @@ use tokio::net::TcpListener;
 /// gate features on it (Grafana) use the 2.42 requests.
 pub const API_VERSION: &str = "2.42.0";
 
-/// How long a query may run when the request names no `timeout`
-/// (Prometheus's `--query.timeout` default).
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
-
 /// Prometheus's earliest and latest representable times, in ms: the
 /// defaults of `start` and `end` on the series and label endpoints.
 const MIN_TIME_MS: i64 = (i64::MIN / 1000 + 62_135_596_801) * 1000;
@@ -68,8 +72,11 @@ pub async fn serve(
 
 /// The API's routes (`/api/v1/...`); anything else is a `not_found` error.
 pub fn router(collector: Arc<Collector>) -> Router {
+    let s = &collector.settings;
     let api = Arc::new(Api {
         engine: Engine::new(collector.clone()),
+        admission: Admission::new(s.query_concurrency, s.query_queue, collector.stats.clone()),
+        timeout: s.query_timeout,
         c: collector,
     });
     Router::new()
@@ -88,6 +95,10 @@ pub fn router(collector: Arc<Collector>) -> Router {
 struct Api {
     c: Arc<Collector>,
     engine: Engine,
+    admission: Admission,
+    /// A query's timeout when its request names none, and the most one
+    /// may name.
+    timeout: Duration,
 }
 
 type Shared = State<Arc<Api>>;
@@ -100,6 +111,8 @@ enum ApiError {
     Unauthorized,
     /// The query outran its `timeout`: 503.
     Timeout,
+    /// The tenant's queue of queries is full: 429.
+    Busy,
     /// No such endpoint: 404.
     NotFound(String),
 }
@@ -132,6 +145,11 @@ impl IntoResponse for ApiError {
                 503,
                 "timeout",
                 "query timed out in query execution".to_string(),
+            ),
+            ApiError::Busy => (
+                429,
+                "unavailable",
+                "too many queries of this tenant running and waiting: max_concurrent_queries and max_queued_queries are reached".to_string(),
             ),
             ApiError::NotFound(m) => (404, "not_found", m),
         };
@@ -207,29 +225,100 @@ async fn begin(api: &Api, req: Request) -> Result<(Scope, Params), ApiError> {
     Ok((scope, Params(body)))
 }
 
-/// Runs `f` on a blocking thread, giving up after `timeout`.
-async fn run<T: Send + 'static>(
-    api: &Api,
-    timeout: Duration,
-    f: impl FnOnce(&Engine) -> Result<T, QueryError> + Send + 'static,
-) -> Result<T, ApiError> {
-    let engine = api.engine.clone();
-    let task = tokio::task::spawn_blocking(move || f(&engine));
-    match tokio::time::timeout(timeout, task).await {
-        Err(_) => Err(ApiError::Timeout),
-        Ok(Err(e)) => Err(QueryError::Internal(format!("query failed: {e}")).into()),
-        Ok(Ok(r)) => r.map_err(ApiError::from),
+/// The tenant a scope's queries count against: `*` for a provider's.
+fn tenant_of(scope: &Scope) -> &str {
+    match scope {
+        Scope::Tenant(t) => t,
+        Scope::All => "*",
     }
 }
 
-/// The `timeout` parameter, or the default.
-fn timeout_param(p: &Params) -> Result<Duration, ApiError> {
+/// The label of a limit on `/metrics`.
+fn shape_limit_name(l: ShapeLimit) -> &'static str {
+    match l {
+        ShapeLimit::Bytes => "max_query_bytes",
+        ShapeLimit::Depth => "max_query_depth",
+    }
+}
+
+/// Checks the shape of each of `queries` before anything is parsed.
+fn check_shapes(api: &Api, scope: &Scope, queries: &[&str]) -> Result<(), ApiError> {
+    for q in queries {
+        if let Err((limit, e)) = guard::check(q, api.engine.limits()) {
+            api.c
+                .stats
+                .query_limited(tenant_of(scope), shape_limit_name(limit));
+            return Err(e.into());
+        }
+    }
+    Ok(())
+}
+
+/// Runs `f` within one of the scope's tenant's turns on a query thread,
+/// with a budget of the engine's limits, canceled after `timeout`.
+async fn run<T: Send + 'static>(
+    api: &Api,
+    scope: &Scope,
+    timeout: Duration,
+    f: impl FnOnce(&Engine, &Budget) -> Result<T, QueryError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let tenant = tenant_of(scope).to_string();
+    let stats = &api.c.stats;
+    let refused = |r: Refused| -> ApiError {
+        match r {
+            Refused::Busy => {
+                stats.query_limited(&tenant, "max_concurrent_queries");
+                ApiError::Busy
+            }
+            Refused::Timeout => {
+                stats.query_limited(&tenant, "timeout");
+                ApiError::Timeout
+            }
+            Refused::NoThread(e) => QueryError::Internal(format!("query not run: {e}")).into(),
+        }
+    };
+    // The time waited for a turn counts against the timeout.
+    let waited = tokio::time::Instant::now();
+    let turn = api
+        .admission
+        .turn(&tenant, timeout)
+        .await
+        .map_err(refused)?;
+    let left = timeout.saturating_sub(waited.elapsed());
+    let engine = api.engine.clone();
+    let cancel = Cancel::default();
+    let budget = engine.budget(cancel.clone());
+    let (out, hit) = admission::run(turn, left, cancel, move || {
+        let out = f(&engine, &budget);
+        (out, budget.hit())
+    })
+    .await
+    .map_err(refused)?;
+    match hit {
+        Some(WorkLimit::Samples) => stats.query_limited(&tenant, "max_samples"),
+        Some(WorkLimit::Series) => stats.query_limited(&tenant, "max_series"),
+        Some(WorkLimit::Canceled) | None => {}
+    }
+    out.map_err(ApiError::from)
+}
+
+/// The `timeout` parameter (at most the configured one), or the
+/// configured one.
+fn timeout_param(api: &Api, p: &Params) -> Result<Duration, ApiError> {
     match p.get("timeout") {
-        "" => Ok(DEFAULT_TIMEOUT),
+        "" => Ok(api.timeout),
         s => {
             let ns = parse_duration_ns(s).map_err(|e| invalid("timeout", e))?;
-            Ok(Duration::from_nanos(ns.max(0) as u64))
+            Ok(Duration::from_nanos(ns.max(0) as u64).min(api.timeout))
         }
+    }
+}
+
+/// A malformed query names the parameter, as Prometheus's errors do.
+fn query_param(e: ApiError) -> ApiError {
+    match e {
+        ApiError::Query(QueryError::BadData(m)) => invalid("query", m),
+        e => e,
     }
 }
 
@@ -245,15 +334,15 @@ fn time_param(p: &Params, name: &str, default_ms: i64) -> Result<i64, ApiError> 
 async fn query(State(api): Shared, req: Request) -> Result<Response, ApiError> {
     let (scope, p) = begin(&api, req).await?;
     let time_ms = time_param(&p, "time", api.c.clock.now_ms())?;
-    let timeout = timeout_param(&p)?;
+    let timeout = timeout_param(&api, &p)?;
     let q = p.get("query").to_string();
-    let v = run(&api, timeout, move |e| e.instant(&scope, &q, time_ms))
-        .await
-        .map_err(|e| match e {
-            // The query did not parse: Prometheus names the parameter.
-            ApiError::Query(QueryError::BadData(m)) => invalid("query", m),
-            e => e,
-        })?;
+    check_shapes(&api, &scope, &[&q]).map_err(query_param)?;
+    let s = scope.clone();
+    let v = run(&api, &scope, timeout, move |e, b| {
+        e.instant_within(&s, &q, time_ms, b)
+    })
+    .await
+    .map_err(query_param)?;
     Ok(query_data(&v))
 }
 
@@ -280,12 +369,14 @@ async fn query_range(State(api): Shared, req: Request) -> Result<Response, ApiEr
             "exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)",
         ));
     }
-    let timeout = timeout_param(&p)?;
+    let timeout = timeout_param(&api, &p)?;
     // The engine works in ms; a step below one is one.
     let step_ms = (step_ns / 1_000_000).max(1);
     let q = p.get("query").to_string();
-    let v = run(&api, timeout, move |e| {
-        e.range(&scope, &q, start, end, step_ms)
+    check_shapes(&api, &scope, &[&q]).map_err(query_param)?;
+    let s = scope.clone();
+    let v = run(&api, &scope, timeout, move |e, b| {
+        e.range_within(&s, &q, start, end, step_ms, b)
     })
     .await?;
     Ok(query_data(&v))
@@ -299,14 +390,18 @@ async fn series(State(api): Shared, req: Request) -> Result<Response, ApiError> 
     }
     let start = time_param(&p, "start", MIN_TIME_MS)?;
     let end = time_param(&p, "end", MAX_TIME_MS)?;
-    let sets = run(&api, DEFAULT_TIMEOUT, move |e| {
-        e.series(&scope, &matchers, start, end)
-    })
-    .await
-    .map_err(|e| match e {
+    let as_match = |e| match e {
         ApiError::Query(QueryError::BadData(m)) => invalid("match[]", m),
         e => e,
-    })?;
+    };
+    let texts: Vec<&str> = matchers.iter().map(String::as_str).collect();
+    check_shapes(&api, &scope, &texts).map_err(as_match)?;
+    let s = scope.clone();
+    let sets = run(&api, &scope, api.timeout, move |e, b| {
+        e.series(&s, &matchers, start, end, b)
+    })
+    .await
+    .map_err(as_match)?;
     let mut out = String::from("[");
     for (i, l) in sets.iter().enumerate() {
         if i > 0 {
@@ -323,8 +418,11 @@ async fn labels(State(api): Shared, req: Request) -> Result<Response, ApiError> 
     let start = time_param(&p, "start", MIN_TIME_MS)?;
     let end = time_param(&p, "end", MAX_TIME_MS)?;
     let matchers = p.all("match[]");
-    let names = run(&api, DEFAULT_TIMEOUT, move |e| {
-        e.label_names(&scope, &matchers, start, end)
+    let texts: Vec<&str> = matchers.iter().map(String::as_str).collect();
+    check_shapes(&api, &scope, &texts)?;
+    let s = scope.clone();
+    let names = run(&api, &scope, api.timeout, move |e, b| {
+        e.label_names(&s, &matchers, start, end, b)
     })
     .await?;
     Ok(success(strings_json(&names)))
@@ -342,8 +440,11 @@ async fn label_values(
     let start = time_param(&p, "start", MIN_TIME_MS)?;
     let end = time_param(&p, "end", MAX_TIME_MS)?;
     let matchers = p.all("match[]");
-    let values = run(&api, DEFAULT_TIMEOUT, move |e| {
-        e.label_values(&scope, &name, &matchers, start, end)
+    let texts: Vec<&str> = matchers.iter().map(String::as_str).collect();
+    check_shapes(&api, &scope, &texts)?;
+    let s = scope.clone();
+    let values = run(&api, &scope, api.timeout, move |e, b| {
+        e.label_values(&s, &name, &matchers, start, end, b)
     })
     .await?;
     Ok(success(strings_json(&values)))
@@ -718,5 +819,7 @@ fn parse_prom_duration(s: &str) -> Option<i64> {
     ms.checked_mul(1_000_000)
 }
 
+#[cfg(test)]
+mod limit_tests;
 #[cfg(test)]
 mod tests;

@@ -7,11 +7,19 @@
 //!   label-value lookups, for one [`Scope`] (a tenant, or every tenant).
 //! - the HTTP layer (`http`) maps requests and responses to Prometheus's
 //!   JSON API and errors to its `errorType`s and status codes.
+//! - every query is bounded: its shape before it is parsed
+//!   ([`guard`]), its work while it runs ([`budget`]), and where and how
+//!   many of a tenant's queries run at once ([`admission`]).
 //!
 //! Times are Unix milliseconds throughout.
 
+pub mod admission;
+pub mod budget;
+pub mod guard;
 mod http;
 
+pub use budget::{Budget, Cancel};
+pub use guard::QueryLimits;
 pub use http::{router, serve, API_VERSION};
 
 use crate::auth::Scope;
@@ -65,9 +73,27 @@ pub enum QueryError {
     /// HTTP 422, `errorType: "execution"`.
     #[error("{0}")]
     Unsupported(String),
+    /// The query would do more work than a limit allows (samples,
+    /// series): HTTP 422, `errorType: "execution"`.
+    #[error("{0}")]
+    Limit(String),
+    /// Prometheus's errors of evaluation (a match group not unique, two
+    /// series with one label set): HTTP 422, `errorType: "execution"`.
+    #[error("{0}")]
+    Execution(String),
+    /// The query was canceled (its `timeout` passed, or its client left):
+    /// HTTP 503, `errorType: "canceled"`.
+    #[error("query was canceled in query execution")]
+    Canceled,
     /// The store failed: HTTP 500, `errorType: "internal"`.
     #[error("{0}")]
     Internal(String),
+}
+
+impl From<crate::store::StoreError> for QueryError {
+    fn from(e: crate::store::StoreError) -> Self {
+        QueryError::Internal(e.to_string())
+    }
 }
 
 impl QueryError {
@@ -75,7 +101,10 @@ impl QueryError {
     pub fn error_type(&self) -> &'static str {
         match self {
             QueryError::BadData(_) => "bad_data",
-            QueryError::Unsupported(_) => "execution",
+            QueryError::Unsupported(_) | QueryError::Limit(_) | QueryError::Execution(_) => {
+                "execution"
+            }
+            QueryError::Canceled => "canceled",
             QueryError::Internal(_) => "internal",
         }
     }
@@ -84,7 +113,8 @@ impl QueryError {
     pub fn http_status(&self) -> u16 {
         match self {
             QueryError::BadData(_) => 400,
-            QueryError::Unsupported(_) => 422,
+            QueryError::Unsupported(_) | QueryError::Limit(_) | QueryError::Execution(_) => 422,
+            QueryError::Canceled => 503,
             QueryError::Internal(_) => 500,
         }
     }
@@ -97,21 +127,62 @@ pub const MAX_POINTS: i64 = 11_000;
 pub const LOOKBACK_MS: i64 = 300_000;
 
 /// Evaluates queries against one collector's store. Calls read RocksDB and
-/// block: the HTTP layer runs them on a blocking thread.
+/// block: the HTTP layer runs them on a query thread
+/// ([`admission::run`]).
 #[derive(Clone)]
 pub struct Engine {
     c: Arc<Collector>,
+    limits: QueryLimits,
 }
 
 impl Engine {
-    /// Queries `collector`'s store.
+    /// Queries `collector`'s store, within the limits of its
+    /// `[prometheus_api]` settings.
     pub fn new(c: Arc<Collector>) -> Self {
-        Self { c }
+        let limits = c.settings.query_limits;
+        Self { c, limits }
     }
 
-    /// `query` evaluated at `time_ms` (`/api/v1/query`).
+    /// The same engine within `limits`.
+    pub fn with_limits(mut self, limits: QueryLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The limits queries run within.
+    pub fn limits(&self) -> &QueryLimits {
+        &self.limits
+    }
+
+    /// A budget of this engine's limits, stopped by `cancel`.
+    pub fn budget(&self, cancel: Cancel) -> Budget {
+        Budget::new(self.limits.max_samples, self.limits.max_series, cancel)
+    }
+
+    fn ctx<'a>(&'a self, scope: &'a Scope, budget: &'a Budget) -> query::Ctx<'a> {
+        query::Ctx {
+            store: &self.c.store,
+            scope,
+            budget,
+            limits: &self.limits,
+        }
+    }
+
+    /// `query` evaluated at `time_ms` (`/api/v1/query`), within the
+    /// engine's limits.
     pub fn instant(&self, scope: &Scope, query: &str, time_ms: i64) -> Result<Value, QueryError> {
-        query::instant(&self.c.store, scope, query, time_ms)
+        self.instant_within(scope, query, time_ms, &self.budget(Cancel::default()))
+    }
+
+    /// [`Engine::instant`] within `budget`.
+    pub fn instant_within(
+        &self,
+        scope: &Scope,
+        query: &str,
+        time_ms: i64,
+        budget: &Budget,
+    ) -> Result<Value, QueryError> {
+        query::instant(&self.ctx(scope, budget), query, time_ms)
     }
 
     /// `query` evaluated at `start_ms`, `start_ms + step_ms`, … ≤ `end_ms`
@@ -124,7 +195,21 @@ impl Engine {
         end_ms: i64,
         step_ms: i64,
     ) -> Result<Value, QueryError> {
-        query::range(&self.c.store, scope, query, start_ms, end_ms, step_ms)
+        let budget = self.budget(Cancel::default());
+        self.range_within(scope, query, start_ms, end_ms, step_ms, &budget)
+    }
+
+    /// [`Engine::range`] within `budget`.
+    pub fn range_within(
+        &self,
+        scope: &Scope,
+        query: &str,
+        start_ms: i64,
+        end_ms: i64,
+        step_ms: i64,
+        budget: &Budget,
+    ) -> Result<Value, QueryError> {
+        query::range(&self.ctx(scope, budget), query, start_ms, end_ms, step_ms)
     }
 
     /// Label sets of the series matching any of `matchers` (each a series
@@ -136,8 +221,9 @@ impl Engine {
         matchers: &[String],
         start_ms: i64,
         end_ms: i64,
+        budget: &Budget,
     ) -> Result<Vec<Labels>, QueryError> {
-        query::series(&self.c.store, scope, matchers, start_ms, end_ms)
+        query::series(&self.ctx(scope, budget), matchers, start_ms, end_ms)
     }
 
     /// Label names of those series (all series when `matchers` is empty),
@@ -148,13 +234,14 @@ impl Engine {
         matchers: &[String],
         start_ms: i64,
         end_ms: i64,
+        budget: &Budget,
     ) -> Result<Vec<String>, QueryError> {
-        let mut names: Vec<String> =
-            query::series(&self.c.store, scope, matchers, start_ms, end_ms)?
-                .into_iter()
-                .flatten()
-                .map(|(k, _)| k)
-                .collect();
+        let mut names: Vec<String> = self
+            .series(scope, matchers, start_ms, end_ms, budget)?
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k)
+            .collect();
         names.sort();
         names.dedup();
         Ok(names)
@@ -169,14 +256,15 @@ impl Engine {
         matchers: &[String],
         start_ms: i64,
         end_ms: i64,
+        budget: &Budget,
     ) -> Result<Vec<String>, QueryError> {
-        let mut values: Vec<String> =
-            query::series(&self.c.store, scope, matchers, start_ms, end_ms)?
-                .into_iter()
-                .flatten()
-                .filter(|(k, _)| k == name)
-                .map(|(_, v)| v)
-                .collect();
+        let mut values: Vec<String> = self
+            .series(scope, matchers, start_ms, end_ms, budget)?
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v)
+            .collect();
         values.sort();
         values.dedup();
         Ok(values)

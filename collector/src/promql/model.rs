@@ -29,7 +29,8 @@
 //! the GPU's series of before the change and counts the GPU twice, the
 //! node's series once.
 
-use super::LOOKBACK_MS;
+use super::budget::Budget;
+use super::{QueryError, LOOKBACK_MS};
 use crate::auth::Scope;
 use crate::series::{family_of, push_job_labels, Family, Labels, On};
 use crate::store::{GpuRecord, JobRecord, NodeRecord, OfuPiece, Store, StoreError, MINUTE_MS};
@@ -149,6 +150,8 @@ const OFU_FAMILIES: [(&str, OfuCol); 3] = [
 pub(super) struct Model<'a> {
     pub store: &'a Store,
     pub scope: &'a Scope,
+    /// Counts the series selected and samples read.
+    pub budget: &'a Budget,
 }
 
 impl Model<'_> {
@@ -160,7 +163,7 @@ impl Model<'_> {
     }
 
     /// Every series whose labels satisfy `m` (no samples read).
-    pub fn select(&self, m: &[Matcher]) -> Result<Vec<SeriesRef>, StoreError> {
+    pub fn select(&self, m: &[Matcher]) -> Result<Vec<SeriesRef>, QueryError> {
         let name = pinned_name(m);
         let wants = |family: &str| name.is_none_or(|n| n == family);
         let tenant = self.tenant();
@@ -192,6 +195,7 @@ impl Model<'_> {
             if !self.scope.allows(&t) {
                 continue;
             }
+            self.budget.check()?;
             let base = gpu_base(&t, &g, &hostname(&t, &g.node_id));
             let gpu_jobs: Vec<&JobRecord> = jobs
                 .get(&(t.clone(), g.uuid.clone()))
@@ -277,6 +281,7 @@ impl Model<'_> {
                     labels.push(("__name__".into(), n.clone()));
                     let labels = sorted(labels);
                     if matches(m, &labels) {
+                        self.budget.series(1)?;
                         out.push(SeriesRef {
                             labels,
                             source: source.clone(),
@@ -286,11 +291,13 @@ impl Model<'_> {
                 }
             }
         }
+        let mut count = 0;
         let mut derived = |name: &str, labels: &Labels, members: &[SeriesRef], op| {
             let mut l = labels.clone();
             l.push(("__name__".into(), name.to_string()));
             let labels = sorted(l);
             if wants(name) && matches(m, &labels) {
+                count += 1;
                 out.push(SeriesRef {
                     labels,
                     source: Source::Across {
@@ -309,6 +316,7 @@ impl Model<'_> {
             derived(JOB_OFU, labels, &members, Across::Mean);
             derived(JOB_GPUS, labels, &members, Across::Count);
         }
+        self.budget.series(count)?;
         if name.is_none_or(|n| n.starts_with("flopwatch_device_")) {
             for ((t, _), n) in &nodes {
                 if !self.scope.allows(t) {
@@ -328,6 +336,7 @@ impl Model<'_> {
                             ("tenant".into(), t.clone()),
                         ]);
                         if matches(m, &labels) {
+                            self.budget.series(1)?;
                             out.push(SeriesRef {
                                 labels,
                                 source,
@@ -377,7 +386,8 @@ impl Model<'_> {
         s: &SeriesRef,
         from: i64,
         to: i64,
-    ) -> Result<Vec<(i64, f64)>, StoreError> {
+    ) -> Result<Vec<(i64, f64)>, QueryError> {
+        self.budget.check()?;
         if let Source::Across { members, op } = &s.source {
             return self.across(members, *op, from, to);
         }
@@ -409,6 +419,7 @@ impl Model<'_> {
                 Source::Across { .. } => unreachable!("answered above"),
             }
         }
+        self.budget.samples(out.len())?;
         out.sort_by_key(|p| p.0);
         Ok(out)
     }
@@ -422,7 +433,7 @@ impl Model<'_> {
         op: Across,
         from: i64,
         to: i64,
-    ) -> Result<Vec<(i64, f64)>, StoreError> {
+    ) -> Result<Vec<(i64, f64)>, QueryError> {
         let lists = members
             .iter()
             .map(|m| self.samples(m, from.saturating_sub(LOOKBACK_MS), to))
@@ -475,6 +486,7 @@ impl Model<'_> {
             };
             out.push((t, value));
         }
+        self.budget.samples(out.len())?;
         Ok(out)
     }
 
@@ -491,7 +503,8 @@ impl Model<'_> {
         from: i64,
         to: i64,
         hours: bool,
-    ) -> Result<Option<Vec<Piece>>, StoreError> {
+    ) -> Result<Option<Vec<Piece>>, QueryError> {
+        self.budget.check()?;
         let Source::Ofu {
             tenant,
             gpu,
@@ -545,12 +558,14 @@ impl Model<'_> {
         if !known {
             return Ok(None);
         }
+        self.budget.samples(out.len())?;
         out.sort_by_key(Piece::ts);
         Ok(Some(out))
     }
 
     /// Whether `s` has a sample in `[from, to]`.
-    pub fn has_samples(&self, s: &SeriesRef, from: i64, to: i64) -> Result<bool, StoreError> {
+    pub fn has_samples(&self, s: &SeriesRef, from: i64, to: i64) -> Result<bool, QueryError> {
+        self.budget.check()?;
         if let Source::Across { members, .. } = &s.source {
             for m in members {
                 if self.has_samples(m, from, to)? {

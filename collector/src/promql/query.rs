@@ -2,7 +2,9 @@
 //! accepted), Prometheus's checks on the range and step, evaluation, and
 //! the result shaped as Prometheus types it.
 
+use super::budget::Budget;
 use super::eval::{Evaluator, StepSeries, Val};
+use super::guard::{self, QueryLimits};
 use super::model::{matches, Model};
 use super::{QueryError, RangeSeries, Sample, Value, MAX_POINTS};
 use crate::auth::Scope;
@@ -92,24 +94,39 @@ pub(super) fn normalize_durations(query: &str) -> String {
     out
 }
 
+/// What one query reads and within which limits.
+pub(super) struct Ctx<'a> {
+    pub store: &'a Store,
+    pub scope: &'a Scope,
+    pub budget: &'a Budget,
+    pub limits: &'a QueryLimits,
+}
+
+impl<'a> Ctx<'a> {
+    fn model(&self) -> Model<'a> {
+        Model {
+            store: self.store,
+            scope: self.scope,
+            budget: self.budget,
+        }
+    }
+
+    /// `query` parsed, once its shape passed the limits.
+    fn parse(&self, query: &str) -> Result<Expr, QueryError> {
+        guard::check(query, self.limits).map_err(|(_, e)| e)?;
+        parse(query)
+    }
+}
+
 fn parse(query: &str) -> Result<Expr, QueryError> {
     parser::parse(&normalize_durations(query)).map_err(QueryError::BadData)
 }
 
-fn model<'a>(store: &'a Store, scope: &'a Scope) -> Model<'a> {
-    Model { store, scope }
-}
-
 /// `/api/v1/query`.
-pub(super) fn instant(
-    store: &Store,
-    scope: &Scope,
-    query: &str,
-    t: i64,
-) -> Result<Value, QueryError> {
-    let expr = parse(query)?;
+pub(super) fn instant(ctx: &Ctx, query: &str, t: i64) -> Result<Value, QueryError> {
+    let expr = ctx.parse(query)?;
     let ev = Evaluator {
-        model: model(store, scope),
+        model: ctx.model(),
         start: t,
         step: 1,
         n: 1,
@@ -157,8 +174,7 @@ pub(super) fn instant(
 
 /// `/api/v1/query_range`, with Prometheus's checks and messages.
 pub(super) fn range(
-    store: &Store,
-    scope: &Scope,
+    ctx: &Ctx,
     query: &str,
     start: i64,
     end: i64,
@@ -181,7 +197,7 @@ pub(super) fn range(
                 .into(),
         ));
     }
-    let expr = parse(query)?;
+    let expr = ctx.parse(query)?;
     if matches!(expr, Expr::MatrixSelector(_)) {
         return Err(QueryError::BadData(
             "invalid expression type \"range vector\" for range query, must be Scalar or instant Vector"
@@ -190,7 +206,7 @@ pub(super) fn range(
     }
     let n = ((end - start) / step + 1) as usize;
     let ev = Evaluator {
-        model: model(store, scope),
+        model: ctx.model(),
         start,
         step,
         n,
@@ -232,8 +248,7 @@ pub(super) fn range(
 /// `/api/v1/series`: the label sets of the series matching any selector
 /// with a sample in `[start, end]`.
 pub(super) fn series(
-    store: &Store,
-    scope: &Scope,
+    ctx: &Ctx,
     selectors: &[String],
     start: i64,
     end: i64,
@@ -241,7 +256,7 @@ pub(super) fn series(
     let all = || vec![Matcher::new(MatchOp::NotEqual, "__name__", "")];
     let mut sets: Vec<Vec<Matcher>> = Vec::new();
     for s in selectors {
-        match parse(s)? {
+        match ctx.parse(s)? {
             Expr::VectorSelector(vs) => {
                 if !vs.matchers.or_matchers.is_empty() {
                     return Err(QueryError::Unsupported(
@@ -265,15 +280,13 @@ pub(super) fn series(
     if sets.is_empty() {
         sets.push(all());
     }
-    let model = model(store, scope);
-    let internal = |e: crate::store::StoreError| QueryError::Internal(e.to_string());
+    let model = ctx.model();
     // Series are listed once over all selectors, then matched.
-    let candidates = model.select(&all()).map_err(internal)?;
+    let candidates = model.select(&all())?;
     let mut out = Vec::new();
     for s in candidates {
-        if sets.iter().any(|m| matches(m, &s.labels))
-            && model.has_samples(&s, start, end).map_err(internal)?
-        {
+        ctx.budget.check()?;
+        if sets.iter().any(|m| matches(m, &s.labels)) && model.has_samples(&s, start, end)? {
             out.push(s.labels);
         }
     }

@@ -1,8 +1,10 @@
 //! The engine over a small in-memory store: scope, names and labels, the
 //! Grafana contract's corner cases, Prometheus's checks on a range.
 
+use super::budget::Budget;
+use super::guard::QueryLimits;
 use super::model::{Model, Piece};
-use super::query::{instant, range, series};
+use super::query::{self, Ctx};
 use super::{QueryError, RangeSeries, Sample, Value};
 use crate::auth::Scope;
 use crate::store::{
@@ -10,6 +12,55 @@ use crate::store::{
 };
 use flopwatch_proto::model::{Point, SeriesBatch};
 use std::sync::Arc;
+
+/// `query::instant` with no limits.
+fn instant(store: &Store, scope: &Scope, q: &str, t: i64) -> Result<Value, QueryError> {
+    let (budget, limits) = (Budget::unlimited(), QueryLimits::default());
+    let ctx = Ctx {
+        store,
+        scope,
+        budget: &budget,
+        limits: &limits,
+    };
+    query::instant(&ctx, q, t)
+}
+
+/// `query::range` with no limits.
+fn range(
+    store: &Store,
+    scope: &Scope,
+    q: &str,
+    start: i64,
+    end: i64,
+    step: i64,
+) -> Result<Value, QueryError> {
+    let (budget, limits) = (Budget::unlimited(), QueryLimits::default());
+    let ctx = Ctx {
+        store,
+        scope,
+        budget: &budget,
+        limits: &limits,
+    };
+    query::range(&ctx, q, start, end, step)
+}
+
+/// `query::series` with no limits.
+fn series(
+    store: &Store,
+    scope: &Scope,
+    sel: &[String],
+    start: i64,
+    end: i64,
+) -> Result<Vec<crate::series::Labels>, QueryError> {
+    let (budget, limits) = (Budget::unlimited(), QueryLimits::default());
+    let ctx = Ctx {
+        store,
+        scope,
+        budget: &budget,
+        limits: &limits,
+    };
+    query::series(&ctx, sel, start, end)
+}
 
 fn points(f: impl Fn(i64) -> f64) -> Vec<Point> {
     (0..10)
@@ -392,9 +443,11 @@ fn rollup_buckets_answer_as_the_samples_do() {
     }
     // The sealed store answered from buckets; the other had none to give.
     let buckets = |s: &Store| {
+        let budget = Budget::unlimited();
         let m = Model {
             store: s,
             scope: &Scope::All,
+            budget: &budget,
         };
         let series = m.select(&[]).unwrap();
         let ofu = series

@@ -48,14 +48,9 @@ impl Worker {
     }
 }
 
-/// Lowers the calling thread's CPU priority to [`NICE`] (on Linux a nice
-/// value is a thread's own, set by its thread id). Refused (a sandbox
-/// without the syscall, say): logged, and the thread runs as before.
+/// Lowers the compactor thread's CPU priority to [`NICE`].
 fn lower_priority() {
-    let tid = rustix::thread::gettid();
-    if let Err(e) = rustix::process::setpriority_process(Some(tid), NICE) {
-        tracing::warn!(error = %e, "compactor thread: cannot lower its CPU priority");
-    }
+    crate::priority::lower_thread_priority(NICE, "compactor");
 }
 
 /// Runs `f` on the compactor's thread (on tokio's blocking pool without
