@@ -39,15 +39,8 @@ pub struct Settings {
     pub cluster: crate::cluster::ClusterSettings,
     /// `/metrics` also carries dcgm-exporter's families (`[exporter]`).
     pub dcgm_compat: bool,
-    /// What one Prometheus API query may ask for (`[prometheus_api]`).
-    pub query_limits: crate::promql::QueryLimits,
-    /// A query's timeout when its request names none, and the most one
-    /// may name.
-    pub query_timeout: std::time::Duration,
-    /// Queries of one tenant evaluated at once.
-    pub query_concurrency: usize,
-    /// Queries of one tenant waiting for a turn.
-    pub query_queue: usize,
+    /// The Prometheus API's limits and turns (`[prometheus_api]`).
+    pub prometheus_api: flopwatch_config::PrometheusApiConfig,
 }
 
 impl Settings {
@@ -78,10 +71,7 @@ impl Settings {
             remote_write: c.remote_write.clone(),
             limits: LimitTable::from_config(c),
             dcgm_compat: c.exporter.dcgm_compat,
-            query_limits: crate::promql::QueryLimits::from_config(&c.prometheus_api),
-            query_timeout: c.prometheus_api.timeout,
-            query_concurrency: c.prometheus_api.max_concurrent_queries as usize,
-            query_queue: c.prometheus_api.max_queued_queries as usize,
+            prometheus_api: c.prometheus_api.clone(),
         }
     }
 }

@@ -72,11 +72,15 @@ pub async fn serve(
 
 /// The API's routes (`/api/v1/...`); anything else is a `not_found` error.
 pub fn router(collector: Arc<Collector>) -> Router {
-    let s = &collector.settings;
+    let s = &collector.settings.prometheus_api;
     let api = Arc::new(Api {
         engine: Engine::new(collector.clone()),
-        admission: Admission::new(s.query_concurrency, s.query_queue, collector.stats.clone()),
-        timeout: s.query_timeout,
+        admission: Admission::new(
+            s.max_concurrent_queries as usize,
+            s.max_queued_queries as usize,
+            collector.stats.clone(),
+        ),
+        timeout: s.timeout,
         c: collector,
     });
     Router::new()

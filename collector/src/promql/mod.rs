@@ -139,7 +139,7 @@ impl Engine {
     /// Queries `collector`'s store, within the limits of its
     /// `[prometheus_api]` settings.
     pub fn new(c: Arc<Collector>) -> Self {
-        let limits = c.settings.query_limits;
+        let limits = QueryLimits::from_config(&c.settings.prometheus_api);
         Self { c, limits }
     }
 
