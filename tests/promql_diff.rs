@@ -12,11 +12,12 @@
 //! so no window edge falls on a sample: Prometheus 2.x's closed windows and
 //! a left-open one agree.
 
-use flopwatch_collector::promql::{Engine, Value};
+use flopwatch_collector::promql::Engine;
 use flopwatch_collector::Scope;
 use flopwatch_proto::clock::{Clock, SystemClock};
 use flopwatch_proto::v1::{self, collector_message};
 use flopwatch_tests::prom::{openmetrics_blocks, Prometheus};
+use flopwatch_tests::promql::{canon_json, canon_value, differ};
 use flopwatch_tests::raw::{self, RawAgent};
 use flopwatch_tests::TestCollector;
 use std::collections::BTreeMap;
@@ -31,8 +32,6 @@ const GPUS: [(&str, &str, &str, &str, &str); 2] = [
     ("n1", "host-1", "GPU-a", "train-1", "p1"),
     ("n2", "host-2", "GPU-b", "train-2", "p2"),
 ];
-
-type Canon = BTreeMap<Vec<(String, String)>, Vec<(i64, f64)>>;
 
 /// A pseudo-random stream (xorshift) in [0, 1).
 struct Rng(u64);
@@ -133,98 +132,6 @@ fn batch(
 fn labels_text(l: &[(&str, &str)]) -> String {
     let parts: Vec<String> = l.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
     format!("{{{}}}", parts.join(","))
-}
-
-fn approx(a: f64, b: f64) -> bool {
-    (a.is_nan() && b.is_nan())
-        || a == b
-        || (a - b).abs() <= 1e-6 * a.abs().max(b.abs())
-        || (a - b).abs() < 1e-12
-}
-
-fn canon_flopwatch(v: Value) -> Canon {
-    let mut out = Canon::new();
-    match v {
-        Value::Scalar { t_ms, v } => {
-            out.insert(vec![("__scalar__".into(), String::new())], vec![(t_ms, v)]);
-        }
-        Value::Vector(s) => {
-            for s in s {
-                out.entry(s.labels).or_default().push((s.t_ms, s.v));
-            }
-        }
-        Value::Matrix(m) => {
-            for s in m {
-                out.entry(s.labels).or_default().extend(s.points);
-            }
-        }
-    }
-    out
-}
-
-fn canon_prometheus(data: &serde_json::Value) -> Canon {
-    let point = |p: &serde_json::Value| -> (i64, f64) {
-        let t = (p[0].as_f64().unwrap() * 1000.0).round() as i64;
-        let v: f64 = p[1].as_str().unwrap().parse().unwrap();
-        (t, v)
-    };
-    let labels = |m: &serde_json::Value| -> Vec<(String, String)> {
-        let mut l: Vec<(String, String)> = m
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
-            .collect();
-        l.sort();
-        l
-    };
-    let mut out = Canon::new();
-    let result = &data["result"];
-    match data["resultType"].as_str().unwrap() {
-        "scalar" => {
-            out.insert(
-                vec![("__scalar__".into(), String::new())],
-                vec![point(result)],
-            );
-        }
-        "vector" => {
-            for s in result.as_array().unwrap() {
-                out.entry(labels(&s["metric"]))
-                    .or_default()
-                    .push(point(&s["value"]));
-            }
-        }
-        "matrix" => {
-            for s in result.as_array().unwrap() {
-                let pts = s["values"].as_array().unwrap().iter().map(point);
-                out.entry(labels(&s["metric"])).or_default().extend(pts);
-            }
-        }
-        other => panic!("result type {other}"),
-    }
-    out
-}
-
-fn differ(want: &Canon, got: &Canon) -> Option<String> {
-    if want.keys().ne(got.keys()) {
-        return Some(format!(
-            "label sets differ:\n prometheus {:?}\n flopwatch  {:?}",
-            want.keys().collect::<Vec<_>>(),
-            got.keys().collect::<Vec<_>>()
-        ));
-    }
-    for (l, w) in want {
-        let g = &got[l];
-        if w.len() != g.len() {
-            return Some(format!("{l:?}: {} points vs {}", w.len(), g.len()));
-        }
-        for (a, b) in w.iter().zip(g) {
-            if a.0 != b.0 || !approx(a.1, b.1) {
-                return Some(format!("{l:?}: prometheus {a:?}, flopwatch {b:?}"));
-            }
-        }
-    }
-    None
 }
 
 /// The corpus: queries over ranges `{r}`.
@@ -478,7 +385,7 @@ async fn promql_answers_as_prometheus_does() {
             let got = engine
                 .instant(&Scope::All, &q, t)
                 .unwrap_or_else(|e| panic!("{q}: {e}"));
-            if let Some(d) = differ(&canon_prometheus(&want["data"]), &canon_flopwatch(got)) {
+            if let Some(d) = differ(&canon_json(&want["data"]).0, &canon_value(got)) {
                 failures.push(format!("instant {q} @{t}: {d}"));
             }
             let want: String = http
@@ -500,14 +407,14 @@ async fn promql_answers_as_prometheus_does() {
             let got = engine
                 .range(&Scope::All, &q, start, end, step)
                 .unwrap_or_else(|e| panic!("{q}: {e}"));
-            let want = canon_prometheus(&want["data"]);
+            let want = canon_json(&want["data"]).0;
             // On whole hours the 10-minute grid leaves no sample in an
             // instant selector's 5-minute lookback: empty is the answer.
             let lookback_only = step >= HOUR && start % HOUR == 0 && !q.contains('[');
             if want.is_empty() && !q.contains('>') && !q.contains('<') && !lookback_only {
                 failures.push(format!("{q}: prometheus found nothing over {start}..{end}"));
             }
-            if let Some(d) = differ(&want, &canon_flopwatch(got)) {
+            if let Some(d) = differ(&want, &canon_value(got)) {
                 failures.push(format!("range {q} {start}..{end} step {step}: {d}"));
             }
             compared += 2;

@@ -4,6 +4,7 @@
 pub mod pki;
 pub mod procs;
 pub mod prom;
+pub mod promql;
 pub mod raw;
 
 use flopwatch_agent::source::GpuSource;

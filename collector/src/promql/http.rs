@@ -501,6 +501,13 @@ fn query_data(v: &Value) -> Response {
             out.push_str(&json_str(&format_scalar(*v)));
             out.push_str("]}");
         }
+        Value::String { t_ms, v } => {
+            out.push_str("{\"resultType\":\"string\",\"result\":[");
+            timestamp_json(&mut out, *t_ms);
+            out.push(',');
+            out.push_str(&json_str(v));
+            out.push_str("]}");
+        }
         Value::Vector(samples) => {
             out.push_str("{\"resultType\":\"vector\",\"result\":[");
             for (i, s) in samples.iter().enumerate() {

@@ -27,9 +27,11 @@ use crate::series::Labels;
 use crate::state::Collector;
 use std::sync::Arc;
 
+mod derived;
 mod eval;
 mod functions;
 mod model;
+mod points;
 mod query;
 #[cfg(test)]
 mod tests;
@@ -43,6 +45,8 @@ pub enum Value {
     Vector(Vec<Sample>),
     /// Points per series over a range (`"matrix"`).
     Matrix(Vec<RangeSeries>),
+    /// A string literal at a time (`"string"`).
+    String { t_ms: i64, v: String },
 }
 
 /// One series' sample in an instant vector.

@@ -18,25 +18,26 @@
 //!
 //! `flopwatch_node_ofu_ratio` (`tenant`, `node`, `hostname`),
 //! `flopwatch_job_ofu_ratio` and `flopwatch_job_gpus` (`tenant`,
-//! `job_id`) are derived, as `/metrics` derives them from its GPU series:
-//! they have a point at every sample time of their GPUs' OFU series, the
-//! mean (or the number) of the GPUs' newest values at that time, a GPU
-//! counting while its newest sample is at most the lookback delta
-//! (5 minutes) old. A job's GPU counts over its job's time only (the
-//! spans of its `job_id` series). So `flopwatch_node_ofu_ratio` answers
-//! as `avg by (tenant, node, hostname) (flopwatch_ofu_ratio)` does, but
-//! for the 5 minutes after a GPU changes jobs: there `avg by` still sees
-//! the GPU's series of before the change and counts the GPU twice, the
-//! node's series once.
+//! `job_id`) are derived from their GPUs' OFU series ([`derived`]): at a
+//! time `t`, the exact mean (or the number) of the newest values of the
+//! GPUs whose newest sample is in `[t − 5m, t]`. An instant selector reads
+//! them at its step's time itself; range functions read their points, one
+//! at each sample time of their GPUs. A job's GPU counts over its job's
+//! time only (the spans of its `job_id` series). So
+//! `flopwatch_node_ofu_ratio` answers as `avg by (tenant, node, hostname)
+//! (flopwatch_ofu_ratio)` does, but for the 5 minutes after a GPU changes
+//! jobs: there `avg by` still sees the GPU's series of before the change
+//! and counts the GPU twice, the node's series once.
 
 use super::budget::Budget;
+use super::derived::{self, Across};
+use super::points::newest_at;
 use super::{QueryError, LOOKBACK_MS};
 use crate::auth::Scope;
 use crate::series::{family_of, push_job_labels, Family, Labels, On};
 use crate::store::{GpuRecord, JobRecord, NodeRecord, OfuPiece, Store, StoreError, MINUTE_MS};
 use promql_parser::label::{MatchOp, Matcher};
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 /// Which column of a GPU's OFU samples a series is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,13 +45,6 @@ pub(super) enum OfuCol {
     Ofu,
     Tensor,
     Clock,
-}
-
-/// How a derived series combines its GPUs' newest values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Across {
-    Mean,
-    Count,
 }
 
 /// Where a series' samples are stored.
@@ -424,9 +418,7 @@ impl Model<'_> {
         Ok(out)
     }
 
-    /// A derived series' points with `from ≤ t ≤ to`: one at each time
-    /// any member has a sample, combining every member whose newest
-    /// sample is at most [`LOOKBACK_MS`] old.
+    /// A derived series' points with `from ≤ t ≤ to` ([`derived::points`]).
     fn across(
         &self,
         members: &[SeriesRef],
@@ -438,56 +430,32 @@ impl Model<'_> {
             .iter()
             .map(|m| self.samples(m, from.saturating_sub(LOOKBACK_MS), to))
             .collect::<Result<Vec<_>, _>>()?;
-        // A merge of the members' samples in time order.
-        let mut next: BinaryHeap<Reverse<(i64, usize)>> = lists
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| l.first().map(|p| Reverse((p.0, i))))
-            .collect();
-        let mut cursor = vec![0usize; lists.len()];
-        let mut newest: Vec<Option<(i64, f64)>> = vec![None; lists.len()];
-        let mut live: BTreeSet<(i64, usize)> = BTreeSet::new();
-        let mut sum = Sum::default();
-        let mut out = Vec::new();
-        while let Some(&Reverse((t, _))) = next.peek() {
-            while let Some(Reverse((ts, i))) = next.peek().copied().filter(|r| r.0 .0 == t) {
-                next.pop();
-                let (_, v) = lists[i][cursor[i]];
-                if let Some((old_ts, old)) = newest[i].replace((ts, v)) {
-                    live.remove(&(old_ts, i));
-                    sum.sub(old);
-                }
-                live.insert((ts, i));
-                sum.add(v);
-                cursor[i] += 1;
-                if let Some(p) = lists[i].get(cursor[i]) {
-                    next.push(Reverse((p.0, i)));
-                }
-            }
-            while let Some(&(ts, i)) = live.first() {
-                if ts >= t - LOOKBACK_MS {
-                    break;
-                }
-                live.pop_first();
-                if let Some((_, old)) = newest[i].take() {
-                    sum.sub(old);
-                }
-            }
-            if t < from || live.is_empty() {
-                continue;
-            }
-            let value = match op {
-                Across::Count => live.len() as f64,
-                Across::Mean => {
-                    let total =
-                        sum.get(|| live.iter().filter_map(|&(_, i)| newest[i]).map(|p| p.1));
-                    total / live.len() as f64
-                }
-            };
-            out.push((t, value));
-        }
+        let out = derived::points(&lists, op, from, to);
         self.budget.samples(out.len())?;
         Ok(out)
+    }
+
+    /// The sample of `s` an instant selector takes at each of `times`
+    /// (ascending): the newest in `[t − lookback, t]`, read from the
+    /// samples in `[from, to]`; for a derived series, its value at `t`
+    /// itself ([`derived::at_times`]).
+    pub fn at_times(
+        &self,
+        s: &SeriesRef,
+        times: &[i64],
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<Option<(i64, f64)>>, QueryError> {
+        if let Source::Across { members, op } = &s.source {
+            let lists = members
+                .iter()
+                .map(|m| self.samples(m, from, to))
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok(derived::at_times(&lists, *op, times));
+        }
+        let pts = self.samples(s, from, to)?;
+        let mut j = 0;
+        Ok(times.iter().map(|&t| newest_at(&pts, t, &mut j)).collect())
     }
 
     /// The pieces of an OFU ratio series `s` with `from ≤ t ≤ to`, in
@@ -607,39 +575,6 @@ impl Model<'_> {
             }
         }
         Ok(false)
-    }
-}
-
-/// A running sum of the members' newest values, summed afresh once as
-/// many changes as it has terms have gone by (so rounding cannot pile up
-/// while the cost stays constant per change).
-#[derive(Debug, Default)]
-struct Sum {
-    total: f64,
-    terms: usize,
-    changes: usize,
-}
-
-impl Sum {
-    fn add(&mut self, v: f64) {
-        self.total += v;
-        self.terms += 1;
-        self.changes += 1;
-    }
-
-    fn sub(&mut self, v: f64) {
-        self.total -= v;
-        self.terms -= 1;
-        self.changes += 1;
-    }
-
-    /// The sum; `exact` lists the terms when a fresh sum is due.
-    fn get<I: Iterator<Item = f64>>(&mut self, exact: impl FnOnce() -> I) -> f64 {
-        if self.changes > self.terms.max(16) {
-            self.total = exact().sum();
-            self.changes = 0;
-        }
-        self.total
     }
 }
 

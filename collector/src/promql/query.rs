@@ -3,9 +3,10 @@
 //! the result shaped as Prometheus types it.
 
 use super::budget::Budget;
-use super::eval::{Evaluator, StepSeries, Val};
+use super::eval::{unwrap_parens, Evaluator, StepSeries, Val};
 use super::guard::{self, QueryLimits};
 use super::model::{matches, Model};
+use super::points::window;
 use super::{QueryError, RangeSeries, Sample, Value, MAX_POINTS};
 use crate::auth::Scope;
 use crate::series::Labels;
@@ -118,39 +119,60 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// Functions of Prometheus 2.42 the parser knows under another name or
+/// not at all, made known to it once: `holt_winters` (renamed
+/// `double_exponential_smoothing` in Prometheus 3).
+fn register_functions() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        use promql_parser::parser::function::{register_extra_functions, Function};
+        use promql_parser::parser::value::ValueType;
+        let holt_winters = Function::new(
+            "holt_winters",
+            vec![ValueType::Matrix, ValueType::Scalar, ValueType::Scalar],
+            0,
+            ValueType::Vector,
+            false,
+        );
+        if let Err(e) = register_extra_functions(vec![holt_winters]) {
+            tracing::warn!(error = %e, "holt_winters is not known to the PromQL parser");
+        }
+    });
+}
+
 fn parse(query: &str) -> Result<Expr, QueryError> {
+    register_functions();
     parser::parse(&normalize_durations(query)).map_err(QueryError::BadData)
+}
+
+/// An evaluator of `ctx`'s query over `n` steps from `start`.
+fn evaluator<'a>(ctx: &Ctx<'a>, start: i64, step: i64, n: usize, end: i64) -> Evaluator<'a> {
+    Evaluator {
+        model: ctx.model(),
+        start,
+        step,
+        n,
+        query_start: start,
+        query_end: end,
+    }
 }
 
 /// `/api/v1/query`.
 pub(super) fn instant(ctx: &Ctx, query: &str, t: i64) -> Result<Value, QueryError> {
     let expr = ctx.parse(query)?;
-    let ev = Evaluator {
-        model: ctx.model(),
-        start: t,
-        step: 1,
-        n: 1,
-    };
-    if let Expr::MatrixSelector(ms) = &expr {
-        // A range vector: the raw samples of `[t - range, t]`.
-        let mut out: Vec<RangeSeries> = ev
-            .range_samples(ms)?
+    let ev = evaluator(ctx, t, 1, 1, t);
+    let top = unwrap_parens(&expr);
+    if matches!(top, Expr::MatrixSelector(_) | Expr::Subquery(_)) {
+        // A range vector: the points of each series in `[t − offset −
+        // range, t − offset]` (or at the `@` time).
+        let input = ev.range_input(top)?;
+        let end = input.at.unwrap_or(t) - input.offset;
+        let mut out: Vec<RangeSeries> = input
+            .series
             .into_iter()
-            .filter_map(|(s, pts)| {
-                let range = ms.range.as_millis() as i64;
-                let off = match &ms.vs.offset {
-                    Some(parser::Offset::Pos(d)) => d.as_millis() as i64,
-                    Some(parser::Offset::Neg(d)) => -(d.as_millis() as i64),
-                    None => 0,
-                };
-                let points: Vec<(i64, f64)> = pts
-                    .into_iter()
-                    .filter(|p| p.0 >= t - off - range && p.0 <= t - off)
-                    .collect();
-                (!points.is_empty()).then_some(RangeSeries {
-                    labels: s.labels,
-                    points,
-                })
+            .filter_map(|(labels, pts)| {
+                let points = window(&pts, end - input.range, end).to_vec();
+                (!points.is_empty()).then_some(RangeSeries { labels, points })
             })
             .collect();
         out.sort_by(|a, b| a.labels.cmp(&b.labels));
@@ -158,6 +180,7 @@ pub(super) fn instant(ctx: &Ctx, query: &str, t: i64) -> Result<Value, QueryErro
     }
     Ok(match ev.eval(&expr)? {
         Val::Scalar(v) => Value::Scalar { t_ms: t, v: v[0] },
+        Val::String(v) => Value::String { t_ms: t, v },
         Val::Vector(v) => Value::Vector(
             v.into_iter()
                 .filter_map(|s| {
@@ -198,23 +221,26 @@ pub(super) fn range(
         ));
     }
     let expr = ctx.parse(query)?;
-    if matches!(expr, Expr::MatrixSelector(_)) {
-        return Err(QueryError::BadData(
-            "invalid expression type \"range vector\" for range query, must be Scalar or instant Vector"
-                .into(),
-        ));
+    let kind = match unwrap_parens(&expr) {
+        Expr::MatrixSelector(_) | Expr::Subquery(_) => Some("range vector"),
+        Expr::StringLiteral(_) => Some("string"),
+        _ => None,
+    };
+    if let Some(kind) = kind {
+        return Err(QueryError::BadData(format!(
+            "invalid expression type \"{kind}\" for range query, must be Scalar or instant Vector"
+        )));
     }
     let n = ((end - start) / step + 1) as usize;
-    let ev = Evaluator {
-        model: ctx.model(),
-        start,
-        step,
-        n,
-    };
+    let ev = evaluator(ctx, start, step, n, end);
     let times = |vals: &mut dyn Iterator<Item = (usize, f64)>| -> Vec<(i64, f64)> {
         vals.map(|(i, v)| (start + i as i64 * step, v)).collect()
     };
     Ok(Value::Matrix(match ev.eval(&expr)? {
+        Val::String(_) => return Err(QueryError::BadData(
+            "invalid expression type \"string\" for range query, must be Scalar or instant Vector"
+                .into(),
+        )),
         Val::Scalar(v) => vec![RangeSeries {
             labels: Vec::new(),
             points: times(&mut v.into_iter().enumerate()),

@@ -220,23 +220,39 @@ fn prometheus_refusals_are_kept() {
         )
     );
     assert!(range(&s, &Scope::All, "1", 0, 11_000, 1).is_ok());
+    // Functions newer than Prometheus 2.42 are unknown, as there.
     let e = instant(
         &s,
         &Scope::All,
-        "histogram_quantile(0.9, flopwatch_gpu_power_watts)",
+        "mad_over_time(flopwatch_gpu_power_watts[1m])",
         5_000,
     )
     .unwrap_err();
-    assert_eq!(e.http_status(), 422);
-    assert!(e.to_string().contains("histogram_quantile"), "{e}");
-    // Over series the store does not hold, the answer is as empty as
-    // Prometheus's (a dashboard panel on the collector's own health).
-    assert_eq!(
-        instant(&s, &Scope::All, "histogram_quantile(0.9, x)", 0).unwrap(),
-        Value::Vector(Vec::new())
-    );
-    let e = instant(&s, &Scope::All, "x and y", 0).unwrap_err();
-    assert!(e.to_string().contains("and"), "{e}");
+    assert_eq!(e.http_status(), 400, "{e}");
+    assert!(e.to_string().contains("mad_over_time"), "{e}");
+    // Over series without `le`, or that the store does not hold, the
+    // answer is as empty as Prometheus's (a dashboard panel on the
+    // collector's own health).
+    for q in [
+        "histogram_quantile(0.9, flopwatch_gpu_power_watts)",
+        "histogram_quantile(0.9, x)",
+    ] {
+        assert_eq!(
+            instant(&s, &Scope::All, q, 5_000).unwrap(),
+            Value::Vector(Vec::new()),
+            "{q}"
+        );
+    }
+    // Two series with one label set at a step: Prometheus's error.
+    let e = instant(
+        &s,
+        &Scope::All,
+        "rate({__name__=~\"flopwatch_gpu_(power_watts|energy_joules_total)\"}[5s])",
+        5_000,
+    )
+    .unwrap_err();
+    assert_eq!(e.http_status(), 422, "{e}");
+    assert!(e.to_string().contains("same labelset"), "{e}");
     assert_eq!(
         instant(&s, &Scope::All, "sum(", 0)
             .unwrap_err()
@@ -320,15 +336,21 @@ fn time_and_one_to_one_vector_matching() {
         4_500,
     )
     .unwrap_err();
-    assert_eq!(e.http_status(), 400, "{e}");
-    let e = instant(
+    assert_eq!(e.http_status(), 422, "{e}");
+    // group_left: the "many" side's labels, the name dropped.
+    let Value::Vector(v) = instant(
         &s,
         &a,
         "flopwatch_gpu_power_watts / on(UUID) group_left flopwatch_gpu_energy_joules_total",
         4_500,
     )
-    .unwrap_err();
-    assert_eq!(e.http_status(), 422, "{e}");
+    .unwrap() else {
+        panic!("not a vector")
+    };
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].v, 104.0 / 40.0);
+    assert!(v[0].labels.iter().all(|(k, _)| k != "__name__"));
+    assert!(v[0].labels.iter().any(|(k, v)| k == "node" && v == "n1"));
 }
 
 /// One GPU's OFU each second for three hours from `T0` (samples on every
@@ -663,4 +685,132 @@ fn node_and_job_series_are_their_gpus_mean() {
         step
     )
     .is_empty());
+}
+
+/// Node `n1` with three GPUs sampled every 10 s (at offsets 0, 3 and 7 s)
+/// from `T0` for 20 minutes with pseudo-random OFU; GPU `G3` stops at 10
+/// minutes, and from 15 minutes every GPU is idle (OFU 0).
+fn node_store() -> Store {
+    let s = Store::new(Arc::new(MemEngine::new()), false);
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for (g, off) in [("G1", 0), ("G2", 3_000), ("G3", 7_000)] {
+        let end = if g == "G3" { 60 } else { 120 };
+        let samples: Vec<OfuSample> = (0..end)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let ts_ms = T0 + off + i * 10_000;
+                OfuSample {
+                    ts_ms,
+                    ofu: if i >= 90 {
+                        0.0
+                    } else {
+                        (x >> 11) as f64 / (1u64 << 53) as f64
+                    },
+                    tensor_active: 0.5,
+                    sm_clock_mhz: 1500.0,
+                    window_ms: 10_000,
+                }
+            })
+            .collect();
+        let set = CommitSet {
+            ofu: vec![(g.into(), None, samples)],
+            gpus: vec![GpuRecord {
+                uuid: g.into(),
+                node_id: "n1".into(),
+                ..Default::default()
+            }],
+            nodes: vec![NodeRecord {
+                node_id: "n1".into(),
+                hostname: "host-n1".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        s.commit("a", &set).unwrap();
+    }
+    s
+}
+
+const T0: i64 = 1_700_000_000_000;
+
+/// The node series at `times` from a range query over `[start, end]` at
+/// `step`, bit patterns by time.
+fn node_bits(s: &Store, start: i64, end: i64, step: i64) -> Vec<(i64, u64)> {
+    let Value::Matrix(m) =
+        range(s, &Scope::All, "flopwatch_node_ofu_ratio", start, end, step).unwrap()
+    else {
+        panic!("not a matrix")
+    };
+    assert_eq!(m.len(), 1, "{m:?}");
+    m[0].points.iter().map(|(t, v)| (*t, v.to_bits())).collect()
+}
+
+/// A node's series gives the same bits at an instant whatever the range
+/// and step that reach it, equals `avg by (node)` of its GPUs, counts a
+/// stopped GPU through exactly 5 minutes after its last sample, and is
+/// exactly 0 when its GPUs are idle.
+#[test]
+fn derived_node_series_are_exact_at_every_instant() {
+    let s = node_store();
+    let whole = node_bits(&s, T0, T0 + 20 * 60_000, 1_000);
+    for (start, step) in [
+        (T0 + 7 * 60_000 + 123_000, 1_000),
+        (T0 + 5_000, 5_000),
+        (T0 + 61_000, 60_000),
+        (T0 + 17 * 60_000, 2_000),
+    ] {
+        for (t, bits) in node_bits(&s, start, T0 + 20 * 60_000, step) {
+            let want = whole.iter().find(|p| p.0 == t).map(|p| p.1);
+            assert_eq!(Some(bits), want, "at {t} (from {start}, step {step})");
+        }
+    }
+    // The same as averaging the GPU series at every step, within the
+    // rounding of Prometheus's incremental mean.
+    let Value::Matrix(avg) = range(
+        &s,
+        &Scope::All,
+        "avg by (node) (flopwatch_ofu_ratio)",
+        T0,
+        T0 + 20 * 60_000,
+        1_000,
+    )
+    .unwrap() else {
+        panic!()
+    };
+    assert_eq!(avg[0].points.len(), whole.len());
+    for ((t, v), (t2, bits)) in avg[0].points.iter().zip(&whole) {
+        assert_eq!(t, t2);
+        assert!((v - f64::from_bits(*bits)).abs() < 1e-15, "{t}");
+    }
+    // G3's last sample is at T0 + 597 s: counted through T0 + 897 s.
+    let count = |t: i64| match instant(&s, &Scope::All, "count(flopwatch_ofu_ratio)", t).unwrap() {
+        Value::Vector(v) => v[0].v,
+        _ => panic!(),
+    };
+    let edge = T0 + 597_000 + 300_000;
+    assert_eq!((count(edge), count(edge + 1)), (3.0, 2.0));
+    let node = |t: i64| match instant(&s, &Scope::All, "flopwatch_node_ofu_ratio", t).unwrap() {
+        Value::Vector(v) => v[0].v,
+        _ => panic!(),
+    };
+    let by = |t: i64| match instant(&s, &Scope::All, "avg(flopwatch_ofu_ratio)", t).unwrap() {
+        Value::Vector(v) => v[0].v,
+        _ => panic!(),
+    };
+    for t in [edge, edge + 1] {
+        assert!((node(t) - by(t)).abs() < 1e-15, "{t}");
+    }
+    // Idle from 15 minutes (G3 long gone): exactly 0, never -1e-17.
+    for t in [T0 + 16 * 60_000, T0 + 19 * 60_000 + 500] {
+        let v = node(t);
+        assert_eq!(v.to_bits(), 0.0f64.to_bits(), "{t}: {v:e}");
+        let Value::Vector(z) =
+            instant(&s, &Scope::All, "flopwatch_node_ofu_ratio == 0", t).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(z.len(), 1);
+    }
 }

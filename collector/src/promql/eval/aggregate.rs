@@ -1,0 +1,317 @@
+//! Aggregations, as Prometheus 2.42's `aggregation` computes them at each
+//! step: `sum`, `avg` (an incremental mean), `min`, `max` (a NaN replaced
+//! by any number), `count`, `group`, `stddev`, `stdvar` (Welford's
+//! running variance, population), `quantile`, `topk`, `bottomk` (the
+//! input series themselves, name kept) and `count_values` (a series per
+//! distinct value, labelled with it). `by (…)` keeps only the listed
+//! labels, `without (…)` drops them and `__name__`.
+
+use super::{unsupported, Collect, Evaluator, StepSeries, Val};
+use crate::promql::functions::{format_value, quantile};
+use crate::promql::QueryError;
+use crate::series::Labels;
+use promql_parser::parser::{AggregateExpr, LabelModifier};
+use std::collections::HashMap;
+
+/// A group's running state at one step.
+#[derive(Debug, Clone, Copy)]
+struct Acc {
+    count: f64,
+    value: f64,
+    mean: f64,
+}
+
+impl Acc {
+    fn first(v: f64, op: &str) -> Self {
+        Acc {
+            count: 1.0,
+            value: if matches!(op, "stddev" | "stdvar") {
+                0.0
+            } else {
+                v
+            },
+            mean: v,
+        }
+    }
+
+    fn add(&mut self, v: f64, op: &str) {
+        self.count += 1.0;
+        match op {
+            "sum" => self.value += v,
+            "avg" => {
+                if self.mean.is_infinite() {
+                    // An infinite mean stays as it is unless a NaN or an
+                    // infinity of the other sign arrives (Prometheus).
+                    if v.is_infinite() && (self.mean > 0.0) == (v > 0.0) {
+                        return;
+                    }
+                    if !v.is_infinite() && !v.is_nan() {
+                        return;
+                    }
+                }
+                self.mean += v / self.count - self.mean / self.count;
+            }
+            "max" => {
+                if self.value < v || self.value.is_nan() {
+                    self.value = v;
+                }
+            }
+            "min" => {
+                if self.value > v || self.value.is_nan() {
+                    self.value = v;
+                }
+            }
+            "stddev" | "stdvar" => {
+                let delta = v - self.mean;
+                self.mean += delta / self.count;
+                self.value += delta * (v - self.mean);
+            }
+            _ => {}
+        }
+    }
+
+    fn result(&self, op: &str) -> f64 {
+        match op {
+            "avg" => self.mean,
+            "count" => self.count,
+            "group" => 1.0,
+            "stdvar" => self.value / self.count,
+            "stddev" => (self.value / self.count).sqrt(),
+            _ => self.value,
+        }
+    }
+}
+
+/// Whether `name` is a valid label name (Prometheus 2.42's syntax).
+pub(in crate::promql) fn is_label_name(name: &str) -> bool {
+    let mut c = name.chars();
+    c.next()
+        .is_some_and(|f| f.is_ascii_alphabetic() || f == '_')
+        && c.all(|x| x.is_ascii_alphanumeric() || x == '_')
+}
+
+impl Evaluator<'_> {
+    pub fn aggregate(&self, a: &AggregateExpr) -> Result<Val, QueryError> {
+        let op = a.op.to_string();
+        let op = op.as_str();
+        if !matches!(
+            op,
+            "sum"
+                | "avg"
+                | "min"
+                | "max"
+                | "count"
+                | "group"
+                | "stddev"
+                | "stdvar"
+                | "quantile"
+                | "topk"
+                | "bottomk"
+                | "count_values"
+        ) {
+            return Err(unsupported(format_args!(
+                "aggregation {op} (not in Prometheus 2.42)"
+            )));
+        }
+        let mut param = None;
+        let mut label_param = None;
+        if let Some(p) = &a.param {
+            if op == "count_values" {
+                let l = self.string_arg(p, "count_values")?;
+                if !is_label_name(&l) {
+                    return Err(QueryError::Execution(format!("invalid label name {l:?}")));
+                }
+                label_param = Some(l);
+            } else {
+                param = Some(self.scalar_arg(p, op)?);
+            }
+        }
+        let input = self.vector_arg(&a.expr, &format!("aggregation {op}"))?;
+        let key = |l: &Labels| -> Labels {
+            match &a.modifier {
+                None => Vec::new(),
+                Some(LabelModifier::Include(by)) => l
+                    .iter()
+                    .filter(|(k, _)| by.labels.iter().any(|b| b == k))
+                    .cloned()
+                    .collect(),
+                Some(LabelModifier::Exclude(without)) => l
+                    .iter()
+                    .filter(|(k, _)| k != "__name__" && !without.labels.iter().any(|b| b == k))
+                    .cloned()
+                    .collect(),
+            }
+        };
+        // Each input series' group, groups in order of first appearance.
+        let mut groups: Vec<(Labels, Vec<usize>)> = Vec::new();
+        let mut index: HashMap<Labels, usize> = HashMap::new();
+        for (i, s) in input.iter().enumerate() {
+            let k = key(&s.labels);
+            let g = *index.entry(k.clone()).or_insert_with(|| {
+                groups.push((k, Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push(i);
+        }
+        match op {
+            "topk" | "bottomk" => self.top(op, input, &groups, &param.unwrap_or_default()),
+            "count_values" => self.count_values(&input, &groups, &label_param.unwrap_or_default()),
+            "quantile" => {
+                let q = param.unwrap_or_default();
+                let mut out = Vec::with_capacity(groups.len());
+                for (labels, members) in groups {
+                    let vals = (0..self.n)
+                        .map(|i| {
+                            let mut v: Vec<f64> =
+                                members.iter().filter_map(|&m| input[m].vals[i]).collect();
+                            (!v.is_empty()).then(|| quantile(q[i], &mut v))
+                        })
+                        .collect();
+                    out.push(StepSeries { labels, vals });
+                }
+                Ok(Val::Vector(out))
+            }
+            _ => {
+                let mut out = Vec::with_capacity(groups.len());
+                for (labels, members) in groups {
+                    let mut vals = Vec::with_capacity(self.n);
+                    for i in 0..self.n {
+                        let mut acc: Option<Acc> = None;
+                        for &m in &members {
+                            if let Some(v) = input[m].vals[i] {
+                                match &mut acc {
+                                    None => acc = Some(Acc::first(v, op)),
+                                    Some(a) => a.add(v, op),
+                                }
+                            }
+                        }
+                        vals.push(acc.map(|a| a.result(op)));
+                    }
+                    out.push(StepSeries { labels, vals });
+                }
+                Ok(Val::Vector(out))
+            }
+        }
+    }
+
+    /// `topk`/`bottomk`: at each step, the `k` largest (smallest) members
+    /// of each group, NaN ranking last either way.
+    fn top(
+        &self,
+        op: &str,
+        input: Vec<StepSeries>,
+        groups: &[(Labels, Vec<usize>)],
+        k: &[f64],
+    ) -> Result<Val, QueryError> {
+        let mut keep = vec![vec![false; self.n]; input.len()];
+        for i in 0..self.n {
+            let kf = k.get(i).copied().unwrap_or(0.0);
+            if !(kf.is_finite() || kf.is_nan()) || kf.abs() >= 9.2e18 {
+                return Err(QueryError::Execution(format!(
+                    "Scalar value {kf} overflows int64"
+                )));
+            }
+            let kk = kf as i64;
+            if kk < 1 {
+                continue;
+            }
+            for (_, members) in groups {
+                let mut vals: Vec<(usize, f64)> = members
+                    .iter()
+                    .filter_map(|&m| input[m].vals[i].map(|v| (m, v)))
+                    .collect();
+                vals.sort_by(|a, b| {
+                    let (x, y) = (a.1, b.1);
+                    match (x.is_nan(), y.is_nan()) {
+                        (true, false) => std::cmp::Ordering::Greater,
+                        (false, true) => std::cmp::Ordering::Less,
+                        _ if op == "topk" => y.total_cmp(&x),
+                        _ => x.total_cmp(&y),
+                    }
+                });
+                for &(m, _) in vals.iter().take(kk.min(vals.len() as i64) as usize) {
+                    keep[m][i] = true;
+                }
+            }
+        }
+        Ok(Val::Vector(
+            input
+                .into_iter()
+                .zip(keep)
+                .filter_map(|(s, keep)| {
+                    let vals: Vec<Option<f64>> = s
+                        .vals
+                        .iter()
+                        .zip(keep)
+                        .map(|(v, k)| v.filter(|_| k))
+                        .collect();
+                    vals.iter().any(Option::is_some).then_some(StepSeries {
+                        labels: s.labels,
+                        vals,
+                    })
+                })
+                .collect(),
+        ))
+    }
+
+    /// `count_values("label", v)`: per group and step, a series for each
+    /// distinct value (the value in `label`), counting its members.
+    fn count_values(
+        &self,
+        input: &[StepSeries],
+        groups: &[(Labels, Vec<usize>)],
+        name: &str,
+    ) -> Result<Val, QueryError> {
+        let mut collect = Collect::new(self.n);
+        for (labels, members) in groups {
+            for i in 0..self.n {
+                let mut counts: Vec<(String, f64)> = Vec::new();
+                for &m in members {
+                    if let Some(v) = input[m].vals[i] {
+                        let text = format_value(v);
+                        match counts.iter_mut().find(|(t, _)| *t == text) {
+                            Some(c) => c.1 += 1.0,
+                            None => counts.push((text, 1.0)),
+                        }
+                    }
+                }
+                for (text, c) in counts {
+                    let mut l: Labels = labels.iter().filter(|(k, _)| k != name).cloned().collect();
+                    let at = l.partition_point(|(k, _)| k.as_str() < name);
+                    l.insert(at, (name.to_string(), text));
+                    let slot = collect.slot(l);
+                    collect.set(slot, i, c)?;
+                }
+            }
+        }
+        Ok(Val::Vector(collect.finish()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(op: &str, v: &[f64]) -> f64 {
+        let mut a = Acc::first(v[0], op);
+        for &x in &v[1..] {
+            a.add(x, op);
+        }
+        a.result(op)
+    }
+
+    #[test]
+    fn accumulators_match_prometheus() {
+        let v = [2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0];
+        assert_eq!(run("sum", &v), 40.0);
+        assert_eq!(run("avg", &v), 5.0);
+        assert_eq!(run("count", &v), 8.0);
+        assert_eq!(run("stddev", &v), 2.0);
+        assert_eq!(run("stdvar", &v), 4.0);
+        assert_eq!(run("min", &[f64::NAN, 3.0, 1.0]), 1.0);
+        assert_eq!(run("max", &[f64::NAN, 3.0, 1.0]), 3.0);
+        assert_eq!(run("avg", &[f64::INFINITY, 1.0]), f64::INFINITY);
+        assert!(run("avg", &[f64::INFINITY, f64::NEG_INFINITY]).is_nan());
+        assert_eq!(run("group", &v), 1.0);
+    }
+}

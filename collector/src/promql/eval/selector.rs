@@ -1,0 +1,242 @@
+//! Selectors and subqueries: what a query reads from the series model.
+
+use super::{offset_ms, unwrap_parens, Evaluator, RangeInput, StepSeries, Val};
+use crate::promql::model::SeriesRef;
+use crate::promql::points::{window, Points};
+use crate::promql::{QueryError, LOOKBACK_MS};
+use crate::series::Labels;
+use promql_parser::label::{MatchOp, Matcher};
+use promql_parser::parser::{Expr, MatrixSelector, SubqueryExpr, VectorSelector};
+
+/// A subquery's resolution when it names none: Prometheus's default
+/// evaluation interval.
+pub(in crate::promql) const DEFAULT_SUBQUERY_STEP_MS: i64 = 60_000;
+
+/// The selector's matchers, its metric name as a `__name__` matcher.
+pub(in crate::promql) fn matchers(vs: &VectorSelector) -> Result<Vec<Matcher>, QueryError> {
+    if !vs.matchers.or_matchers.is_empty() {
+        return Err(QueryError::BadData(
+            "unexpected \"or\" in label matching: not PromQL of Prometheus 2.42".into(),
+        ));
+    }
+    let mut m = vs.matchers.matchers.clone();
+    if let Some(n) = &vs.name {
+        m.push(Matcher::new(MatchOp::Equal, "__name__", n));
+    }
+    Ok(m)
+}
+
+impl Evaluator<'_> {
+    /// The times an `@`-pinned or ordinary selector reads at each step.
+    fn read_times(&self, at: Option<i64>, off: i64) -> (i64, i64) {
+        match at {
+            Some(t) => (t - off, t - off),
+            None => (self.start - off, self.end() - off),
+        }
+    }
+
+    /// Each selected series with its sample (time and value) at every
+    /// step: the newest in the lookback window before the step's time
+    /// (less `offset`, or at the `@` time).
+    pub fn selector_samples(
+        &self,
+        vs: &VectorSelector,
+    ) -> Result<Vec<(SeriesRef, Vec<Option<(i64, f64)>>)>, QueryError> {
+        let m = matchers(vs)?;
+        let off = offset_ms(&vs.offset);
+        let at = self.at_ms(&vs.at);
+        let (first, last) = self.read_times(at, off);
+        let mut out = Vec::new();
+        for s in self.model.select(&m)? {
+            let times: Vec<i64> = match at {
+                Some(t) => vec![t - off],
+                None => (0..self.n).map(|i| self.t(i) - off).collect(),
+            };
+            let mut vals = self.model.at_times(&s, &times, first - LOOKBACK_MS, last)?;
+            if at.is_some() {
+                vals = vec![vals[0]; self.n];
+            }
+            if vals.iter().any(Option::is_some) {
+                self.model.budget.samples(self.n)?;
+                out.push((s, vals));
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn instant_selector(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
+        Ok(Val::Vector(
+            self.selector_samples(vs)?
+                .into_iter()
+                .map(|(s, vals)| StepSeries {
+                    labels: s.labels,
+                    vals: vals.into_iter().map(|p| p.map(|p| p.1)).collect(),
+                })
+                .collect(),
+        ))
+    }
+
+    /// A range argument (a range selector or a subquery, in parentheses or
+    /// not) read for every step.
+    pub fn range_input(&self, e: &Expr) -> Result<RangeInput, QueryError> {
+        match unwrap_parens(e) {
+            Expr::MatrixSelector(ms) => self.matrix(ms),
+            Expr::Subquery(sq) => self.subquery(sq),
+            _ => Err(QueryError::BadData(
+                "expected type range vector in call to function".into(),
+            )),
+        }
+    }
+
+    /// A range selector's series and their samples in the windows of all
+    /// steps.
+    pub fn matrix(&self, ms: &MatrixSelector) -> Result<RangeInput, QueryError> {
+        let m = matchers(&ms.vs)?;
+        let offset = offset_ms(&ms.vs.offset);
+        let range = ms.range.as_millis() as i64;
+        let at = self.at_ms(&ms.vs.at);
+        let (first, last) = self.read_times(at, offset);
+        let mut series = Vec::new();
+        for s in self.model.select(&m)? {
+            let pts = self.model.samples(&s, first - range, last)?;
+            if !pts.is_empty() {
+                series.push((s.labels, pts));
+            }
+        }
+        Ok(RangeInput {
+            series,
+            range,
+            offset,
+            at,
+        })
+    }
+
+    /// A subquery: its expression evaluated at the steps of its resolution
+    /// that lie in the windows of every outer step, as Prometheus's
+    /// `evalSubquery` does (the first step is the first multiple of the
+    /// resolution at or after the first window's start).
+    pub fn subquery(&self, sq: &SubqueryExpr) -> Result<RangeInput, QueryError> {
+        let offset = offset_ms(&sq.offset);
+        let range = sq.range.as_millis() as i64;
+        let step = sq
+            .step
+            .map_or(DEFAULT_SUBQUERY_STEP_MS, |d| d.as_millis() as i64);
+        if step <= 0 {
+            return Err(QueryError::BadData(
+                "zero or negative subquery resolution".into(),
+            ));
+        }
+        let at = self.at_ms(&sq.at);
+        let (first, last) = self.read_times(at, offset);
+        let from = first - range;
+        let mut start = from.div_euclid(step) * step;
+        if start < from {
+            start += step;
+        }
+        if start > last {
+            return Ok(RangeInput {
+                series: Vec::new(),
+                range,
+                offset,
+                at,
+            });
+        }
+        let n = ((last - start) / step + 1) as usize;
+        let inner = self.at_steps(start, step, n);
+        let series = match inner.eval(&sq.expr)? {
+            Val::Vector(v) => v
+                .into_iter()
+                .map(|s| {
+                    let pts: Points = s
+                        .vals
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, v)| v.map(|v| (inner.t(i), v)))
+                        .collect();
+                    (s.labels, pts)
+                })
+                .filter(|(_, p): &(Labels, Points)| !p.is_empty())
+                .collect(),
+            Val::Scalar(v) => vec![(
+                Vec::new(),
+                v.iter()
+                    .enumerate()
+                    .map(|(i, v)| (inner.t(i), *v))
+                    .collect(),
+            )],
+            Val::String(_) => {
+                return Err(QueryError::BadData(
+                    "subquery is only allowed on instant vector".into(),
+                ))
+            }
+        };
+        Ok(RangeInput {
+            series,
+            range,
+            offset,
+            at,
+        })
+    }
+
+    /// `f` over each step's window `[t − offset − range, t − offset]` of
+    /// every series of `input`; `f` gets the window, the step's
+    /// evaluation time and the step's index. Series without a value at
+    /// any step are left out.
+    pub fn over_windows(
+        &self,
+        input: &RangeInput,
+        mut f: impl FnMut(&[(i64, f64)], i64, usize) -> Option<f64>,
+    ) -> Result<Vec<(usize, Vec<Option<f64>>)>, QueryError> {
+        let mut out = Vec::new();
+        for (k, (_, pts)) in input.series.iter().enumerate() {
+            self.model.budget.check()?;
+            let vals = match input.at {
+                Some(t) => {
+                    let end = t - input.offset;
+                    let w = window(pts, end - input.range, end);
+                    let v = if w.is_empty() { None } else { f(w, t, 0) };
+                    vec![v; self.n]
+                }
+                None => {
+                    let mut vals = Vec::with_capacity(self.n);
+                    let (mut lo, mut hi) = (0usize, 0usize);
+                    for i in 0..self.n {
+                        let t = self.t(i);
+                        let end = t - input.offset;
+                        while lo < pts.len() && pts[lo].0 < end - input.range {
+                            lo += 1;
+                        }
+                        hi = hi.max(lo);
+                        while hi < pts.len() && pts[hi].0 <= end {
+                            hi += 1;
+                        }
+                        let w = &pts[lo..hi];
+                        vals.push(if w.is_empty() { None } else { f(w, t, i) });
+                    }
+                    vals
+                }
+            };
+            if vals.iter().any(Option::is_some) {
+                self.model.budget.samples(self.n)?;
+                out.push((k, vals));
+            }
+        }
+        Ok(out)
+    }
+
+    /// At each step, whether `input` has any point in the step's window.
+    pub fn any_in_windows(&self, input: &RangeInput) -> Vec<bool> {
+        let mut any = vec![false; self.n];
+        for (_, pts) in &input.series {
+            for (i, a) in any.iter_mut().enumerate() {
+                if *a {
+                    continue;
+                }
+                let t = input.at.unwrap_or_else(|| self.t(i));
+                let end = t - input.offset;
+                *a = !window(pts, end - input.range, end).is_empty();
+            }
+        }
+        any
+    }
+}
