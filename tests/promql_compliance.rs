@@ -560,7 +560,7 @@ async fn compliance_queries_answer_as_prometheus_does() {
     // flopwatch: a stream per node, a batch per 5 minutes.
     let ts = |k: i64| t0 + k * STEP + 37;
     let mut rngs: Vec<Rng> = (0..gpus.len())
-        .map(|g| Rng(0x9e37_79b9_7f4a_7c15 ^ (g as u64 + 1) * 0x1234_5678))
+        .map(|g| Rng(0x9e37_79b9_7f4a_7c15 ^ ((g as u64 + 1) * 0x1234_5678)))
         .collect();
     // values[g][metric] = per-sample values.
     let mut values: Vec<BTreeMap<&str, Vec<Option<f64>>>> = vec![BTreeMap::new(); gpus.len()];

@@ -33,6 +33,7 @@ mod functions;
 mod model;
 mod points;
 mod query;
+mod select;
 #[cfg(test)]
 mod tests;
 

@@ -26,6 +26,7 @@ mod compactor;
 mod gpu_block;
 mod handoff;
 mod hours;
+pub mod index;
 pub mod keys;
 mod limbo;
 mod listing;

@@ -35,6 +35,8 @@ pub struct Store {
     /// sealed a pass has nothing to do and is skipped (see
     /// [`Store::compact_within`]).
     pub(super) head_low: Arc<AtomicI64>,
+    /// What series the store holds, by tenant ([`super::index`]).
+    pub(super) index: Arc<super::index::SeriesIndex>,
 }
 
 /// `e` · tenant · ts · kind · job · gpu: time-ordered within a tenant.
@@ -87,6 +89,7 @@ impl Store {
             precision: Arc::default(),
             stripes: Arc::default(),
             head_low: Arc::new(AtomicI64::new(i64::MIN)),
+            index: Arc::default(),
         }
     }
 
@@ -215,6 +218,7 @@ impl Store {
             sort_puts(&mut puts);
             self.engine.write(puts, self.sync)?;
             self.head_written(low);
+            self.index.observe(tenant, set);
             return Ok(());
         };
         puts.push((
@@ -237,6 +241,7 @@ impl Store {
         if set.limbo.is_none() {
             self.head_written(low);
         }
+        self.index.observe(tenant, set);
         Ok(())
     }
 

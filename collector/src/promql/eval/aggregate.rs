@@ -51,16 +51,8 @@ impl Acc {
                 }
                 self.mean += v / self.count - self.mean / self.count;
             }
-            "max" => {
-                if self.value < v || self.value.is_nan() {
-                    self.value = v;
-                }
-            }
-            "min" => {
-                if self.value > v || self.value.is_nan() {
-                    self.value = v;
-                }
-            }
+            "max" if self.value < v || self.value.is_nan() => self.value = v,
+            "min" if self.value > v || self.value.is_nan() => self.value = v,
             "stddev" | "stdvar" => {
                 let delta = v - self.mean;
                 self.mean += delta / self.count;
@@ -204,8 +196,7 @@ impl Evaluator<'_> {
         k: &[f64],
     ) -> Result<Val, QueryError> {
         let mut keep = vec![vec![false; self.n]; input.len()];
-        for i in 0..self.n {
-            let kf = k.get(i).copied().unwrap_or(0.0);
+        for (i, &kf) in k.iter().enumerate().take(self.n) {
             if !(kf.is_finite() || kf.is_nan()) || kf.abs() >= 9.2e18 {
                 return Err(QueryError::Execution(format!(
                     "Scalar value {kf} overflows int64"

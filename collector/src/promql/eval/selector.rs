@@ -8,6 +8,12 @@ use crate::series::Labels;
 use promql_parser::label::{MatchOp, Matcher};
 use promql_parser::parser::{Expr, MatrixSelector, SubqueryExpr, VectorSelector};
 
+/// A series' sample (time and value) at each step.
+pub(in crate::promql) type StepSamples = Vec<Option<(i64, f64)>>;
+
+/// A series' value at each step.
+pub(in crate::promql) type StepValues = Vec<Option<f64>>;
+
 /// A subquery's resolution when it names none: Prometheus's default
 /// evaluation interval.
 pub(in crate::promql) const DEFAULT_SUBQUERY_STEP_MS: i64 = 60_000;
@@ -41,7 +47,7 @@ impl Evaluator<'_> {
     pub fn selector_samples(
         &self,
         vs: &VectorSelector,
-    ) -> Result<Vec<(SeriesRef, Vec<Option<(i64, f64)>>)>, QueryError> {
+    ) -> Result<Vec<(SeriesRef, StepSamples)>, QueryError> {
         let m = matchers(vs)?;
         let off = offset_ms(&vs.offset);
         let at = self.at_ms(&vs.at);
@@ -186,7 +192,7 @@ impl Evaluator<'_> {
         &self,
         input: &RangeInput,
         mut f: impl FnMut(&[(i64, f64)], i64, usize) -> Option<f64>,
-    ) -> Result<Vec<(usize, Vec<Option<f64>>)>, QueryError> {
+    ) -> Result<Vec<(usize, StepValues)>, QueryError> {
         let mut out = Vec::new();
         for (k, (_, pts)) in input.series.iter().enumerate() {
             self.model.budget.check()?;

@@ -1,0 +1,465 @@
+//! Selection: the series a selector's matchers pick, found through the
+//! store's index ([`crate::store::index`]) so that the work grows with the
+//! series selected, not with the fleet: each matcher that rejects an empty
+//! value narrows the GPUs to those with a matching value of its label
+//! (`UUID`, `gpu`, `modelName`, `node`, `hostname`, the job labels; the
+//! metric name through the metrics each GPU has), and only those GPUs'
+//! series are labelled and matched. No record is read or decoded.
+//!
+//! The derived node and job series take their GPUs through the matchers
+//! on the labels they carry (`tenant`, `node`, `hostname`; `tenant`,
+//! `job_id`) alone.
+
+use super::derived::Across;
+use super::model::{matches, Model, OfuCol, SeriesRef, Source};
+use super::QueryError;
+use crate::series::{family_of, push_job_labels, Labels, On};
+use crate::store::index::{Field, GpuView, IndexRead};
+use crate::store::JobRecord;
+use promql_parser::label::Matcher;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// The derived families ([`Source::Across`]).
+pub(super) const NODE_OFU: &str = "flopwatch_node_ofu_ratio";
+pub(super) const JOB_OFU: &str = "flopwatch_job_ofu_ratio";
+pub(super) const JOB_GPUS: &str = "flopwatch_job_gpus";
+
+/// The families of the OFU columns.
+pub(super) const OFU_FAMILIES: [(&str, OfuCol); 3] = [
+    ("flopwatch_ofu_ratio", OfuCol::Ofu),
+    ("flopwatch_ofu_tensor_active_ratio", OfuCol::Tensor),
+    ("flopwatch_ofu_sm_clock_hertz", OfuCol::Clock),
+];
+
+/// The index field a GPU label is selected by.
+fn field_of(label: &str) -> Option<Field> {
+    Some(match label {
+        "UUID" => Field::Uuid,
+        "gpu" => Field::Index,
+        "modelName" => Field::Model,
+        "node" => Field::Node,
+        "hostname" => Field::Hostname,
+        "job_id" => Field::JobId,
+        "pod" => Field::Pod,
+        "namespace" => Field::Namespace,
+        "container" => Field::Container,
+        "hpc_job" => Field::HpcJob,
+        _ => return None,
+    })
+}
+
+/// Job spans of one GPU: constant-owner pieces of the time line, with the
+/// index of the owning job record (or `None`).
+pub(super) fn job_segments(jobs: &[JobRecord]) -> Vec<(i64, i64, Option<usize>)> {
+    let mut cuts = vec![i64::MIN, i64::MAX];
+    for j in jobs {
+        cuts.push(j.first_seen_ms);
+        cuts.push(j.last_seen_ms.saturating_add(1));
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    let owner = |t: i64| {
+        jobs.iter()
+            .enumerate()
+            .filter(|(_, j)| j.first_seen_ms <= t && t <= j.last_seen_ms)
+            .max_by_key(|(_, j)| j.first_seen_ms)
+            .map(|(i, _)| i)
+    };
+    let mut out: Vec<(i64, i64, Option<usize>)> = Vec::new();
+    for w in cuts.windows(2) {
+        let o = owner(w[0]);
+        match out.last_mut() {
+            Some(last) if last.2 == o && last.1 == w[0] => last.1 = w[1],
+            _ => out.push((w[0], w[1], o)),
+        }
+    }
+    out
+}
+
+fn sorted(mut l: Labels) -> Labels {
+    l.retain(|(_, v)| !v.is_empty());
+    l.sort();
+    l
+}
+
+/// The labels of a node device's series.
+const DEVICE_LABELS: [&str; 6] = ["kind", "device", "device_id", "hostname", "node", "tenant"];
+
+/// Whether every matcher on a label outside `labels` (and the name)
+/// accepts a series without that label.
+fn only_on(m: &[Matcher], labels: &[&str]) -> bool {
+    m.iter()
+        .all(|x| x.name == "__name__" || labels.contains(&x.name.as_str()) || x.is_match(""))
+}
+
+/// Every family a node device's series may have.
+fn device_families() -> &'static [String] {
+    static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    NAMES.get_or_init(|| {
+        flopwatch_proto::metrics::CATALOG
+            .iter()
+            .filter_map(|d| crate::series::family(d, On::Device))
+            .map(|f| f.sample_name())
+            .collect()
+    })
+}
+
+/// A catalog metric's family name and scale, per metric name.
+type FamilyCache = HashMap<String, Option<(String, f64)>>;
+
+fn family_cached(cache: &mut FamilyCache, metric: &str, on: On) -> Option<(String, f64)> {
+    cache
+        .entry(metric.to_string())
+        .or_insert_with(|| family_of(metric, on).map(|f| (f.sample_name(), f.scale)))
+        .clone()
+}
+
+impl Model<'_> {
+    /// The tenants this scope reads that a `tenant` matcher admits.
+    fn tenants<'i>(&self, index: &'i IndexRead, m: &[Matcher]) -> Vec<&'i str> {
+        index
+            .tenants()
+            .into_iter()
+            .filter(|t| self.scope.allows(t))
+            .filter(|t| {
+                m.iter()
+                    .filter(|x| x.name == "tenant")
+                    .all(|x| x.is_match(t))
+            })
+            .collect()
+    }
+
+    /// The GPUs of `tenant` the matchers on labels in `on` (all GPU labels
+    /// when `None`) leave; `None` when a matcher needs a label no GPU
+    /// series has.
+    fn candidates(
+        &self,
+        index: &IndexRead,
+        tenant: &str,
+        m: &[Matcher],
+        on: Option<&[&str]>,
+    ) -> Option<BTreeSet<u32>> {
+        let mut set: Option<BTreeSet<u32>> = None;
+        for x in m {
+            if x.name == "tenant" || x.name == "__name__" || x.is_match("") {
+                continue;
+            }
+            if on.is_some_and(|on| !on.contains(&x.name.as_str())) {
+                continue;
+            }
+            let f = field_of(&x.name)?;
+            let ids = index.gpus_where(tenant, f, &|v| x.is_match(v));
+            set = Some(match set {
+                None => ids,
+                Some(s) => s.intersection(&ids).copied().collect(),
+            });
+        }
+        Some(set.unwrap_or_else(|| index.all_gpus(tenant)))
+    }
+
+    /// Every series whose labels satisfy `m` (no samples read).
+    pub fn select(&self, m: &[Matcher]) -> Result<Vec<SeriesRef>, QueryError> {
+        let index = self.store.index()?;
+        let name = m.iter().find(|x| x.name == "__name__");
+        let wants = |family: &str| name.is_none_or(|x| x.is_match(family));
+        let mut out = Vec::new();
+        let mut cache = FamilyCache::new();
+        for tenant in self.tenants(&index, m) {
+            // GPU series: the OFU columns and the raw families.
+            let ofu: Vec<(&str, OfuCol)> = OFU_FAMILIES
+                .iter()
+                .filter(|f| wants(f.0))
+                .copied()
+                .collect();
+            let mut gpus = self.candidates(&index, tenant, m, None).unwrap_or_default();
+            if ofu.is_empty() {
+                // Only GPUs with a raw metric of a wanted family.
+                let with = index.gpus_where(tenant, Field::Metric, &|metric| {
+                    family_of(metric, On::Gpu).is_some_and(|f| wants(&f.sample_name()))
+                });
+                gpus = gpus.intersection(&with).copied().collect();
+            }
+            for id in gpus {
+                self.budget.check()?;
+                let Some(g) = index.gpu(tenant, id) else {
+                    continue;
+                };
+                self.gpu_series(&index, tenant, g, &ofu, &wants, m, &mut cache, &mut out)?;
+            }
+            self.derived(&index, tenant, m, &wants, &mut out)?;
+            if device_families().iter().any(|f| wants(f)) && only_on(m, &DEVICE_LABELS) {
+                self.device_series(&index, tenant, m, &wants, &mut cache, &mut out)?;
+            }
+        }
+        out.sort_by(|a, b| a.labels.cmp(&b.labels));
+        Ok(out)
+    }
+
+    /// GPU `g`'s series of the wanted families: one per family and job
+    /// owner (the GPU's labels plus the job's), each with its spans.
+    #[allow(clippy::too_many_arguments)]
+    fn gpu_series(
+        &self,
+        index: &IndexRead,
+        tenant: &str,
+        g: GpuView,
+        ofu: &[(&str, OfuCol)],
+        wants: &dyn Fn(&str) -> bool,
+        m: &[Matcher],
+        cache: &mut FamilyCache,
+        out: &mut Vec<SeriesRef>,
+    ) -> Result<(), QueryError> {
+        let e = g.entry;
+        let jobs: Vec<JobRecord> = e.jobs.iter().map(|j| j.record(&e.uuid, &e.node)).collect();
+        let base = vec![
+            ("gpu".to_string(), e.index.to_string()),
+            ("UUID".to_string(), e.uuid.clone()),
+            ("modelName".to_string(), e.model.clone()),
+            ("hostname".to_string(), g.hostname.to_string()),
+            ("node".to_string(), e.node.clone()),
+            ("tenant".to_string(), tenant.to_string()),
+        ];
+        // One label set per owner: the GPU's, plus the job's.
+        let mut owners: Vec<(Labels, Vec<(i64, i64)>)> = Vec::new();
+        let mut seen: HashMap<Option<usize>, usize> = HashMap::new();
+        for (a, b, o) in job_segments(&jobs) {
+            let i = *seen.entry(o).or_insert_with(|| {
+                let mut l = base.clone();
+                if let Some(j) = o {
+                    let j = &jobs[j];
+                    push_job_labels(
+                        &mut l,
+                        [&j.job_id, &j.pod, &j.namespace, &j.container, &j.hpc_job],
+                    );
+                }
+                owners.push((l, Vec::new()));
+                owners.len() - 1
+            });
+            owners[i].1.push((a, b));
+        }
+        let mut families: Vec<(String, Source)> = ofu
+            .iter()
+            .map(|&(n, col)| {
+                (
+                    n.to_string(),
+                    Source::Ofu {
+                        tenant: tenant.to_string(),
+                        gpu: e.uuid.clone(),
+                        col,
+                    },
+                )
+            })
+            .collect();
+        for metric in index.metrics(tenant, &e.uuid) {
+            if let Some((n, scale)) = family_cached(cache, metric, On::Gpu) {
+                if wants(&n) {
+                    families.push((
+                        n,
+                        Source::Raw {
+                            tenant: tenant.to_string(),
+                            key: e.uuid.clone(),
+                            metric: metric.to_string(),
+                            scale,
+                        },
+                    ));
+                }
+            }
+        }
+        for (n, source) in families {
+            for (l, spans) in &owners {
+                let mut labels = l.clone();
+                labels.push(("__name__".into(), n.clone()));
+                let labels = sorted(labels);
+                if matches(m, &labels) {
+                    self.budget.series(1)?;
+                    out.push(SeriesRef {
+                        labels,
+                        source: source.clone(),
+                        spans: spans.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The node and job series of `tenant` that `m` selects.
+    fn derived(
+        &self,
+        index: &IndexRead,
+        tenant: &str,
+        m: &[Matcher],
+        wants: &dyn Fn(&str) -> bool,
+        out: &mut Vec<SeriesRef>,
+    ) -> Result<(), QueryError> {
+        let ofu = |gpu: &str, spans| SeriesRef {
+            labels: Vec::new(),
+            source: Source::Ofu {
+                tenant: tenant.to_string(),
+                gpu: gpu.to_string(),
+                col: OfuCol::Ofu,
+            },
+            spans,
+        };
+        let mut push = |name: &str, labels: Labels, members: Vec<SeriesRef>, op| {
+            let mut l = labels;
+            l.push(("__name__".into(), name.to_string()));
+            let labels = sorted(l);
+            if matches(m, &labels) {
+                self.budget.series(1)?;
+                out.push(SeriesRef {
+                    labels,
+                    source: Source::Across { members, op },
+                    spans: vec![(i64::MIN, i64::MAX)],
+                });
+            }
+            Ok::<_, QueryError>(())
+        };
+        if wants(NODE_OFU) && only_on(m, &["tenant", "node", "hostname"]) {
+            let gpus = self
+                .candidates(index, tenant, m, Some(&["node", "hostname"]))
+                .unwrap_or_default();
+            let mut nodes: BTreeMap<Labels, Vec<SeriesRef>> = BTreeMap::new();
+            for id in gpus {
+                let Some(g) = index.gpu(tenant, id) else {
+                    continue;
+                };
+                let node = vec![
+                    ("hostname".into(), g.hostname.to_string()),
+                    ("node".into(), g.entry.node.clone()),
+                    ("tenant".into(), tenant.to_string()),
+                ];
+                nodes
+                    .entry(node)
+                    .or_default()
+                    .push(ofu(&g.entry.uuid, vec![(i64::MIN, i64::MAX)]));
+            }
+            for (labels, members) in nodes {
+                push(NODE_OFU, labels, members, Across::Mean)?;
+            }
+        }
+        if (wants(JOB_OFU) || wants(JOB_GPUS)) && only_on(m, &["tenant", "job_id"]) {
+            let gpus = self
+                .candidates(index, tenant, m, Some(&["job_id"]))
+                .unwrap_or_default();
+            let mut jobs: BTreeMap<Labels, Vec<SeriesRef>> = BTreeMap::new();
+            for id in gpus {
+                let Some(g) = index.gpu(tenant, id) else {
+                    continue;
+                };
+                let e = g.entry;
+                let records: Vec<JobRecord> =
+                    e.jobs.iter().map(|j| j.record(&e.uuid, &e.node)).collect();
+                let mut spans: BTreeMap<usize, Vec<(i64, i64)>> = BTreeMap::new();
+                for (a, b, o) in job_segments(&records) {
+                    if let Some(j) = o {
+                        spans.entry(j).or_default().push((a, b));
+                    }
+                }
+                for (j, sp) in spans {
+                    let job = vec![
+                        ("job_id".into(), records[j].job_id.clone()),
+                        ("tenant".into(), tenant.to_string()),
+                    ];
+                    jobs.entry(job).or_default().push(ofu(&e.uuid, sp));
+                }
+            }
+            for (labels, members) in jobs {
+                if wants(JOB_OFU) {
+                    push(JOB_OFU, labels.clone(), members.clone(), Across::Mean)?;
+                }
+                if wants(JOB_GPUS) {
+                    push(JOB_GPUS, labels, members, Across::Count)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The node devices' series of `tenant` that `m` selects.
+    fn device_series(
+        &self,
+        index: &IndexRead,
+        tenant: &str,
+        m: &[Matcher],
+        wants: &dyn Fn(&str) -> bool,
+        cache: &mut FamilyCache,
+        out: &mut Vec<SeriesRef>,
+    ) -> Result<(), QueryError> {
+        let Some(t) = index.tenant(tenant) else {
+            return Ok(());
+        };
+        for (node, n) in &t.nodes {
+            let node_ok = m
+                .iter()
+                .filter(|x| x.name == "node" || x.name == "hostname")
+                .all(|x| x.is_match(if x.name == "node" { node } else { &n.hostname }));
+            if !node_ok {
+                continue;
+            }
+            for d in &n.devices {
+                for metric in index.metrics(tenant, &d.id) {
+                    let Some((f, scale)) = family_cached(cache, metric, On::Device) else {
+                        continue;
+                    };
+                    if !wants(&f) {
+                        continue;
+                    }
+                    let labels = sorted(vec![
+                        ("__name__".into(), f),
+                        ("kind".into(), d.kind.clone()),
+                        ("device".into(), d.name.clone()),
+                        ("device_id".into(), d.id.clone()),
+                        ("hostname".into(), n.hostname.clone()),
+                        ("node".into(), node.clone()),
+                        ("tenant".into(), tenant.to_string()),
+                    ]);
+                    if matches(m, &labels) {
+                        self.budget.series(1)?;
+                        out.push(SeriesRef {
+                            labels,
+                            source: Source::Raw {
+                                tenant: tenant.to_string(),
+                                key: d.id.clone(),
+                                metric: metric.to_string(),
+                                scale,
+                            },
+                            spans: vec![(i64::MIN, i64::MAX)],
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: &str, a: i64, b: i64) -> JobRecord {
+        JobRecord {
+            job_id: id.into(),
+            first_seen_ms: a,
+            last_seen_ms: b,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn job_segments_cover_the_time_line_once() {
+        let (a, b) = (job("a", 100, 199), job("b", 150, 300));
+        let s = job_segments(&[a, b]);
+        assert_eq!(
+            s,
+            vec![
+                (i64::MIN, 100, None),
+                (100, 150, Some(0)),
+                (150, 301, Some(1)),
+                (301, i64::MAX, None),
+            ]
+        );
+        assert_eq!(job_segments(&[]), vec![(i64::MIN, i64::MAX, None)]);
+    }
+}

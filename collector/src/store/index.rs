@@ -1,0 +1,664 @@
+//! What the store holds, in memory: every tenant's nodes, devices, GPUs,
+//! the jobs each GPU ran and the raw metrics of each GPU and device, with
+//! postings — for each field a GPU is selected by (UUID, index, model,
+//! node, hostname, the job fields, a metric it has), the GPUs having each
+//! value — so a query finds the few GPUs it names without reading, let
+//! alone decoding, every record (Prometheus's postings are the model).
+//!
+//! - **Loaded once**, at the first read, from the metadata and one seek
+//!   per stored metric ([`Store::raw_metrics`]); after that, every commit
+//!   keeps it current ([`SeriesIndex::observe`]) in the same order as the
+//!   write: a read never sees a batch's samples without its series.
+//! - **Cheap on ingest**: a commit that brings nothing new (the common
+//!   case: known GPUs, jobs and metrics) takes the read lock only, and
+//!   moves its jobs' last-seen times with atomics; the write lock is taken
+//!   when a node, GPU, job or metric is new or changed.
+//! - It mirrors the records as stored (a job record is replaced by each
+//!   commit, so is its entry); series whose samples retention or a limbo
+//!   settlement removed stay listed, with no samples to read.
+
+use super::records::{CommitSet, GpuRecord, JobRecord, NodeRecord};
+use super::{Store, StoreError};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard};
+
+/// A field GPUs are selected by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Field {
+    /// The GPU's UUID.
+    Uuid,
+    /// Its index on its node.
+    Index,
+    /// Its product name.
+    Model,
+    /// Its node's id.
+    Node,
+    /// Its node's hostname.
+    Hostname,
+    /// A job it ran.
+    JobId,
+    /// A pod of a job it ran.
+    Pod,
+    /// A namespace of a job it ran.
+    Namespace,
+    /// A container of a job it ran.
+    Container,
+    /// An HPC job id of a job it ran.
+    HpcJob,
+    /// A raw metric it has samples of.
+    Metric,
+}
+
+/// A job a GPU ran, as its record was last committed.
+#[derive(Debug)]
+pub struct JobEntry {
+    pub job_id: String,
+    pub pod: String,
+    pub namespace: String,
+    pub container: String,
+    pub hpc_job: String,
+    first_seen: AtomicI64,
+    last_seen: AtomicI64,
+}
+
+impl JobEntry {
+    fn new(j: &JobRecord) -> Self {
+        Self {
+            job_id: j.job_id.clone(),
+            pod: j.pod.clone(),
+            namespace: j.namespace.clone(),
+            container: j.container.clone(),
+            hpc_job: j.hpc_job.clone(),
+            first_seen: AtomicI64::new(j.first_seen_ms),
+            last_seen: AtomicI64::new(j.last_seen_ms),
+        }
+    }
+
+    fn same_labels(&self, j: &JobRecord) -> bool {
+        self.pod == j.pod
+            && self.namespace == j.namespace
+            && self.container == j.container
+            && self.hpc_job == j.hpc_job
+    }
+
+    /// The record as last committed.
+    pub fn record(&self, gpu: &str, node: &str) -> JobRecord {
+        JobRecord {
+            job_id: self.job_id.clone(),
+            gpu_uuid: gpu.to_string(),
+            node_id: node.to_string(),
+            pod: self.pod.clone(),
+            namespace: self.namespace.clone(),
+            container: self.container.clone(),
+            hpc_job: self.hpc_job.clone(),
+            first_seen_ms: self.first_seen.load(Ordering::Relaxed),
+            last_seen_ms: self.last_seen.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A GPU as last committed.
+#[derive(Debug)]
+pub struct GpuEntry {
+    pub uuid: String,
+    pub index: u32,
+    pub model: String,
+    pub node: String,
+    pub jobs: Vec<JobEntry>,
+}
+
+/// A node device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceEntry {
+    pub id: String,
+    pub kind: String,
+    pub name: String,
+}
+
+/// A node as last committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeEntry {
+    pub hostname: String,
+    pub devices: Vec<DeviceEntry>,
+}
+
+/// One tenant's part of the index.
+#[derive(Debug, Default)]
+pub struct TenantIndex {
+    pub nodes: BTreeMap<String, NodeEntry>,
+    gpus: Vec<GpuEntry>,
+    by_uuid: HashMap<String, u32>,
+    /// Metrics (indices into [`Index::names`]) of each GPU or device key,
+    /// sorted.
+    metrics: HashMap<String, Vec<u16>>,
+    postings: HashMap<Field, HashMap<String, BTreeSet<u32>>>,
+}
+
+/// Every tenant's part, and the metric names they share.
+#[derive(Debug, Default)]
+pub struct Index {
+    tenants: BTreeMap<String, TenantIndex>,
+    names: Vec<String>,
+    name_ids: HashMap<String, u16>,
+}
+
+/// The store's index, loaded at the first read.
+#[derive(Debug, Default)]
+pub struct SeriesIndex {
+    inner: RwLock<Option<Index>>,
+}
+
+/// A read of the index; commits wait to change it (never the other way).
+pub struct IndexRead<'a> {
+    guard: RwLockReadGuard<'a, Option<Index>>,
+}
+
+fn node_entry(n: &NodeRecord) -> NodeEntry {
+    NodeEntry {
+        hostname: n.hostname.clone(),
+        devices: n
+            .devices
+            .iter()
+            .map(|d| DeviceEntry {
+                id: d.id.clone(),
+                kind: d.kind.clone(),
+                name: d.name.clone(),
+            })
+            .collect(),
+    }
+}
+
+impl TenantIndex {
+    fn post(&mut self, f: Field, v: &str, id: u32) {
+        if v.is_empty() {
+            return;
+        }
+        self.postings
+            .entry(f)
+            .or_default()
+            .entry(v.to_string())
+            .or_default()
+            .insert(id);
+    }
+
+    fn unpost(&mut self, f: Field, v: &str, id: u32) {
+        if let Some(m) = self.postings.get_mut(&f) {
+            if let Some(ids) = m.get_mut(v) {
+                ids.remove(&id);
+                if ids.is_empty() {
+                    m.remove(v);
+                }
+            }
+        }
+    }
+
+    fn hostname(&self, node: &str) -> &str {
+        self.nodes.get(node).map_or("", |n| n.hostname.as_str())
+    }
+
+    fn upsert_node(&mut self, node_id: &str, n: NodeEntry) {
+        let old = self.hostname(node_id).to_string();
+        if old != n.hostname {
+            let ids: Vec<u32> = self
+                .postings
+                .get(&Field::Node)
+                .and_then(|m| m.get(node_id))
+                .map(|s| s.iter().copied().collect())
+                .unwrap_or_default();
+            for id in ids {
+                self.unpost(Field::Hostname, &old, id);
+                self.post(Field::Hostname, &n.hostname, id);
+            }
+        }
+        self.nodes.insert(node_id.to_string(), n);
+    }
+
+    fn upsert_gpu(&mut self, g: &GpuRecord) -> u32 {
+        let index = g.index.to_string();
+        if let Some(&id) = self.by_uuid.get(&g.uuid) {
+            let e = &self.gpus[id as usize];
+            if e.node == g.node_id && e.model == g.model && e.index == g.index {
+                return id;
+            }
+            let (old_node, old_model, old_index) =
+                (e.node.clone(), e.model.clone(), e.index.to_string());
+            let old_host = self.hostname(&old_node).to_string();
+            self.unpost(Field::Node, &old_node, id);
+            self.unpost(Field::Hostname, &old_host, id);
+            self.unpost(Field::Model, &old_model, id);
+            self.unpost(Field::Index, &old_index, id);
+            let e = &mut self.gpus[id as usize];
+            e.node = g.node_id.clone();
+            e.model = g.model.clone();
+            e.index = g.index;
+            let host = self.hostname(&g.node_id).to_string();
+            self.post(Field::Node, &g.node_id, id);
+            self.post(Field::Hostname, &host, id);
+            self.post(Field::Model, &g.model, id);
+            self.post(Field::Index, &index, id);
+            return id;
+        }
+        let id = self.gpus.len() as u32;
+        self.gpus.push(GpuEntry {
+            uuid: g.uuid.clone(),
+            index: g.index,
+            model: g.model.clone(),
+            node: g.node_id.clone(),
+            jobs: Vec::new(),
+        });
+        self.by_uuid.insert(g.uuid.clone(), id);
+        let host = self.hostname(&g.node_id).to_string();
+        self.post(Field::Uuid, &g.uuid, id);
+        self.post(Field::Node, &g.node_id, id);
+        self.post(Field::Hostname, &host, id);
+        self.post(Field::Model, &g.model, id);
+        self.post(Field::Index, &index, id);
+        if let Some(ms) = self.metrics.get(&g.uuid).cloned() {
+            for m in ms {
+                self.post(Field::Metric, &m.to_string(), id);
+            }
+        }
+        id
+    }
+
+    /// The GPU of `uuid`, a bare entry if no record has named it yet (a
+    /// job or series may be committed before its GPU's record).
+    fn gpu_id(&mut self, uuid: &str) -> u32 {
+        match self.by_uuid.get(uuid) {
+            Some(&id) => id,
+            None => self.upsert_gpu(&GpuRecord {
+                uuid: uuid.to_string(),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn upsert_job(&mut self, j: &JobRecord) {
+        let id = self.gpu_id(&j.gpu_uuid);
+        let e = &mut self.gpus[id as usize];
+        if let Some(k) = e.jobs.iter().position(|x| x.job_id == j.job_id) {
+            if e.jobs[k].same_labels(j) {
+                e.jobs[k]
+                    .first_seen
+                    .store(j.first_seen_ms, Ordering::Relaxed);
+                e.jobs[k].last_seen.store(j.last_seen_ms, Ordering::Relaxed);
+                return;
+            }
+            e.jobs[k] = JobEntry::new(j);
+        } else {
+            e.jobs.push(JobEntry::new(j));
+        }
+        for (f, v) in [
+            (Field::JobId, &j.job_id),
+            (Field::Pod, &j.pod),
+            (Field::Namespace, &j.namespace),
+            (Field::Container, &j.container),
+            (Field::HpcJob, &j.hpc_job),
+        ] {
+            self.post(f, v, id);
+        }
+    }
+
+    fn add_metric(&mut self, key: &str, metric: u16) {
+        let ms = self.metrics.entry(key.to_string()).or_default();
+        if let Err(at) = ms.binary_search(&metric) {
+            ms.insert(at, metric);
+            if let Some(&id) = self.by_uuid.get(key) {
+                self.post(Field::Metric, &metric.to_string(), id);
+            }
+        }
+    }
+
+    fn has_metric(&self, key: &str, metric: u16) -> bool {
+        self.metrics
+            .get(key)
+            .is_some_and(|ms| ms.binary_search(&metric).is_ok())
+    }
+}
+
+impl Index {
+    fn name_id(&mut self, metric: &str) -> u16 {
+        if let Some(&id) = self.name_ids.get(metric) {
+            return id;
+        }
+        let id = self.names.len() as u16;
+        self.names.push(metric.to_string());
+        self.name_ids.insert(metric.to_string(), id);
+        id
+    }
+
+    /// Applies what `set` commits for `tenant`.
+    fn apply(&mut self, tenant: &str, set: &CommitSet) {
+        let metrics: Vec<(String, u16)> = set
+            .series
+            .iter()
+            .map(|s| (s.gpu_uuid.clone(), self.name_id(&s.metric)))
+            .collect();
+        let t = self.tenants.entry(tenant.to_string()).or_default();
+        for n in &set.nodes {
+            t.upsert_node(&n.node_id, node_entry(n));
+        }
+        for g in &set.gpus {
+            t.upsert_gpu(g);
+        }
+        for j in &set.jobs {
+            t.upsert_job(j);
+        }
+        for (key, m) in metrics {
+            t.add_metric(&key, m);
+        }
+    }
+
+    /// Whether applying `set` would change anything but job times, which
+    /// it moves meanwhile.
+    fn is_news(&self, tenant: &str, set: &CommitSet) -> bool {
+        let Some(t) = self.tenants.get(tenant) else {
+            return true;
+        };
+        for n in &set.nodes {
+            if t.nodes.get(&n.node_id) != Some(&node_entry(n)) {
+                return true;
+            }
+        }
+        for g in &set.gpus {
+            match t.by_uuid.get(&g.uuid).map(|&id| &t.gpus[id as usize]) {
+                Some(e) if e.node == g.node_id && e.model == g.model && e.index == g.index => {}
+                _ => return true,
+            }
+        }
+        for s in &set.series {
+            match self.name_ids.get(&s.metric) {
+                Some(&m) if t.has_metric(&s.gpu_uuid, m) => {}
+                _ => return true,
+            }
+        }
+        for j in &set.jobs {
+            let Some(&id) = t.by_uuid.get(&j.gpu_uuid) else {
+                return true;
+            };
+            match t.gpus[id as usize]
+                .jobs
+                .iter()
+                .find(|x| x.job_id == j.job_id)
+            {
+                Some(e) if e.same_labels(j) => {
+                    e.first_seen.store(j.first_seen_ms, Ordering::Relaxed);
+                    e.last_seen.store(j.last_seen_ms, Ordering::Relaxed);
+                }
+                _ => return true,
+            }
+        }
+        false
+    }
+}
+
+impl SeriesIndex {
+    /// Keeps the index current with a commit of `set` for `tenant`, once
+    /// it is written. Nothing to do before the first read loads it.
+    pub fn observe(&self, tenant: &str, set: &CommitSet) {
+        {
+            let Ok(g) = self.inner.read() else { return };
+            match g.as_ref() {
+                None => return,
+                Some(i) if !i.is_news(tenant, set) => return,
+                Some(_) => {}
+            }
+        }
+        if let Ok(mut g) = self.inner.write() {
+            if let Some(i) = g.as_mut() {
+                i.apply(tenant, set);
+            }
+        }
+    }
+}
+
+impl Store {
+    /// A read of the index, loading it first if no read has yet.
+    pub fn index(&self) -> Result<IndexRead<'_>, StoreError> {
+        {
+            let g = self
+                .index
+                .inner
+                .read()
+                .map_err(|_| StoreError::Engine("series index lock poisoned".into()))?;
+            if g.is_some() {
+                return Ok(IndexRead { guard: g });
+            }
+        }
+        {
+            let mut g = self
+                .index
+                .inner
+                .write()
+                .map_err(|_| StoreError::Engine("series index lock poisoned".into()))?;
+            if g.is_none() {
+                // Commits wait for the lock: none is lost between this
+                // load's reads and its install.
+                *g = Some(self.load_index()?);
+            }
+        }
+        self.index()
+    }
+
+    /// The index from the stored records and series.
+    fn load_index(&self) -> Result<Index, StoreError> {
+        let mut index = Index::default();
+        let mut keys: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (t, n) in self.nodes(None)? {
+            let e = index.tenants.entry(t.clone()).or_default();
+            e.upsert_node(&n.node_id, node_entry(&n));
+            keys.entry(t)
+                .or_default()
+                .extend(n.devices.iter().map(|d| d.id.clone()));
+        }
+        for (t, g) in self.gpus(None)? {
+            index.tenants.entry(t.clone()).or_default().upsert_gpu(&g);
+            keys.entry(t).or_default().insert(g.uuid.clone());
+        }
+        for (t, j) in self.jobs(None)? {
+            index.tenants.entry(t).or_default().upsert_job(&j);
+        }
+        for (t, ks) in keys {
+            for k in ks {
+                for m in self.raw_metrics(&t, &k)? {
+                    let id = index.name_id(&m);
+                    if let Some(e) = index.tenants.get_mut(&t) {
+                        e.add_metric(&k, id);
+                    }
+                }
+            }
+        }
+        Ok(index)
+    }
+}
+
+/// A GPU as a read of the index shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct GpuView<'a> {
+    pub id: u32,
+    pub entry: &'a GpuEntry,
+    pub hostname: &'a str,
+}
+
+impl IndexRead<'_> {
+    fn index(&self) -> Option<&Index> {
+        self.guard.as_ref()
+    }
+
+    /// Every tenant, in order.
+    pub fn tenants(&self) -> Vec<&str> {
+        self.index()
+            .map(|i| i.tenants.keys().map(String::as_str).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn tenant(&self, tenant: &str) -> Option<&TenantIndex> {
+        self.index()?.tenants.get(tenant)
+    }
+
+    /// The GPUs of `tenant` with a value of `field` that `pred` accepts;
+    /// `pred` is asked once per distinct value.
+    pub fn gpus_where(
+        &self,
+        tenant: &str,
+        field: Field,
+        pred: &dyn Fn(&str) -> bool,
+    ) -> BTreeSet<u32> {
+        let Some(i) = self.index() else {
+            return BTreeSet::new();
+        };
+        let Some(t) = i.tenants.get(tenant) else {
+            return BTreeSet::new();
+        };
+        let Some(p) = t.postings.get(&field) else {
+            return BTreeSet::new();
+        };
+        let mut out = BTreeSet::new();
+        for (v, ids) in p {
+            let accepted = if field == Field::Metric {
+                v.parse::<usize>()
+                    .ok()
+                    .and_then(|m| i.names.get(m))
+                    .is_some_and(|name| pred(name))
+            } else {
+                pred(v)
+            };
+            if accepted {
+                out.extend(ids.iter().copied());
+            }
+        }
+        out
+    }
+
+    /// Every GPU of `tenant`.
+    pub fn all_gpus(&self, tenant: &str) -> BTreeSet<u32> {
+        self.tenant(tenant)
+            .map(|t| (0..t.gpus.len() as u32).collect())
+            .unwrap_or_default()
+    }
+
+    /// GPU `id` of `tenant`.
+    pub fn gpu(&self, tenant: &str, id: u32) -> Option<GpuView<'_>> {
+        let t = self.tenant(tenant)?;
+        let entry = t.gpus.get(id as usize)?;
+        Some(GpuView {
+            id,
+            entry,
+            hostname: t.hostname(&entry.node),
+        })
+    }
+
+    /// The raw metrics of GPU or device `key` of `tenant`.
+    pub fn metrics(&self, tenant: &str, key: &str) -> Vec<&str> {
+        let (Some(i), Some(t)) = (self.index(), self.tenant(tenant)) else {
+            return Vec::new();
+        };
+        t.metrics
+            .get(key)
+            .map(|ms| {
+                ms.iter()
+                    .filter_map(|&m| i.names.get(m as usize).map(String::as_str))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemEngine;
+    use flopwatch_proto::model::{Point, SeriesBatch};
+    use std::sync::Arc;
+
+    fn set(
+        gpu: &str,
+        node: &str,
+        host: &str,
+        job: Option<&str>,
+        metric: &str,
+        t: i64,
+    ) -> CommitSet {
+        CommitSet {
+            series: vec![SeriesBatch {
+                gpu_uuid: gpu.into(),
+                metric: metric.into(),
+                points: vec![Point {
+                    ts_ms: t,
+                    value: 1.0,
+                    peak: None,
+                    window_ms: Some(1000),
+                }],
+            }],
+            gpus: vec![GpuRecord {
+                uuid: gpu.into(),
+                node_id: node.into(),
+                model: "H100".into(),
+                ..Default::default()
+            }],
+            nodes: vec![NodeRecord {
+                node_id: node.into(),
+                hostname: host.into(),
+                ..Default::default()
+            }],
+            jobs: job
+                .map(|j| JobRecord {
+                    job_id: j.into(),
+                    gpu_uuid: gpu.into(),
+                    first_seen_ms: 0,
+                    last_seen_ms: t,
+                    ..Default::default()
+                })
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn uuids(r: &IndexRead, tenant: &str, ids: &BTreeSet<u32>) -> Vec<String> {
+        ids.iter()
+            .map(|&id| r.gpu(tenant, id).unwrap().entry.uuid.clone())
+            .collect()
+    }
+
+    /// What commits bring after the first read is what a fresh load of the
+    /// same store finds.
+    #[test]
+    fn commits_keep_the_index_as_a_fresh_load_would_find_it() {
+        let s = Store::new(Arc::new(MemEngine::new()), false);
+        s.commit("a", &set("G1", "n1", "h1", Some("j1"), "power_w", 1000))
+            .unwrap();
+        // Loaded here; later commits update it.
+        assert_eq!(s.index().unwrap().tenants(), vec!["a"]);
+        s.commit("a", &set("G2", "n1", "h1", Some("j2"), "temp_c", 2000))
+            .unwrap();
+        s.commit("a", &set("G1", "n1", "h1", Some("j1"), "temp_c", 3000))
+            .unwrap();
+        s.commit("b", &set("G3", "n2", "h2", None, "power_w", 3000))
+            .unwrap();
+        // The node renamed: its GPUs move to the new hostname.
+        s.commit("a", &set("G1", "n1", "h9", None, "power_w", 4000))
+            .unwrap();
+        let fresh = Store::new(s.engine.clone(), false);
+        for store in [&s, &fresh] {
+            let r = store.index().unwrap();
+            assert_eq!(r.tenants(), vec!["a", "b"]);
+            let on = |f, v: &str| {
+                let v = v.to_string();
+                uuids(&r, "a", &r.gpus_where("a", f, &|x| x == v))
+            };
+            assert_eq!(on(Field::Node, "n1"), ["G1", "G2"]);
+            assert_eq!(on(Field::Hostname, "h9"), ["G1", "G2"]);
+            assert!(on(Field::Hostname, "h1").is_empty());
+            assert_eq!(on(Field::JobId, "j2"), ["G2"]);
+            assert_eq!(on(Field::Metric, "temp_c"), ["G1", "G2"]);
+            assert_eq!(on(Field::Metric, "power_w"), ["G1"]);
+            let g1 = r.gpu("a", 0).unwrap();
+            assert_eq!(g1.entry.jobs.len(), 1);
+            assert_eq!(g1.entry.jobs[0].record("G1", "n1").last_seen_ms, 3000);
+            assert_eq!(r.metrics("a", "G1"), ["power_w", "temp_c"]);
+            assert!(r.gpus_where("b", Field::JobId, &|_| true).is_empty());
+        }
+    }
+}
