@@ -28,8 +28,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 use tracing::warn;
 
-/// Request metadata: answer from this collector's data only.
-pub const LOCAL: &str = "x-flopwatch-local";
+pub use crate::peering::{peer_channels, LOCAL};
 /// Response metadata: how many peers did not answer.
 pub const PARTIAL: &str = "x-flopwatch-partial";
 /// How long a peer gets to answer.
@@ -60,26 +59,6 @@ impl FanoutQuery {
     pub fn server(self) -> v1::query_server::QueryServer<Self> {
         v1::query_server::QueryServer::new(self).max_decoding_message_size(16 << 20)
     }
-}
-
-/// One lazily connected channel per peer URL: the query fan-out and the
-/// limbo reconciler ([`crate::cluster`]) reach peers the same way.
-/// `tls` is used for `https://` peers.
-pub fn peer_channels(
-    peers: &[String],
-    tls: &TlsClient,
-) -> Result<Vec<(String, Channel)>, crate::CollectorError> {
-    peers
-        .iter()
-        .map(|p| {
-            let ch = tls
-                .endpoint(p)
-                .map_err(|e| crate::CollectorError::Setup(format!("peers: {e}")))?
-                .connect_timeout(Duration::from_secs(2))
-                .connect_lazy();
-            Ok((p.clone(), ch))
-        })
-        .collect()
 }
 
 fn is_local<T>(r: &Request<T>) -> bool {
@@ -253,6 +232,14 @@ pub fn merge_ofu(parts: Vec<v1::OfuResponse>) -> v1::OfuResponse {
 
 #[tonic::async_trait]
 impl Query for FanoutQuery {
+    /// Always this collector's own series: the asking collector merges.
+    async fn select(
+        &self,
+        request: Request<v1::SelectRequest>,
+    ) -> Result<Response<v1::SelectResponse>, Status> {
+        self.local.select(request).await
+    }
+
     async fn ofu(
         &self,
         request: Request<v1::OfuRequest>,

@@ -25,6 +25,7 @@ mod mfu;
 mod ofu;
 mod ownership;
 mod peer_cert;
+mod peering;
 mod priority;
 #[cfg(feature = "prometheus-peer")]
 pub mod prometheus_peer;

@@ -220,6 +220,41 @@ impl QueryService {
 
 #[tonic::async_trait]
 impl v1::query_server::Query for QueryService {
+    async fn select(
+        &self,
+        request: Request<v1::SelectRequest>,
+    ) -> Result<Response<v1::SelectResponse>, Status> {
+        use crate::promql::QueryError;
+        let scope = self.scope(&request)?;
+        let r = request.into_inner();
+        let engine = crate::promql::Engine::new(self.c.clone());
+        let found = crate::promql::admission::on_query_thread(move || {
+            engine.select_local(&scope, &r.selectors, (r.start_ms, r.end_ms), r.labels_only)
+        })
+        .await
+        .map_err(|e| Status::unavailable(format!("{e:?}")))?
+        .map_err(|e| match e {
+            QueryError::BadData(m) => Status::invalid_argument(m),
+            QueryError::Limit(m) | QueryError::Execution(m) => Status::resource_exhausted(m),
+            QueryError::Unsupported(m) => Status::unimplemented(m),
+            QueryError::Canceled => Status::cancelled("canceled"),
+            QueryError::Internal(m) => Status::internal(m),
+        })?;
+        Ok(Response::new(v1::SelectResponse {
+            series: found
+                .into_iter()
+                .map(|(labels, points)| v1::SelectedSeries {
+                    labels: labels
+                        .into_iter()
+                        .map(|(name, value)| v1::Label { name, value })
+                        .collect(),
+                    timestamps_ms: points.iter().map(|p| p.0).collect(),
+                    values: points.iter().map(|p| p.1).collect(),
+                })
+                .collect(),
+        }))
+    }
+
     async fn ofu(
         &self,
         request: Request<v1::OfuRequest>,

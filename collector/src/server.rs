@@ -146,11 +146,20 @@ pub async fn serve_cluster(
             },
         ))
     });
+    let mut engine = crate::promql::Engine::new(collector.clone());
+    if !serving.peers.is_empty() {
+        // The API answers for the whole cluster too.
+        engine = engine.with_peers(Arc::new(crate::promql::peers::Peers::new(
+            &serving.peers,
+            &serving.peer_tls,
+            tokio::runtime::Handle::current(),
+        )?));
+    }
     let api_task = serving.api.map(|l| {
         tracing::info!(addr = ?l.local_addr().ok(), tls = serving.api_tls.is_some(), "serving the Prometheus query API");
         let mut stop = stop_rx.clone();
-        tokio::spawn(crate::promql::serve(
-            collector.clone(),
+        tokio::spawn(crate::promql::serve_engine(
+            engine,
             l,
             serving.api_tls.clone(),
             async move {

@@ -159,6 +159,33 @@ impl Admission {
     }
 }
 
+/// Runs `f` on a thread of its own with the query stack, at the query
+/// threads' priority (for work that takes no tenant's turn: a peer's
+/// `Query/Select`).
+pub async fn on_query_thread<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Refused> {
+    let (tx, rx) = oneshot::channel();
+    spawn(move || {
+        let _ = tx.send(f());
+    })?;
+    rx.await
+        .map_err(|_| Refused::NoThread("the query's thread failed".into()))
+}
+
+/// Starts `f` on a query thread.
+fn spawn(f: impl FnOnce() + Send + 'static) -> Result<(), Refused> {
+    std::thread::Builder::new()
+        .name("flopwatch-query".into())
+        .stack_size(QUERY_STACK_BYTES)
+        .spawn(move || {
+            crate::priority::lower_thread_priority(NICE, "query");
+            f();
+        })
+        .map(|_| ())
+        .map_err(|e| Refused::NoThread(e.to_string()))
+}
+
 /// Runs `f` on a query thread holding `turn`, answering within `timeout`:
 /// past it (or when the caller stops waiting) `cancel` is set, and `f` is
 /// expected to notice it and return early.
@@ -169,17 +196,12 @@ pub async fn run<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, Refused> {
     let (tx, rx) = oneshot::channel();
-    std::thread::Builder::new()
-        .name("flopwatch-query".into())
-        .stack_size(QUERY_STACK_BYTES)
-        .spawn(move || {
-            crate::priority::lower_thread_priority(NICE, "query");
-            let out = f();
-            // The turn ends with the work, after the answer is sent.
-            let _ = tx.send(out);
-            drop(turn);
-        })
-        .map_err(|e| Refused::NoThread(e.to_string()))?;
+    spawn(move || {
+        let out = f();
+        // The turn ends with the work, after the answer is sent.
+        let _ = tx.send(out);
+        drop(turn);
+    })?;
     let mut guard = CancelOnDrop(Some(cancel));
     match tokio::time::timeout(timeout, rx).await {
         Ok(Ok(out)) => {

@@ -8,7 +8,7 @@
 //! an upper bound of what it holds, cheap to keep, and never lower.
 
 use super::QueryError;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -49,6 +49,8 @@ pub struct Budget {
     series: Cell<u64>,
     cancel: Cancel,
     hit: Cell<Option<WorkLimit>>,
+    /// What the answer should warn of (peers that did not answer).
+    warnings: RefCell<Vec<String>>,
 }
 
 impl Budget {
@@ -61,6 +63,7 @@ impl Budget {
             series: Cell::new(0),
             cancel,
             hit: Cell::new(None),
+            warnings: RefCell::default(),
         }
     }
 
@@ -116,6 +119,16 @@ impl Budget {
     /// The limit that stopped the query, if one did.
     pub fn hit(&self) -> Option<WorkLimit> {
         self.hit.get()
+    }
+
+    /// Notes a warning for the answer (Prometheus's `warnings`).
+    pub fn warn(&self, w: String) {
+        self.warnings.borrow_mut().push(w);
+    }
+
+    /// The warnings noted.
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings.borrow().clone()
     }
 
     /// Samples counted so far.

@@ -17,6 +17,11 @@ use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 use xsum::{Xsum, XsumSmall};
 
+/// The derived families: a node's OFU, a job's OFU and its GPUs.
+pub(super) const NODE_OFU: &str = "flopwatch_node_ofu_ratio";
+pub(super) const JOB_OFU: &str = "flopwatch_job_ofu_ratio";
+pub(super) const JOB_GPUS: &str = "flopwatch_job_gpus";
+
 /// How a derived series combines its GPUs' newest values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Across {

@@ -31,11 +31,13 @@ mod call;
 mod rollup;
 mod selector;
 
+pub(super) use super::syntax::{drop_name, label, offset_ms, unwrap_parens};
+
 use super::model::Model;
 use super::points::Points;
 use super::QueryError;
 use crate::series::Labels;
-use promql_parser::parser::{AtModifier, Expr, Offset};
+use promql_parser::parser::{AtModifier, Expr};
 use std::collections::HashMap;
 
 /// One series' values at the steps (`None`: no sample at that step).
@@ -79,34 +81,6 @@ pub(super) fn unsupported(what: impl std::fmt::Display) -> QueryError {
     QueryError::Unsupported(format!("unsupported by flopwatch's PromQL engine: {what}"))
 }
 
-pub(super) fn offset_ms(o: &Option<Offset>) -> i64 {
-    match o {
-        None => 0,
-        Some(Offset::Pos(d)) => d.as_millis() as i64,
-        Some(Offset::Neg(d)) => -(d.as_millis() as i64),
-    }
-}
-
-pub(super) fn drop_name(mut l: Labels) -> Labels {
-    l.retain(|(k, _)| k != "__name__");
-    l
-}
-
-/// `e` without the parentheses around it.
-pub(super) fn unwrap_parens(mut e: &Expr) -> &Expr {
-    while let Expr::Paren(p) = e {
-        e = &p.expr;
-    }
-    e
-}
-
-/// The value of label `name` in `l` ("" when absent).
-pub(super) fn label<'l>(l: &'l Labels, name: &str) -> &'l str {
-    l.iter()
-        .find(|(k, _)| k == name)
-        .map_or("", |(_, v)| v.as_str())
-}
-
 impl Evaluator<'_> {
     pub fn t(&self, i: usize) -> i64 {
         self.start + i as i64 * self.step
@@ -123,6 +97,8 @@ impl Evaluator<'_> {
                 store: self.model.store,
                 scope: self.model.scope,
                 budget: self.model.budget,
+                remote: self.model.remote,
+                base_only: self.model.base_only,
             },
             start,
             step,
@@ -134,14 +110,7 @@ impl Evaluator<'_> {
 
     /// The time an `@` modifier names, in ms.
     pub fn at_ms(&self, at: &Option<AtModifier>) -> Option<i64> {
-        Some(match at.as_ref()? {
-            AtModifier::Start => self.query_start,
-            AtModifier::End => self.query_end,
-            AtModifier::At(t) => match t.duration_since(std::time::UNIX_EPOCH) {
-                Ok(d) => d.as_millis() as i64,
-                Err(e) => -(e.duration().as_millis() as i64),
-            },
-        })
+        super::syntax::at_ms(at, (self.query_start, self.query_end))
     }
 
     /// `e`'s value at every step. Each node checks the query's budget

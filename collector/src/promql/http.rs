@@ -70,11 +70,27 @@ pub async fn serve(
     serve_router(listener, tls, router(collector), shutdown).await
 }
 
+/// [`serve`] with `engine` (one answering for a cluster, say).
+pub async fn serve_engine(
+    engine: Engine,
+    listener: TcpListener,
+    tls: Option<MetricsTls>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_router(listener, tls, router_for(engine), shutdown).await
+}
+
 /// The API's routes (`/api/v1/...`); anything else is a `not_found` error.
 pub fn router(collector: Arc<Collector>) -> Router {
+    router_for(Engine::new(collector))
+}
+
+/// [`router`] with `engine`.
+pub fn router_for(engine: Engine) -> Router {
+    let collector = engine.collector().clone();
     let s = &collector.settings.prometheus_api;
     let api = Arc::new(Api {
-        engine: Engine::new(collector.clone()),
+        engine,
         admission: Admission::new(
             s.max_concurrent_queries as usize,
             s.max_queued_queries as usize,
@@ -174,11 +190,19 @@ impl IntoResponse for ApiError {
 
 /// `{"status":"success","data":DATA}` where `data` is JSON text.
 fn success(data: String) -> Response {
-    (
-        [(CONTENT_TYPE, "application/json")],
-        format!("{{\"status\":\"success\",\"data\":{data}}}"),
-    )
-        .into_response()
+    success_warned(data, &[])
+}
+
+/// [`success`] with Prometheus's `warnings` when there are any (a peer of
+/// the cluster did not answer).
+fn success_warned(data: String, warnings: &[String]) -> Response {
+    let mut body = format!("{{\"status\":\"success\",\"data\":{data}");
+    if !warnings.is_empty() {
+        body.push_str(",\"warnings\":");
+        body.push_str(&strings_json(warnings));
+    }
+    body.push('}');
+    ([(CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// A request's parameters, as Go's `Request.Form`: the form body's
@@ -204,13 +228,21 @@ impl Params {
     }
 }
 
+/// A request's credential: its scope, and its bearer token (which the
+/// cluster's peers are shown).
+struct Caller {
+    scope: Scope,
+    token: Option<String>,
+}
+
 /// Authenticates `req` and reads its parameters.
-async fn begin(api: &Api, req: Request) -> Result<(Scope, Params), ApiError> {
+async fn begin(api: &Api, req: Request) -> Result<(Caller, Params), ApiError> {
     let token = bearer(req.headers());
     let scope = api
         .c
         .bearer_scope(token.as_deref(), "prometheus_api")
         .map_err(|_| ApiError::Unauthorized)?;
+    let caller = Caller { scope, token };
     let Query(mut url): Query<Vec<(String, String)>> = Query::try_from_uri(req.uri())
         .map_err(|e| bad_data(format!("error parsing form values: {e}")))?;
     let form_body = req.method() == Method::POST
@@ -220,13 +252,13 @@ async fn begin(api: &Api, req: Request) -> Result<(Scope, Params), ApiError> {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
     if !form_body {
-        return Ok((scope, Params(url)));
+        return Ok((caller, Params(url)));
     }
     let Form(mut body) = <Form<Vec<(String, String)>> as FromRequest<()>>::from_request(req, &())
         .await
         .map_err(|e| bad_data(format!("error parsing form values: {}", e.body_text())))?;
     body.append(&mut url);
-    Ok((scope, Params(body)))
+    Ok((caller, Params(body)))
 }
 
 /// The tenant a scope's queries count against: `*` for a provider's.
@@ -258,6 +290,12 @@ fn check_shapes(api: &Api, scope: &Scope, queries: &[&str]) -> Result<(), ApiErr
     Ok(())
 }
 
+/// An answer and what it warns of.
+struct Answer<T> {
+    value: T,
+    warnings: Vec<String>,
+}
+
 /// Runs `f` within one of the scope's tenant's turns on a query thread,
 /// with a budget of the engine's limits, canceled after `timeout`.
 async fn run<T: Send + 'static>(
@@ -265,7 +303,7 @@ async fn run<T: Send + 'static>(
     scope: &Scope,
     timeout: Duration,
     f: impl FnOnce(&Engine, &Budget) -> Result<T, QueryError> + Send + 'static,
-) -> Result<T, ApiError> {
+) -> Result<Answer<T>, ApiError> {
     let tenant = tenant_of(scope).to_string();
     let stats = &api.c.stats;
     let refused = |r: Refused| -> ApiError {
@@ -292,9 +330,9 @@ async fn run<T: Send + 'static>(
     let engine = api.engine.clone();
     let cancel = Cancel::default();
     let budget = engine.budget(cancel.clone());
-    let (out, hit) = admission::run(turn, left, cancel, move || {
+    let (out, hit, warnings) = admission::run(turn, left, cancel, move || {
         let out = f(&engine, &budget);
-        (out, budget.hit())
+        (out, budget.hit(), budget.warnings())
     })
     .await
     .map_err(refused)?;
@@ -303,7 +341,10 @@ async fn run<T: Send + 'static>(
         Some(WorkLimit::Series) => stats.query_limited(&tenant, "max_series"),
         Some(WorkLimit::Canceled) | None => {}
     }
-    out.map_err(ApiError::from)
+    Ok(Answer {
+        value: out?,
+        warnings,
+    })
 }
 
 /// The `timeout` parameter (at most the configured one), or the
@@ -336,22 +377,23 @@ fn time_param(p: &Params, name: &str, default_ms: i64) -> Result<i64, ApiError> 
 }
 
 async fn query(State(api): Shared, req: Request) -> Result<Response, ApiError> {
-    let (scope, p) = begin(&api, req).await?;
+    let (caller, p) = begin(&api, req).await?;
     let time_ms = time_param(&p, "time", api.c.clock.now_ms())?;
     let timeout = timeout_param(&api, &p)?;
     let q = p.get("query").to_string();
-    check_shapes(&api, &scope, &[&q]).map_err(query_param)?;
+    check_shapes(&api, &caller.scope, &[&q]).map_err(query_param)?;
+    let Caller { scope, token } = caller;
     let s = scope.clone();
     let v = run(&api, &scope, timeout, move |e, b| {
-        e.instant_within(&s, &q, time_ms, b)
+        e.instant_within(&s, token.as_deref(), &q, time_ms, b)
     })
     .await
     .map_err(query_param)?;
-    Ok(query_data(&v))
+    Ok(query_data(&v.value, &v.warnings))
 }
 
 async fn query_range(State(api): Shared, req: Request) -> Result<Response, ApiError> {
-    let (scope, p) = begin(&api, req).await?;
+    let (caller, p) = begin(&api, req).await?;
     let start = parse_time(p.get("start")).map_err(|e| invalid("start", e))?;
     let end = parse_time(p.get("end")).map_err(|e| invalid("end", e))?;
     if end < start {
@@ -377,59 +419,66 @@ async fn query_range(State(api): Shared, req: Request) -> Result<Response, ApiEr
     // The engine works in ms; a step below one is one.
     let step_ms = (step_ns / 1_000_000).max(1);
     let q = p.get("query").to_string();
-    check_shapes(&api, &scope, &[&q]).map_err(query_param)?;
+    check_shapes(&api, &caller.scope, &[&q]).map_err(query_param)?;
+    let Caller { scope, token } = caller;
     let s = scope.clone();
     let v = run(&api, &scope, timeout, move |e, b| {
-        e.range_within(&s, &q, start, end, step_ms, b)
+        e.range_within(&s, token.as_deref(), &q, (start, end, step_ms), b)
     })
     .await?;
-    Ok(query_data(&v))
+    Ok(query_data(&v.value, &v.warnings))
 }
 
-async fn series(State(api): Shared, req: Request) -> Result<Response, ApiError> {
-    let (scope, p) = begin(&api, req).await?;
+/// The label sets of the series `match[]` selects in `[start, end]`:
+/// the series, label and label-value endpoints' common part.
+async fn series_of(
+    api: &Api,
+    caller: Caller,
+    p: &Params,
+    need_match: bool,
+) -> Result<Answer<Vec<Labels>>, ApiError> {
     let matchers = p.all("match[]");
-    if matchers.is_empty() {
+    if need_match && matchers.is_empty() {
         return Err(bad_data("no match[] parameter provided"));
     }
-    let start = time_param(&p, "start", MIN_TIME_MS)?;
-    let end = time_param(&p, "end", MAX_TIME_MS)?;
+    let start = time_param(p, "start", MIN_TIME_MS)?;
+    let end = time_param(p, "end", MAX_TIME_MS)?;
     let as_match = |e| match e {
         ApiError::Query(QueryError::BadData(m)) => invalid("match[]", m),
         e => e,
     };
     let texts: Vec<&str> = matchers.iter().map(String::as_str).collect();
-    check_shapes(&api, &scope, &texts).map_err(as_match)?;
+    check_shapes(api, &caller.scope, &texts).map_err(as_match)?;
+    let Caller { scope, token } = caller;
     let s = scope.clone();
-    let sets = run(&api, &scope, api.timeout, move |e, b| {
-        e.series(&s, &matchers, start, end, b)
+    run(api, &scope, api.timeout, move |e, b| {
+        e.series(&s, token.as_deref(), &matchers, (start, end), b)
     })
     .await
-    .map_err(as_match)?;
+    .map_err(as_match)
+}
+
+async fn series(State(api): Shared, req: Request) -> Result<Response, ApiError> {
+    let (caller, p) = begin(&api, req).await?;
+    let sets = series_of(&api, caller, &p, true).await?;
     let mut out = String::from("[");
-    for (i, l) in sets.iter().enumerate() {
+    for (i, l) in sets.value.iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
         labels_json(&mut out, l);
     }
     out.push(']');
-    Ok(success(out))
+    Ok(success_warned(out, &sets.warnings))
 }
 
 async fn labels(State(api): Shared, req: Request) -> Result<Response, ApiError> {
-    let (scope, p) = begin(&api, req).await?;
-    let start = time_param(&p, "start", MIN_TIME_MS)?;
-    let end = time_param(&p, "end", MAX_TIME_MS)?;
-    let matchers = p.all("match[]");
-    let texts: Vec<&str> = matchers.iter().map(String::as_str).collect();
-    check_shapes(&api, &scope, &texts)?;
-    let s = scope.clone();
-    let names = run(&api, &scope, api.timeout, move |e, b| {
-        e.label_names(&s, &matchers, start, end, b)
-    })
-    .await?;
-    Ok(success(strings_json(&names)))
+    let (caller, p) = begin(&api, req).await?;
+    let sets = series_of(&api, caller, &p, false).await?;
+    let mut names: Vec<String> = sets.value.into_iter().flatten().map(|(k, _)| k).collect();
+    names.sort();
+    names.dedup();
+    Ok(success_warned(strings_json(&names), &sets.warnings))
 }
 
 async fn label_values(
@@ -437,21 +486,21 @@ async fn label_values(
     Path(name): Path<String>,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let (scope, p) = begin(&api, req).await?;
+    let (caller, p) = begin(&api, req).await?;
     if !is_label_name(&name) {
         return Err(bad_data(format!("invalid label name: {name:?}")));
     }
-    let start = time_param(&p, "start", MIN_TIME_MS)?;
-    let end = time_param(&p, "end", MAX_TIME_MS)?;
-    let matchers = p.all("match[]");
-    let texts: Vec<&str> = matchers.iter().map(String::as_str).collect();
-    check_shapes(&api, &scope, &texts)?;
-    let s = scope.clone();
-    let values = run(&api, &scope, api.timeout, move |e, b| {
-        e.label_values(&s, &name, &matchers, start, end, b)
-    })
-    .await?;
-    Ok(success(strings_json(&values)))
+    let sets = series_of(&api, caller, &p, false).await?;
+    let mut values: Vec<String> = sets
+        .value
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+        .collect();
+    values.sort();
+    values.dedup();
+    Ok(success_warned(strings_json(&values), &sets.warnings))
 }
 
 /// Prometheus 2.42's fields, without the `features` that newer
@@ -491,7 +540,7 @@ async fn not_found(req: Request) -> Response {
 }
 
 /// `{"resultType":...,"result":...}`.
-fn query_data(v: &Value) -> Response {
+fn query_data(v: &Value, warnings: &[String]) -> Response {
     let mut out = String::new();
     match v {
         Value::Scalar { t_ms, v } => {
@@ -545,7 +594,7 @@ fn query_data(v: &Value) -> Response {
             out.push_str("]}");
         }
     }
-    success(out)
+    success_warned(out, warnings)
 }
 
 /// `[t,"v"]`.

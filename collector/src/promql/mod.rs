@@ -20,7 +20,7 @@ mod http;
 
 pub use budget::{Budget, Cancel};
 pub use guard::QueryLimits;
-pub use http::{router, serve, API_VERSION};
+pub use http::{router, router_for, serve, serve_engine, API_VERSION};
 
 use crate::auth::Scope;
 use crate::series::Labels;
@@ -31,11 +31,16 @@ mod derived;
 mod eval;
 mod functions;
 mod model;
+pub mod peers;
 mod points;
 mod query;
 mod select;
+mod syntax;
 #[cfg(test)]
 mod tests;
+
+/// A series a peer's `Query/Select` answers with: labels and points.
+pub type SelectedSeries = (Labels, Vec<(i64, f64)>);
 
 /// The result of a query, as Prometheus types it.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,6 +143,8 @@ pub const LOOKBACK_MS: i64 = 300_000;
 pub struct Engine {
     c: Arc<Collector>,
     limits: QueryLimits,
+    /// The cluster's other collectors, when `peers` are configured.
+    peers: Option<Arc<peers::Peers>>,
 }
 
 impl Engine {
@@ -145,7 +152,18 @@ impl Engine {
     /// `[prometheus_api]` settings.
     pub fn new(c: Arc<Collector>) -> Self {
         let limits = QueryLimits::from_config(&c.settings.prometheus_api);
-        Self { c, limits }
+        Self {
+            c,
+            limits,
+            peers: None,
+        }
+    }
+
+    /// The same engine answering for the whole cluster: every query also
+    /// reads `peers`' series ([`peers`]).
+    pub fn with_peers(mut self, peers: Arc<peers::Peers>) -> Self {
+        self.peers = Some(peers);
+        self
     }
 
     /// The same engine within `limits`.
@@ -159,35 +177,49 @@ impl Engine {
         &self.limits
     }
 
+    /// The collector it reads.
+    pub fn collector(&self) -> &Arc<Collector> {
+        &self.c
+    }
+
     /// A budget of this engine's limits, stopped by `cancel`.
     pub fn budget(&self, cancel: Cancel) -> Budget {
         Budget::new(self.limits.max_samples, self.limits.max_series, cancel)
     }
 
-    fn ctx<'a>(&'a self, scope: &'a Scope, budget: &'a Budget) -> query::Ctx<'a> {
+    fn ctx<'a>(
+        &'a self,
+        scope: &'a Scope,
+        budget: &'a Budget,
+        token: Option<&'a str>,
+    ) -> query::Ctx<'a> {
         query::Ctx {
             store: &self.c.store,
             scope,
             budget,
             limits: &self.limits,
+            peers: self.peers.as_deref().map(|p| (p, token)),
+            base_only: false,
         }
     }
 
     /// `query` evaluated at `time_ms` (`/api/v1/query`), within the
     /// engine's limits.
     pub fn instant(&self, scope: &Scope, query: &str, time_ms: i64) -> Result<Value, QueryError> {
-        self.instant_within(scope, query, time_ms, &self.budget(Cancel::default()))
+        self.instant_within(scope, None, query, time_ms, &self.budget(Cancel::default()))
     }
 
-    /// [`Engine::instant`] within `budget`.
+    /// [`Engine::instant`] within `budget`, for a caller presenting
+    /// `token` (which the cluster's peers are shown).
     pub fn instant_within(
         &self,
         scope: &Scope,
+        token: Option<&str>,
         query: &str,
         time_ms: i64,
         budget: &Budget,
     ) -> Result<Value, QueryError> {
-        query::instant(&self.ctx(scope, budget), query, time_ms)
+        query::instant(&self.ctx(scope, budget, token), query, time_ms)
     }
 
     /// `query` evaluated at `start_ms`, `start_ms + step_ms`, … ≤ `end_ms`
@@ -201,20 +233,25 @@ impl Engine {
         step_ms: i64,
     ) -> Result<Value, QueryError> {
         let budget = self.budget(Cancel::default());
-        self.range_within(scope, query, start_ms, end_ms, step_ms, &budget)
+        self.range_within(scope, None, query, (start_ms, end_ms, step_ms), &budget)
     }
 
-    /// [`Engine::range`] within `budget`.
+    /// [`Engine::range`] within `budget`, for a caller presenting `token`.
     pub fn range_within(
         &self,
         scope: &Scope,
+        token: Option<&str>,
         query: &str,
-        start_ms: i64,
-        end_ms: i64,
-        step_ms: i64,
+        (start_ms, end_ms, step_ms): (i64, i64, i64),
         budget: &Budget,
     ) -> Result<Value, QueryError> {
-        query::range(&self.ctx(scope, budget), query, start_ms, end_ms, step_ms)
+        query::range(
+            &self.ctx(scope, budget, token),
+            query,
+            start_ms,
+            end_ms,
+            step_ms,
+        )
     }
 
     /// Label sets of the series matching any of `matchers` (each a series
@@ -223,55 +260,29 @@ impl Engine {
     pub fn series(
         &self,
         scope: &Scope,
+        token: Option<&str>,
         matchers: &[String],
-        start_ms: i64,
-        end_ms: i64,
+        (start_ms, end_ms): (i64, i64),
         budget: &Budget,
     ) -> Result<Vec<Labels>, QueryError> {
-        query::series(&self.ctx(scope, budget), matchers, start_ms, end_ms)
+        query::series(&self.ctx(scope, budget, token), matchers, start_ms, end_ms)
     }
 
-    /// Label names of those series (all series when `matchers` is empty),
-    /// sorted (`/api/v1/labels`).
-    pub fn label_names(
+    /// The stored series of this collector alone that `selectors` pick,
+    /// with their points in `[start_ms, end_ms]` (none with
+    /// `labels_only`, which lists the series with a point there): a
+    /// cluster peer's answer to `Query/Select`. No derived series.
+    pub fn select_local(
         &self,
         scope: &Scope,
-        matchers: &[String],
-        start_ms: i64,
-        end_ms: i64,
-        budget: &Budget,
-    ) -> Result<Vec<String>, QueryError> {
-        let mut names: Vec<String> = self
-            .series(scope, matchers, start_ms, end_ms, budget)?
-            .into_iter()
-            .flatten()
-            .map(|(k, _)| k)
-            .collect();
-        names.sort();
-        names.dedup();
-        Ok(names)
-    }
-
-    /// Values of label `name` on those series, sorted
-    /// (`/api/v1/label/<name>/values`; `__name__` gives metric names).
-    pub fn label_values(
-        &self,
-        scope: &Scope,
-        name: &str,
-        matchers: &[String],
-        start_ms: i64,
-        end_ms: i64,
-        budget: &Budget,
-    ) -> Result<Vec<String>, QueryError> {
-        let mut values: Vec<String> = self
-            .series(scope, matchers, start_ms, end_ms, budget)?
-            .into_iter()
-            .flatten()
-            .filter(|(k, _)| k == name)
-            .map(|(_, v)| v)
-            .collect();
-        values.sort();
-        values.dedup();
-        Ok(values)
+        selectors: &[String],
+        (start_ms, end_ms): (i64, i64),
+        labels_only: bool,
+    ) -> Result<Vec<SelectedSeries>, QueryError> {
+        let budget = self.budget(Cancel::default());
+        let mut ctx = self.ctx(scope, &budget, None);
+        ctx.peers = None;
+        ctx.base_only = true;
+        query::select_local(&ctx, selectors, start_ms, end_ms, labels_only)
     }
 }

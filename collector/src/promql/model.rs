@@ -31,7 +31,7 @@
 
 use super::budget::Budget;
 use super::derived::{self, Across};
-use super::points::newest_at;
+use super::points::{newest_at, window, Points};
 use super::{QueryError, LOOKBACK_MS};
 use crate::auth::Scope;
 use crate::series::Labels;
@@ -63,6 +63,11 @@ pub(super) enum Source {
     /// A node's or job's series, from its GPUs' OFU series (`members`,
     /// each with its spans).
     Across { members: Vec<SeriesRef>, op: Across },
+    /// A peer's series, read before evaluation ([`super::peers`]).
+    Loaded(std::sync::Arc<Points>),
+    /// One label set's parts on several collectors (or a GPU's series of
+    /// several jobs): their points merged, one per timestamp.
+    Union(Vec<SeriesRef>),
 }
 
 /// One series: its labels, where its samples are, and the time spans
@@ -92,6 +97,10 @@ pub(super) struct Model<'a> {
     pub scope: &'a Scope,
     /// Counts the series selected and samples read.
     pub budget: &'a Budget,
+    /// The peers' series, in a cluster.
+    pub remote: Option<&'a super::peers::Remote>,
+    /// Stored series only, no derived ones (a peer's answer).
+    pub base_only: bool,
 }
 
 impl Model<'_> {
@@ -104,8 +113,24 @@ impl Model<'_> {
         to: i64,
     ) -> Result<Vec<(i64, f64)>, QueryError> {
         self.budget.check()?;
-        if let Source::Across { members, op } = &s.source {
-            return self.across(members, *op, from, to);
+        match &s.source {
+            Source::Across { members, op } => return self.across(members, *op, from, to),
+            Source::Loaded(pts) => {
+                let w = window(pts, from, to).to_vec();
+                self.budget.samples(w.len())?;
+                return Ok(w);
+            }
+            Source::Union(parts) => {
+                let mut out = Vec::new();
+                for p in parts {
+                    out.extend(self.samples(p, from, to)?);
+                }
+                // A point stored on two collectors counts once.
+                out.sort_by_key(|p| p.0);
+                out.dedup_by_key(|p| p.0);
+                return Ok(out);
+            }
+            _ => {}
         }
         let mut out = Vec::new();
         for &(a, b) in &s.spans {
@@ -132,7 +157,9 @@ impl Model<'_> {
                         out.push((p.ts_ms, p.value * scale));
                     }
                 }
-                Source::Across { .. } => unreachable!("answered above"),
+                Source::Across { .. } | Source::Loaded(_) | Source::Union(_) => {
+                    unreachable!("answered above")
+                }
             }
         }
         self.budget.samples(out.len())?;
@@ -256,13 +283,17 @@ impl Model<'_> {
     /// Whether `s` has a sample in `[from, to]`.
     pub fn has_samples(&self, s: &SeriesRef, from: i64, to: i64) -> Result<bool, QueryError> {
         self.budget.check()?;
-        if let Source::Across { members, .. } = &s.source {
-            for m in members {
-                if self.has_samples(m, from, to)? {
-                    return Ok(true);
+        match &s.source {
+            Source::Across { members: parts, .. } | Source::Union(parts) => {
+                for m in parts {
+                    if self.has_samples(m, from, to)? {
+                        return Ok(true);
+                    }
                 }
+                return Ok(false);
             }
-            return Ok(false);
+            Source::Loaded(pts) => return Ok(!window(pts, from, to).is_empty()),
+            _ => {}
         }
         for &(a, b) in &s.spans {
             let (lo, hi) = (a.max(from), b.min(to.saturating_add(1)));
@@ -290,7 +321,9 @@ impl Model<'_> {
                     .store
                     .series(tenant, key, metric, lo, hi, 1)?
                     .is_empty(),
-                Source::Across { .. } => unreachable!("answered above"),
+                Source::Across { .. } | Source::Loaded(_) | Source::Union(_) => {
+                    unreachable!("answered above")
+                }
             };
             if found {
                 return Ok(true);

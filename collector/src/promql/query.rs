@@ -6,7 +6,9 @@ use super::budget::Budget;
 use super::eval::{unwrap_parens, Evaluator, StepSeries, Val};
 use super::guard::{self, QueryLimits};
 use super::model::{matches, Model};
+use super::peers::{reads, Peers, Read, Remote};
 use super::points::window;
+use super::syntax::matchers as selector_matchers;
 use super::{QueryError, RangeSeries, Sample, Value, MAX_POINTS};
 use crate::auth::Scope;
 use crate::series::Labels;
@@ -101,15 +103,34 @@ pub(super) struct Ctx<'a> {
     pub scope: &'a Scope,
     pub budget: &'a Budget,
     pub limits: &'a QueryLimits,
+    /// The cluster's other collectors, and the caller's token for them.
+    pub peers: Option<(&'a Peers, Option<&'a str>)>,
+    /// Stored series only (a peer's answer to `Query/Select`).
+    pub base_only: bool,
 }
 
 impl<'a> Ctx<'a> {
-    fn model(&self) -> Model<'a> {
+    fn model<'r>(&self, remote: Option<&'r Remote>) -> Model<'r>
+    where
+        'a: 'r,
+    {
         Model {
             store: self.store,
             scope: self.scope,
             budget: self.budget,
+            remote,
+            base_only: self.base_only,
         }
+    }
+
+    /// The peers' series for `reads`, their failures noted as warnings.
+    fn fetch(&self, reads: &[Read], labels_only: bool) -> Option<Remote> {
+        let (peers, token) = self.peers?;
+        let remote = peers.fetch(token, reads, labels_only);
+        for w in &remote.warnings {
+            self.budget.warn(w.clone());
+        }
+        Some(remote)
     }
 
     /// `query` parsed, once its shape passed the limits.
@@ -146,9 +167,16 @@ fn parse(query: &str) -> Result<Expr, QueryError> {
 }
 
 /// An evaluator of `ctx`'s query over `n` steps from `start`.
-fn evaluator<'a>(ctx: &Ctx<'a>, start: i64, step: i64, n: usize, end: i64) -> Evaluator<'a> {
+fn evaluator<'r>(
+    ctx: &Ctx<'r>,
+    remote: Option<&'r Remote>,
+    start: i64,
+    step: i64,
+    n: usize,
+    end: i64,
+) -> Evaluator<'r> {
     Evaluator {
-        model: ctx.model(),
+        model: ctx.model(remote),
         start,
         step,
         n,
@@ -160,7 +188,8 @@ fn evaluator<'a>(ctx: &Ctx<'a>, start: i64, step: i64, n: usize, end: i64) -> Ev
 /// `/api/v1/query`.
 pub(super) fn instant(ctx: &Ctx, query: &str, t: i64) -> Result<Value, QueryError> {
     let expr = ctx.parse(query)?;
-    let ev = evaluator(ctx, t, 1, 1, t);
+    let remote = ctx.fetch(&reads(&expr, t, t, (t, t)), false);
+    let ev = evaluator(ctx, remote.as_ref(), t, 1, 1, t);
     let top = unwrap_parens(&expr);
     if matches!(top, Expr::MatrixSelector(_) | Expr::Subquery(_)) {
         // A range vector: the points of each series in `[t − offset −
@@ -232,7 +261,8 @@ pub(super) fn range(
         )));
     }
     let n = ((end - start) / step + 1) as usize;
-    let ev = evaluator(ctx, start, step, n, end);
+    let remote = ctx.fetch(&reads(&expr, start, end, (start, end)), false);
+    let ev = evaluator(ctx, remote.as_ref(), start, step, n, end);
     let times = |vals: &mut dyn Iterator<Item = (usize, f64)>| -> Vec<(i64, f64)> {
         vals.map(|(i, v)| (start + i as i64 * step, v)).collect()
     };
@@ -279,23 +309,10 @@ pub(super) fn series(
     start: i64,
     end: i64,
 ) -> Result<Vec<Labels>, QueryError> {
-    let all = || vec![Matcher::new(MatchOp::NotEqual, "__name__", "")];
     let mut sets: Vec<Vec<Matcher>> = Vec::new();
     for s in selectors {
         match ctx.parse(s)? {
-            Expr::VectorSelector(vs) => {
-                if !vs.matchers.or_matchers.is_empty() {
-                    return Err(QueryError::Unsupported(
-                        "unsupported by flopwatch's PromQL engine: `or` inside a label selector"
-                            .into(),
-                    ));
-                }
-                let mut m = vs.matchers.matchers.clone();
-                if let Some(n) = &vs.name {
-                    m.push(Matcher::new(MatchOp::Equal, "__name__", n));
-                }
-                sets.push(m);
-            }
+            Expr::VectorSelector(vs) => sets.push(selector_matchers(&vs)?),
             _ => {
                 return Err(QueryError::BadData(format!(
                     "invalid parameter \"match[]\": {s} is not a series selector"
@@ -304,21 +321,78 @@ pub(super) fn series(
         }
     }
     if sets.is_empty() {
-        sets.push(all());
+        sets.push(vec![Matcher::new(MatchOp::NotEqual, "__name__", "")]);
     }
-    let model = ctx.model();
-    // Series are listed once over all selectors, then matched.
-    let candidates = model.select(&all())?;
+    let reads: Vec<Read> = sets
+        .iter()
+        .map(|m| Read {
+            matchers: m.clone(),
+            from: start,
+            to: end,
+        })
+        .collect();
+    let remote = ctx.fetch(&reads, true);
+    let model = ctx.model(remote.as_ref());
     let mut out = Vec::new();
-    for s in candidates {
-        ctx.budget.check()?;
-        if sets.iter().any(|m| matches(m, &s.labels)) && model.has_samples(&s, start, end)? {
-            out.push(s.labels);
+    for m in &sets {
+        for s in model.select(m)? {
+            ctx.budget.check()?;
+            if model.has_samples(&s, start, end)? {
+                out.push(s.labels);
+            }
+        }
+    }
+    // The peers' series in range (they answered with label sets only).
+    if let Some(r) = &remote {
+        for (labels, _) in &r.series {
+            let tenant = labels
+                .iter()
+                .find(|(k, _)| k == "tenant")
+                .map_or("", |(_, v)| v.as_str());
+            if ctx.scope.allows(tenant) && sets.iter().any(|m| matches(m, labels)) {
+                out.push(labels.clone());
+            }
         }
     }
     out.sort();
     out.dedup();
     Ok(out)
+}
+
+/// `Query/Select` on this collector: the stored series `selectors` pick,
+/// with their points in `[start, end]`, or (`labels_only`) the label sets
+/// of those with a point there.
+pub(super) fn select_local(
+    ctx: &Ctx,
+    selectors: &[String],
+    start: i64,
+    end: i64,
+    labels_only: bool,
+) -> Result<Vec<super::SelectedSeries>, QueryError> {
+    let model = ctx.model(None);
+    let mut out: BTreeMap<Labels, Vec<(i64, f64)>> = BTreeMap::new();
+    for s in selectors {
+        let m = match ctx.parse(s)? {
+            Expr::VectorSelector(vs) => selector_matchers(&vs)?,
+            _ => return Err(QueryError::BadData(format!("{s} is not a series selector"))),
+        };
+        for series in model.select(&m)? {
+            if out.contains_key(&series.labels) {
+                continue;
+            }
+            if labels_only {
+                if model.has_samples(&series, start, end)? {
+                    out.insert(series.labels, Vec::new());
+                }
+            } else {
+                let pts = model.samples(&series, start, end)?;
+                if !pts.is_empty() {
+                    out.insert(series.labels, pts);
+                }
+            }
+        }
+    }
+    Ok(out.into_iter().collect())
 }
 
 #[cfg(test)]

@@ -10,19 +10,15 @@
 //! on the labels they carry (`tenant`, `node`, `hostname`; `tenant`,
 //! `job_id`) alone.
 
-use super::derived::Across;
+use super::derived::{Across, JOB_GPUS, JOB_OFU, NODE_OFU};
 use super::model::{matches, Model, OfuCol, SeriesRef, Source};
+use super::syntax::label;
 use super::QueryError;
 use crate::series::{family_of, push_job_labels, Labels, On};
 use crate::store::index::{Field, GpuView, IndexRead};
 use crate::store::JobRecord;
-use promql_parser::label::Matcher;
+use promql_parser::label::{MatchOp, Matcher};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-
-/// The derived families ([`Source::Across`]).
-pub(super) const NODE_OFU: &str = "flopwatch_node_ofu_ratio";
-pub(super) const JOB_OFU: &str = "flopwatch_job_ofu_ratio";
-pub(super) const JOB_GPUS: &str = "flopwatch_job_gpus";
 
 /// The families of the OFU columns.
 pub(super) const OFU_FAMILIES: [(&str, OfuCol); 3] = [
@@ -157,8 +153,21 @@ impl Model<'_> {
         Some(set.unwrap_or_else(|| index.all_gpus(tenant)))
     }
 
-    /// Every series whose labels satisfy `m` (no samples read).
+    /// Every series whose labels satisfy `m` (no samples read): this
+    /// collector's and, in a cluster, the peers' ([`super::peers`]), then
+    /// the derived node and job series over both.
     pub fn select(&self, m: &[Matcher]) -> Result<Vec<SeriesRef>, QueryError> {
+        let mut out = self.select_base(m)?;
+        if !self.base_only {
+            self.select_derived(m, &mut out)?;
+        }
+        out.sort_by(|a, b| a.labels.cmp(&b.labels));
+        Ok(out)
+    }
+
+    /// The stored series `m` selects, this collector's and the peers',
+    /// one per label set.
+    fn select_base(&self, m: &[Matcher]) -> Result<Vec<SeriesRef>, QueryError> {
         let index = self.store.index()?;
         let name = m.iter().find(|x| x.name == "__name__");
         let wants = |family: &str| name.is_none_or(|x| x.is_match(family));
@@ -186,13 +195,128 @@ impl Model<'_> {
                 };
                 self.gpu_series(&index, tenant, g, &ofu, &wants, m, &mut cache, &mut out)?;
             }
-            self.derived(&index, tenant, m, &wants, &mut out)?;
             if device_families().iter().any(|f| wants(f)) && only_on(m, &DEVICE_LABELS) {
                 self.device_series(&index, tenant, m, &wants, &mut cache, &mut out)?;
             }
         }
-        out.sort_by(|a, b| a.labels.cmp(&b.labels));
-        Ok(out)
+        let Some(remote) = self.remote else {
+            return Ok(out);
+        };
+        // The peers' series; a label set on two collectors is one series.
+        let mut by_labels: BTreeMap<Labels, Vec<SeriesRef>> = BTreeMap::new();
+        for s in out {
+            by_labels.entry(s.labels.clone()).or_default().push(s);
+        }
+        for (labels, points) in &remote.series {
+            let tenant = labels
+                .iter()
+                .find(|(k, _)| k == "tenant")
+                .map_or("", |(_, v)| v.as_str());
+            if !self.scope.allows(tenant) || !matches(m, labels) {
+                continue;
+            }
+            self.budget.series(1)?;
+            by_labels
+                .entry(labels.clone())
+                .or_default()
+                .push(SeriesRef {
+                    labels: labels.clone(),
+                    source: Source::Loaded(points.clone()),
+                    spans: vec![(i64::MIN, i64::MAX)],
+                });
+        }
+        Ok(by_labels
+            .into_iter()
+            .map(|(labels, mut parts)| {
+                if parts.len() == 1 {
+                    parts.remove(0)
+                } else {
+                    SeriesRef {
+                        labels,
+                        source: Source::Union(parts),
+                        spans: vec![(i64::MIN, i64::MAX)],
+                    }
+                }
+            })
+            .collect())
+    }
+
+    /// The node and job series `m` selects, derived from the OFU ratio
+    /// series of their GPUs (a GPU's series of several jobs, or on several
+    /// collectors, together one member).
+    fn select_derived(&self, m: &[Matcher], out: &mut Vec<SeriesRef>) -> Result<(), QueryError> {
+        let name = m.iter().find(|x| x.name == "__name__");
+        let wants = |family: &str| name.is_none_or(|x| x.is_match(family));
+        let families: [(&[&str], &[&str]); 2] = [
+            (&[NODE_OFU], &["tenant", "node", "hostname"]),
+            (&[JOB_OFU, JOB_GPUS], &["tenant", "job_id"]),
+        ];
+        for (names, keys) in families {
+            if !names.iter().any(|n| wants(n)) || !only_on(m, keys) {
+                continue;
+            }
+            let mut mm: Vec<Matcher> = m
+                .iter()
+                .filter(|x| keys.contains(&x.name.as_str()))
+                .cloned()
+                .collect();
+            mm.push(Matcher::new(MatchOp::Equal, "__name__", OFU_FAMILIES[0].0));
+            // Label set of the derived series → the GPU's parts.
+            let mut groups: BTreeMap<Labels, BTreeMap<String, Vec<SeriesRef>>> = BTreeMap::new();
+            for s in self.select_base(&mm)? {
+                let key: Labels = keys
+                    .iter()
+                    .map(|k| (k.to_string(), label(&s.labels, k).to_string()))
+                    .collect();
+                if key.iter().any(|(_, v)| v.is_empty()) {
+                    continue;
+                }
+                let uuid = label(&s.labels, "UUID").to_string();
+                groups
+                    .entry(key)
+                    .or_default()
+                    .entry(uuid)
+                    .or_default()
+                    .push(s);
+            }
+            for (key, gpus) in groups {
+                let members: Vec<SeriesRef> = gpus
+                    .into_values()
+                    .map(|mut parts| {
+                        if parts.len() == 1 {
+                            parts.remove(0)
+                        } else {
+                            SeriesRef {
+                                labels: Vec::new(),
+                                source: Source::Union(parts),
+                                spans: vec![(i64::MIN, i64::MAX)],
+                            }
+                        }
+                    })
+                    .collect();
+                for (n, op) in names
+                    .iter()
+                    .zip([Across::Mean, Across::Count])
+                    .filter(|(n, _)| wants(n))
+                {
+                    let mut l = key.clone();
+                    l.push(("__name__".into(), n.to_string()));
+                    let labels = sorted(l);
+                    if matches(m, &labels) {
+                        self.budget.series(1)?;
+                        out.push(SeriesRef {
+                            labels,
+                            source: Source::Across {
+                                members: members.clone(),
+                                op,
+                            },
+                            spans: vec![(i64::MIN, i64::MAX)],
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// GPU `g`'s series of the wanted families: one per family and job
@@ -277,99 +401,6 @@ impl Model<'_> {
                         source: source.clone(),
                         spans: spans.clone(),
                     });
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The node and job series of `tenant` that `m` selects.
-    fn derived(
-        &self,
-        index: &IndexRead,
-        tenant: &str,
-        m: &[Matcher],
-        wants: &dyn Fn(&str) -> bool,
-        out: &mut Vec<SeriesRef>,
-    ) -> Result<(), QueryError> {
-        let ofu = |gpu: &str, spans| SeriesRef {
-            labels: Vec::new(),
-            source: Source::Ofu {
-                tenant: tenant.to_string(),
-                gpu: gpu.to_string(),
-                col: OfuCol::Ofu,
-            },
-            spans,
-        };
-        let mut push = |name: &str, labels: Labels, members: Vec<SeriesRef>, op| {
-            let mut l = labels;
-            l.push(("__name__".into(), name.to_string()));
-            let labels = sorted(l);
-            if matches(m, &labels) {
-                self.budget.series(1)?;
-                out.push(SeriesRef {
-                    labels,
-                    source: Source::Across { members, op },
-                    spans: vec![(i64::MIN, i64::MAX)],
-                });
-            }
-            Ok::<_, QueryError>(())
-        };
-        if wants(NODE_OFU) && only_on(m, &["tenant", "node", "hostname"]) {
-            let gpus = self
-                .candidates(index, tenant, m, Some(&["node", "hostname"]))
-                .unwrap_or_default();
-            let mut nodes: BTreeMap<Labels, Vec<SeriesRef>> = BTreeMap::new();
-            for id in gpus {
-                let Some(g) = index.gpu(tenant, id) else {
-                    continue;
-                };
-                let node = vec![
-                    ("hostname".into(), g.hostname.to_string()),
-                    ("node".into(), g.entry.node.clone()),
-                    ("tenant".into(), tenant.to_string()),
-                ];
-                nodes
-                    .entry(node)
-                    .or_default()
-                    .push(ofu(&g.entry.uuid, vec![(i64::MIN, i64::MAX)]));
-            }
-            for (labels, members) in nodes {
-                push(NODE_OFU, labels, members, Across::Mean)?;
-            }
-        }
-        if (wants(JOB_OFU) || wants(JOB_GPUS)) && only_on(m, &["tenant", "job_id"]) {
-            let gpus = self
-                .candidates(index, tenant, m, Some(&["job_id"]))
-                .unwrap_or_default();
-            let mut jobs: BTreeMap<Labels, Vec<SeriesRef>> = BTreeMap::new();
-            for id in gpus {
-                let Some(g) = index.gpu(tenant, id) else {
-                    continue;
-                };
-                let e = g.entry;
-                let records: Vec<JobRecord> =
-                    e.jobs.iter().map(|j| j.record(&e.uuid, &e.node)).collect();
-                let mut spans: BTreeMap<usize, Vec<(i64, i64)>> = BTreeMap::new();
-                for (a, b, o) in job_segments(&records) {
-                    if let Some(j) = o {
-                        spans.entry(j).or_default().push((a, b));
-                    }
-                }
-                for (j, sp) in spans {
-                    let job = vec![
-                        ("job_id".into(), records[j].job_id.clone()),
-                        ("tenant".into(), tenant.to_string()),
-                    ];
-                    jobs.entry(job).or_default().push(ofu(&e.uuid, sp));
-                }
-            }
-            for (labels, members) in jobs {
-                if wants(JOB_OFU) {
-                    push(JOB_OFU, labels.clone(), members.clone(), Across::Mean)?;
-                }
-                if wants(JOB_GPUS) {
-                    push(JOB_GPUS, labels, members, Across::Count)?;
                 }
             }
         }

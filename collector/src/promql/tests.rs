@@ -21,6 +21,8 @@ fn instant(store: &Store, scope: &Scope, q: &str, t: i64) -> Result<Value, Query
         scope,
         budget: &budget,
         limits: &limits,
+        peers: None,
+        base_only: false,
     };
     query::instant(&ctx, q, t)
 }
@@ -40,6 +42,8 @@ fn range(
         scope,
         budget: &budget,
         limits: &limits,
+        peers: None,
+        base_only: false,
     };
     query::range(&ctx, q, start, end, step)
 }
@@ -58,6 +62,8 @@ fn series(
         scope,
         budget: &budget,
         limits: &limits,
+        peers: None,
+        base_only: false,
     };
     query::series(&ctx, sel, start, end)
 }
@@ -470,6 +476,8 @@ fn rollup_buckets_answer_as_the_samples_do() {
             store: s,
             scope: &Scope::All,
             budget: &budget,
+            remote: None,
+            base_only: false,
         };
         let series = m.select(&[]).unwrap();
         let ofu = series

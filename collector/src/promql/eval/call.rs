@@ -15,13 +15,13 @@
 //!
 //! Functions Prometheus added after 2.42 are refused as unknown (400).
 
-use super::selector::matchers;
 use super::{
     check_unique, drop_name, label, unwrap_parens, Evaluator, RangeInput, StepSeries, Val,
 };
 use crate::promql::functions::histogram::{bucket_quantile, parse_le};
 use crate::promql::functions::instant::{label_replace, with_label, ValueFn};
 use crate::promql::functions::RangeFn;
+use crate::promql::syntax::matchers;
 use crate::promql::QueryError;
 use crate::series::Labels;
 use promql_parser::label::MatchOp;

@@ -5,11 +5,11 @@
 //! (docs/PROMQL.md, *Rollups*). The answer is exact: buckets hold
 //! unweighted sums, counts, minima and maxima.
 
-use super::selector::matchers;
 use super::{check_unique, drop_name, offset_ms, Evaluator, StepSeries, Val};
 use crate::promql::functions::{RangeFn, WindowAcc};
 use crate::promql::model::Piece;
 use crate::promql::points::window;
+use crate::promql::syntax::matchers;
 use crate::promql::QueryError;
 use crate::store::{MINUTE_MS, WINDOW_MS};
 use promql_parser::parser::Expr;

@@ -3,9 +3,9 @@
 use super::{offset_ms, unwrap_parens, Evaluator, RangeInput, StepSeries, Val};
 use crate::promql::model::SeriesRef;
 use crate::promql::points::{window, Points};
+use crate::promql::syntax::matchers;
 use crate::promql::{QueryError, LOOKBACK_MS};
 use crate::series::Labels;
-use promql_parser::label::{MatchOp, Matcher};
 use promql_parser::parser::{Expr, MatrixSelector, SubqueryExpr, VectorSelector};
 
 /// A series' sample (time and value) at each step.
@@ -17,20 +17,6 @@ pub(in crate::promql) type StepValues = Vec<Option<f64>>;
 /// A subquery's resolution when it names none: Prometheus's default
 /// evaluation interval.
 pub(in crate::promql) const DEFAULT_SUBQUERY_STEP_MS: i64 = 60_000;
-
-/// The selector's matchers, its metric name as a `__name__` matcher.
-pub(in crate::promql) fn matchers(vs: &VectorSelector) -> Result<Vec<Matcher>, QueryError> {
-    if !vs.matchers.or_matchers.is_empty() {
-        return Err(QueryError::BadData(
-            "unexpected \"or\" in label matching: not PromQL of Prometheus 2.42".into(),
-        ));
-    }
-    let mut m = vs.matchers.matchers.clone();
-    if let Some(n) = &vs.name {
-        m.push(Matcher::new(MatchOp::Equal, "__name__", n));
-    }
-    Ok(m)
-}
 
 impl Evaluator<'_> {
     /// The times an `@`-pinned or ordinary selector reads at each step.

@@ -129,7 +129,7 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
 #[tokio::test]
 async fn results_are_written_as_prometheus_writes_them() {
     assert_eq!(
-        body(query_data(&Value::Scalar { t_ms: 4000, v: 2.0 })).await,
+        body(query_data(&Value::Scalar { t_ms: 4000, v: 2.0 }, &[])).await,
         (
             200,
             r#"{"status":"success","data":{"resultType":"scalar","result":[4,"2"]}}"#.into()
@@ -141,7 +141,7 @@ async fn results_are_written_as_prometheus_writes_them() {
         v: 0.25,
     }]);
     assert_eq!(
-        body(query_data(&v)).await.1,
+        body(query_data(&v, &[])).await.1,
         r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"flopwatch_ofu_ratio","job_id":"a"},"value":[1700000000.100,"0.25"]}]}}"#
     );
     let m = Value::Matrix(vec![RangeSeries {
@@ -149,11 +149,11 @@ async fn results_are_written_as_prometheus_writes_them() {
         points: vec![(15_000, 1.0), (30_000, f64::NAN)],
     }]);
     assert_eq!(
-        body(query_data(&m)).await.1,
+        body(query_data(&m, &[])).await.1,
         r#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"gpu":"0"},"values":[[15,"1"],[30,"NaN"]]}]}}"#
     );
     assert_eq!(
-        body(query_data(&Value::Vector(vec![]))).await.1,
+        body(query_data(&Value::Vector(vec![]), &[])).await.1,
         r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#
     );
 }
