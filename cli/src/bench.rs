@@ -15,9 +15,11 @@ mod backpressure;
 mod fleet;
 mod peer;
 mod prom_query;
+mod query;
 mod slow_engine;
 mod storage;
 mod tenants;
+mod victoria;
 
 use anyhow::Context;
 use flopwatch_agent::TokioClock;
@@ -54,6 +56,10 @@ enum What {
     /// A fleet of agents on one collector (streams, memory per stream, ack
     /// latency), and with `--storm` its return after a collector kill -9.
     Fleet(fleet::FleetArgs),
+    /// PromQL through the collector's Prometheus API: the fleet-wide query
+    /// against Prometheus and VictoriaMetrics on the same samples, and
+    /// one GPU's queries with up to 100,000 GPUs' records in the store.
+    Query(query::QueryArgs),
     /// Durable ingest rate (samples/s acknowledged); with `--peer
     /// prometheus`, against a Prometheus fed the same samples in the same
     /// run, and the 30-day OFU query against Prometheus' `query_range`.
@@ -174,6 +180,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         What::Tenants(t) => tenants::run(t).await,
         What::Backpressure(b) => backpressure::run(b).await,
         What::Fleet(f) => fleet::run(f).await,
+        What::Query(q) => query::run(q).await,
         What::Ingest(i) if i.peer.is_some() => peer::run(&i).await,
         What::Ingest(i) => ingest(&i, ingest_start_ms(&i)?).await.map(drop),
     }

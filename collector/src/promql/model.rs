@@ -32,6 +32,9 @@
 use super::budget::Budget;
 use super::derived::{self, Across};
 use super::points::{newest_at, window, Points};
+
+/// A series' sample (time and value) at each of a query's times.
+pub(super) type StepSamples = Vec<Option<(i64, f64)>>;
 use super::{QueryError, LOOKBACK_MS};
 use crate::auth::Scope;
 use crate::series::Labels;
@@ -194,7 +197,7 @@ impl Model<'_> {
         times: &[i64],
         from: i64,
         to: i64,
-    ) -> Result<Vec<Option<(i64, f64)>>, QueryError> {
+    ) -> Result<StepSamples, QueryError> {
         if let Source::Across { members, op } = &s.source {
             let lists = members
                 .iter()
@@ -202,9 +205,65 @@ impl Model<'_> {
                 .collect::<Result<Vec<_>, _>>()?;
             return Ok(derived::at_times(&lists, *op, times));
         }
+        if let Some(v) = self.at_minutes(s, times, from, to)? {
+            return Ok(v);
+        }
         let pts = self.samples(s, from, to)?;
         let mut j = 0;
         Ok(times.iter().map(|&t| newest_at(&pts, t, &mut j)).collect())
+    }
+
+    /// [`Model::at_times`] of an OFU ratio series at times on whole
+    /// minutes, from the rollups' minute buckets where they are sealed:
+    /// the newest sample at or before `t` is the last of the buckets
+    /// before `t`, or the first of the bucket starting at `t` if it lies
+    /// on `t`. `None` where they cannot answer (other times, another
+    /// column, buckets without their last sample).
+    fn at_minutes(
+        &self,
+        s: &SeriesRef,
+        times: &[i64],
+        from: i64,
+        to: i64,
+    ) -> Result<Option<StepSamples>, QueryError> {
+        let is_ofu = matches!(
+            s.source,
+            Source::Ofu {
+                col: OfuCol::Ofu,
+                ..
+            }
+        );
+        if !is_ofu || times.iter().any(|t| t.rem_euclid(MINUTE_MS) != 0) {
+            return Ok(None);
+        }
+        let Some(pieces) = self.ofu_buckets(s, from, to, false)? else {
+            return Ok(None);
+        };
+        if pieces
+            .iter()
+            .any(|p| matches!(p, Piece::Bucket { last: None, .. }))
+        {
+            return Ok(None);
+        }
+        let mut out = Vec::with_capacity(times.len());
+        let (mut k, mut newest): (usize, Option<(i64, f64)>) = (0, None);
+        for &t in times {
+            // Every piece starting before `t` ends at or before it.
+            while k < pieces.len() && pieces[k].ts() < t {
+                newest = match pieces[k] {
+                    Piece::Sample(ts, v) => Some((ts, v)),
+                    Piece::Bucket { last, .. } => last,
+                };
+                k += 1;
+            }
+            let at_t = pieces.get(k).and_then(|p| match *p {
+                Piece::Sample(ts, v) if ts == t => Some((ts, v)),
+                Piece::Bucket { first, .. } if first.0 == t => Some(first),
+                _ => None,
+            });
+            out.push(at_t.or(newest).filter(|p| p.0 >= t - super::LOOKBACK_MS));
+        }
+        Ok(Some(out))
     }
 
     /// The pieces of an OFU ratio series `s` with `from ≤ t ≤ to`, in
@@ -235,7 +294,11 @@ impl Model<'_> {
         let mut take = |p: OfuPiece| match p {
             OfuPiece::Sample(x) => out.push(Piece::Sample(x.ts_ms, x.ofu)),
             OfuPiece::Agg {
-                ts_ms, agg, first, ..
+                ts_ms,
+                agg,
+                first,
+                last,
+                ..
             } => match (agg.plain_sum(), first) {
                 (Some(sum), Some(first)) => out.push(Piece::Bucket {
                     ts: ts_ms,
@@ -244,6 +307,7 @@ impl Model<'_> {
                     min: agg.min(),
                     max: agg.max(),
                     first,
+                    last,
                 }),
                 _ => known = false,
             },
@@ -347,6 +411,8 @@ pub(super) enum Piece {
         min: f64,
         max: f64,
         first: (i64, f64),
+        /// `None`: a bucket rolled up before the store kept it.
+        last: Option<(i64, f64)>,
     },
 }
 

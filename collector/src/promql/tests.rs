@@ -445,6 +445,11 @@ fn rollup_buckets_answer_as_the_samples_do() {
         ),
         // Off the grid: samples only, the same either way.
         ("avg_over_time(flopwatch_ofu_ratio[1h])", H + 11, 3 * H, H),
+        // Instant selectors on whole minutes: the buckets' last samples
+        // (the job's series starts and ends mid-minute).
+        ("flopwatch_ofu_ratio", 0, 3 * H, M),
+        ("flopwatch_ofu_ratio{job_id=\"j1\"}", 0, 3 * H, 3 * M),
+        ("avg by (job_id) (flopwatch_ofu_ratio)", 5 * M, 3 * H, 5 * M),
     ];
     for (q, from, to, step) in cases {
         let want = range(&head, &Scope::All, q, T0 + from, T0 + to, step).unwrap();
@@ -496,6 +501,23 @@ fn rollup_buckets_answer_as_the_samples_do() {
     };
     assert!(buckets(&sealed) > 0);
     assert_eq!(buckets(&head), 0);
+    // An instant selector on whole minutes reads a bucket a minute from
+    // the sealed store, and every sample from the head.
+    let read = |s: &Store| {
+        let (budget, limits) = (Budget::unlimited(), QueryLimits::default());
+        let ctx = Ctx {
+            store: s,
+            scope: &Scope::All,
+            budget: &budget,
+            limits: &limits,
+            peers: None,
+            base_only: false,
+        };
+        query::range(&ctx, "flopwatch_ofu_ratio", T0 + H, T0 + 3 * H, M).unwrap();
+        budget.samples_counted()
+    };
+    let (sealed_read, head_read) = (read(&sealed), read(&head));
+    assert!(sealed_read * 10 < head_read, "{sealed_read} vs {head_read}");
 }
 
 /// Tenant `a`: GPUs `G1` (every 100 ms for 600 s) and `G2` (every 100 ms,

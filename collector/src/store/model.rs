@@ -431,6 +431,7 @@ impl Store {
                                     len_ms: WINDOW_MS,
                                     agg: r.hour.mean,
                                     first: r.hour.first,
+                                    last: r.hour.last,
                                 });
                             }
                             return Ok(true);
@@ -450,6 +451,7 @@ impl Store {
                                     len_ms: MINUTE_MS,
                                     agg: b.mean,
                                     first: b.first,
+                                    last: b.last,
                                 });
                             }
                         }

@@ -243,6 +243,9 @@ pub enum OfuPiece {
         /// Time and OFU of its first sample (`None`: not known, a bucket
         /// rolled up before the store kept it).
         first: Option<(i64, f64)>,
+        /// Time and OFU of its last sample (`None`: not known, a bucket
+        /// rolled up before the store kept it).
+        last: Option<(i64, f64)>,
     },
 }
 

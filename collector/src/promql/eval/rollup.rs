@@ -117,6 +117,7 @@ impl Evaluator<'_> {
                         min,
                         max,
                         first,
+                        ..
                     } => {
                         if ts < t {
                             acc.add(count, sum, min, max);

@@ -8,8 +8,7 @@ use crate::promql::{QueryError, LOOKBACK_MS};
 use crate::series::Labels;
 use promql_parser::parser::{Expr, MatrixSelector, SubqueryExpr, VectorSelector};
 
-/// A series' sample (time and value) at each step.
-pub(in crate::promql) type StepSamples = Vec<Option<(i64, f64)>>;
+pub(in crate::promql) use crate::promql::model::StepSamples;
 
 /// A series' value at each step.
 pub(in crate::promql) type StepValues = Vec<Option<f64>>;
