@@ -610,7 +610,7 @@ async fn measure(a: &QueryArgs, work: &Path, interval: i64, step: i64) -> anyhow
         println!("\nselection: one GPU with 30 days of OFU at 1 min ({n} samples) among the records of N GPUs");
     }
     let mut sizes = vec![100];
-    sizes.extend(a.records.iter().copied());
+    sizes.extend(a.records.iter().copied().filter(|&n| n > 100));
     let month_q = "avg_over_time(flopwatch_ofu_ratio{UUID=\"GPU-month\"}[1h])";
     let day_q = "flopwatch_ofu_ratio{UUID=\"GPU-month\"}";
     for (i, &n) in sizes.iter().enumerate() {

@@ -214,11 +214,12 @@ impl Model<'_> {
     }
 
     /// [`Model::at_times`] of an OFU ratio series at times on whole
-    /// minutes, from the rollups' minute buckets where they are sealed:
-    /// the newest sample at or before `t` is the last of the buckets
-    /// before `t`, or the first of the bucket starting at `t` if it lies
-    /// on `t`. `None` where they cannot answer (other times, another
-    /// column, buckets without their last sample).
+    /// minutes, from the sealed hours' minute lasts ([`Store::ofu_lasts`]):
+    /// the newest sample at or before `t` is the sample on `t` if there is
+    /// one, else the last of the minutes (and samples) before `t`. `None`
+    /// for other times or another column.
+    ///
+    /// [`Store::ofu_lasts`]: crate::store::Store::ofu_lasts
     fn at_minutes(
         &self,
         s: &SeriesRef,
@@ -226,42 +227,66 @@ impl Model<'_> {
         from: i64,
         to: i64,
     ) -> Result<Option<StepSamples>, QueryError> {
-        let is_ofu = matches!(
-            s.source,
-            Source::Ofu {
-                col: OfuCol::Ofu,
-                ..
-            }
-        );
-        if !is_ofu || times.iter().any(|t| t.rem_euclid(MINUTE_MS) != 0) {
-            return Ok(None);
-        }
-        let Some(pieces) = self.ofu_buckets(s, from, to, false)? else {
+        let Source::Ofu {
+            tenant,
+            gpu,
+            col: OfuCol::Ofu,
+        } = &s.source
+        else {
             return Ok(None);
         };
-        if pieces
-            .iter()
-            .any(|p| matches!(p, Piece::Bucket { last: None, .. }))
-        {
+        if times.iter().any(|t| t.rem_euclid(MINUTE_MS) != 0) {
             return Ok(None);
         }
-        let mut out = Vec::with_capacity(times.len());
-        let (mut k, mut newest): (usize, Option<(i64, f64)>) = (0, None);
-        for &t in times {
-            // Every piece starting before `t` ends at or before it.
-            while k < pieces.len() && pieces[k].ts() < t {
-                newest = match pieces[k] {
-                    Piece::Sample(ts, v) => Some((ts, v)),
-                    Piece::Bucket { last, .. } => last,
-                };
-                k += 1;
+        self.budget.check()?;
+        // Per minute of the range: its newest sample, and the value of
+        // a sample on its start.
+        let m0 = from.div_euclid(MINUTE_MS) * MINUTE_MS;
+        let n = usize::try_from((to - m0) / MINUTE_MS + 1).unwrap_or(0);
+        let mut newest: Vec<(i64, f64)> = vec![(i64::MIN, f64::NAN); n];
+        let mut on_start: Vec<Option<f64>> = vec![None; n];
+        let mut read = 0usize;
+        let slot = |ts: i64| usize::try_from((ts - m0).div_euclid(MINUTE_MS)).ok();
+        for &(a, b) in &s.spans {
+            let (lo, hi) = (a.max(from), b.min(to.saturating_add(1)));
+            if lo >= hi {
+                continue;
             }
-            let at_t = pieces.get(k).and_then(|p| match *p {
-                Piece::Sample(ts, v) if ts == t => Some((ts, v)),
-                Piece::Bucket { first, .. } if first.0 == t => Some(first),
-                _ => None,
-            });
-            out.push(at_t.or(newest).filter(|p| p.0 >= t - super::LOOKBACK_MS));
+            self.store.ofu_lasts(tenant, gpu, lo, hi, &mut |p| {
+                let (minute, last, start) = match p {
+                    OfuPiece::Sample(x) => {
+                        let on = (x.ts_ms.rem_euclid(MINUTE_MS) == 0).then_some(x.ofu);
+                        (x.ts_ms, (x.ts_ms, x.ofu), on)
+                    }
+                    OfuPiece::Last(m) => (m.minute, m.last, m.at_start),
+                    OfuPiece::Agg { .. } => return,
+                };
+                read += 1;
+                let Some(i) = slot(minute).filter(|&i| i < n) else {
+                    return;
+                };
+                if last.0 >= newest[i].0 {
+                    newest[i] = last;
+                }
+                if start.is_some() {
+                    on_start[i] = start;
+                }
+            })?;
+        }
+        self.budget.samples(read)?;
+        let mut out = Vec::with_capacity(times.len());
+        // The newest sample of the minutes before the one at `t`.
+        let (mut before, mut upto) = (None::<(i64, f64)>, 0usize);
+        for &t in times {
+            let i = slot(t).unwrap_or(0).min(n);
+            while upto < i {
+                if newest[upto].0 != i64::MIN && before.is_none_or(|b| newest[upto].0 >= b.0) {
+                    before = Some(newest[upto]);
+                }
+                upto += 1;
+            }
+            let on_t = on_start.get(i).copied().flatten().map(|v| (t, v));
+            out.push(on_t.or(before).filter(|p| p.0 >= t - super::LOOKBACK_MS));
         }
         Ok(Some(out))
     }
@@ -294,11 +319,7 @@ impl Model<'_> {
         let mut take = |p: OfuPiece| match p {
             OfuPiece::Sample(x) => out.push(Piece::Sample(x.ts_ms, x.ofu)),
             OfuPiece::Agg {
-                ts_ms,
-                agg,
-                first,
-                last,
-                ..
+                ts_ms, agg, first, ..
             } => match (agg.plain_sum(), first) {
                 (Some(sum), Some(first)) => out.push(Piece::Bucket {
                     ts: ts_ms,
@@ -307,10 +328,10 @@ impl Model<'_> {
                     min: agg.min(),
                     max: agg.max(),
                     first,
-                    last,
                 }),
                 _ => known = false,
             },
+            OfuPiece::Last(_) => known = false,
         };
         // Buckets start on whole minutes: the partial minutes at a span's
         // ends are read as samples, and buckets of the rest align with
@@ -370,7 +391,7 @@ impl Model<'_> {
                     self.store
                         .ofu_pieces(tenant, gpu, lo, hi, None, Some(0), &mut |p| {
                             any |= match p {
-                                OfuPiece::Sample(_) => true,
+                                OfuPiece::Sample(_) | OfuPiece::Last(_) => true,
                                 OfuPiece::Agg { agg, .. } => agg.count > 0,
                             }
                         })?;
@@ -411,8 +432,6 @@ pub(super) enum Piece {
         min: f64,
         max: f64,
         first: (i64, f64),
-        /// `None`: a bucket rolled up before the store kept it.
-        last: Option<(i64, f64)>,
     },
 }
 

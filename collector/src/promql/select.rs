@@ -144,7 +144,11 @@ impl Model<'_> {
                 continue;
             }
             let f = field_of(&x.name)?;
-            let ids = index.gpus_where(tenant, f, &|v| x.is_match(v));
+            let ids = if matches!(x.op, MatchOp::Equal) {
+                index.gpus_with(tenant, f, &x.value)
+            } else {
+                index.gpus_where(tenant, f, &|v| x.is_match(v))
+            };
             set = Some(match set {
                 None => ids,
                 Some(s) => s.intersection(&ids).copied().collect(),

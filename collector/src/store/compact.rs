@@ -591,6 +591,14 @@ impl Store {
                     ofu_value(job, s, true, refs, shared)?,
                 ));
             }
+            // Each minute's last sample, every job's together (lasts.rs).
+            let mut lkey = keys::kind_prefix(keys::KIND_LAST, &g.prefix);
+            keys::put_ts(&mut lkey, g.window);
+            let lasts = super::lasts::encode(
+                g.window,
+                by_job.values().flatten().map(|x| (x.ts_ms, x.ofu)),
+            );
+            ops.push(Op::Put(Cf::Rollup, lkey, lasts));
             samples = n;
         }
         // Raw series keep the hour only; OFU keeps minutes too.

@@ -531,6 +531,27 @@ impl IndexRead<'_> {
         out
     }
 
+    /// The GPUs of `tenant` whose `field` is `value` (one lookup).
+    pub fn gpus_with(&self, tenant: &str, field: Field, value: &str) -> BTreeSet<u32> {
+        let Some(i) = self.index() else {
+            return BTreeSet::new();
+        };
+        let key = if field == Field::Metric {
+            match i.name_ids.get(value) {
+                Some(id) => id.to_string(),
+                None => return BTreeSet::new(),
+            }
+        } else {
+            value.to_string()
+        };
+        i.tenants
+            .get(tenant)
+            .and_then(|t| t.postings.get(&field))
+            .and_then(|p| p.get(&key))
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// Every GPU of `tenant`.
     pub fn all_gpus(&self, tenant: &str) -> BTreeSet<u32> {
         self.tenant(tenant)

@@ -12,6 +12,7 @@
 //! | head | `'g' tenant gpu last_ts seq`                             | a batch's blocks of one GPU and hour, bundled (see `gpu_block`) |
 //! | head | `'r' tenant gpu metric last_ts seq` / `'o' tenant gpu last_ts seq` | one series' block of a batch (stores written before bundling) |
 //! | rollup | `'r' tenant gpu metric hour` / `'o' tenant gpu hour`   | hour (and minute) aggregates |
+//! | rollup | `'l' tenant gpu hour`                                   | the hour's minute lasts (see `lasts`) |
 //! | meta | `'a' tenant agent boot`                                 | acked seq (u64 BE) |
 //! | meta | `'m' tenant agent boot`                                 | held seq ranges (membership) |
 //! | limbo | head / event keys, `'b' tenant agent boot seq`         | a batch another collector may hold (see `limbo`) |
@@ -108,6 +109,9 @@ pub const KIND_RAW: u8 = b'r';
 pub const KIND_OFU: u8 = b'o';
 /// Kind byte of GPU blocks (a batch's blocks of one GPU) in the head.
 pub const KIND_GPU: u8 = b'g';
+/// Kind byte of a GPU-hour's minute lasts in the rollup family
+/// (`lasts.rs`).
+pub const KIND_LAST: u8 = b'l';
 
 /// Prefix of a series in the `head` and `rollup` families: a kind byte,
 /// then the series prefix of its own family.
@@ -127,7 +131,7 @@ pub fn series_prefix(cf: super::Cf, key: &[u8]) -> Option<(usize, &str)> {
         Cf::Ofu => (0, 2),
         Cf::Head | Cf::Rollup | Cf::Limbo => match *key.first()? {
             KIND_RAW => (1, 3),
-            KIND_OFU | KIND_GPU => (1, 2),
+            KIND_OFU | KIND_GPU | KIND_LAST => (1, 2),
             _ => return None,
         },
         Cf::Meta => return None,

@@ -360,6 +360,41 @@ impl Store {
         buckets: Option<i64>,
         f: &mut dyn FnMut(OfuPiece),
     ) -> Result<(), StoreError> {
+        self.ofu_read(tenant, gpu, start, end, job, buckets, false, f)
+    }
+
+    /// OFU of one GPU in `[start, end)` as samples and, for every sealed
+    /// minute lying wholly inside the range, its last sample
+    /// ([`OfuPiece::Last`], from the hour's minute lasts: see `lasts.rs`)
+    /// instead of its samples: what an instant selector at steps on whole
+    /// minutes reads. Hours with samples still in the head, or sealed
+    /// before minute lasts were kept, come as samples.
+    pub fn ofu_lasts(
+        &self,
+        tenant: &str,
+        gpu: &str,
+        start: i64,
+        end: i64,
+        f: &mut dyn FnMut(OfuPiece),
+    ) -> Result<(), StoreError> {
+        // Step 0: any minute wholly inside the range.
+        self.ofu_read(tenant, gpu, start, end, None, Some(0), true, f)
+    }
+
+    /// [`Store::ofu_pieces`], with minute lasts instead of rollup
+    /// buckets when `lasts`.
+    #[allow(clippy::too_many_arguments)]
+    fn ofu_read(
+        &self,
+        tenant: &str,
+        gpu: &str,
+        start: i64,
+        end: i64,
+        job: Option<&str>,
+        buckets: Option<i64>,
+        lasts: bool,
+        f: &mut dyn FnMut(OfuPiece),
+    ) -> Result<(), StoreError> {
         let start = self.clamp(tenant, start);
         if start >= end {
             return Ok(());
@@ -405,67 +440,108 @@ impl Store {
                         },
                     )?;
                 }
+                if lasts {
+                    // Minute lasts of the sealed hours: every minute wholly
+                    // inside the range.
+                    let lprefix = keys::kind_prefix(keys::KIND_LAST, &prefix);
+                    scan_series(
+                        view,
+                        Cf::Rollup,
+                        &lprefix,
+                        window_of(start),
+                        end,
+                        &mut |w, v| {
+                            if in_head.contains(&w) {
+                                return Ok(true);
+                            }
+                            let mut mask = 0u64;
+                            for i in 0..60 {
+                                if usable(w + i * MINUTE_MS, MINUTE_MS) {
+                                    mask |= 1 << i;
+                                }
+                            }
+                            super::lasts::decode(w, v, &mut |m| {
+                                if mask & (1 << ((m.minute - w) / MINUTE_MS)) != 0 {
+                                    f(OfuPiece::Last(m));
+                                }
+                            })
+                            .ok_or_else(|| corrupt(Cf::Rollup, "minute lasts"))?;
+                            covered.insert(
+                                w,
+                                if mask == (1 << 60) - 1 {
+                                    u64::MAX
+                                } else {
+                                    mask
+                                },
+                            );
+                            Ok(true)
+                        },
+                    )?;
+                }
                 let rprefix = keys::kind_prefix(keys::KIND_OFU, &prefix);
-                scan_series(
-                    view,
-                    Cf::Rollup,
-                    &rprefix,
-                    window_of(start),
-                    end,
-                    &mut |w, v| {
-                        if in_head.contains(&w) {
-                            return Ok(true);
-                        }
-                        let r = Rollup::decode(v).ok_or_else(|| corrupt(Cf::Rollup, "record"))?;
-                        let Some(r) = (match job {
-                            Some(j) => r.job(j),
-                            None => Some(r.gpu()),
-                        }) else {
-                            return Ok(true);
-                        };
-                        if usable(w, WINDOW_MS) {
-                            covered.insert(w, u64::MAX);
-                            if r.hour.mean.count > 0 {
-                                f(OfuPiece::Agg {
-                                    ts_ms: w,
-                                    len_ms: WINDOW_MS,
-                                    agg: r.hour.mean,
-                                    first: r.hour.first,
-                                    last: r.hour.last,
-                                });
+                // Minute lasts answer instead of the rollups: not read.
+                let rollups = if lasts { None } else { Some(&rprefix) };
+                if let Some(rprefix) = rollups {
+                    scan_series(
+                        view,
+                        Cf::Rollup,
+                        rprefix,
+                        window_of(start),
+                        end,
+                        &mut |w, v| {
+                            if in_head.contains(&w) {
+                                return Ok(true);
                             }
-                            return Ok(true);
-                        }
-                        // Minutes inside the range: from their rollup (those
-                        // without samples have nothing to read either).
-                        let mut mask = 0u64;
-                        for i in 0..60u8 {
-                            if usable(w + i64::from(i) * MINUTE_MS, MINUTE_MS) {
-                                mask |= 1 << i;
+                            let r =
+                                Rollup::decode(v).ok_or_else(|| corrupt(Cf::Rollup, "record"))?;
+                            let Some(r) = (match job {
+                                Some(j) => r.job(j),
+                                None => Some(r.gpu()),
+                            }) else {
+                                return Ok(true);
+                            };
+                            if usable(w, WINDOW_MS) {
+                                covered.insert(w, u64::MAX);
+                                if r.hour.mean.count > 0 {
+                                    f(OfuPiece::Agg {
+                                        ts_ms: w,
+                                        len_ms: WINDOW_MS,
+                                        agg: r.hour.mean,
+                                        first: r.hour.first,
+                                    });
+                                }
+                                return Ok(true);
                             }
-                        }
-                        for (i, b) in r.minutes {
-                            if mask & (1 << i) != 0 {
-                                f(OfuPiece::Agg {
-                                    ts_ms: w + i64::from(i) * MINUTE_MS,
-                                    len_ms: MINUTE_MS,
-                                    agg: b.mean,
-                                    first: b.first,
-                                    last: b.last,
-                                });
+                            // Minutes inside the range: from their rollup (those
+                            // without samples have nothing to read either).
+                            let mut mask = 0u64;
+                            for i in 0..60u8 {
+                                if usable(w + i64::from(i) * MINUTE_MS, MINUTE_MS) {
+                                    mask |= 1 << i;
+                                }
                             }
-                        }
-                        covered.insert(
-                            w,
-                            if mask == (1 << 60) - 1 {
-                                u64::MAX
-                            } else {
-                                mask
-                            },
-                        );
-                        Ok(true)
-                    },
-                )?;
+                            for (i, b) in r.minutes {
+                                if mask & (1 << i) != 0 {
+                                    f(OfuPiece::Agg {
+                                        ts_ms: w + i64::from(i) * MINUTE_MS,
+                                        len_ms: MINUTE_MS,
+                                        agg: b.mean,
+                                        first: b.first,
+                                    });
+                                }
+                            }
+                            covered.insert(
+                                w,
+                                if mask == (1 << 60) - 1 {
+                                    u64::MAX
+                                } else {
+                                    mask
+                                },
+                            );
+                            Ok(true)
+                        },
+                    )?;
+                }
             }
             // Chunks are read only between hours the rollups covered whole.
             let mut full: Vec<i64> = covered

@@ -243,10 +243,10 @@ pub enum OfuPiece {
         /// Time and OFU of its first sample (`None`: not known, a bucket
         /// rolled up before the store kept it).
         first: Option<(i64, f64)>,
-        /// Time and OFU of its last sample (`None`: not known, a bucket
-        /// rolled up before the store kept it).
-        last: Option<(i64, f64)>,
     },
+    /// A sealed minute's last sample, and its sample on the minute's
+    /// start, if any ([`crate::store::Store::ofu_lasts`]).
+    Last(super::MinuteLast),
 }
 
 #[cfg(test)]

@@ -7,15 +7,9 @@
 //! minute's first sample, which PromQL's closed windows `[t - r, t]` need
 //! to answer `avg_over_time` and its kin from buckets `[t - r, t)`.
 //!
-//! Each aggregate also keeps its last sample, which an instant selector
-//! at a step on a whole minute needs: the newest sample at or before the
-//! step is the last of the minutes before it (or the first of the minute
-//! starting at it, if that lies on the step).
-//!
 //! Records written before entries per job existed (format 1: no job, no
 //! unweighted sum, no first sample) still decode; they answer a GPU's
-//! queries as before and send a job's query to the samples. Records
-//! without last samples (format 2) send instant selectors to the samples.
+//! queries as before and send a job's query to the samples.
 
 use crate::ofu::Mean;
 
@@ -26,14 +20,9 @@ const AGG1_BYTES: usize = 56;
 /// Format 2's aggregate: format 1's, then Σ OFU (f64), the first sample's
 /// time (i64) and value (f64).
 const AGG2_BYTES: usize = AGG1_BYTES + 24;
-/// Format 3's aggregate: format 2's, then the last sample's time (i64)
-/// and value (f64).
-const AGG3_BYTES: usize = AGG2_BYTES + 16;
 /// Format 2 records start with this word; format 1's first word is a
 /// minute mask, whose bits 60 and up are always clear.
 const FORMAT2: u64 = 1 << 63 | 2;
-/// Format 3 records start with this word.
-const FORMAT3: u64 = 1 << 63 | 3;
 
 /// One bucket's aggregate: its samples' [`Mean`] and its first sample.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -42,9 +31,6 @@ pub struct Bucket {
     /// Time and OFU of the bucket's earliest sample (`None`: no samples,
     /// or a format 1 record).
     pub first: Option<(i64, f64)>,
-    /// Time and OFU of the bucket's latest sample (`None`: no samples, or
-    /// a format 1 or 2 record).
-    pub last: Option<(i64, f64)>,
 }
 
 impl Bucket {
@@ -52,9 +38,6 @@ impl Bucket {
         self.mean.add(v, tpa, clk, window_ms);
         if self.first.is_none_or(|(t, _)| ts < t) {
             self.first = Some((ts, v));
-        }
-        if self.last.is_none_or(|(t, _)| ts >= t) {
-            self.last = Some((ts, v));
         }
     }
 
@@ -68,15 +51,8 @@ impl Bucket {
             // A bucket of a format 1 record does not know its first sample.
             _ => None,
         };
-        let last = match (self.last, o.last) {
-            (Some(a), Some(b)) => Some(if b.0 >= a.0 { b } else { a }),
-            _ if self.mean.count == 0 => o.last,
-            // Nor a format 1 or 2 record its last.
-            _ => None,
-        };
         self.mean.merge(&o.mean);
         self.first = first;
-        self.last = last;
     }
 }
 
@@ -147,8 +123,8 @@ impl Rollup {
 
     pub(super) fn encode(&self) -> Vec<u8> {
         let jobs = self.jobs.as_deref().unwrap_or_default();
-        let mut out = Vec::with_capacity(16 + jobs.len() * (16 + AGG3_BYTES * 61));
-        out.extend_from_slice(&FORMAT3.to_le_bytes());
+        let mut out = Vec::with_capacity(16 + jobs.len() * (16 + AGG2_BYTES * 61));
+        out.extend_from_slice(&FORMAT2.to_le_bytes());
         out.extend_from_slice(&(jobs.len() as u32).to_le_bytes());
         for (job, e) in jobs {
             out.extend_from_slice(&(job.len() as u32).to_le_bytes());
@@ -165,14 +141,10 @@ impl Rollup {
 
     pub(super) fn decode(b: &[u8]) -> Option<Self> {
         let head = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
-        let width = match head {
-            FORMAT3 => AGG3_BYTES,
-            FORMAT2 => AGG2_BYTES,
-            _ => {
-                let (legacy, used) = decode_entry(b, AGG1_BYTES)?;
-                return (used == b.len()).then_some(Self { jobs: None, legacy });
-            }
-        };
+        if head != FORMAT2 {
+            let (legacy, used) = decode_entry(b, AGG1_BYTES)?;
+            return (used == b.len()).then_some(Self { jobs: None, legacy });
+        }
         let mut pos = 12;
         let n = u32::from_le_bytes(b.get(8..12)?.try_into().ok()?);
         let mut jobs = Vec::new();
@@ -181,7 +153,7 @@ impl Rollup {
             pos += 4;
             let job = std::str::from_utf8(b.get(pos..pos.checked_add(len)?)?).ok()?;
             pos += len;
-            let (e, used) = decode_entry(b.get(pos..)?, width)?;
+            let (e, used) = decode_entry(b.get(pos..)?, AGG2_BYTES)?;
             pos += used;
             jobs.push((job.to_string(), e));
         }
@@ -195,14 +167,12 @@ fn encode_agg(b: &Bucket, out: &mut Vec<u8>) {
     for f in parts {
         out.extend_from_slice(&f.to_le_bytes());
     }
-    for edge in [b.first, b.last] {
-        let (ts, v) = edge.unwrap_or((i64::MIN, f64::NAN));
-        out.extend_from_slice(&ts.to_le_bytes());
-        out.extend_from_slice(&v.to_le_bytes());
-    }
+    let (ts, v) = b.first.unwrap_or((i64::MIN, f64::NAN));
+    out.extend_from_slice(&ts.to_le_bytes());
+    out.extend_from_slice(&v.to_le_bytes());
 }
 
-/// An aggregate of `width` bytes (format 1, 2 or 3).
+/// An aggregate of `width` bytes (format 1 or 2).
 fn decode_agg(b: &[u8], width: usize) -> Option<Bucket> {
     let b = b.get(..width)?;
     let u = |i: usize| -> Option<[u8; 8]> { b.get(i * 8..i * 8 + 8)?.try_into().ok() };
@@ -211,18 +181,16 @@ fn decode_agg(b: &[u8], width: usize) -> Option<Bucket> {
     for (i, f) in parts.iter_mut().enumerate().take(width / 8 - 1) {
         *f = f64::from_le_bytes(u(i + 1)?);
     }
-    let edge = |at: usize| -> Option<Option<(i64, f64)>> {
-        if width < (at + 2) * 8 {
-            return Some(None);
+    let mut first = None;
+    if width == AGG2_BYTES {
+        let ts = i64::from_le_bytes(u(8)?);
+        if count > 0 && ts != i64::MIN {
+            first = Some((ts, f64::from_le_bytes(u(9)?)));
         }
-        let ts = i64::from_le_bytes(u(at)?);
-        let v = f64::from_le_bytes(u(at + 1)?);
-        Some((count > 0 && ts != i64::MIN).then_some((ts, v)))
-    };
+    }
     Some(Bucket {
         mean: Mean::from_parts(count, parts),
-        first: edge(8)?,
-        last: edge(10)?,
+        first,
     })
 }
 
@@ -313,43 +281,10 @@ mod tests {
         assert_eq!(gpu.minutes.len(), 2);
         assert_eq!(gpu.minutes[1].1.mean.count, 2);
         assert_eq!(gpu.minutes[1].1.first, Some((60_000, 1.0)));
-        assert_eq!(gpu.hour.last, Some((61_000, 0.25)));
-        assert_eq!(gpu.minutes[1].1.last, Some((61_000, 0.25)));
         let bytes = r.encode();
         for cut in 1..bytes.len() {
             assert_eq!(Rollup::decode(&bytes[..cut]), None, "cut at {cut}");
         }
-    }
-
-    /// Format 2 records (no last samples) decode with their last samples
-    /// unknown, and so do the buckets they merge into.
-    #[test]
-    fn format_2_records_decode_without_last_samples() {
-        let e = Entry {
-            hour: bucket(&[(1_000, 0.5, 100)]),
-            minutes: vec![(0, bucket(&[(1_000, 0.5, 100)]))],
-        };
-        let three = Rollup::per_job(vec![("a".into(), e)]).encode();
-        // Format 2: the same words without each aggregate's last two.
-        let mut two = FORMAT2.to_le_bytes().to_vec();
-        two.extend_from_slice(&three[8..12]);
-        let mut pos = 12;
-        let len = u32::from_le_bytes(three[pos..pos + 4].try_into().unwrap()) as usize;
-        two.extend_from_slice(&three[pos..pos + 4 + len + 8]);
-        pos += 4 + len + 8;
-        for _ in 0..2 {
-            two.extend_from_slice(&three[pos..pos + AGG2_BYTES]);
-            pos += AGG3_BYTES;
-        }
-        assert_eq!(pos, three.len());
-        let r = Rollup::decode(&two).unwrap();
-        let gpu = r.gpu();
-        assert_eq!(gpu.hour.first, Some((1_000, 0.5)));
-        assert_eq!(gpu.hour.last, None);
-        assert_eq!(gpu.minutes[0].1.last, None);
-        let mut merged = gpu.hour;
-        merged.merge(&Rollup::decode(&three).unwrap().gpu().hour);
-        assert_eq!(merged.last, None);
     }
 
     #[test]

@@ -117,7 +117,6 @@ impl Evaluator<'_> {
                         min,
                         max,
                         first,
-                        ..
                     } => {
                         if ts < t {
                             acc.add(count, sum, min, max);
