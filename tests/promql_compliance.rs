@@ -547,13 +547,19 @@ async fn compliance_queries_answer_as_prometheus_does() {
         agent_tokens_sha256: vec![digest(&format!("{name}-agent"))],
         ..Default::default()
     };
-    let cfg = CollectorConfig {
+    let mut cfg = CollectorConfig {
         data_dir: dir.path().join("data"),
         admin_tokens_sha256: vec![digest("provider")],
         tenants: vec![tenant("tenant-a"), tenant("tenant-b")],
         plaintext: true,
         ..Default::default()
     };
+    // Prometheus holds the samples as blocks, without the staleness
+    // markers a scrape writes when a series vanishes: its series stay
+    // current for the whole lookback after their last sample, so
+    // flopwatch's staleness from sampling windows is off here (it is
+    // checked by tests/staleness.rs).
+    cfg.prometheus_api.staleness = false;
     let tc = TestCollector::start_config(&cfg, Auth::from_config(&cfg), Vec::new()).await;
     let gpus = gpus();
 

@@ -185,12 +185,16 @@ async fn promql_answers_as_prometheus_does() {
     let dir = tempfile::tempdir().unwrap();
     let now = SystemClock.now_ms();
     let base = now.div_euclid(HOUR) * HOUR - 31 * DAY;
-    let cfg = flopwatch_config::CollectorConfig {
+    let mut cfg = flopwatch_config::CollectorConfig {
         data_dir: dir.path().join("data"),
         anonymous_tenant: Some("default".into()),
         retention: Duration::from_secs(60 * 24 * 3600),
         ..Default::default()
     };
+    // Prometheus reads the samples from blocks, which carry no staleness
+    // markers: each series stays current for the whole lookback there, so
+    // here too (staleness itself: tests/job_churn.rs).
+    cfg.prometheus_api.staleness = false;
     let tc = TestCollector::start_config(
         &cfg,
         flopwatch_collector::Auth::anonymous("default"),

@@ -46,6 +46,7 @@ fn main() {
                 vec![GpuPlan {
                     job: None,
                     workload: wl(t),
+                    turns: None,
                 }],
                 0,
                 11,

@@ -25,6 +25,7 @@ fn write(dir: &str, name: &str, workload: impl Fn(i64) -> Workload) {
             vec![GpuPlan {
                 job: Some("trace".into()),
                 workload: workload((ts - STEP_MS).max(0)),
+                turns: None,
             }],
             0,
             7,

@@ -484,13 +484,13 @@ impl Group {
             if t.n == 0 {
                 continue;
             }
-            let now = if at_last_read {
-                t.last_ms.min(now)
-            } else {
-                now
-            };
+            // A track not read since its latest reading (its field left
+            // the source) ends there too: its sample must not claim the
+            // time after, when nothing was read.
+            let ends_early = at_last_read || t.last_ms < now;
+            let now = if ends_early { t.last_ms.min(now) } else { now };
             let mut r = Reading::new(t.metric, t.last);
-            if at_last_read {
+            if ends_early {
                 r.end_ms = Some(now);
             }
             let window = if t.agg == Aggregation::WindowMean && t.sum_w > 0 {

@@ -109,6 +109,22 @@ impl Batcher {
         self.events.extend(capture.events);
     }
 
+    /// Whether `jobs` (a capture's attribution) names other jobs than the
+    /// batch holds so far: the sampling loop then cuts the batch first, so
+    /// that a batch's samples all belong to its jobs (a job's end is then
+    /// exact to the capture, not to the batch).
+    pub fn jobs_change(&self, jobs: &[JobAssignment], inventory: &[GpuInfo]) -> bool {
+        if self.is_empty() {
+            return false;
+        }
+        let ids = |i: usize| -> Option<&str> {
+            jobs.iter()
+                .find(|j| inventory.get(i).is_some_and(|g| g.uuid == j.gpu_uuid))
+                .map(|j| j.job_id.as_str())
+        };
+        (0..inventory.len()).any(|i| self.jobs.get(&i).map(|j| j.job_id.as_str()) != ids(i))
+    }
+
     /// Adds what a sampler held back ([`Sampler::flush`](crate::sampler::Sampler::flush)):
     /// readings of earlier captures, with no attribution of their own, so
     /// the current attribution stays.

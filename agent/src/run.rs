@@ -2,9 +2,16 @@
 //! [`crate::sampling`]) and the client loop (outbox → collector), joined by
 //! the bounded [`Outbox`]. Captures run off the runtime's thread, since
 //! NVML calls block.
+//!
+//! An agent whose source cannot be opened yet ([`Agent::start_opening`],
+//! [`crate::opening`]) exists at once, with its outbox, counters and
+//! probes, and starts both loops when the source opens; until then it only
+//! retries and answers the probes.
 
 use crate::attribution::{Attribution, AttributionOptions, AttributionStats};
 use crate::client::{self, ClientOptions, ClientState};
+use crate::health::Health;
+use crate::opening::{OpenSource, RetryOptions, SamplerFor, StartError};
 use crate::outbox::Outbox;
 use crate::sampler::Sampler;
 pub use crate::sampling::AgentStats;
@@ -13,7 +20,7 @@ use crate::source::GpuSource;
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::model::{Hello, NodeIdentity};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::warn;
@@ -107,10 +114,146 @@ pub struct Agent {
     /// Job attribution counters.
     pub attribution: Arc<AttributionStats>,
     /// The sampling loop's progress, for `/healthz` and `/readyz`.
-    pub health: Arc<crate::health::Health>,
+    pub health: Arc<Health>,
     shutdown: watch::Sender<bool>,
+    phase: Phase,
+}
+
+/// Sampling and streaming.
+struct Running {
     sampling: Loop,
     client: tokio::task::JoinHandle<()>,
+}
+
+/// Where an agent is.
+enum Phase {
+    Running(Running),
+    /// The source is not open yet: `task` retries, then starts both loops
+    /// and leaves them in `started`.
+    Opening {
+        task: tokio::task::JoinHandle<()>,
+        started: Arc<Mutex<Option<Running>>>,
+    },
+}
+
+/// The parts of [`Pending`] an [`Agent`] shows.
+struct Handles {
+    outbox: Arc<Outbox>,
+    stats: Arc<AgentStats>,
+    state: watch::Receiver<ClientState>,
+    attribution: Arc<AttributionStats>,
+    health: Arc<Health>,
+}
+
+impl Handles {
+    fn agent(self, shutdown: watch::Sender<bool>, phase: Phase) -> Agent {
+        Agent {
+            outbox: self.outbox,
+            stats: self.stats,
+            state: self.state,
+            attribution: self.attribution,
+            health: self.health,
+            shutdown,
+            phase,
+        }
+    }
+}
+
+/// What sampling and streaming share, made before the source is open.
+struct Pending {
+    opts: AgentOptions,
+    attribution: Attribution,
+    clock: Arc<dyn Clock>,
+    outbox: Arc<Outbox>,
+    stats: Arc<AgentStats>,
+    health: Arc<Health>,
+    state_tx: watch::Sender<ClientState>,
+    state: watch::Receiver<ClientState>,
+    shutdown: watch::Receiver<bool>,
+    max_batches_per_second: Option<u32>,
+}
+
+impl Pending {
+    /// The shared parts; the sender stops the agent.
+    fn new(
+        opts: AgentOptions,
+        attribution: AttributionOptions,
+        clock: Arc<dyn Clock>,
+        outbox: Arc<Outbox>,
+        max_batches_per_second: Option<u32>,
+    ) -> (Self, watch::Sender<bool>) {
+        let attribution = Attribution::new(attribution, opts.job.clone());
+        let (shutdown_tx, shutdown) = watch::channel(false);
+        let (state_tx, state) = watch::channel(ClientState::default());
+        let pending = Self {
+            opts,
+            attribution,
+            clock,
+            outbox,
+            stats: Arc::new(AgentStats::default()),
+            health: Arc::new(Health::default()),
+            state_tx,
+            state,
+            shutdown,
+            max_batches_per_second,
+        };
+        (pending, shutdown_tx)
+    }
+
+    /// What the agent shows of these parts.
+    fn handles(&self) -> Handles {
+        Handles {
+            outbox: self.outbox.clone(),
+            stats: self.stats.clone(),
+            state: self.state.clone(),
+            attribution: self.attribution.stats(),
+            health: self.health.clone(),
+        }
+    }
+
+    /// Starts streaming and sampling `source`.
+    fn launch(self, source: Box<dyn GpuSource>, sampler: Box<dyn Sampler>) -> Running {
+        let opts = &self.opts;
+        let hello = Hello {
+            token: None,
+            agent_id: opts.node.node_id.clone(),
+            node: opts.node.clone(),
+            gpus: source.inventory().to_vec(),
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            metrics: Vec::new(),
+            devices: source
+                .devices()
+                .iter()
+                .map(|d| crate::source::qualify(d, &opts.node.node_id))
+                .collect(),
+        };
+        let client = tokio::spawn(client::run(
+            ClientOptions {
+                collectors: opts.collectors.clone(),
+                token: opts.token.clone(),
+                tls: opts.tls.clone(),
+                hello,
+                drain_timeout: opts.drain_timeout,
+                max_batches_per_second: self.max_batches_per_second,
+            },
+            self.outbox.clone(),
+            self.state_tx,
+        ));
+        let sampling = Sampling::new(
+            source,
+            sampler,
+            &opts.loop_options(),
+            self.attribution,
+            self.clock,
+            self.outbox,
+            self.stats,
+            self.health.clone(),
+            self.state,
+        );
+        self.health.started();
+        let sampling = Loop::start(sampling, opts.pacing, self.shutdown);
+        Running { sampling, client }
+    }
 }
 
 /// The running sampling loop.
@@ -208,24 +351,7 @@ impl Agent {
         clock: Arc<dyn Clock>,
         delivery: DeliveryOptions,
     ) -> std::io::Result<Self> {
-        let outbox = match &delivery.spool {
-            Some(so) => {
-                let mut spool =
-                    crate::spool::Spool::open(so, Arc::new(crate::spool::SpoolStats::default()))?;
-                // Numbers of this run start above any an earlier run on
-                // this boot can have used, even one whose spool is gone (a
-                // recreated pod): 1000 per millisecond of wall clock.
-                spool.reserve_below(
-                    u64::try_from(clock.now_ms())
-                        .unwrap_or(0)
-                        .saturating_mul(1000),
-                );
-                let outbox = Arc::new(Outbox::with_spool(opts.max_in_flight, spool));
-                tokio::spawn(sync_spool(outbox.clone(), so.fsync_interval));
-                outbox
-            }
-            None => Arc::new(Outbox::new(opts.max_in_flight)),
-        };
+        let outbox = outbox_for(&opts, clock.as_ref(), &delivery)?;
         Ok(Self::start_with_outbox(
             source,
             sampler,
@@ -246,67 +372,94 @@ impl Agent {
         outbox: Arc<Outbox>,
         max_batches_per_second: Option<u32>,
     ) -> Self {
-        let attribution = Attribution::new(attribution, opts.job.clone());
-        let attribution_stats = attribution.stats();
-        let stats = Arc::new(AgentStats::default());
-        let health = Arc::new(crate::health::Health::default());
-        let (shutdown, shutdown_rx) = watch::channel(false);
-        let (state_tx, state) = watch::channel(ClientState::default());
-        let hello = Hello {
-            token: None,
-            agent_id: opts.node.node_id.clone(),
-            node: opts.node.clone(),
-            gpus: source.inventory().to_vec(),
-            agent_version: env!("CARGO_PKG_VERSION").to_string(),
-            metrics: Vec::new(),
-            devices: source
-                .devices()
-                .iter()
-                .map(|d| crate::source::qualify(d, &opts.node.node_id))
-                .collect(),
+        let (pending, shutdown) =
+            Pending::new(opts, attribution, clock, outbox, max_batches_per_second);
+        let handles = pending.handles();
+        // The source opened at once.
+        handles.health.set_source_up(true);
+        handles.agent(shutdown, Phase::Running(pending.launch(source, sampler)))
+    }
+
+    /// Opens the source with `open` and starts as
+    /// [`Agent::start_with_delivery`] does, the sampler made by `sampler`
+    /// for the open source. When the source cannot be opened yet for a
+    /// reason that can pass ([`SourceError::is_transient`](crate::source::SourceError::is_transient):
+    /// a dcgm-exporter not answering yet) the agent starts anyway and
+    /// retries per `retry` ([`RetryOptions`]): `/healthz` live, `/readyz`
+    /// not ready with the reason, until the source opens; sampling and
+    /// streaming then start. Fails at once when the source cannot be
+    /// opened for another reason, or the spool cannot be.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_opening(
+        mut open: OpenSource,
+        sampler: SamplerFor,
+        opts: AgentOptions,
+        attribution: AttributionOptions,
+        clock: Arc<dyn Clock>,
+        delivery: DeliveryOptions,
+        retry: RetryOptions,
+    ) -> Result<Self, StartError> {
+        let first_ms = clock.now_ms();
+        let first = match open(first_ms) {
+            Ok(source) => {
+                let sampler = sampler(source.as_ref());
+                return Self::start_with_delivery(
+                    source,
+                    sampler,
+                    opts,
+                    attribution,
+                    clock,
+                    delivery,
+                )
+                .map_err(StartError::Spool);
+            }
+            Err(e) if !e.is_transient() => return Err(StartError::Source(e)),
+            Err(e) => e,
         };
-        let client = tokio::spawn(client::run(
-            ClientOptions {
-                collectors: opts.collectors.clone(),
-                token: opts.token.clone(),
-                tls: opts.tls.clone(),
-                hello,
-                drain_timeout: opts.drain_timeout,
-                max_batches_per_second,
-            },
-            outbox.clone(),
-            state_tx,
-        ));
-        let sampling = Sampling::new(
-            source,
-            sampler,
-            &opts.loop_options(),
+        let outbox = outbox_for(&opts, clock.as_ref(), &delivery).map_err(StartError::Spool)?;
+        let (pending, shutdown) = Pending::new(
+            opts,
             attribution,
             clock,
-            outbox.clone(),
-            stats.clone(),
-            health.clone(),
-            state.clone(),
-        );
-        let sampling = Loop::start(sampling, opts.pacing, shutdown_rx);
-        Self {
             outbox,
-            stats,
-            state,
-            attribution: attribution_stats,
-            health,
-            shutdown,
-            sampling,
-            client,
-        }
+            delivery.max_batches_per_second,
+        );
+        let handles = pending.handles();
+        let started: Arc<Mutex<Option<Running>>> = Arc::default();
+        let slot = started.clone();
+        let watch = crate::opening::first_failure(&first, first_ms, &retry, pending.health.clone());
+        let (clock, stop) = (pending.clock.clone(), pending.shutdown.clone());
+        let task = tokio::spawn(async move {
+            let opened = crate::opening::open_with_retry(open, watch, retry, clock, stop).await;
+            if let Some(source) = opened {
+                let sampler = sampler(source.as_ref());
+                let running = pending.launch(source, sampler);
+                *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(running);
+            }
+        });
+        Ok(handles.agent(shutdown, Phase::Opening { task, started }))
     }
 
     /// Asks the agent to stop: the last batch is cut and outstanding
-    /// batches get up to the drain timeout to be acknowledged.
+    /// batches get up to the drain timeout to be acknowledged. An agent
+    /// still waiting for its source stops waiting.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
-        self.sampling.join().await;
-        let _ = self.client.await;
+        let running = match self.phase {
+            Phase::Running(r) => Some(r),
+            Phase::Opening { task, started } => {
+                let _ = task.await;
+                let r = started
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                r
+            }
+        };
+        if let Some(Running { sampling, client }) = running {
+            sampling.join().await;
+            let _ = client.await;
+        }
         if let Some(job) = self.outbox.spool_sync_job() {
             match tokio::task::spawn_blocking(move || job.run()).await {
                 Ok(Ok(())) => {}
@@ -318,8 +471,53 @@ impl Agent {
 
     /// True once the sampling loop ended by itself (a finished replay).
     pub fn sampling_finished(&self) -> bool {
-        self.sampling.is_finished()
+        match &self.phase {
+            Phase::Running(r) => r.sampling.is_finished(),
+            Phase::Opening { started, .. } => started
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+                .is_some_and(|r| r.sampling.is_finished()),
+        }
     }
+
+    /// True once the source is open and the loops run.
+    pub fn source_opened(&self) -> bool {
+        match &self.phase {
+            Phase::Running(_) => true,
+            Phase::Opening { started, .. } => started
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some(),
+        }
+    }
+}
+
+/// The outbox `delivery` asks for: in memory, or written ahead to a spool
+/// (then fsynced in the background).
+fn outbox_for(
+    opts: &AgentOptions,
+    clock: &dyn Clock,
+    delivery: &DeliveryOptions,
+) -> std::io::Result<Arc<Outbox>> {
+    Ok(match &delivery.spool {
+        Some(so) => {
+            let mut spool =
+                crate::spool::Spool::open(so, Arc::new(crate::spool::SpoolStats::default()))?;
+            // Numbers of this run start above any an earlier run on
+            // this boot can have used, even one whose spool is gone (a
+            // recreated pod): 1000 per millisecond of wall clock.
+            spool.reserve_below(
+                u64::try_from(clock.now_ms())
+                    .unwrap_or(0)
+                    .saturating_mul(1000),
+            );
+            let outbox = Arc::new(Outbox::with_spool(opts.max_in_flight, spool));
+            tokio::spawn(sync_spool(outbox.clone(), so.fsync_interval));
+            outbox
+        }
+        None => Arc::new(Outbox::new(opts.max_in_flight)),
+    })
 }
 
 /// fsyncs the spool every `every` (off the outbox's lock), while the

@@ -106,7 +106,8 @@ pub(crate) struct Sampling {
     filter: MetricFilter,
     slow: SlowReads,
     last_flush: i64,
-    errors_logged: u32,
+    /// Failing and recovering captures, for the log and the probes.
+    outage: crate::outage::Watch,
 }
 
 /// A capture to take off the runtime: the source and the MFU inbox travel
@@ -167,7 +168,6 @@ impl Sampling {
             clock,
             outbox,
             stats,
-            health,
             state,
             node: opts.node.clone(),
             inventory,
@@ -177,7 +177,12 @@ impl Sampling {
             batcher: Batcher::default(),
             filter: MetricFilter::new(opts.metrics.clone()),
             slow: SlowReads::new(opts.slow_interval),
-            errors_logged: 0,
+            outage: crate::outage::Watch::new(
+                crate::outage::Watched::Capture,
+                crate::outage::REMIND_EVERY,
+                health.clone(),
+            ),
+            health,
         }
     }
 
@@ -203,6 +208,7 @@ impl Sampling {
         let flow = match result {
             Ok(mut capture) => {
                 self.stats.captures.fetch_add(1, Ordering::Relaxed);
+                self.outage.succeeded(at);
                 note_gpm_denied(&self.stats, &self.inventory, source.gpm_permission_denied());
                 // Lookups run in the background at most every refresh
                 // interval; every capture carries the latest owners, then
@@ -211,6 +217,12 @@ impl Sampling {
                     .tick(at, &self.inventory, || source.processes());
                 self.attribution.apply(at, &mut capture, &self.inventory);
                 self.filter.apply(&mut capture);
+                if self.batcher.jobs_change(&capture.jobs, &self.owners) {
+                    // A job started or ended: what was sampled before
+                    // goes out with the attribution it was sampled under.
+                    self.batcher.add_held(self.sampler.flush(at), &self.owners);
+                    self.cut(&mut mfu, at);
+                }
                 self.sampler.observe(&mut capture);
                 self.batcher.add(capture, &self.owners);
                 ControlFlow::Continue(())
@@ -221,10 +233,9 @@ impl Sampling {
             }
             Err(e) => {
                 self.stats.capture_errors.fetch_add(1, Ordering::Relaxed);
-                if self.errors_logged < 10 {
-                    warn!(error = %e, "capture failed");
-                    self.errors_logged += 1;
-                }
+                // Told as transitions: failing, a reminder a minute,
+                // recovered (crate::outage).
+                self.outage.failed(at, &e);
                 ControlFlow::Continue(())
             }
         };

@@ -6,8 +6,9 @@
 //! the same timestamps *within one batch*, so a split keeps each GPU's (or
 //! device's) series together: whole GPUs are packed into parts; a GPU too
 //! large on its own is cut by time, every one of its series at the same
-//! instants. Attribution, events, intervals and MFU reports ride on the
-//! first part.
+//! instants. Attribution rides on every part (a batch's jobs are the
+//! node's whole attribution: a part without them would end every job);
+//! events, intervals and MFU reports on the first.
 
 use flopwatch_proto::v1;
 use prost::Message;
@@ -57,6 +58,7 @@ pub fn split(batch: v1::Batch, max_bytes: usize) -> Vec<v1::Batch> {
         from_spool: head.from_spool,
         pending_bytes: head.pending_bytes,
         pending_batches: head.pending_batches,
+        jobs: head.jobs.clone(),
         ..Default::default()
     };
     parts
@@ -231,7 +233,7 @@ mod tests {
             assert!(per_gpu.values().all(|&n| n == 3), "{per_gpu:?}");
         }
         assert_eq!(parts[0].jobs.len(), 1);
-        assert!(parts[1..].iter().all(|p| p.jobs.is_empty()));
+        assert!(parts.iter().all(|p| p.jobs == parts[0].jobs));
         assert_eq!(points(&parts), points(&[b]));
     }
 

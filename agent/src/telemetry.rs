@@ -5,6 +5,9 @@
 //! |---|---|---|
 //! | `flopwatch_agent_sample_interval_seconds` | gauge | `UUID`, `metric` |
 //! | `flopwatch_agent_captures_total`, `…_capture_errors_total`, `…_samples_total`, `…_reads_skipped_total` | counter | |
+//! | `flopwatch_agent_capture_interval_seconds` | gauge | |
+//! | `flopwatch_agent_source_up` | gauge 0/1 | |
+//! | `flopwatch_agent_source_open_errors_total` | counter | |
 //! | `flopwatch_agent_outbox_batches`, `flopwatch_agent_pending_bytes` | gauge | |
 //! | `flopwatch_agent_acked_batches_total`, `…_acked_samples_total`, `…_rejected_batches_total`, `…_dropped_batches_total`, `…_dropped_samples_total` | counter | |
 //! | `flopwatch_agent_connected` | gauge 0/1 | |
@@ -37,6 +40,7 @@ pub fn registry(agent: &Agent) -> Registry {
         outbox: agent.outbox.clone(),
         state: agent.state.clone(),
         attribution: agent.attribution.clone(),
+        health: agent.health.clone(),
     }));
     r.register_collector(Box::new(
         flopwatch_transport::process::ProcessCollector::new("agent"),
@@ -49,6 +53,7 @@ struct AgentExporter {
     outbox: Arc<Outbox>,
     state: watch::Receiver<ClientState>,
     attribution: Arc<AttributionStats>,
+    health: Arc<crate::health::Health>,
 }
 
 impl std::fmt::Debug for AgentExporter {
@@ -103,6 +108,24 @@ impl prometheus_client::collector::Collector for AgentExporter {
             "Captures that failed.",
             &s.capture_errors,
         )?;
+        gauge(
+            &mut enc,
+            "flopwatch_agent_capture_interval_seconds",
+            "Current wait between captures (0 before the first).",
+            self.health.interval().as_secs_f64(),
+        )?;
+        gauge(
+            &mut enc,
+            "flopwatch_agent_source_up",
+            "1 while the source is open and its last capture read; 0 while it cannot be opened yet or its captures fail.",
+            if self.health.source_up() { 1.0 } else { 0.0 },
+        )?;
+        ConstCounter::new(self.health.open_errors()).encode(enc.encode_descriptor(
+            "flopwatch_agent_source_open_errors",
+            "Failed attempts to open the source (retried with backoff).",
+            None,
+            MetricType::Counter,
+        )?)?;
         counter(
             &mut enc,
             "flopwatch_agent_samples",

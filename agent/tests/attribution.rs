@@ -469,6 +469,7 @@ async fn precedence_pods_then_cgroups_then_mapping_then_source_then_label() {
         vec![flopwatch_sim::GpuPlan {
             job: None,
             workload: flopwatch_sim::Workload::Idle,
+            turns: None,
         }],
         T0,
         1,
@@ -925,4 +926,80 @@ fn long_ids_are_shortened_but_stay_distinct() {
     let o = Owner::from_pod(&dev("ml", &"p".repeat(253), "c", "nvidia.com/gpu", "GPU-0"));
     assert_eq!(o.job_id.len(), MAX_JOB_ID_BYTES);
     assert_eq!(o.pod.len(), 253, "the pod name itself is kept");
+}
+
+/// A pod resolver whose answer the test changes.
+struct Changing(std::sync::Mutex<Vec<PodDevice>>);
+
+impl PodResolver for Changing {
+    fn list(&self) -> BoxFuture<'_, Result<Vec<PodDevice>, AttributionError>> {
+        let d = self.0.lock().map(|d| d.clone()).unwrap_or_default();
+        Box::pin(async move { Ok(d) })
+    }
+}
+
+/// Every lookup lets go of a GPU when its owner leaves: the pod gone from
+/// pod-resources, the processes (and their cgroups) gone, the mapping file
+/// removed. The GPU then runs no job — nothing remembers the last owner.
+#[tokio::test]
+async fn every_lookup_lets_go_when_its_owner_leaves() {
+    // Eight GPUs of no job of the source's own, so what is left is the
+    // lookups' doing.
+    let mut source = SimSource::from_model(flopwatch_sim::SimModel::with_plans(
+        (0..8)
+            .map(|_| flopwatch_sim::GpuPlan {
+                job: None,
+                workload: flopwatch_sim::Workload::Idle,
+                turns: None,
+            })
+            .collect(),
+        T0,
+        1,
+    ));
+    let inventory = source.inventory().to_vec();
+    let uuids: Vec<String> = inventory.iter().map(|g| g.uuid.clone()).collect();
+    let map = tempfile::tempdir().unwrap();
+    std::fs::write(map.path().join("6"), "hpc-6\n").unwrap();
+    let mut o = opts(&fixture_proc());
+    o.mapping_dir = Some(map.path().to_path_buf());
+    let pods = Arc::new(Changing(std::sync::Mutex::new(vec![dev(
+        "ml",
+        "trainer-0",
+        "main",
+        "nvidia.com/gpu",
+        &uuids[0],
+    )])));
+    let mut attribution = Attribution::with_resolver(o, None, Some(pods.clone()));
+    // The fixture's processes: PID 10000 + g on GPU g (cgroups of pods,
+    // Slurm jobs and containers).
+    let processes: Vec<(usize, u32)> = (1..6).map(|g| (g, 10_000 + g as u32)).collect();
+    attribution.refresh(T0, &inventory, &processes).await;
+    let mut c = source.capture(T0).unwrap();
+    attribution.apply(T0, &mut c, &inventory);
+    let owned: Vec<usize> = (0..8).filter(|&g| job(&c, &uuids[g]).is_some()).collect();
+    assert_eq!(owned, [0, 1, 2, 3, 4, 5, 6], "{:?}", c.jobs);
+
+    // Everyone leaves.
+    pods.0.lock().unwrap().clear();
+    std::fs::remove_file(map.path().join("6")).unwrap();
+    attribution.refresh(T0 + 10_000, &inventory, &[]).await;
+    let mut c = source.capture(T0 + 10_000).unwrap();
+    attribution.apply(T0 + 10_000, &mut c, &inventory);
+    assert!(
+        c.jobs.is_empty(),
+        "owners outlived their jobs: {:?}",
+        c.jobs
+    );
+
+    // An emptied mapping file names no one either.
+    std::fs::write(map.path().join("6"), "hpc-6\n").unwrap();
+    attribution.refresh(T0 + 20_000, &inventory, &[]).await;
+    let mut c = source.capture(T0 + 20_000).unwrap();
+    attribution.apply(T0 + 20_000, &mut c, &inventory);
+    assert_eq!(c.jobs.len(), 1);
+    std::fs::write(map.path().join("6"), "").unwrap();
+    attribution.refresh(T0 + 30_000, &inventory, &[]).await;
+    let mut c = source.capture(T0 + 30_000).unwrap();
+    attribution.apply(T0 + 30_000, &mut c, &inventory);
+    assert!(c.jobs.is_empty(), "{:?}", c.jobs);
 }

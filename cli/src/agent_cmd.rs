@@ -1,11 +1,17 @@
 //! `flopwatch agent --config agent.toml [--source nvml|sim|replay:FILE|dcgm-exporter:URL]`
+//!
+//! A source that does not answer yet (a dcgm-exporter starting next to the
+//! agent) does not stop the agent: it serves its probes, not ready, and
+//! retries ([`Agent::start_opening`]). A dcgm-exporter source at the
+//! default capture interval is captured as often as its page refreshes
+//! ([`flopwatch_agent::RefreshPaced`]).
 
 use crate::shared::{config_dir, read_metric_set, shutdown_signal};
 use anyhow::Context;
 use flopwatch_agent::node_identity;
 use flopwatch_agent::FixedSampler;
 use flopwatch_agent::TokioClock;
-use flopwatch_agent::{source, Agent, AgentOptions};
+use flopwatch_agent::{source, Agent, AgentOptions, StartError};
 use flopwatch_config::{load_file, AgentConfig, SourceKind};
 use flopwatch_proto::clock::Clock;
 use std::path::PathBuf;
@@ -73,19 +79,37 @@ pub async fn run(mut args: AgentArgs) -> anyhow::Result<()> {
         metrics.extend(read_metric_set(&flopwatch_config::relative_to(&config, f))?);
     }
     let clock = Arc::new(TokioClock::new());
-    let source = source::open(&kind, &cfg, clock.now_ms())?;
+    let open: flopwatch_agent::OpenSource = {
+        let (kind, cfg) = (kind.clone(), cfg.clone());
+        Box::new(move |now| source::open(&kind, &cfg, now))
+    };
     let allow: Option<std::collections::HashSet<String>> =
         (!metrics.is_empty()).then(|| metrics.into_iter().collect());
-    let sampler: Box<dyn flopwatch_agent::Sampler> = if cfg.sampling.adaptive {
-        let seed = flopwatch_proto::clock::SystemClock.now_ms() as u64;
-        Box::new(flopwatch_agent::AdaptiveSampler::new(&cfg.sampling, seed))
-    } else {
-        Box::new(FixedSampler::new(cfg.interval))
-    };
+    let follow_refresh = follows_refresh(&kind, &cfg);
+    let sampling = cfg.sampling.clone();
+    let interval = cfg.interval;
+    let sampler: flopwatch_agent::SamplerFor = Box::new(move |source| {
+        let sampler: Box<dyn flopwatch_agent::Sampler> = if sampling.adaptive {
+            let seed = flopwatch_proto::clock::SystemClock.now_ms() as u64;
+            Box::new(flopwatch_agent::AdaptiveSampler::new(&sampling, seed))
+        } else {
+            Box::new(FixedSampler::new(interval))
+        };
+        if follow_refresh {
+            Box::new(flopwatch_agent::RefreshPaced::new(
+                sampler,
+                source.inventory().len(),
+            ))
+        } else {
+            sampler
+        }
+    });
     let tls = flopwatch_transport::channel::TlsClient::load(&cfg.tls, &config_dir(&config), "tls")
         .with_context(|| config.display().to_string())?;
+    let node = node_identity(&cfg.node_id, cfg.labels.clone());
+    let retry = flopwatch_agent::RetryOptions::new(&node.node_id);
     let opts = AgentOptions {
-        node: node_identity(&cfg.node_id, cfg.labels.clone()),
+        node,
         collectors: cfg.collectors.clone(),
         token,
         tls,
@@ -113,11 +137,17 @@ pub async fn run(mut args: AgentArgs) -> anyhow::Result<()> {
             }),
         max_batches_per_second: cfg.spool.dir.as_ref().map(|_| cfg.spool.drain_rate),
     };
-    let agent = Agent::start_with_delivery(source, sampler, opts, attribution, clock, delivery)
-        .with_context(|| match &cfg.spool.dir {
-            Some(d) => format!("spool.dir {}", d.display()),
-            None => "starting the agent".to_string(),
-        })?;
+    let agent = match Agent::start_opening(open, sampler, opts, attribution, clock, delivery, retry)
+    {
+        Ok(a) => a,
+        Err(StartError::Source(e)) => return Err(e.into()),
+        Err(StartError::Spool(e)) => {
+            return Err(anyhow::Error::new(e).context(match &cfg.spool.dir {
+                Some(d) => format!("spool.dir {}", d.display()),
+                None => "starting the agent".to_string(),
+            }))
+        }
+    };
     let (metrics_stop, metrics_rx) = tokio::sync::oneshot::channel::<()>();
     let metrics_addr = if cfg.metrics_listen.is_empty() {
         None
@@ -184,6 +214,22 @@ pub async fn run(mut args: AgentArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether the captures follow the source's page refresh: a dcgm-exporter
+/// source at the default capture interval (`interval`, or
+/// `sampling.min_interval` when adaptive). The default suits NVML; a page
+/// that refreshes every 30 s would be read 300 times per reading. Another
+/// interval is the user's choice and kept. (The example configs write the
+/// default out, so its presence in the file is no choice.)
+fn follows_refresh(kind: &SourceKind, cfg: &AgentConfig) -> bool {
+    let defaults = AgentConfig::default();
+    let at_default = if cfg.sampling.adaptive {
+        cfg.sampling.min_interval == defaults.sampling.min_interval
+    } else {
+        cfg.interval == defaults.interval
+    };
+    matches!(kind, SourceKind::DcgmExporter(_)) && at_default
+}
+
 /// Resolves when a replay has no more rows and everything was acked.
 async fn wait_sampling_done(agent: &Agent) {
     loop {
@@ -191,5 +237,28 @@ async fn wait_sampling_done(agent: &Agent) {
         if agent.sampling_finished() && agent.outbox.is_empty() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a dcgm-exporter source at the default capture interval follows
+    /// the page; an interval the user chose is kept.
+    #[test]
+    fn only_a_default_interval_follows_the_exporter() {
+        let dcgm = SourceKind::DcgmExporter("http://127.0.0.1:9400/metrics".into());
+        let mut cfg = AgentConfig::default();
+        assert!(follows_refresh(&dcgm, &cfg));
+        assert!(!follows_refresh(&SourceKind::Nvml, &cfg));
+        assert!(!follows_refresh(&SourceKind::Sim, &cfg));
+        cfg.interval = Duration::from_secs(1);
+        assert!(!follows_refresh(&dcgm, &cfg));
+        // Adaptive: `sampling.min_interval` is the capture interval.
+        cfg.sampling.adaptive = true;
+        assert!(follows_refresh(&dcgm, &cfg));
+        cfg.sampling.min_interval = Duration::from_millis(500);
+        assert!(!follows_refresh(&dcgm, &cfg));
     }
 }

@@ -14,7 +14,7 @@ use flopwatch_config::CollectorConfig;
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::model::NodeIdentity;
 use flopwatch_proto::v1::{self, ofu_request};
-use flopwatch_sim::FleetPlan;
+use flopwatch_sim::{FleetPlan, Turns};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -122,6 +122,20 @@ fn render(sections: &[(&str, &[Row])]) -> String {
         }
         t.row(head(title));
         for r in *rows {
+            if r.gpus == 0 {
+                // No sample in the window: a job that ended, a node whose
+                // inputs went stale.
+                let why = if *title == "job" { "ended" } else { "stale" };
+                t.row(vec![
+                    r.name.clone(),
+                    why.to_string(),
+                    String::new(),
+                    "-".into(),
+                    "-".into(),
+                    "0".into(),
+                ]);
+                continue;
+            }
             t.row(vec![
                 r.name.clone(),
                 format!("{:.1}%", r.ofu * 100.0),
@@ -200,7 +214,14 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
     );
 
     let start = clock.now_ms();
-    let fleet = FleetPlan::new(a.nodes, a.gpus, regress_after);
+    // gemm-bench runs as batch jobs that end, one after another on the
+    // same GPUs: each job's OFU is its own time's, and its GPUs are free
+    // between two.
+    let run_ms = (duration / 3).max(5_000);
+    let fleet = FleetPlan::new(a.nodes, a.gpus, regress_after).with_turns(Turns {
+        run_ms,
+        gap_ms: run_ms * 3 / 5,
+    });
     // The MoE job's all-to-all bursts show on its GPUs' InfiniBand ports.
     if let Some((n, g)) = (0..a.nodes)
         .flat_map(|n| (0..a.gpus).map(move |g| (n, g)))
@@ -345,6 +366,7 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         ("after", Right),
         ("ratio", Right),
         ("GPUs", Right),
+        ("ran", Left),
         ("", Left),
     ]);
     for j in &jobs {
@@ -357,19 +379,35 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         let all = ofu_rows(&mut q, scope(), start, end + 1).await;
         let before = ofu_rows(&mut q, scope(), start, mid).await;
         let after = ofu_rows(&mut q, scope(), mid, end + 1).await;
-        if let (Some(a), Some(b), Some(c)) = (all.first(), before.first(), after.first()) {
-            let ratio = if c.ofu > 0.0 { b.ofu / c.ofu } else { 0.0 };
-            let flag = if ratio > 1.5 { "← regressed" } else { "" };
-            summary.row(vec![
-                j.job_id.clone(),
-                format!("{:.2}%", a.ofu * 100.0),
-                format!("{:.2}%", b.ofu * 100.0),
-                format!("{:.2}%", c.ofu * 100.0),
-                format!("{ratio:.2}×"),
-                a.gpus.to_string(),
-                flag.to_string(),
-            ]);
-        }
+        let Some(a) = all.first() else { continue };
+        // A job of one half only has no ratio.
+        let half = |r: &[Row]| r.first().filter(|r| r.gpus > 0).map(|r| r.ofu);
+        let (b, c) = (half(&before), half(&after));
+        let pct = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:.2}%", v * 100.0));
+        let ratio = match (b, c) {
+            (Some(b), Some(c)) if c > 0.0 => Some(b / c),
+            _ => None,
+        };
+        let ended = j.last_seen_ms < end - 5_000;
+        let flag = match (ratio.is_some_and(|r| r > 1.5), ended) {
+            (true, _) => "← regressed",
+            (false, true) => "ended",
+            (false, false) => "",
+        };
+        summary.row(vec![
+            j.job_id.clone(),
+            pct(Some(a.ofu)),
+            pct(b),
+            pct(c),
+            ratio.map_or("–".to_string(), |r| format!("{r:.2}×")),
+            a.gpus.to_string(),
+            format!(
+                "{}–{} s",
+                (j.first_seen_ms - start).max(0) / 1000,
+                (j.last_seen_ms - start).max(0) / 1000
+            ),
+            flag.to_string(),
+        ]);
     }
     summary.print();
     let events = q

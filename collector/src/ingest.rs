@@ -355,9 +355,7 @@ impl Session {
             if g.uuid.is_empty() || g.uuid.len() > crate::validate::MAX_ID_LEN {
                 return Err(Status::invalid_argument("GPU uuid empty or too long"));
             }
-            if c.spec(g).is_none() {
-                warn!(model = %g.model, uuid = %g.uuid, "GPU model not in the spec table; OFU uses its max SM clock as f_max");
-            }
+            c.warn_if_unspecified(g);
         }
         let set = CommitSet {
             nodes: vec![node],
@@ -697,6 +695,7 @@ impl Session {
                 series,
                 intervals: &batch.intervals,
                 pending: (batch.pending_bytes, batch.pending_batches),
+                sent_at_ms: batch.sent_at_ms,
             },
             now,
         );
@@ -754,15 +753,21 @@ impl Session {
             .map(|p| p.ts_ms)
             .max()
             .unwrap_or(now);
-        // Job attribution: the batch's assignments replace the GPU's last.
-        let mut changed = Vec::new();
-        for j in &batch.jobs {
-            let w: v1::JobAssignment = j.clone().into();
-            if self.jobs.get(&j.gpu_uuid) != Some(&w) {
-                changed.push(j.gpu_uuid.clone());
-                self.jobs.insert(j.gpu_uuid.clone(), w);
-            }
-        }
+        // Job attribution: a batch carries the node's whole attribution as
+        // of its last capture, so it replaces the last one: a GPU the batch
+        // names no job for runs none (its job ended), from this batch on.
+        let now_jobs: HashMap<String, v1::JobAssignment> = batch
+            .jobs
+            .iter()
+            .map(|j| (j.gpu_uuid.clone(), j.clone().into()))
+            .collect();
+        let changed: Vec<String> = self
+            .gpus
+            .iter()
+            .filter(|g| self.jobs.get(*g) != now_jobs.get(*g))
+            .cloned()
+            .collect();
+        self.jobs = now_jobs;
         let mut batch_ofu = HashMap::new();
         let mut by_gpu: HashMap<&str, OfuInputs<'_>> = HashMap::new();
         for s in &batch.series {
@@ -854,15 +859,12 @@ impl Session {
             };
             let job = self.jobs.get(uuid);
             let new_job = job.map(|j| j.job_id.clone()).filter(|j| !j.is_empty());
-            let seen_jobs = job.is_some();
-            if seen_jobs
+            if job.is_some()
                 || changed.contains(uuid)
                 || g.job_id != new_job
                 || now - g.last_seen_ms > 60_000
             {
-                if seen_jobs {
-                    g.job_id = new_job;
-                }
+                g.job_id = new_job;
                 g.last_seen_ms = now;
                 set.gpus.push(g);
             }

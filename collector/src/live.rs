@@ -3,17 +3,68 @@
 //! batch's windows), the last value of each counter, each metric's current
 //! sampling interval, and each agent's pending (unacknowledged) data.
 //!
-//! Entries not refreshed for [`STALE_MS`] are left out of snapshots, the way
-//! Prometheus marks a series stale: a GPU whose agent went away stops being
-//! exported instead of repeating its last value forever.
+//! Snapshots leave out what is stale ([`crate::staleness`]): a counter
+//! (or a GPU's OFU) whose newest sample is three of its sampling windows
+//! and 10 s old, and a device with nothing current — the way Prometheus
+//! marks a series stale, so that a field that left the page or an agent
+//! that went away stops being exported instead of repeating its last
+//! value. A GPU stays listed, with no values, for [`STALE_MS`] after its
+//! agent last reported it (its last-sample time tells alerts it stopped);
+//! so do agents.
 
+use crate::staleness::stale_after_ms;
 use flopwatch_proto::model::{DeviceInfo, SamplingInterval, SeriesBatch};
 use flopwatch_proto::v1::JobAssignment;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::RwLock;
 
-/// Entries older than this are not exported, ms.
-pub const STALE_MS: i64 = 5 * 60 * 1000;
+/// Agents not heard from for this long are not exported, ms.
+pub const STALE_MS: i64 = crate::staleness::STALE_MAX_MS;
+
+/// When a counter was last received and how long it stays current.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Freshness {
+    /// Collector clock at its last sample's arrival, unix ms.
+    pub seen_ms: i64,
+    /// How long after that it stays current, ms.
+    pub for_ms: i64,
+}
+
+impl Freshness {
+    fn current(&self, now_ms: i64) -> bool {
+        now_ms - self.seen_ms <= self.for_ms
+    }
+}
+
+/// How long a series whose batch held `s` stays current: by the window
+/// of its newest sample, else the spacing of its last two, else the
+/// agent's reported interval, counted from that sample's time — on the
+/// collector's clock, as the sample's age when its batch left the agent
+/// (`sent_at_ms`, the agent's clock) before it arrived at `now_ms`.
+fn freshness(s: &SeriesBatch, interval_ms: Option<u32>, sent_at_ms: i64, now_ms: i64) -> Freshness {
+    let n = s.points.len();
+    let spacing = (n >= 2)
+        .then(|| s.points[n - 1].ts_ms - s.points[n - 2].ts_ms)
+        .and_then(|d| u32::try_from(d).ok());
+    let window = s
+        .points
+        .last()
+        .and_then(|p| p.window_ms)
+        .filter(|&w| w > 0)
+        .or(spacing)
+        .into_iter()
+        .chain(interval_ms)
+        .max();
+    let age = s
+        .points
+        .last()
+        .filter(|_| sent_at_ms > 0)
+        .map_or(0, |p| (sent_at_ms - p.ts_ms).max(0));
+    Freshness {
+        seen_ms: now_ms - age,
+        for_ms: stale_after_ms(window),
+    }
+}
 
 /// One GPU, as last seen.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -46,6 +97,10 @@ pub struct GpuLive {
     pub intervals: BTreeMap<String, u32>,
     /// When this entry was refreshed (collector clock), unix ms.
     pub seen_ms: i64,
+    /// How current each counter is.
+    pub fresh: BTreeMap<String, Freshness>,
+    /// How current the OFU is (that of its tensor-activity input).
+    pub ofu_fresh: Freshness,
 }
 
 /// One node device (InfiniBand port, NUMA node, host), as last seen.
@@ -69,6 +124,8 @@ pub struct DeviceLive {
     pub intervals: BTreeMap<String, u32>,
     /// When this entry was refreshed (collector clock), unix ms.
     pub seen_ms: i64,
+    /// How current each counter is.
+    pub fresh: BTreeMap<String, Freshness>,
 }
 
 /// One agent, as last seen.
@@ -125,6 +182,8 @@ pub struct BatchView<'a> {
     pub intervals: &'a [SamplingInterval],
     /// Pending bytes and batches in the agent.
     pub pending: (u64, u32),
+    /// When the agent sent the batch (its clock), unix ms; 0: not known.
+    pub sent_at_ms: i64,
 }
 
 /// The in-memory live view.
@@ -182,6 +241,12 @@ impl Live {
             }
             e.seen_ms = now_ms;
         }
+        let interval = |uuid: &str, metric: &str| {
+            b.intervals
+                .iter()
+                .find(|i| i.gpu_uuid == uuid && i.metric == metric)
+                .map(|i| i.interval_ms)
+        };
         let key_of = |uuid: &str| match keys.iter().find(|k| k.1 == uuid) {
             Some(k) => k.clone(),
             None => (b.tenant.to_string(), uuid.to_string()),
@@ -197,11 +262,23 @@ impl Live {
             let Some(e) = at.as_ref().and_then(|(_, k)| gpus.get_mut(k)) else {
                 continue;
             };
+            let f = freshness(s, interval(&s.gpu_uuid, &s.metric), b.sent_at_ms, now_ms);
+            if s.metric == flopwatch_proto::metrics::TENSOR_ACTIVE
+                && b.ofu.contains_key(&s.gpu_uuid)
+            {
+                e.ofu_fresh = f;
+            }
             match e.counters.get_mut(&s.metric) {
                 Some(c) => *c = (last.ts_ms, last.value),
                 None => {
                     e.counters
                         .insert(s.metric.clone(), (last.ts_ms, last.value));
+                }
+            }
+            match e.fresh.get_mut(&s.metric) {
+                Some(x) => *x = f,
+                None => {
+                    e.fresh.insert(s.metric.clone(), f);
                 }
             }
             e.ts_ms = e.ts_ms.max(last.ts_ms);
@@ -239,6 +316,15 @@ impl Live {
             ) else {
                 continue;
             };
+            let interval = b
+                .intervals
+                .iter()
+                .find(|i| i.gpu_uuid == s.gpu_uuid && i.metric == s.metric)
+                .map(|i| i.interval_ms);
+            e.fresh.insert(
+                s.metric.clone(),
+                freshness(s, interval, b.sent_at_ms, now_ms),
+            );
             e.counters
                 .insert(s.metric.clone(), (last.ts_ms, last.value));
         }
@@ -249,16 +335,21 @@ impl Live {
         }
     }
 
-    /// Devices refreshed within [`STALE_MS`] of `now_ms`, ordered by
-    /// tenant, hostname and id.
+    /// Devices with a current counter at `now_ms`, with their current
+    /// counters only, ordered by tenant, hostname and id.
     pub fn devices(&self, now_ms: i64) -> Vec<DeviceLive> {
         let mut v: Vec<DeviceLive> = self
             .devices
             .read()
             .map(|m| {
                 m.values()
-                    .filter(|d| now_ms - d.seen_ms <= STALE_MS)
-                    .cloned()
+                    .filter_map(|d| {
+                        let mut d = d.clone();
+                        let fresh = &d.fresh;
+                        d.counters
+                            .retain(|k, _| fresh.get(k).is_some_and(|f| f.current(now_ms)));
+                        (!d.counters.is_empty()).then_some(d)
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -280,18 +371,14 @@ impl Live {
             .unwrap_or_default()
     }
 
-    /// GPUs refreshed within [`STALE_MS`] of `now_ms`, ordered by tenant,
-    /// hostname and index.
+    /// GPUs reported within [`STALE_MS`] of `now_ms` with what of them is
+    /// current — their current counters only, and their OFU while its
+    /// input is current — ordered by tenant, hostname and index.
     pub fn gpus(&self, now_ms: i64) -> Vec<GpuLive> {
         let mut v: Vec<GpuLive> = self
             .gpus
             .read()
-            .map(|m| {
-                m.values()
-                    .filter(|g| now_ms - g.seen_ms <= STALE_MS)
-                    .cloned()
-                    .collect()
-            })
+            .map(|m| m.values().filter_map(|g| current(g, now_ms)).collect())
             .unwrap_or_default();
         v.sort_by(|a, b| {
             (&a.tenant, &a.hostname, a.index, &a.uuid).cmp(&(
@@ -319,6 +406,24 @@ impl Live {
         v.sort_by(|a, b| (&a.tenant, &a.agent_id).cmp(&(&b.tenant, &b.agent_id)));
         v
     }
+}
+
+/// What of `g` is current at `now_ms` ([`crate::staleness`]); `None` once
+/// its agent has not reported it for [`STALE_MS`]. Until then a GPU with
+/// nothing current is still listed (its last-sample time is how alerts
+/// see it stopped), without values.
+fn current(g: &GpuLive, now_ms: i64) -> Option<GpuLive> {
+    if now_ms - g.seen_ms > STALE_MS {
+        return None;
+    }
+    let ofu = g.ofu.filter(|_| g.ofu_fresh.current(now_ms));
+    let mut g = g.clone();
+    g.ofu = ofu;
+    let fresh = std::mem::take(&mut g.fresh);
+    g.counters
+        .retain(|k, _| fresh.get(k).is_some_and(|f| f.current(now_ms)));
+    g.fresh = fresh;
+    Some(g)
 }
 
 /// Mean OFU of groups of GPUs (a node, a job): every GPU weighs the same,
@@ -382,6 +487,7 @@ mod tests {
             series,
             intervals,
             pending: (100, 1),
+            sent_at_ms: 0,
         }
     }
 
@@ -409,24 +515,38 @@ mod tests {
                 },
             );
         }
-        let series = vec![SeriesBatch {
-            gpu_uuid: "GPU-b".into(),
-            metric: "power_w".into(),
-            points: vec![
-                Point {
-                    ts_ms: 900,
-                    value: 300.0,
-                    peak: None,
-                    window_ms: None,
-                },
-                Point {
-                    ts_ms: 1_000,
-                    value: 310.0,
-                    peak: None,
-                    window_ms: None,
-                },
-            ],
-        }];
+        let tensor = |gpu: &str, v: f64| SeriesBatch {
+            gpu_uuid: gpu.into(),
+            metric: "tensor_active".into(),
+            points: vec![Point {
+                ts_ms: 1_000,
+                value: v,
+                peak: None,
+                window_ms: Some(100),
+            }],
+        };
+        let series = vec![
+            tensor("GPU-a", 0.4),
+            tensor("GPU-b", 0.2),
+            SeriesBatch {
+                gpu_uuid: "GPU-b".into(),
+                metric: "power_w".into(),
+                points: vec![
+                    Point {
+                        ts_ms: 900,
+                        value: 300.0,
+                        peak: None,
+                        window_ms: None,
+                    },
+                    Point {
+                        ts_ms: 1_000,
+                        value: 310.0,
+                        peak: None,
+                        window_ms: None,
+                    },
+                ],
+            },
+        ];
         let intervals = vec![SamplingInterval {
             gpu_uuid: "GPU-b".into(),
             metric: "power_w".into(),
@@ -438,6 +558,7 @@ mod tests {
         assert_eq!(g[0].job.as_ref().map(|j| j.job_id.as_str()), Some("train"));
         assert_eq!(g[1].job, None);
         assert_eq!(g[1].counters["power_w"], (1_000, 310.0));
+        assert_eq!(g[1].counters["tensor_active"], (1_000, 0.2));
         assert_eq!(g[1].intervals["power_w"], 800);
         let nodes = group_ofu(&g, |g| Some(g.node_id.clone()));
         assert!((nodes["n1"].ofu - 0.3).abs() < 1e-12);
@@ -447,7 +568,24 @@ mod tests {
         assert!((jobs["train"].ofu - 0.4).abs() < 1e-12);
         assert_eq!(live.agents(10_000)[0].pending_bytes, 100);
         assert!(live.devices(10_000).is_empty());
+        // Tensor activity every 100 ms: OFU is current for 3 windows and
+        // 10 s; power, reported every 800 ms, for 12.4 s.
+        let g = live.gpus(10_000 + 10_300);
+        assert_eq!(g.len(), 2);
+        assert!(g.iter().all(|g| g.ofu.is_some()));
+        let g = live.gpus(10_000 + 10_301);
+        assert_eq!(g.len(), 2, "{g:?}");
+        assert_eq!((g[0].uuid.as_str(), g[0].ofu), ("GPU-a", None));
+        assert!(g[0].counters.is_empty(), "GPU-a has nothing current");
+        assert_eq!((g[1].uuid.as_str(), g[1].ofu), ("GPU-b", None));
+        assert_eq!(g[1].counters.keys().collect::<Vec<_>>(), ["power_w"]);
+        assert!(group_ofu(&g, |g| Some(g.node_id.clone())).is_empty());
+        // Nothing current: listed without values until STALE_MS.
+        let g = live.gpus(10_000 + 12_401);
+        assert_eq!(g.len(), 2);
+        assert!(g.iter().all(|g| g.ofu.is_none() && g.counters.is_empty()));
         assert!(live.gpus(10_000 + STALE_MS + 1).is_empty());
+        assert_eq!(live.agents(10_000 + 12_401).len(), 1);
         assert!(live.agents(10_000 + STALE_MS + 1).is_empty());
     }
 
@@ -480,7 +618,9 @@ mod tests {
         assert_eq!(d[0].counters["ib_rx_bytes_s"], (900, 4.2e10));
         assert!(live.gpus(10_000).iter().all(|g| g.counters.is_empty()));
         assert_eq!(live.device_tenants("ib:mlx5_0:1@n1"), vec!["t".to_string()]);
-        assert!(live.devices(10_000 + STALE_MS + 1).is_empty());
+        // One 100 ms window: current for 10.3 s.
+        assert_eq!(live.devices(10_000 + 10_300).len(), 1);
+        assert!(live.devices(10_000 + 10_301).is_empty());
         assert_eq!(live.device_tenants("ib:mlx5_0:1@n1").len(), 1);
     }
 }

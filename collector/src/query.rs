@@ -252,6 +252,7 @@ impl v1::query_server::Query for QueryService {
                         .collect(),
                     timestamps_ms: points.iter().map(|p| p.0).collect(),
                     values: points.iter().map(|p| p.1).collect(),
+                    current_until_ms: points.iter().map(|p| p.2).collect(),
                 })
                 .collect(),
         }))

@@ -21,6 +21,13 @@
 //! a full queue drops the oldest, a 4xx the refused request's); each
 //! distinct error is logged once with its status and the first line of the
 //! response body.
+//!
+//! A series that stops — its GPU's input went stale ([`crate::staleness`]),
+//! its agent went away, or its job ended and its labels changed — gets
+//! Prometheus' staleness marker (the NaN with bits `0x7ff0000000000002`)
+//! after its last sample, as a Prometheus scrape writes one for a series
+//! that vanished from a target: the receiver then ends the series there
+//! instead of extending its last value over its lookback.
 
 use crate::live::GpuLive;
 use crate::series::{family_of, gpu_labels, On};
@@ -28,7 +35,7 @@ use crate::stats::{Failure, Stats};
 use crate::CollectorError;
 use flopwatch_config::RemoteWriteConfig;
 use prost::Message;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -84,12 +91,30 @@ struct Point {
     value: f64,
 }
 
+/// Prometheus' staleness marker: a NaN no computation produces.
+pub const STALE_NAN: u64 = 0x7ff0_0000_0000_0002;
+
+/// A series pushed and not yet ended.
+#[derive(Debug, Clone)]
+struct Sent {
+    /// Its GPU.
+    gpu: String,
+    /// Its metric name.
+    name: String,
+    /// Its newest sample's time.
+    last_ts: i64,
+    /// Collector time after which it is stale.
+    until_ms: i64,
+}
+
 /// The bounded queue between ingest and the sender.
 #[derive(Debug)]
 pub struct RemoteQueue {
     points: Mutex<VecDeque<Point>>,
     cap: usize,
     metrics: Vec<String>,
+    /// The series pushed and not ended, by label set.
+    sent: Mutex<BTreeMap<Vec<Label>, Sent>>,
 }
 
 fn labels(name: &str, base: &[(String, String)]) -> Vec<Label> {
@@ -116,6 +141,7 @@ impl RemoteQueue {
             points: Mutex::new(VecDeque::new()),
             cap: cap.max(1),
             metrics,
+            sent: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -135,6 +161,8 @@ impl RemoteQueue {
     pub fn push_gpu(&self, g: &GpuLive, ofu_ts_ms: Option<i64>, stats: &Stats) {
         let base = gpu_labels(g);
         let mut new = Vec::new();
+        // (name, when it goes stale) of each point, in `new`'s order.
+        let mut ends = Vec::new();
         if let (Some(ts), Some(ofu)) = (ofu_ts_ms, g.ofu) {
             for (name, v) in [
                 ("flopwatch_ofu_ratio", ofu),
@@ -146,19 +174,87 @@ impl RemoteQueue {
                     ts_ms: ts,
                     value: v,
                 });
+                ends.push((name.to_string(), g.ofu_fresh.seen_ms + g.ofu_fresh.for_ms));
             }
         }
         // The same families, names and base units as on /metrics.
         for m in &self.metrics {
             if let (Some((ts, v)), Some(f)) = (g.counters.get(m), family_of(m, On::Gpu)) {
+                let name = f.sample_name();
                 new.push(Point {
-                    labels: labels(&f.sample_name(), &base),
+                    labels: labels(&name, &base),
                     ts_ms: *ts,
                     value: v * f.scale,
                 });
+                let fresh = g.fresh.get(m).copied().unwrap_or_default();
+                ends.push((name, fresh.seen_ms + fresh.for_ms));
             }
         }
+        let markers = self.note_sent(&g.uuid, &new, ends);
+        self.push(markers, stats);
         self.push(new, stats);
+    }
+
+    /// Records `new` as the GPU's current series, and returns the
+    /// staleness markers of its series of the same names under other labels
+    /// (a job that ended): those end where the new ones begin.
+    fn note_sent(&self, gpu: &str, new: &[Point], ends: Vec<(String, i64)>) -> Vec<Point> {
+        let Ok(mut sent) = self.sent.lock() else {
+            return Vec::new();
+        };
+        let mut markers = Vec::new();
+        for (p, (name, until_ms)) in new.iter().zip(ends) {
+            let replaced: Vec<Vec<Label>> = sent
+                .iter()
+                .filter(|(l, s)| s.gpu == gpu && s.name == name && **l != p.labels)
+                .map(|(l, _)| l.clone())
+                .collect();
+            for l in replaced {
+                if let Some(s) = sent.remove(&l) {
+                    markers.push(Point {
+                        labels: l,
+                        ts_ms: p.ts_ms.max(s.last_ts + 1),
+                        value: f64::from_bits(STALE_NAN),
+                    });
+                }
+            }
+            sent.insert(
+                p.labels.clone(),
+                Sent {
+                    gpu: gpu.to_string(),
+                    name,
+                    last_ts: p.ts_ms,
+                    until_ms,
+                },
+            );
+        }
+        markers
+    }
+
+    /// Queues a staleness marker for every series gone stale by `now_ms`
+    /// (collector clock), just after its last sample or at `now_ms`.
+    pub fn expire(&self, now_ms: i64, stats: &Stats) {
+        let markers: Vec<Point> = {
+            let Ok(mut sent) = self.sent.lock() else {
+                return;
+            };
+            let gone: Vec<Vec<Label>> = sent
+                .iter()
+                .filter(|(_, s)| s.until_ms < now_ms)
+                .map(|(l, _)| l.clone())
+                .collect();
+            gone.into_iter()
+                .filter_map(|l| {
+                    let s = sent.remove(&l)?;
+                    Some(Point {
+                        labels: l,
+                        ts_ms: now_ms.max(s.last_ts + 1),
+                        value: f64::from_bits(STALE_NAN),
+                    })
+                })
+                .collect()
+        };
+        self.push(markers, stats);
     }
 
     fn push(&self, new: Vec<Point>, stats: &Stats) {
@@ -579,6 +675,7 @@ pub async fn run(
     cfg: RemoteWriteConfig,
     queue: Arc<RemoteQueue>,
     stats: Arc<Stats>,
+    clock: Arc<dyn flopwatch_proto::clock::Clock>,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let endpoint = match Endpoint::new(&cfg) {
@@ -588,7 +685,7 @@ pub async fn run(
             return;
         }
     };
-    sender(&endpoint, &cfg, &queue, &stats, shutdown).await
+    sender(&endpoint, &cfg, &queue, &stats, &*clock, shutdown).await
 }
 
 /// The send loop: every `interval`, requests of at most
@@ -600,6 +697,7 @@ async fn sender(
     cfg: &RemoteWriteConfig,
     queue: &RemoteQueue,
     stats: &Stats,
+    clock: &dyn flopwatch_proto::clock::Clock,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut log = ErrorLog::default();
@@ -611,6 +709,7 @@ async fn sender(
             _ = shutdown.wait_for(|s| *s) => true,
         };
         wait = cfg.interval;
+        queue.expire(clock.now_ms(), stats);
         loop {
             let points = queue.take(cfg.max_samples_per_request);
             if points.is_empty() {
@@ -660,6 +759,19 @@ mod tests {
             tensor_active: 0.5,
             sm_clock_mhz: 1800.0,
             counters: [("power_w".to_string(), (5, 300.0))].into(),
+            // Current for as long as a test runs.
+            ofu_fresh: crate::live::Freshness {
+                seen_ms: i64::MAX / 2,
+                for_ms: 0,
+            },
+            fresh: [(
+                "power_w".to_string(),
+                crate::live::Freshness {
+                    seen_ms: i64::MAX / 2,
+                    for_ms: 0,
+                },
+            )]
+            .into(),
             ..Default::default()
         }
     }
@@ -725,6 +837,72 @@ mod tests {
             );
         }
         assert!(named.iter().all(|(n, _)| n != "flopwatch_gpu_metric"));
+    }
+
+    #[test]
+    fn series_that_stop_get_staleness_markers() {
+        use crate::live::Freshness;
+        let stats = Stats::default();
+        let q = RemoteQueue::new(100, vec!["power_w".into()]);
+        let fresh = Freshness {
+            seen_ms: 10_000,
+            for_ms: 10_300,
+        };
+        let mut g = gpu(0.25);
+        g.ofu_fresh = fresh;
+        g.fresh.insert("power_w".into(), fresh);
+        g.job = Some(flopwatch_proto::v1::JobAssignment {
+            job_id: "train".into(),
+            ..Default::default()
+        });
+        q.push_gpu(&g, Some(1_000), &stats);
+        assert_eq!(q.take(100).len(), 4);
+        // The job ended: the GPU's series lose the job's labels, and the
+        // job's series end where the new ones begin.
+        g.job = None;
+        q.push_gpu(&g, Some(2_000), &stats);
+        let pts = q.take(100);
+        let stale: Vec<&Point> = pts
+            .iter()
+            .filter(|p| p.value.to_bits() == STALE_NAN)
+            .collect();
+        assert_eq!(stale.len(), 4, "{pts:?}");
+        assert!(stale.iter().all(|p| p
+            .labels
+            .iter()
+            .any(|l| l.name == "job_id" && l.value == "train")));
+        // OFU's at the new sample's time; power's (its reading did not
+        // move, at 5) just after its last.
+        let name = |p: &Point| {
+            p.labels
+                .iter()
+                .find(|l| l.name == "__name__")
+                .map(|l| l.value.clone())
+                .unwrap_or_default()
+        };
+        for p in &stale {
+            let want = if name(p) == "flopwatch_gpu_power_watts" {
+                6
+            } else {
+                2_000
+            };
+            assert_eq!(p.ts_ms, want, "{p:?}");
+        }
+        // Nothing more arrives: past their bound, the current ones end.
+        q.expire(20_300, &stats);
+        assert!(q.is_empty(), "still current");
+        q.expire(20_301, &stats);
+        let pts = q.take(100);
+        assert_eq!(pts.len(), 4);
+        assert!(pts
+            .iter()
+            .all(|p| p.value.to_bits() == STALE_NAN && p.ts_ms == 20_301));
+        assert!(pts
+            .iter()
+            .all(|p| !p.labels.iter().any(|l| l.name == "job_id")));
+        // Each series ends once.
+        q.expire(30_000, &stats);
+        assert!(q.is_empty());
     }
 
     #[test]
@@ -841,7 +1019,17 @@ mod tests {
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let task = {
             let (stats, queue) = (stats.clone(), queue.clone());
-            tokio::spawn(async move { sender(&endpoint, &cfg, &queue, &stats, stop_rx).await })
+            tokio::spawn(async move {
+                sender(
+                    &endpoint,
+                    &cfg,
+                    &queue,
+                    &stats,
+                    &flopwatch_proto::clock::SystemClock,
+                    stop_rx,
+                )
+                .await
+            })
         };
         wait_for("4 requests", || stub.requests().len() >= 4).await;
         // Many intervals and backoffs later: no request more.
@@ -881,7 +1069,14 @@ mod tests {
         queue.push_gpu(&gpu(0.25), Some(1_000), &stats);
         let endpoint = Endpoint::new(&cfg).unwrap();
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
-        let run = sender(&endpoint, &cfg, &queue, &stats, stop_rx);
+        let run = sender(
+            &endpoint,
+            &cfg,
+            &queue,
+            &stats,
+            &flopwatch_proto::clock::SystemClock,
+            stop_rx,
+        );
         let stopper = async {
             tokio::time::sleep(Duration::from_millis(300)).await;
             let _ = stop.send(true);

@@ -174,6 +174,7 @@ pub async fn serve_cluster(
                 cfg.clone(),
                 queue.clone(),
                 collector.stats.clone(),
+                collector.clock.clone(),
                 stop_rx.clone(),
             )))
         }

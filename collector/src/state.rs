@@ -11,8 +11,8 @@ use crate::store::{GpuRecord, Store};
 use flopwatch_config::{CollectorConfig, GpuSpec, Precision, RemoteWriteConfig, SpecTable};
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::model::{Hello, Policy};
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// Settings the services need (a subset of [`CollectorConfig`]).
 #[derive(Debug, Clone)]
@@ -113,7 +113,15 @@ pub struct Collector {
     /// Limbo and peer counters ([`crate::cluster`]).
     pub cluster: Arc<crate::cluster::ClusterStats>,
     gpus: RwLock<HashMap<(String, String), GpuRecord>>,
+    /// (GPU UUID, model) pairs already warned about as missing from the
+    /// spec table ([`Collector::warn_if_unspecified`]).
+    spec_warned: Mutex<HashSet<(String, String)>>,
 }
+
+/// Most (GPU, model) pairs remembered as warned about; past it the set is
+/// cleared, so a huge fleet of unknown GPUs warns again rather than growing
+/// the set without bound.
+const MAX_SPEC_WARNED: usize = 65_536;
 
 impl Collector {
     /// Assembles a collector, loading known GPUs from the store.
@@ -150,6 +158,7 @@ impl Collector {
             }),
             cluster: Arc::default(),
             gpus: RwLock::new(gpus),
+            spec_warned: Mutex::default(),
         }))
     }
 
@@ -239,6 +248,39 @@ impl Collector {
         self.specs.lookup(&g.model)
     }
 
+    /// Warns, once per GPU and model, that a GPU's model is not in the spec
+    /// table: OFU then uses the GPU's maximum SM clock as f_max
+    /// ([`Collector::tensor_clock_mhz`]), or, without one, is not computed.
+    /// Returns whether it warned.
+    pub fn warn_if_unspecified(&self, g: &GpuRecord) -> bool {
+        if self.spec(g).is_some() {
+            return false;
+        }
+        let Ok(mut warned) = self.spec_warned.lock() else {
+            return false;
+        };
+        if warned.len() >= MAX_SPEC_WARNED {
+            warned.clear();
+        }
+        if !warned.insert((g.uuid.clone(), g.model.clone())) {
+            return false;
+        }
+        drop(warned);
+        if g.max_sm_clock_mhz > 0 {
+            tracing::warn!(
+                model = %g.model, uuid = %g.uuid, max_sm_clock_mhz = g.max_sm_clock_mhz,
+                "GPU model not in the spec table; OFU uses its max SM clock as f_max and has no peak FLOP/s"
+            );
+        } else {
+            tracing::warn!(
+                model = %g.model, uuid = %g.uuid,
+                "GPU {} model \"{}\" is unknown to the spec table and reports no max SM clock: OFU cannot be computed for it",
+                g.uuid, g.model
+            );
+        }
+        true
+    }
+
     /// f_max of OFU eq. 1 for a GPU: the spec table's tensor clock, else
     /// (unknown model) the GPU's reported maximum SM clock.
     pub fn tensor_clock_mhz(&self, g: &GpuRecord) -> Option<f64> {
@@ -254,5 +296,50 @@ impl Collector {
         self.spec(g)
             .and_then(|s| s.peak_tflops(Precision::Fp16))
             .unwrap_or(0.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemEngine;
+
+    fn collector() -> Arc<Collector> {
+        let cfg = CollectorConfig::default();
+        Collector::new(
+            Store::new(Arc::new(MemEngine::new()), false),
+            SpecTable::builtin(),
+            Auth::from_config(&cfg),
+            Settings::from_config(&cfg, Vec::new()),
+            Arc::new(flopwatch_proto::clock::ManualClock::new(0)),
+        )
+        .unwrap()
+    }
+
+    fn gpu(uuid: &str, model: &str, max_sm_clock_mhz: u32) -> GpuRecord {
+        GpuRecord {
+            uuid: uuid.into(),
+            model: model.into(),
+            max_sm_clock_mhz,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn unknown_models_are_warned_about_once_per_gpu_and_model() {
+        let c = collector();
+        // Known, in dcgm-exporter's blank-replaced spelling: no warning.
+        assert!(!c.warn_if_unspecified(&gpu("GPU-1", "NVIDIA-H100-PCIe", 0)));
+        let unknown = gpu("GPU-2", "Tesla K80", 0);
+        assert!(c.warn_if_unspecified(&unknown));
+        assert!(!c.warn_if_unspecified(&unknown), "a reconnect warns again");
+        assert!(c.warn_if_unspecified(&gpu("GPU-3", "Tesla K80", 875)));
+        assert!(c.warn_if_unspecified(&gpu("GPU-2", "Tesla P100", 0)));
+        // The fallback f_max and its absence.
+        assert_eq!(
+            c.tensor_clock_mhz(&gpu("GPU-3", "Tesla K80", 875)),
+            Some(875.0)
+        );
+        assert_eq!(c.tensor_clock_mhz(&unknown), None);
     }
 }

@@ -180,6 +180,26 @@ pub struct SimSettings {
     pub regress_after: Duration,
     /// Simulate the node's InfiniBand ports, NUMA nodes and host too.
     pub node_counters: bool,
+    /// `gemm-bench` runs as jobs of this length that end, one after
+    /// another on the same GPUs (`0s`: its one job never ends).
+    #[serde(with = "humantime_serde")]
+    pub job_run: Duration,
+    /// How long those GPUs idle between two such jobs.
+    #[serde(with = "humantime_serde")]
+    pub job_gap: Duration,
+    /// The profiling fields (tensor and pipe activity, averaged clock)
+    /// leave this long after the start…
+    #[serde(with = "humantime_serde")]
+    pub profiling_outage_after: Option<Duration>,
+    /// …for this long, then return.
+    #[serde(with = "humantime_serde")]
+    pub profiling_outage_for: Duration,
+    /// The source answers only this long after the start (captures fail
+    /// before).
+    #[serde(with = "humantime_serde")]
+    pub up_after: Duration,
+    /// A GPU (index) whose job runs two processes.
+    pub shared_gpu: Option<usize>,
 }
 
 impl Default for SimSettings {
@@ -191,6 +211,12 @@ impl Default for SimSettings {
             seed: 1,
             regress_after: Duration::from_secs(30),
             node_counters: false,
+            job_run: Duration::ZERO,
+            job_gap: Duration::from_secs(15),
+            profiling_outage_after: None,
+            profiling_outage_for: Duration::from_secs(30),
+            up_after: Duration::ZERO,
+            shared_gpu: None,
         }
     }
 }

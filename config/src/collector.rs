@@ -125,6 +125,11 @@ pub struct PrometheusApiConfig {
     /// Queries of one tenant waiting for a turn; past it a query is
     /// refused with 429.
     pub max_queued_queries: u32,
+    /// A series ends three of its sampling windows and 10 s after its last
+    /// sample, as a scraped series ends at its staleness marker; off: each
+    /// sample stays current for the 5-minute lookback delta (Prometheus
+    /// over blocks that carry no staleness markers).
+    pub staleness: bool,
 }
 
 impl Default for PrometheusApiConfig {
@@ -139,6 +144,7 @@ impl Default for PrometheusApiConfig {
             max_series: 500_000,
             max_concurrent_queries: 4,
             max_queued_queries: 32,
+            staleness: true,
         }
     }
 }

@@ -50,9 +50,13 @@ pub struct GpuSpec {
     pub key: String,
     /// Display name.
     pub name: String,
-    /// Substrings of the NVML product name that select this entry.
+    /// Name patterns that select this entry: each pattern's tokens must
+    /// all be tokens of the NVML product name (see [`SpecTable::lookup`]).
     #[serde(rename = "match")]
     pub matches: Vec<String>,
+    /// Where the figures come from (datasheet, whitepaper); informational.
+    #[serde(default)]
+    pub source: String,
     /// Streaming multiprocessors.
     pub sm_count: u32,
     /// SM boost clock, MHz.
@@ -61,6 +65,10 @@ pub struct GpuSpec {
     pub tensor_clock_mhz: u32,
     /// Dense tensor FLOPs per clock per SM, by precision.
     pub flops_per_clock_per_sm: BTreeMap<Precision, u64>,
+    /// Dense peaks the vendor publishes, TFLOP/s by precision: what the
+    /// factors above must reproduce (the built-in table is tested to 1 %).
+    #[serde(default)]
+    pub published_dense_tflops: BTreeMap<Precision, f64>,
 }
 
 impl GpuSpec {
@@ -78,10 +86,58 @@ struct TableFile {
     gpu: Vec<GpuSpec>,
 }
 
+/// Name tokens that tell a form factor apart: a product name carrying one
+/// matches only patterns that name it, so "H100" (SXM) can never take
+/// "H100 PCIe" or "H100 NVL" in any spelling.
+const FORM_FACTOR_TOKENS: [&str; 2] = ["pcie", "nvl"];
+
+/// A product name or `match` pattern as tokens: lower-cased, split at
+/// blanks, `-` and `_` (dcgm-exporter's `--replace-blanks-in-model-name`
+/// turns "NVIDIA H100 PCIe" into "NVIDIA-H100-PCIe"), with a leading
+/// "nvidia" dropped.
+fn tokens(s: &str) -> Vec<String> {
+    let mut t: Vec<String> = s
+        .split(|c: char| c.is_whitespace() || c == '-' || c == '_')
+        .filter(|w| !w.is_empty())
+        .map(str::to_ascii_lowercase)
+        .collect();
+    if t.first().is_some_and(|w| w == "nvidia") {
+        t.remove(0);
+    }
+    t
+}
+
+/// Whether pattern token `p` matches name token `n`: equal, or (for a
+/// pattern token ending in a letter) `n` is `p` followed by digits, so
+/// "sxm" matches "sxm4" while "a10" never matches "a100", "l4" never
+/// "l40", "h20" never "h200".
+fn token_matches(p: &str, n: &str) -> bool {
+    n == p
+        || (p.ends_with(|c: char| c.is_ascii_alphabetic())
+            && n.strip_prefix(p)
+                .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit())))
+}
+
+/// How specifically `pattern` matches `name` (its token count), or `None`
+/// when some pattern token is not in the name, or the name carries a
+/// form-factor token the pattern does not name.
+fn specificity(pattern: &[String], name: &[String]) -> Option<usize> {
+    let all_found = pattern
+        .iter()
+        .all(|p| name.iter().any(|n| token_matches(p, n)));
+    let form_factor_named = name
+        .iter()
+        .filter(|n| FORM_FACTOR_TOKENS.contains(&n.as_str()))
+        .all(|n| pattern.contains(n));
+    (all_found && form_factor_named).then_some(pattern.len())
+}
+
 /// All known GPU models, looked up by NVML product name.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpecTable {
     specs: Vec<GpuSpec>,
+    /// `specs[i].matches`, tokenized once.
+    patterns: Vec<Vec<Vec<String>>>,
 }
 
 impl SpecTable {
@@ -114,11 +170,34 @@ impl SpecTable {
             if s.matches.is_empty() {
                 return Err(bad("match", "needs at least one name pattern"));
             }
+            if s.matches.iter().any(|p| tokens(p).is_empty()) {
+                return Err(bad(
+                    "match",
+                    "a pattern has no name tokens (blank, or only \"NVIDIA\")",
+                ));
+            }
             if !s.flops_per_clock_per_sm.contains_key(&Precision::Fp16) {
                 return Err(bad("flops_per_clock_per_sm", "needs an fp16 entry"));
             }
+            if s.published_dense_tflops
+                .values()
+                .any(|v| !(v.is_finite() && *v > 0.0))
+            {
+                return Err(bad(
+                    "published_dense_tflops",
+                    "values must be positive TFLOP/s",
+                ));
+            }
         }
-        Ok(Self { specs: t.gpu })
+        let patterns = t
+            .gpu
+            .iter()
+            .map(|s| s.matches.iter().map(|p| tokens(p)).collect())
+            .collect();
+        Ok(Self {
+            specs: t.gpu,
+            patterns,
+        })
     }
 
     /// Reads a table from a file.
@@ -130,17 +209,32 @@ impl SpecTable {
         Self::parse(&text, path)
     }
 
-    /// The entry for an NVML product name (case-insensitive substring match,
-    /// first entry wins), or by key.
+    /// The entry for an NVML product name, or by key.
+    ///
+    /// An exact `key` wins. Otherwise the name and every `match` pattern
+    /// are compared as tokens (lower-cased, split at blanks, `-` and `_`, a
+    /// leading "NVIDIA" dropped): a pattern matches when each of its tokens
+    /// is a whole token of the name, where a pattern token ending in a
+    /// letter also matches that token followed by digits ("SXM" matches
+    /// "SXM4"); a name carrying a form-factor token ("PCIe", "NVL") matches
+    /// only patterns that name it. The matching pattern with the most
+    /// tokens wins; a tie goes to the earlier entry.
     pub fn lookup(&self, model: &str) -> Option<&GpuSpec> {
         let m = model.to_ascii_lowercase();
-        self.specs.iter().find(|s| s.key == m).or_else(|| {
-            self.specs.iter().find(|s| {
-                s.matches
-                    .iter()
-                    .any(|p| m.contains(&p.to_ascii_lowercase()))
-            })
-        })
+        if let Some(s) = self.specs.iter().find(|s| s.key == m) {
+            return Some(s);
+        }
+        let name = tokens(model);
+        let mut best: Option<(usize, &GpuSpec)> = None;
+        for (spec, patterns) in self.specs.iter().zip(&self.patterns) {
+            let Some(score) = patterns.iter().filter_map(|p| specificity(p, &name)).max() else {
+                continue;
+            };
+            if best.is_none_or(|(b, _)| score > b) {
+                best = Some((score, spec));
+            }
+        }
+        best.map(|(_, s)| s)
     }
 
     /// Every entry.
@@ -208,6 +302,57 @@ mod tests {
                 .unwrap();
             assert!((p / published - 1.0).abs() < 0.01, "{name}: {p}");
         }
+    }
+
+    #[test]
+    fn names_and_patterns_tokenize_alike() {
+        assert_eq!(tokens("NVIDIA H100 PCIe"), ["h100", "pcie"]);
+        assert_eq!(tokens("NVIDIA-H100-PCIe"), ["h100", "pcie"]);
+        assert_eq!(tokens("nvidia_a100-SXM4-80GB"), ["a100", "sxm4", "80gb"]);
+        assert_eq!(tokens("  NVIDIA   L40S "), ["l40s"]);
+        // Only a leading "NVIDIA" is dropped.
+        assert_eq!(tokens("Tesla NVIDIA X"), ["tesla", "nvidia", "x"]);
+        assert!(tokens("NVIDIA").is_empty());
+    }
+
+    #[test]
+    fn tokens_match_whole_or_with_a_digit_suffix_after_a_letter() {
+        assert!(token_matches("sxm", "sxm4"));
+        assert!(token_matches("sxm", "sxm"));
+        assert!(!token_matches("a10", "a100"));
+        assert!(!token_matches("l4", "l40"));
+        assert!(!token_matches("l40", "l40s"));
+        assert!(!token_matches("h20", "h200"));
+        assert!(!token_matches("b200", "gb200"));
+        assert!(!token_matches("sxm", "sxm4x"));
+    }
+
+    #[test]
+    fn most_tokens_win_and_ties_go_to_the_earlier_row() {
+        let row = |key: &str, pats: &str| {
+            format!("[[gpu]]\nkey='{key}'\nname='{key}'\nmatch=[{pats}]\nsm_count=1\nboost_clock_mhz=1\ntensor_clock_mhz=1\nflops_per_clock_per_sm={{fp16=1}}\n")
+        };
+        let text = [
+            row("generic", "'X1'"),
+            row("first", "'X1 Foo'"),
+            row("second", "'X1 Foo'"),
+            row("pcie", "'X1 PCIe'"),
+        ]
+        .concat();
+        let t = SpecTable::parse(&text, Path::new("t.toml")).unwrap();
+        assert_eq!(t.lookup("NVIDIA X1").unwrap().key, "generic");
+        assert_eq!(t.lookup("NVIDIA X1 Foo").unwrap().key, "first");
+        assert_eq!(t.lookup("nvidia-x1-pcie").unwrap().key, "pcie");
+        // A form factor no row names is unknown, not the generic row.
+        assert!(t.lookup("NVIDIA X1 NVL").is_none());
+        assert_eq!(t.lookup("second").unwrap().key, "second");
+    }
+
+    #[test]
+    fn a_pattern_without_tokens_is_rejected() {
+        let text = "[[gpu]]\nkey='x'\nname='x'\nmatch=['NVIDIA']\nsm_count=1\nboost_clock_mhz=1\ntensor_clock_mhz=1\nflops_per_clock_per_sm={fp16=1}\n";
+        let e = SpecTable::parse(text, Path::new("t.toml")).unwrap_err();
+        assert!(e.to_string().contains("gpu[0].match"), "{e}");
     }
 
     #[test]

@@ -50,7 +50,30 @@ def fail(msg):
 # GPU spec table.
 
 
+FORM_FACTOR_TOKENS = ("pcie", "nvl")
+
+
+def _tokens(s):
+    """A model name's words, as config/src/specs.rs splits them."""
+    t = [w.lower() for w in re.split(r"[\s_-]+", s) if w]
+    return t[1:] if t[:1] == ["nvidia"] else t
+
+
+def _token_matches(p, n):
+    return n == p or (p[-1:].isalpha() and n.startswith(p) and n[len(p):].isdigit())
+
+
+def _specificity(pattern, name):
+    if not all(any(_token_matches(p, n) for n in name) for p in pattern):
+        return None
+    if not all(n in pattern for n in name if n in FORM_FACTOR_TOKENS):
+        return None
+    return len(pattern)
+
+
 def spec_for(table_path, model):
+    """The collector's own rule (SpecTable::lookup): an exact key, else the
+    row whose pattern matches most words (ties: the earlier row)."""
     with open(table_path, "rb") as f:
         table = tomllib.load(f)
     entries = table.get("gpu", [])
@@ -58,10 +81,13 @@ def spec_for(table_path, model):
     for e in entries:
         if e.get("key") == m:
             return e
+    name = _tokens(model)
+    best = None
     for e in entries:
-        if any(p.lower() in m for p in e.get("match", [])):
-            return e
-    return None
+        scores = [x for x in (_specificity(_tokens(p), name) for p in e.get("match", [])) if x is not None]
+        if scores and (best is None or max(scores) > best[0]):
+            best = (max(scores), e)
+    return best[1] if best else None
 
 
 def peak_tflops(spec, precision):

@@ -1,6 +1,7 @@
 //! Helpers for end-to-end tests: an in-process collector on an ephemeral
 //! loopback port, simulated agents, and query clients.
 
+pub mod dcgm;
 pub mod pki;
 pub mod procs;
 pub mod prom;
@@ -184,4 +185,37 @@ pub async fn ofu_summary(
     .into_inner()
     .summary
     .unwrap()
+}
+
+/// Every GPU the collector lists (`Query/ListGpus`).
+pub async fn list_gpus(q: &mut QueryClient<Channel>) -> Vec<flopwatch_proto::v1::GpuEntry> {
+    q.list_gpus(flopwatch_proto::v1::ListRequest::default())
+        .await
+        .expect("ListGpus")
+        .into_inner()
+        .gpus
+}
+
+/// Every job the collector lists (`Query/ListJobs`).
+pub async fn list_jobs(q: &mut QueryClient<Channel>) -> Vec<flopwatch_proto::v1::JobEntry> {
+    q.list_jobs(flopwatch_proto::v1::ListRequest::default())
+        .await
+        .expect("ListJobs")
+        .into_inner()
+        .jobs
+}
+
+/// A collector with RocksDB under `dir`, plain gRPC, anonymous access as
+/// tenant `default`, on `clock`.
+pub async fn anonymous_collector(
+    dir: &Path,
+    clock: Arc<dyn flopwatch_proto::clock::Clock>,
+) -> TestCollector {
+    let cfg = CollectorConfig {
+        data_dir: dir.to_path_buf(),
+        anonymous_tenant: Some("default".into()),
+        plaintext: true,
+        ..Default::default()
+    };
+    TestCollector::start_clocked(&cfg, Auth::anonymous("default"), Vec::new(), clock).await
 }

@@ -220,6 +220,7 @@ impl Fake {
             model.plans[0] = GpuPlan {
                 job: Some("load".to_string()),
                 workload: Workload::Steps { steps: Vec::new() },
+                turns: None,
             };
             Schedule::new(path)
         });

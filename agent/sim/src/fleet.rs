@@ -9,6 +9,30 @@ pub struct GpuPlan {
     pub job: Option<String>,
     /// What the GPU runs.
     pub workload: Workload,
+    /// `Some`: the job runs in turns, as batch jobs do — each turn a job of
+    /// its own (`<job>-1`, `<job>-2`, …) that ends, and the GPU idles
+    /// until the next starts.
+    pub turns: Option<Turns>,
+}
+
+/// Jobs that start and end on the same GPUs: a turn runs `run_ms`, then the
+/// GPU idles `gap_ms`, from the fleet's start on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Turns {
+    /// How long each job runs, ms.
+    pub run_ms: i64,
+    /// How long the GPU idles between jobs, ms.
+    pub gap_ms: i64,
+}
+
+impl Turns {
+    /// The turn running `rel_ms` after the start (1-based) and when it
+    /// started (ms after the start); `None` in a gap.
+    pub fn at(&self, rel_ms: i64) -> Option<(i64, i64)> {
+        let period = (self.run_ms + self.gap_ms).max(TICK_MS);
+        let k = rel_ms.div_euclid(period);
+        (rel_ms.rem_euclid(period) < self.run_ms).then_some((k + 1, k * period))
+    }
 }
 
 /// The fleet's plan: `nodes` × `gpus` GPUs, several jobs, one regressing.
@@ -20,6 +44,9 @@ pub struct FleetPlan {
     pub gpus: usize,
     /// When the regressing job loses efficiency, ms after the start.
     pub regress_after_ms: i64,
+    /// `Some`: `gemm-bench` runs as a series of jobs that end
+    /// ([`GpuPlan::turns`]).
+    pub turns: Option<Turns>,
 }
 
 impl FleetPlan {
@@ -29,7 +56,14 @@ impl FleetPlan {
             nodes,
             gpus,
             regress_after_ms,
+            turns: None,
         }
+    }
+
+    /// The same fleet with `gemm-bench` run in `turns`.
+    pub fn with_turns(mut self, turns: Turns) -> Self {
+        self.turns = Some(turns);
+        self
     }
 
     /// The plan for GPU `gpu` of node `node`.
@@ -99,11 +133,13 @@ impl FleetPlan {
             return GpuPlan {
                 job: None,
                 workload: Workload::Idle,
+                turns: None,
             };
         };
         GpuPlan {
             job: Some(job.to_string()),
             workload,
+            turns: self.turns.filter(|_| job == "gemm-bench"),
         }
     }
 }
@@ -168,21 +204,41 @@ impl SimModel {
         mix(self.seed ^ mix(self.node as u64) ^ mix(gpu as u64 + 1))
     }
 
+    /// The job GPU `gpu` runs at `t_ms` and since when (unix ms): its
+    /// plan's job, or the turn running then ([`GpuPlan::turns`]).
+    pub fn job_at(&self, gpu: usize, t_ms: i64) -> Option<(String, i64)> {
+        let plan = &self.plans[gpu];
+        let job = plan.job.as_ref()?;
+        match plan.turns {
+            None => Some((job.clone(), self.start_ms)),
+            Some(turns) => turns
+                .at(t_ms - self.start_ms)
+                .map(|(k, from)| (format!("{job}-{k}"), self.start_ms + from)),
+        }
+    }
+
+    /// The workload's state at `tick`, idle in a gap between turns.
+    fn state_at_tick(&self, gpu: usize, key: u64, tick: i64) -> GpuState {
+        let plan = &self.plans[gpu];
+        let rel = tick * TICK_MS - self.start_ms;
+        let workload = match plan.turns {
+            Some(turns) if turns.at(rel).is_none() => &Workload::Idle,
+            _ => &plan.workload,
+        };
+        workload.state(&self.model, key, self.start_ms, tick)
+    }
+
     /// Instantaneous state at `t_ms` (unix ms): what a point read returns.
     pub fn state_at(&self, gpu: usize, t_ms: i64) -> GpuState {
-        let tick = t_ms.div_euclid(TICK_MS);
-        self.plans[gpu]
-            .workload
-            .state(&self.model, self.key(gpu), self.start_ms, tick)
+        self.state_at_tick(gpu, self.key(gpu), t_ms.div_euclid(TICK_MS))
     }
 
     /// Exact means over `[from_ms, to_ms)`: what a GPM two-sample read or a
     /// hardware-averaged DCGM field returns, plus ground-truth OFU.
     pub fn window(&self, gpu: usize, from_ms: i64, to_ms: i64) -> WindowMean {
-        let plan = &self.plans[gpu];
         let key = self.key(gpu);
         window_over(from_ms, to_ms, self.model.tensor_clock_mhz as f64, |tick| {
-            plan.workload.state(&self.model, key, self.start_ms, tick)
+            self.state_at_tick(gpu, key, tick)
         })
     }
 }
@@ -218,6 +274,7 @@ mod tests {
                 workload: Workload::SteadyGemm {
                     tensor_active: 0.78,
                 },
+                turns: None,
             }],
             0,
             7,
@@ -314,6 +371,7 @@ mod tests {
                 workload: Workload::Steps {
                     steps: vec![(1_000, 0.7), (3_000, 0.0), (4_000, 0.3)],
                 },
+                turns: None,
             }],
             10_000,
             5,
@@ -349,5 +407,40 @@ mod tests {
             .sum::<f64>()
             / 10.0;
         assert!((w.mean.tensor_active - manual).abs() < 1e-12);
+    }
+
+    #[test]
+    fn jobs_in_turns_end_and_leave_the_gpu_idle() {
+        let f = FleetPlan::new(1, 8, 60_000).with_turns(Turns {
+            run_ms: 10_000,
+            gap_ms: 5_000,
+        });
+        let m = SimModel::new(&f, 0, 1_000_000, 4);
+        let g = (0..8)
+            .find(|&g| m.plans[g].job.as_deref() == Some("gemm-bench"))
+            .unwrap();
+        assert_eq!(
+            m.job_at(g, 1_000_000),
+            Some(("gemm-bench-1".into(), 1_000_000))
+        );
+        assert_eq!(
+            m.job_at(g, 1_009_999),
+            Some(("gemm-bench-1".into(), 1_000_000))
+        );
+        assert_eq!(m.job_at(g, 1_010_000), None, "ended");
+        assert_eq!(
+            m.job_at(g, 1_015_000),
+            Some(("gemm-bench-2".into(), 1_015_000))
+        );
+        assert!(m.window(g, 1_000_000, 1_010_000).mean.tensor_active > 0.7);
+        assert_eq!(m.window(g, 1_010_000, 1_015_000).mean.tensor_active, 0.0);
+        // Other jobs run on.
+        let other = (0..8)
+            .find(|&o| m.plans[o].job.as_deref() == Some("llm-pretrain"))
+            .unwrap();
+        assert_eq!(
+            m.job_at(other, 1_012_000).map(|j| j.0),
+            Some("llm-pretrain".into())
+        );
     }
 }

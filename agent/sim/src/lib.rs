@@ -28,7 +28,7 @@
 mod fleet;
 mod workload;
 
-pub use fleet::{FleetPlan, GpuPlan, SimModel};
+pub use fleet::{FleetPlan, GpuPlan, SimModel, Turns};
 pub use workload::Workload;
 pub use workload::{IB_ALL_REDUCE_BYTES_S, IB_ALL_TO_ALL_BYTES_S};
 

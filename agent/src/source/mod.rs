@@ -71,6 +71,19 @@ pub enum SourceError {
     Config(String),
 }
 
+impl SourceError {
+    /// Whether trying again later may succeed: a dcgm-exporter that does
+    /// not answer (yet), or answers badly (an HTTP error, a malformed page,
+    /// a page without GPUs while DCGM starts), or a driver call that
+    /// failed. A configuration the source cannot use (a bad URL), a driver
+    /// library that cannot be loaded, a bad or finished trace, or a file
+    /// that cannot be read is not: retrying would only hide it
+    /// ([`crate::Agent::start_opening`] fails at once on those).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Exporter { .. } | Self::Driver { .. })
+    }
+}
+
 /// A source of GPU counters. `capture` is called from a blocking context;
 /// implementations may block on the driver.
 pub trait GpuSource: Send {
@@ -201,7 +214,31 @@ pub fn open(
 
 /// The simulated fleet `[sim]` describes.
 fn sim_fleet(s: &flopwatch_config::SimSettings) -> flopwatch_sim::FleetPlan {
-    flopwatch_sim::FleetPlan::new(s.nodes, s.gpus, s.regress_after.as_millis() as i64)
+    let fleet = flopwatch_sim::FleetPlan::new(s.nodes, s.gpus, s.regress_after.as_millis() as i64);
+    if s.job_run.is_zero() {
+        return fleet;
+    }
+    fleet.with_turns(flopwatch_sim::Turns {
+        run_ms: s.job_run.as_millis() as i64,
+        gap_ms: s.job_gap.as_millis() as i64,
+    })
+}
+
+/// The harsher conditions `[sim]` asks for, from `start_ms` on.
+fn sim_harshness(s: &flopwatch_config::SimSettings, start_ms: i64) -> sim::SimHarshness {
+    let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    sim::SimHarshness {
+        profiling_outages: s
+            .profiling_outage_after
+            .map(|a| {
+                let from = start_ms.saturating_add(ms(a));
+                (from, from.saturating_add(ms(s.profiling_outage_for)))
+            })
+            .into_iter()
+            .collect(),
+        up_at_ms: (!s.up_after.is_zero()).then(|| start_ms.saturating_add(ms(s.up_after))),
+        shared_gpu: s.shared_gpu,
+    }
 }
 
 /// Node `node` of the simulated `fleet`: its GPUs and, with
@@ -236,12 +273,10 @@ fn open_gpus(
     Ok(match kind {
         SourceKind::Sim => {
             let s = &cfg.sim;
-            Box::new(sim::SimSource::new(
-                &sim_fleet(s),
-                s.node_index,
-                start_ms,
-                s.seed,
-            ))
+            Box::new(
+                sim::SimSource::new(&sim_fleet(s), s.node_index, start_ms, s.seed)
+                    .with_harshness(sim_harshness(s, start_ms)),
+            )
         }
         SourceKind::Nvml => {
             // The fallback exporter is opened on the first refusal: a bad
@@ -268,6 +303,30 @@ fn open_gpus(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a source that does not answer (yet) is worth another try.
+    #[test]
+    fn only_answers_that_can_change_are_transient() {
+        let kind = |s: &str| s.parse::<flopwatch_config::SourceKind>().unwrap();
+        let mut cfg = flopwatch_config::AgentConfig::default();
+        cfg.nvml.library_path = Some("/nonexistent/libnvidia-ml.so".into());
+        // Nothing listens on port 9 (discard) of the loopback.
+        for (source, transient) in [
+            ("dcgm-exporter:http://127.0.0.1:9/metrics", true),
+            ("dcgm-exporter:https://127.0.0.1:9400/metrics", false),
+            ("dcgm-exporter:http://", false),
+            ("replay:/nonexistent/trace.csv", false),
+            ("nvml", false),
+        ] {
+            let e = open_gpus(&kind(source), &cfg, 0).err().expect(source);
+            assert_eq!(e.is_transient(), transient, "{source}: {e}");
+        }
+        let driver = SourceError::Driver {
+            call: "nvmlDeviceGetCount",
+            message: "unknown error".into(),
+        };
+        assert!(driver.is_transient());
+    }
 
     /// `[nvml] gpm_fallback` is opened late, on the first refusal, so a
     /// URL that can never work is refused at start, naming the URL.

@@ -12,6 +12,14 @@
 //! convention with base 10 000), so job attribution can be exercised
 //! against a fake `/proc` tree. Off by default: on a real host those PIDs
 //! belong to unrelated processes.
+//!
+//! What real nodes do, on request ([`SimHarshness`], `[sim]` in
+//! `agent.toml`): jobs that end and start on the same GPUs (the fleet's
+//! [`Turns`](flopwatch_sim::Turns)), profiling fields that leave for a
+//! while (DCGM's profiling module stopped: tensor and pipe activity and
+//! the averaged clock are missing, the device fields stay), a source that
+//! does not answer for a while after the start, and a GPU two processes
+//! share (a second PID, `base + 1000 + gpu`).
 
 use super::{Capture, GpuCapture, GpuSource, Reading, SourceError};
 use crate::sampler::{PlanCarry, ReadPlan};
@@ -28,7 +36,32 @@ pub struct SimSource {
     pid_base: Option<u32>,
     carry: PlanCarry,
     mfu: Option<SimMfu>,
+    harsh: SimHarshness,
 }
+
+/// The harsher conditions a simulated node may show (all off by default).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SimHarshness {
+    /// Profiling fields are missing in `[from, to)` (unix ms).
+    pub profiling_outages: Vec<(i64, i64)>,
+    /// Captures fail before this time (unix ms): a source not up yet.
+    pub up_at_ms: Option<i64>,
+    /// This GPU's job has a second process (a shared GPU).
+    pub shared_gpu: Option<usize>,
+}
+
+/// The profiling (DCGM `PROF_*`, GPM) fields a profiling outage removes.
+pub const PROFILING_FIELDS: [&str; 9] = [
+    m::TENSOR_ACTIVE,
+    m::SM_CLOCK_AVG_MHZ,
+    m::SM_ACTIVE,
+    m::SM_OCCUPANCY,
+    m::DRAM_ACTIVE,
+    m::FP16_ACTIVE,
+    m::FP32_ACTIVE,
+    m::FP64_ACTIVE,
+    m::NVLINK_TX_BYTES_S,
+];
 
 /// Jobs of the demo fleet that report their own MFU, with the factor
 /// between what they report and their true OFU: `llm-pretrain` reports
@@ -156,7 +189,14 @@ impl SimSource {
             pid_base: None,
             carry: PlanCarry::default(),
             mfu: None,
+            harsh: SimHarshness::default(),
         }
+    }
+
+    /// The same node under harsher conditions.
+    pub fn with_harshness(mut self, harsh: SimHarshness) -> Self {
+        self.harsh = harsh;
+        self
     }
 
     /// Reports a compute process, PID `base + gpu`, on every GPU that runs
@@ -197,13 +237,22 @@ impl GpuSource for SimSource {
         let Some(base) = self.pid_base else {
             return Vec::new();
         };
-        self.model
-            .plans
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.job.is_some())
-            .map(|(g, _)| (g, base.saturating_add(g as u32)))
-            .collect()
+        let now = self
+            .last_ms
+            .unwrap_or(self.model.start_ms)
+            .saturating_sub(1);
+        let mut out: Vec<(usize, u32)> = (0..self.model.gpu_count())
+            .filter(|&g| self.model.job_at(g, now).is_some())
+            .map(|g| (g, base.saturating_add(g as u32)))
+            .collect();
+        if let Some(g) = self
+            .harsh
+            .shared_gpu
+            .filter(|&g| out.iter().any(|p| p.0 == g))
+        {
+            out.push((g, base.saturating_add(1000 + g as u32)));
+        }
+        out
     }
 
     /// The model is evaluated in full either way; the plan decides what is
@@ -215,7 +264,18 @@ impl GpuSource for SimSource {
     }
 
     fn capture(&mut self, now_ms: i64) -> Result<Capture, SourceError> {
+        if self.harsh.up_at_ms.is_some_and(|up| now_ms < up) {
+            return Err(SourceError::Driver {
+                call: "capture",
+                message: "simulated source not up yet".to_string(),
+            });
+        }
         let prev = self.last_ms.replace(now_ms);
+        let outage = self
+            .harsh
+            .profiling_outages
+            .iter()
+            .any(|&(a, b)| a <= now_ms && now_ms < b);
         let mut gpus = Vec::with_capacity(self.inventory.len());
         for g in 0..self.inventory.len() {
             let s = self.model.state_at(g, now_ms);
@@ -251,6 +311,9 @@ impl GpuSource for SimSource {
                 }
                 _ => 0,
             };
+            if outage {
+                readings.retain(|r| !PROFILING_FIELDS.contains(&r.metric));
+            }
             readings.push(Reading::new(m::ENERGY_J, self.energy_j[g]));
             gpus.push(GpuCapture {
                 gpu: g,
@@ -258,18 +321,18 @@ impl GpuSource for SimSource {
                 readings,
             });
         }
-        let jobs = self
-            .model
-            .plans
-            .iter()
-            .enumerate()
-            .filter_map(|(g, p)| {
-                p.job.as_ref().map(|j| JobAssignment {
-                    gpu_uuid: self.inventory[g].uuid.clone(),
-                    job_id: j.clone(),
-                    since_ms: self.model.start_ms,
-                    ..Default::default()
-                })
+        // The job that ran over the window ending now (a job that starts
+        // at this instant has not run yet; one that ended now has).
+        let jobs = (0..self.inventory.len())
+            .filter_map(|g| {
+                self.model
+                    .job_at(g, now_ms.saturating_sub(1))
+                    .map(|(job_id, since_ms)| JobAssignment {
+                        gpu_uuid: self.inventory[g].uuid.clone(),
+                        job_id,
+                        since_ms,
+                        ..Default::default()
+                    })
             })
             .collect();
         Ok(Capture {

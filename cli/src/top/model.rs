@@ -66,6 +66,8 @@ pub struct NodeRow {
     pub gpus: u32,
     pub last_seen_ms: i64,
     pub ofu: Option<Ofu>,
+    /// Asked for, and no OFU sample in the window: its inputs are stale.
+    pub stale: bool,
 }
 
 /// One job.
@@ -75,6 +77,9 @@ pub struct JobRow {
     pub gpus: usize,
     pub nodes: usize,
     pub ofu: Option<Ofu>,
+    /// Asked for, and no OFU sample in the window: it ended (or its GPUs'
+    /// inputs are stale).
+    pub ended: bool,
 }
 
 /// One GPU.
@@ -87,6 +92,9 @@ pub struct GpuRow {
     /// Empty when the GPU runs no job.
     pub job_id: String,
     pub ofu: Option<Ofu>,
+    /// Asked for, and no OFU sample in the window: its OFU input is stale
+    /// (the profiling fields left, or its agent stopped).
+    pub stale: bool,
 }
 
 /// The raw answers of one refresh.
@@ -154,6 +162,9 @@ impl Snapshot {
     ) -> Self {
         let ofu =
             |m: &HashMap<String, v1::OfuResponse>, k: &str| m.get(k).and_then(Ofu::from_response);
+        let stale = |m: &HashMap<String, v1::OfuResponse>, k: &str| {
+            m.get(k).is_some_and(|r| Ofu::from_response(r).is_none())
+        };
         let nodes = r
             .nodes
             .iter()
@@ -162,6 +173,7 @@ impl Snapshot {
                 gpus: n.gpus,
                 last_seen_ms: n.last_seen_ms,
                 ofu: ofu(&r.node_ofu, &n.node_id),
+                stale: stale(&r.node_ofu, &n.node_id),
             })
             .collect();
         let jobs = r
@@ -172,6 +184,7 @@ impl Snapshot {
                 gpus: j.gpu_uuids.len(),
                 nodes: j.node_ids.len(),
                 ofu: ofu(&r.job_ofu, &j.job_id),
+                ended: stale(&r.job_ofu, &j.job_id),
             })
             .collect();
         let gpus = r
@@ -183,6 +196,7 @@ impl Snapshot {
                     node_id: g.node_id.clone(),
                     index: info.index,
                     ofu: ofu(&r.gpu_ofu, &info.uuid),
+                    stale: stale(&r.gpu_ofu, &info.uuid),
                     uuid: info.uuid,
                     model: info.model,
                     job_id: g.job_id.clone(),

@@ -45,14 +45,16 @@ pub fn ofu_color(f: f64) -> Color {
     }
 }
 
-/// An OFU bar with its percent beside it, or "no data".
-fn ofu_line(o: Option<&Ofu>, bar_cells: usize) -> Line<'static> {
-    match o {
-        Some(o) => Line::from(vec![
+/// An OFU bar with its percent beside it, else `absent` when the scope
+/// was asked for and had no sample ("stale", "ended"), else "no data".
+fn ofu_line(o: Option<&Ofu>, bar_cells: usize, absent: Option<&'static str>) -> Line<'static> {
+    match (o, absent) {
+        (Some(o), _) => Line::from(vec![
             Span::styled(bar(o.mean, bar_cells), Style::new().fg(ofu_color(o.mean))),
             Span::raw(format!(" {:>6}", pct(o.mean))),
         ]),
-        None => Line::from("no data"),
+        (None, Some(why)) => Line::from(Span::styled(why, Style::new().fg(Color::DarkGray))),
+        (None, None) => Line::from("no data"),
     }
 }
 
@@ -246,7 +248,11 @@ fn render_jobs(frame: &mut Frame, area: Rect, s: &Snapshot, view: &ViewState) {
             if roomy {
                 cells.push(Cell::from(format!("{:>5}", j.nodes)));
             }
-            cells.push(Cell::from(ofu_line(j.ofu.as_ref(), bar)));
+            cells.push(Cell::from(ofu_line(
+                j.ofu.as_ref(),
+                bar,
+                j.ended.then_some("ended"),
+            )));
             cells.push(Cell::from(format!("{:>6}", opt_pct(j.ofu.map(|o| o.p10)))));
             cells
         })
@@ -270,7 +276,7 @@ fn render_nodes(frame: &mut Frame, area: Rect, s: &Snapshot, view: &ViewState) {
             let mut cells = vec![
                 Cell::from(n.node_id.clone()),
                 Cell::from(format!("{:>4}", n.gpus)),
-                Cell::from(ofu_line(n.ofu.as_ref(), bar)),
+                Cell::from(ofu_line(n.ofu.as_ref(), bar, n.stale.then_some("stale"))),
             ];
             if roomy && s.taken_ms > 0 {
                 let secs = (s.taken_ms - n.last_seen_ms).max(0) / 1000;
@@ -315,7 +321,7 @@ fn render_gpus(frame: &mut Frame, area: Rect, s: &Snapshot, view: &ViewState) {
                 Cell::from(format!("{:>3}", g.index)),
                 Cell::from(model.to_string()),
                 Cell::from(job.to_string()),
-                Cell::from(ofu_line(g.ofu.as_ref(), BAR)),
+                Cell::from(ofu_line(g.ofu.as_ref(), BAR, g.stale.then_some("stale"))),
                 Cell::from(format!(
                     "{:>6}",
                     opt_pct(g.ofu.and_then(|o| o.tensor_active))

@@ -1,8 +1,10 @@
 //! The node and job series, derived from their GPUs' OFU series: at a time
 //! `t`, the mean (or the number) of the newest values of the GPUs whose
-//! newest sample at or before `t` is at most the lookback delta old
-//! (`t − 5m ≤ ts ≤ t`, Prometheus 2.42's closed lookback) — what
-//! `avg by (node) (flopwatch_ofu_ratio)` answers at `t`.
+//! newest sample at or before `t` is still current at `t` (not stale,
+//! [`super::points`]; at most the lookback delta old, `t − 5m ≤ ts ≤ t`,
+//! Prometheus 2.42's closed lookback) — what `avg by (node)
+//! (flopwatch_ofu_ratio)` answers at `t`. A GPU whose input stopped
+//! leaves its node's and job's value when its series goes stale.
 //!
 //! The sum is exact: the GPUs' values go into an exact accumulator (xsum)
 //! and leave it as GPUs change value or age out, and the mean is the
@@ -11,8 +13,7 @@
 //! query's range or steps began or in which order samples arrived — and
 //! an idle node is exactly 0.
 
-use super::points::Points;
-use super::LOOKBACK_MS;
+use super::points::{Points, Timeline};
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 use xsum::{Xsum, XsumSmall};
@@ -31,12 +32,14 @@ pub(super) enum Across {
 
 /// The members' newest values as time advances.
 struct Sweep<'a> {
-    lists: &'a [Points],
+    lists: &'a [Timeline],
     next: BinaryHeap<Reverse<(i64, usize)>>,
     cursor: Vec<usize>,
-    newest: Vec<Option<(i64, f64)>>,
+    newest: Vec<Option<(i64, f64, i64)>>,
     /// Live members by their newest sample's time.
     live: BTreeSet<(i64, usize)>,
+    /// Live members by the last instant their newest sample is current.
+    ends: BTreeSet<(i64, usize)>,
     sum: XsumSmall,
     nan: usize,
     pos_inf: usize,
@@ -44,7 +47,7 @@ struct Sweep<'a> {
 }
 
 impl<'a> Sweep<'a> {
-    fn new(lists: &'a [Points]) -> Self {
+    fn new(lists: &'a [Timeline]) -> Self {
         Sweep {
             lists,
             next: lists
@@ -55,6 +58,7 @@ impl<'a> Sweep<'a> {
             cursor: vec![0; lists.len()],
             newest: vec![None; lists.len()],
             live: BTreeSet::new(),
+            ends: BTreeSet::new(),
             sum: XsumSmall::new(),
             nan: 0,
             pos_inf: 0,
@@ -75,8 +79,9 @@ impl<'a> Sweep<'a> {
     }
 
     fn leave(&mut self, i: usize) {
-        if let Some((ts, v)) = self.newest[i].take() {
+        if let Some((ts, v, end)) = self.newest[i].take() {
             self.live.remove(&(ts, i));
+            self.ends.remove(&(end, i));
             self.account(v, -1.0);
         }
     }
@@ -86,26 +91,32 @@ impl<'a> Sweep<'a> {
         self.next.peek().map(|r| r.0 .0)
     }
 
+    /// The first instant a live member is no longer current, if any.
+    fn peek_end(&self) -> Option<i64> {
+        self.ends.first().map(|e| e.0.saturating_add(1))
+    }
+
     /// Takes in every member sample at or before `t` and ages out members
-    /// whose newest sample is older than `t − lookback`.
+    /// whose newest sample is no longer current at `t`.
     fn advance(&mut self, t: i64) {
         while let Some(Reverse((ts, i))) = self.next.peek().copied() {
             if ts > t {
                 break;
             }
             self.next.pop();
-            let (_, v) = self.lists[i][self.cursor[i]];
+            let (_, v, end) = self.lists[i][self.cursor[i]];
             self.leave(i);
-            self.newest[i] = Some((ts, v));
+            self.newest[i] = Some((ts, v, end));
             self.live.insert((ts, i));
+            self.ends.insert((end, i));
             self.account(v, 1.0);
             self.cursor[i] += 1;
             if let Some(p) = self.lists[i].get(self.cursor[i]) {
                 self.next.push(Reverse((p.0, i)));
             }
         }
-        while let Some(&(ts, i)) = self.live.first() {
-            if ts >= t - LOOKBACK_MS {
+        while let Some(&(end, i)) = self.ends.first() {
+            if end >= t {
                 break;
             }
             self.leave(i);
@@ -138,17 +149,28 @@ impl<'a> Sweep<'a> {
 }
 
 /// A derived series' points with `from ≤ t ≤ to`: one at each time any
-/// member has a sample. `lists` hold each member's samples (those of its
-/// spans) from `from − lookback` on.
-pub(super) fn points(lists: &[Points], op: Across, from: i64, to: i64) -> Points {
+/// member has a sample, and one when a member goes stale while others
+/// stay current. `lists` hold each member's samples (those of its spans)
+/// from `from − lookback` on.
+pub(super) fn points(lists: &[Timeline], op: Across, from: i64, to: i64) -> Points {
     let mut s = Sweep::new(lists);
     let mut out = Vec::new();
-    while let Some(t) = s.peek() {
+    loop {
+        let t = match (s.peek(), s.peek_end()) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (None, None) => break,
+        };
         if t > to {
             break;
         }
+        let sample = s.peek() == Some(t);
+        let before = s.live.len();
         s.advance(t);
-        if t >= from {
+        // A member going stale changes the value only if others remain;
+        // a member's sample always makes a point.
+        if t >= from && (sample || s.live.len() != before) {
             if let Some((_, v)) = s.value(op) {
                 out.push((t, v));
             }
@@ -159,7 +181,7 @@ pub(super) fn points(lists: &[Points], op: Across, from: i64, to: i64) -> Points
 
 /// The derived value at each of `times` (ascending), with the newest
 /// member sample's time.
-pub(super) fn at_times(lists: &[Points], op: Across, times: &[i64]) -> Vec<Option<(i64, f64)>> {
+pub(super) fn at_times(lists: &[Timeline], op: Across, times: &[i64]) -> Vec<Option<(i64, f64)>> {
     let mut s = Sweep::new(lists);
     times
         .iter()
@@ -173,12 +195,22 @@ pub(super) fn at_times(lists: &[Points], op: Across, times: &[i64]) -> Vec<Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::promql::LOOKBACK_MS;
+
+    /// Samples current for the lookback delta (no staleness known).
+    fn timeline(pts: &[(i64, f64)]) -> Timeline {
+        pts.iter().map(|&(t, v)| (t, v, t + LOOKBACK_MS)).collect()
+    }
 
     /// Two GPUs: one sampled every second until 10 s, one from 5 s on.
-    fn lists() -> Vec<Points> {
+    fn lists() -> Vec<Timeline> {
         vec![
-            (0..=10).map(|s| (s * 1000, 0.1 * s as f64)).collect(),
-            (5..=20).map(|s| (s * 1000, 0.3)).collect(),
+            timeline(
+                &(0..=10)
+                    .map(|s| (s * 1000, 0.1 * s as f64))
+                    .collect::<Vec<_>>(),
+            ),
+            timeline(&(5..=20).map(|s| (s * 1000, 0.3)).collect::<Vec<_>>()),
         ]
     }
 
@@ -221,11 +253,34 @@ mod tests {
     }
 
     #[test]
+    fn a_member_whose_input_stopped_leaves_when_it_goes_stale() {
+        // GPU 0 sampled every second with 1 s windows until 10 s: current
+        // until 10 s + 3 windows + 10 s = 23 s. GPU 1 runs on.
+        let stale = |t: i64| t + crate::staleness::stale_after_ms(Some(1000));
+        let l = vec![
+            (0..=10).map(|s| (s * 1000, 0.5, stale(s * 1000))).collect(),
+            (0..=60)
+                .map(|s| (s * 1000, 0.1, stale(s * 1000)))
+                .collect::<Timeline>(),
+        ];
+        let at = at_times(&l, Across::Mean, &[23_000, 23_001]);
+        assert_eq!(at[0].map(|p| p.1), Some(0.3));
+        assert_eq!(at[1].map(|p| p.1), Some(0.1));
+        // The range form has a point where it leaves, between samples.
+        let p = points(&l, Across::Count, 22_500, 24_000);
+        assert_eq!(p, vec![(23_000, 2.0), (23_001, 1.0), (24_000, 1.0)]);
+        // Once every member is stale, nothing.
+        let at = at_times(&l, Across::Count, &[stale(60_000), stale(60_000) + 1]);
+        assert_eq!(at[0].map(|p| p.1), Some(1.0));
+        assert_eq!(at[1], None);
+    }
+
+    #[test]
     fn an_idle_node_is_exactly_zero() {
-        let l: Vec<Points> = vec![
-            vec![(0, 0.1), (1000, 0.0)],
-            vec![(0, 0.2), (1000, 0.0)],
-            vec![(0, 0.7), (1000, 0.0)],
+        let l: Vec<Timeline> = vec![
+            timeline(&[(0, 0.1), (1000, 0.0)]),
+            timeline(&[(0, 0.2), (1000, 0.0)]),
+            timeline(&[(0, 0.7), (1000, 0.0)]),
         ];
         let p = points(&l, Across::Mean, 0, 1000);
         assert_eq!(p[1], (1000, 0.0));

@@ -29,6 +29,8 @@ pub struct QueryLimits {
     pub max_samples: u64,
     /// Most series one query may select.
     pub max_series: u64,
+    /// Series go stale after their last sample ([`crate::staleness`]).
+    pub staleness: bool,
 }
 
 impl Default for QueryLimits {
@@ -38,6 +40,7 @@ impl Default for QueryLimits {
             max_depth: 256,
             max_samples: 50_000_000,
             max_series: 500_000,
+            staleness: true,
         }
     }
 }
@@ -50,6 +53,7 @@ impl QueryLimits {
             max_depth: c.max_query_depth,
             max_samples: c.max_samples,
             max_series: c.max_series,
+            staleness: c.staleness,
         }
     }
 }

@@ -39,8 +39,9 @@ mod syntax;
 #[cfg(test)]
 mod tests;
 
-/// A series a peer's `Query/Select` answers with: labels and points.
-pub type SelectedSeries = (Labels, Vec<(i64, f64)>);
+/// A series a peer's `Query/Select` answers with: labels, and points with
+/// the last instant each is current.
+pub type SelectedSeries = (Labels, Vec<(i64, f64, i64)>);
 
 /// The result of a query, as Prometheus types it.
 #[derive(Debug, Clone, PartialEq)]

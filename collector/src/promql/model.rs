@@ -20,18 +20,19 @@
 //! `flopwatch_job_ofu_ratio` and `flopwatch_job_gpus` (`tenant`,
 //! `job_id`) are derived from their GPUs' OFU series ([`derived`]): at a
 //! time `t`, the exact mean (or the number) of the newest values of the
-//! GPUs whose newest sample is in `[t − 5m, t]`. An instant selector reads
-//! them at its step's time itself; range functions read their points, one
-//! at each sample time of their GPUs. A job's GPU counts over its job's
-//! time only (the spans of its `job_id` series). So
-//! `flopwatch_node_ofu_ratio` answers as `avg by (tenant, node, hostname)
-//! (flopwatch_ofu_ratio)` does, but for the 5 minutes after a GPU changes
-//! jobs: there `avg by` still sees the GPU's series of before the change
-//! and counts the GPU twice, the node's series once.
+//! GPUs whose newest sample at or before `t` is still current. An instant
+//! selector reads them at its step's time itself; range functions read
+//! their points, one at each sample time of their GPUs. A job's GPU counts
+//! over its job's time only (the spans of its `job_id` series).
+//!
+//! A sample is current until its series goes stale
+//! ([`crate::staleness`], by its window) or the same stored series goes
+//! on under other labels (the GPU's job changed): [`Model::timeline`].
+//! With `staleness` off, for the whole lookback delta.
 
 use super::budget::Budget;
 use super::derived::{self, Across};
-use super::points::{newest_at, window, Points};
+use super::points::{newest_at, window, Points, Timeline};
 
 /// A series' sample (time and value) at each of a query's times.
 pub(super) type StepSamples = Vec<Option<(i64, f64)>>;
@@ -67,7 +68,7 @@ pub(super) enum Source {
     /// each with its spans).
     Across { members: Vec<SeriesRef>, op: Across },
     /// A peer's series, read before evaluation ([`super::peers`]).
-    Loaded(std::sync::Arc<Points>),
+    Loaded(std::sync::Arc<Timeline>),
     /// One label set's parts on several collectors (or a GPU's series of
     /// several jobs): their points merged, one per timestamp.
     Union(Vec<SeriesRef>),
@@ -104,20 +105,39 @@ pub(super) struct Model<'a> {
     pub remote: Option<&'a super::peers::Remote>,
     /// Stored series only, no derived ones (a peer's answer).
     pub base_only: bool,
+    /// Series go stale three windows and 10 s after their last sample
+    /// ([`crate::staleness`]); off: each sample is current for the
+    /// lookback delta.
+    pub staleness: bool,
 }
 
 impl Model<'_> {
     /// The samples of `s` with `from ≤ t ≤ to`, in time order, in the
     /// family's unit.
-    pub fn samples(
-        &self,
-        s: &SeriesRef,
-        from: i64,
-        to: i64,
-    ) -> Result<Vec<(i64, f64)>, QueryError> {
+    pub fn samples(&self, s: &SeriesRef, from: i64, to: i64) -> Result<Points, QueryError> {
+        Ok(super::points::points(&self.timeline(s, from, to)?))
+    }
+
+    /// The last instant a sample at `ts` sampled over `window_ms` is
+    /// current.
+    fn current_until(&self, ts: i64, window_ms: Option<u32>) -> i64 {
+        let w = window_ms.filter(|_| self.staleness);
+        ts.saturating_add(crate::staleness::stale_after_ms(w).min(LOOKBACK_MS))
+    }
+
+    /// [`Model::samples`], each with the last instant it is current.
+    pub fn timeline(&self, s: &SeriesRef, from: i64, to: i64) -> Result<Timeline, QueryError> {
         self.budget.check()?;
         match &s.source {
-            Source::Across { members, op } => return self.across(members, *op, from, to),
+            Source::Across { members, op } => {
+                // Range functions read a derived series' points; an
+                // instant selector computes it at its time instead.
+                return Ok(self
+                    .across(members, *op, from, to)?
+                    .into_iter()
+                    .map(|(t, v)| (t, v, t + LOOKBACK_MS))
+                    .collect());
+            }
             Source::Loaded(pts) => {
                 let w = window(pts, from, to).to_vec();
                 self.budget.samples(w.len())?;
@@ -126,7 +146,7 @@ impl Model<'_> {
             Source::Union(parts) => {
                 let mut out = Vec::new();
                 for p in parts {
-                    out.extend(self.samples(p, from, to)?);
+                    out.extend(self.timeline(p, from, to)?);
                 }
                 // A point stored on two collectors counts once.
                 out.sort_by_key(|p| p.0);
@@ -135,18 +155,20 @@ impl Model<'_> {
             }
             _ => {}
         }
-        let mut out = Vec::new();
+        let mut out: Timeline = Vec::new();
         for &(a, b) in &s.spans {
             let (lo, hi) = (a.max(from), b.min(to.saturating_add(1)));
             if lo >= hi {
                 continue;
             }
+            let first = out.len();
             match &s.source {
                 Source::Ofu { tenant, gpu, col } => {
                     self.store.ofu(tenant, gpu, lo, hi, None, &mut |x| {
                         out.push((
                             x.ts_ms,
                             ofu_column(*col, x.ofu, x.tensor_active, x.sm_clock_mhz),
+                            self.current_until(x.ts_ms, Some(x.window_ms)),
                         ));
                     })?;
                 }
@@ -157,17 +179,59 @@ impl Model<'_> {
                     scale,
                 } => {
                     for p in self.store.series(tenant, key, metric, lo, hi, usize::MAX)? {
-                        out.push((p.ts_ms, p.value * scale));
+                        out.push((
+                            p.ts_ms,
+                            p.value * scale,
+                            self.current_until(p.ts_ms, p.window_ms),
+                        ));
                     }
                 }
                 Source::Across { .. } | Source::Loaded(_) | Source::Union(_) => {
                     unreachable!("answered above")
                 }
             }
+            if let Some(next) = self.relabelled_at(s, b)? {
+                for p in &mut out[first..] {
+                    p.2 = p.2.min(next - 1);
+                }
+            }
         }
         self.budget.samples(out.len())?;
         out.sort_by_key(|p| p.0);
         Ok(out)
+    }
+
+    /// When the stored series under `s` goes on under other labels after
+    /// `s`'s span ending at `end` (its GPU changed jobs, or its job ended):
+    /// the time of its first sample in `[end, end + lookback]`. A series
+    /// ends where its relabelled successor begins, as a scraped series
+    /// whose target's labels change gets its staleness marker at that
+    /// scrape.
+    fn relabelled_at(&self, s: &SeriesRef, end: i64) -> Result<Option<i64>, QueryError> {
+        if end == i64::MAX || !self.staleness {
+            return Ok(None);
+        }
+        let to = end.saturating_add(LOOKBACK_MS);
+        Ok(match &s.source {
+            Source::Ofu { tenant, gpu, .. } => {
+                let mut next = None;
+                self.store.ofu(tenant, gpu, end, to, None, &mut |x| {
+                    next = Some(next.map_or(x.ts_ms, |n: i64| n.min(x.ts_ms)));
+                })?;
+                next
+            }
+            Source::Raw {
+                tenant,
+                key,
+                metric,
+                ..
+            } => self
+                .store
+                .series(tenant, key, metric, end, to, 1)?
+                .first()
+                .map(|p| p.ts_ms),
+            _ => None,
+        })
     }
 
     /// A derived series' points with `from ≤ t ≤ to` ([`derived::points`]).
@@ -177,10 +241,10 @@ impl Model<'_> {
         op: Across,
         from: i64,
         to: i64,
-    ) -> Result<Vec<(i64, f64)>, QueryError> {
+    ) -> Result<Points, QueryError> {
         let lists = members
             .iter()
-            .map(|m| self.samples(m, from.saturating_sub(LOOKBACK_MS), to))
+            .map(|m| self.timeline(m, from.saturating_sub(LOOKBACK_MS), to))
             .collect::<Result<Vec<_>, _>>()?;
         let out = derived::points(&lists, op, from, to);
         self.budget.samples(out.len())?;
@@ -188,9 +252,9 @@ impl Model<'_> {
     }
 
     /// The sample of `s` an instant selector takes at each of `times`
-    /// (ascending): the newest in `[t − lookback, t]`, read from the
-    /// samples in `[from, to]`; for a derived series, its value at `t`
-    /// itself ([`derived::at_times`]).
+    /// (ascending): the newest at or before `t` while it is current
+    /// ([`super::points`]), read from the samples in `[from, to]`; for a
+    /// derived series, its value at `t` itself ([`derived::at_times`]).
     pub fn at_times(
         &self,
         s: &SeriesRef,
@@ -201,14 +265,14 @@ impl Model<'_> {
         if let Source::Across { members, op } = &s.source {
             let lists = members
                 .iter()
-                .map(|m| self.samples(m, from, to))
+                .map(|m| self.timeline(m, from, to))
                 .collect::<Result<Vec<_>, _>>()?;
             return Ok(derived::at_times(&lists, *op, times));
         }
         if let Some(v) = self.at_minutes(s, times, from, to)? {
             return Ok(v);
         }
-        let pts = self.samples(s, from, to)?;
+        let pts = self.timeline(s, from, to)?;
         let mut j = 0;
         Ok(times.iter().map(|&t| newest_at(&pts, t, &mut j)).collect())
     }
@@ -243,7 +307,7 @@ impl Model<'_> {
         // a sample on its start.
         let m0 = from.div_euclid(MINUTE_MS) * MINUTE_MS;
         let n = usize::try_from((to - m0) / MINUTE_MS + 1).unwrap_or(0);
-        let mut newest: Vec<(i64, f64)> = vec![(i64::MIN, f64::NAN); n];
+        let mut newest: Vec<(i64, f64, i64)> = vec![(i64::MIN, f64::NAN, i64::MIN); n];
         let mut on_start: Vec<Option<f64>> = vec![None; n];
         let mut read = 0usize;
         let slot = |ts: i64| usize::try_from((ts - m0).div_euclid(MINUTE_MS)).ok();
@@ -252,13 +316,18 @@ impl Model<'_> {
             if lo >= hi {
                 continue;
             }
+            let cap = self.relabelled_at(s, b)?.map_or(i64::MAX, |n| n - 1);
             self.store.ofu_lasts(tenant, gpu, lo, hi, &mut |p| {
                 let (minute, last, start) = match p {
                     OfuPiece::Sample(x) => {
                         let on = (x.ts_ms.rem_euclid(MINUTE_MS) == 0).then_some(x.ofu);
-                        (x.ts_ms, (x.ts_ms, x.ofu), on)
+                        let until = self.current_until(x.ts_ms, Some(x.window_ms)).min(cap);
+                        (x.ts_ms, (x.ts_ms, x.ofu, until), on)
                     }
-                    OfuPiece::Last(m) => (m.minute, m.last, m.at_start),
+                    OfuPiece::Last(m) => {
+                        let until = self.current_until(m.last.0, m.window_ms).min(cap);
+                        (m.minute, (m.last.0, m.last.1, until), m.at_start)
+                    }
                     OfuPiece::Agg { .. } => return,
                 };
                 read += 1;
@@ -276,7 +345,7 @@ impl Model<'_> {
         self.budget.samples(read)?;
         let mut out = Vec::with_capacity(times.len());
         // The newest sample of the minutes before the one at `t`.
-        let (mut before, mut upto) = (None::<(i64, f64)>, 0usize);
+        let (mut before, mut upto) = (None::<(i64, f64, i64)>, 0usize);
         for &t in times {
             let i = slot(t).unwrap_or(0).min(n);
             while upto < i {
@@ -285,8 +354,8 @@ impl Model<'_> {
                 }
                 upto += 1;
             }
-            let on_t = on_start.get(i).copied().flatten().map(|v| (t, v));
-            out.push(on_t.or(before).filter(|p| p.0 >= t - super::LOOKBACK_MS));
+            let on_t = on_start.get(i).copied().flatten().map(|v| (t, v, t));
+            out.push(on_t.or(before).filter(|p| t <= p.2).map(|p| (p.0, p.1)));
         }
         Ok(Some(out))
     }

@@ -18,7 +18,7 @@
 //! Thanos, Mimir) report partial answers.
 
 use super::derived::{JOB_GPUS, JOB_OFU, NODE_OFU};
-use super::points::Points;
+use super::points::Timeline;
 use super::syntax::{at_ms, matchers as selector_matchers, offset_ms};
 use super::LOOKBACK_MS;
 use crate::series::Labels;
@@ -46,8 +46,9 @@ pub struct Peers {
 /// What the peers returned for one query.
 #[derive(Debug, Default)]
 pub struct Remote {
-    /// Series by label set, their points merged in time order.
-    pub series: Vec<(Labels, Arc<Points>)>,
+    /// Series by label set, their points merged in time order, each with
+    /// the last instant it is current.
+    pub series: Vec<(Labels, Arc<Timeline>)>,
     /// One line per peer that did not answer.
     pub warnings: Vec<String>,
 }
@@ -230,7 +231,7 @@ impl Peers {
                 }
             });
             let mut remote = Remote::default();
-            let mut merged: BTreeMap<Labels, BTreeMap<i64, f64>> = BTreeMap::new();
+            let mut merged: BTreeMap<Labels, BTreeMap<i64, (f64, i64)>> = BTreeMap::new();
             for r in futures::future::join_all(futs).await {
                 match r {
                     Ok(series) => {
@@ -239,8 +240,13 @@ impl Peers {
                                 s.labels.into_iter().map(|l| (l.name, l.value)).collect();
                             labels.sort();
                             let e = merged.entry(labels).or_default();
-                            for (t, v) in s.timestamps_ms.into_iter().zip(s.values) {
-                                e.entry(t).or_insert(v);
+                            // A peer without the ends: current for the
+                            // lookback delta.
+                            let ends = s.current_until_ms;
+                            for (k, (t, v)) in s.timestamps_ms.into_iter().zip(s.values).enumerate()
+                            {
+                                let end = ends.get(k).copied().unwrap_or(t + LOOKBACK_MS);
+                                e.entry(t).or_insert((v, end));
                             }
                         }
                     }
@@ -252,7 +258,10 @@ impl Peers {
             }
             remote.series = merged
                 .into_iter()
-                .map(|(l, p)| (l, Arc::new(p.into_iter().collect())))
+                .map(|(l, p)| {
+                    let tl: Timeline = p.into_iter().map(|(t, (v, e))| (t, v, e)).collect();
+                    (l, Arc::new(tl))
+                })
                 .collect();
             remote
         })

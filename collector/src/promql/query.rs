@@ -120,6 +120,7 @@ impl<'a> Ctx<'a> {
             budget: self.budget,
             remote,
             base_only: self.base_only,
+            staleness: self.limits.staleness,
         }
     }
 
@@ -370,7 +371,7 @@ pub(super) fn select_local(
     labels_only: bool,
 ) -> Result<Vec<super::SelectedSeries>, QueryError> {
     let model = ctx.model(None);
-    let mut out: BTreeMap<Labels, Vec<(i64, f64)>> = BTreeMap::new();
+    let mut out: BTreeMap<Labels, Vec<(i64, f64, i64)>> = BTreeMap::new();
     for s in selectors {
         let m = match ctx.parse(s)? {
             Expr::VectorSelector(vs) => selector_matchers(&vs)?,
@@ -385,7 +386,7 @@ pub(super) fn select_local(
                     out.insert(series.labels, Vec::new());
                 }
             } else {
-                let pts = model.samples(&series, start, end)?;
+                let pts = model.timeline(&series, start, end)?;
                 if !pts.is_empty() {
                     out.insert(series.labels, pts);
                 }

@@ -11,11 +11,26 @@ use crate::store::{
     memory::MemEngine, CommitSet, GpuRecord, JobRecord, NodeRecord, OfuSample, Store,
 };
 use flopwatch_proto::model::{Point, SeriesBatch};
+use std::cell::Cell;
 use std::sync::Arc;
+
+thread_local! {
+    /// Whether this test's queries keep every sample current for the whole
+    /// lookback (`[prometheus_api] staleness = false`).
+    static LOOKBACK_ONLY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// No limits, with the test's staleness setting.
+fn no_limits() -> QueryLimits {
+    QueryLimits {
+        staleness: !LOOKBACK_ONLY.with(Cell::get),
+        ..QueryLimits::default()
+    }
+}
 
 /// `query::instant` with no limits.
 fn instant(store: &Store, scope: &Scope, q: &str, t: i64) -> Result<Value, QueryError> {
-    let (budget, limits) = (Budget::unlimited(), QueryLimits::default());
+    let (budget, limits) = (Budget::unlimited(), no_limits());
     let ctx = Ctx {
         store,
         scope,
@@ -36,7 +51,7 @@ fn range(
     end: i64,
     step: i64,
 ) -> Result<Value, QueryError> {
-    let (budget, limits) = (Budget::unlimited(), QueryLimits::default());
+    let (budget, limits) = (Budget::unlimited(), no_limits());
     let ctx = Ctx {
         store,
         scope,
@@ -56,7 +71,7 @@ fn series(
     start: i64,
     end: i64,
 ) -> Result<Vec<crate::series::Labels>, QueryError> {
-    let (budget, limits) = (Budget::unlimited(), QueryLimits::default());
+    let (budget, limits) = (Budget::unlimited(), no_limits());
     let ctx = Ctx {
         store,
         scope,
@@ -483,6 +498,7 @@ fn rollup_buckets_answer_as_the_samples_do() {
             budget: &budget,
             remote: None,
             base_only: false,
+            staleness: true,
         };
         let series = m.select(&[]).unwrap();
         let ofu = series
@@ -504,7 +520,7 @@ fn rollup_buckets_answer_as_the_samples_do() {
     // An instant selector on whole minutes reads a bucket a minute from
     // the sealed store, and every sample from the head.
     let read = |s: &Store| {
-        let (budget, limits) = (Budget::unlimited(), QueryLimits::default());
+        let (budget, limits) = (Budget::unlimited(), no_limits());
         let ctx = Ctx {
             store: s,
             scope: &Scope::All,
@@ -609,6 +625,9 @@ fn unnamed(m: Vec<RangeSeries>) -> Vec<RangeSeries> {
 /// the series before the change for 5 minutes).
 #[test]
 fn node_and_job_series_are_their_gpus_mean() {
+    // The lookback edges, with staleness off (the staleness test below
+    // has it on).
+    LOOKBACK_ONLY.with(|l| l.set(true));
     let s = fleet_store();
     // Steps off the sample grid, through G2's silence and the job's end.
     let (start, end, step) = (500, 700_500, 1_000);
@@ -814,12 +833,13 @@ fn derived_node_series_are_exact_at_every_instant() {
         assert_eq!(t, t2);
         assert!((v - f64::from_bits(*bits)).abs() < 1e-15, "{t}");
     }
-    // G3's last sample is at T0 + 597 s: counted through T0 + 897 s.
+    // G3's last sample is at T0 + 597 s, sampled over 10 s windows: its
+    // series is stale after 3 windows and 10 s, counted through T0 + 637 s.
     let count = |t: i64| match instant(&s, &Scope::All, "count(flopwatch_ofu_ratio)", t).unwrap() {
         Value::Vector(v) => v[0].v,
         _ => panic!(),
     };
-    let edge = T0 + 597_000 + 300_000;
+    let edge = T0 + 597_000 + 40_000;
     assert_eq!((count(edge), count(edge + 1)), (3.0, 2.0));
     let node = |t: i64| match instant(&s, &Scope::All, "flopwatch_node_ofu_ratio", t).unwrap() {
         Value::Vector(v) => v[0].v,

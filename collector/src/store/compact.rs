@@ -596,7 +596,10 @@ impl Store {
             keys::put_ts(&mut lkey, g.window);
             let lasts = super::lasts::encode(
                 g.window,
-                by_job.values().flatten().map(|x| (x.ts_ms, x.ofu)),
+                by_job
+                    .values()
+                    .flatten()
+                    .map(|x| (x.ts_ms, x.ofu, x.window_ms)),
             );
             ops.push(Op::Put(Cf::Rollup, lkey, lasts));
             samples = n;

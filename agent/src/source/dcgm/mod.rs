@@ -13,7 +13,10 @@
 //!   level. DCGM's blank values (its "not supported / no data" sentinels)
 //!   and non-finite values give no reading.
 //! * **Inventory**: from the first scrape, made when the source opens (an
-//!   unreachable exporter, or a page without GPUs, fails the open). A GPU is
+//!   unreachable exporter, or a page without GPUs, fails the open with
+//!   [`SourceError::Exporter`], which the agent retries with backoff until
+//!   the exporter answers; a bad URL is [`SourceError::Config`], which it
+//!   does not: [`SourceError::is_transient`]). A GPU is
 //!   a `UUID` label (`gpu` when there is none); `gpu`, `modelName`,
 //!   `pci_bus_id` and a `DCGM_FI_DRIVER_VERSION` label fill its [`GpuInfo`],
 //!   `DCGM_FI_DEV_FB_TOTAL` (else used + free + reserved) its memory and
@@ -35,8 +38,10 @@
 //!   since the previous capture (0 for the first), as the other sources do.
 //!   The real resolution is therefore bounded by the exporter's `-c`: run it
 //!   with `-c 1000` or lower, and an agent `interval` no shorter than that
-//!   (shorter intervals repeat the same values). Sample timestamps, which
-//!   dcgm-exporter does not write, are parsed and ignored.
+//!   (shorter intervals repeat the same values). At the default interval
+//!   the agent learns how often the page's values change and captures that
+//!   often ([`crate::RefreshPaced`]). Sample timestamps, which dcgm-exporter
+//!   does not write, are parsed and ignored.
 //! * **Jobs**: `pod` / `namespace` / `container` labels (Kubernetes mode;
 //!   `pod_name` / `pod_namespace` / `container_name` of the 1.x names) and
 //!   `hpc_job` labels become [`JobAssignment`]s: job id `namespace/pod`, else
