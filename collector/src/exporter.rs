@@ -40,7 +40,9 @@
 //! | *health:* `flopwatch_queries_running`, `flopwatch_queries_queued` | gauge | |
 //! | *health:* `flopwatch_remote_write_samples_total` | counter | |
 //! | *health:* `flopwatch_remote_write_failures_total` | counter | `reason` (`connection`, `5xx`, `429`, `4xx`, `credentials`) |
-//! | *health:* `flopwatch_remote_write_dropped_samples_total` | counter | `reason` (`queue_full`, `4xx`) |
+//! | *health:* `flopwatch_remote_write_dropped_samples_total` | counter | `reason` (`queue_full`, `max_age`, `4xx`) |
+//! | *health:* `flopwatch_remote_write_pending_samples` | gauge | (with remote write on) |
+//! | *health:* `flopwatch_remote_write_oldest_pending_age_seconds` | gauge | (with remote write on) |
 //! | *health:* `flopwatch_limbo_batches` | gauge | |
 //! | *health:* `flopwatch_limbo_committed_batches_total`, `flopwatch_cluster_peer_errors_total` | counter | |
 //! | *health:* `flopwatch_limbo_settled_batches_total` | counter | `outcome` (`dropped`, `kept`, `timed_out`) |
@@ -599,14 +601,34 @@ impl Exporter {
         counter(
             enc,
             "flopwatch_remote_write_dropped_samples",
-            "Samples never delivered to the remote-write endpoint, by reason: queue_full (the oldest, past max_queue_samples), 4xx (refused by the endpoint, not retried).",
+            "Samples never delivered to the remote-write endpoint, by reason: queue_full (the oldest, past max_queue_samples), max_age (older than max_age when their turn came), 4xx (refused by the endpoint, not retried).",
             [
                 ("queue_full", get(&s.remote_write_dropped)),
+                ("max_age", get(&s.remote_write_expired)),
                 ("4xx", get(&s.remote_write_refused)),
             ]
             .into_iter()
             .map(|(r, n)| (vec![("reason".to_string(), r.to_string())], n)),
         )?;
+        if let Some(q) = &c.remote {
+            gauges(
+                enc,
+                "flopwatch_remote_write_pending_samples",
+                "Samples in the remote-write journal, waiting to be delivered (durable: they survive a restart).",
+                [(Vec::new(), q.pending() as f64)],
+            )?;
+            let now = c.clock.now_ms();
+            gauges(
+                enc,
+                "flopwatch_remote_write_oldest_pending_age_seconds",
+                "Age of the oldest sample waiting in the remote-write journal (0 when none).",
+                [(
+                    Vec::new(),
+                    q.oldest_ms()
+                        .map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0),
+                )],
+            )?;
+        }
         gauges(
             enc,
             "flopwatch_storage_memory_bytes",

@@ -630,7 +630,16 @@ impl Session {
         let limbo = batch.uncertain && self.c.settings.cluster.limbo();
         set.limbo = limbo.then_some(now);
         let ofu_n: usize = set.ofu.iter().map(|(_, _, s)| s.len()).sum();
+        // Remote write's points of this batch, journaled with it.
+        if let Some(q) = &self.c.remote {
+            let gpus =
+                crate::live::batch_gpus(&self.batch_view(&set.series, &batch, &batch_ofu), now);
+            set.forward = q.entry(&gpus);
+        }
         let set = self.commit(set).await?;
+        if let Some(q) = &self.c.remote {
+            q.committed(&set.forward);
+        }
         if limbo {
             self.c.cluster.committed();
             // Rare (only after a collector failed): worth a line each.
@@ -668,7 +677,36 @@ impl Session {
         }))
     }
 
-    /// Updates the live view (and the remote-write queue) after a commit.
+    /// What a batch tells about its node, for the live view and remote
+    /// write.
+    fn batch_view<'a>(
+        &'a self,
+        series: &'a [SeriesBatch],
+        batch: &'a Batch,
+        batch_ofu: &'a HashMap<String, BatchOfu>,
+    ) -> BatchView<'a> {
+        BatchView {
+            tenant: &self.tenant,
+            agent_id: &self.agent.agent_id,
+            node_id: &self.hello.node.node_id,
+            hostname: &self.hello.node.hostname,
+            gpus: self
+                .hello
+                .gpus
+                .iter()
+                .map(|g| (g.uuid.as_str(), g.index, g.model.as_str()))
+                .collect(),
+            devices: &self.hello.devices,
+            jobs: &self.jobs,
+            ofu: batch_ofu,
+            series,
+            intervals: &batch.intervals,
+            pending: (batch.pending_bytes, batch.pending_batches),
+            sent_at_ms: batch.sent_at_ms,
+        }
+    }
+
+    /// Updates the live view after a commit.
     fn record_live(
         &self,
         series: &[SeriesBatch],
@@ -676,37 +714,9 @@ impl Session {
         batch_ofu: &HashMap<String, BatchOfu>,
         now: i64,
     ) {
-        let gpus: Vec<(&str, u32, &str)> = self
-            .hello
-            .gpus
-            .iter()
-            .map(|g| (g.uuid.as_str(), g.index, g.model.as_str()))
-            .collect();
-        self.c.live.record(
-            &BatchView {
-                tenant: &self.tenant,
-                agent_id: &self.agent.agent_id,
-                node_id: &self.hello.node.node_id,
-                hostname: &self.hello.node.hostname,
-                gpus,
-                devices: &self.hello.devices,
-                jobs: &self.jobs,
-                ofu: batch_ofu,
-                series,
-                intervals: &batch.intervals,
-                pending: (batch.pending_bytes, batch.pending_batches),
-                sent_at_ms: batch.sent_at_ms,
-            },
-            now,
-        );
-        if let Some(q) = &self.c.remote {
-            for g in self.c.live.gpus(now) {
-                if g.tenant == self.tenant && self.gpus.contains(&g.uuid) {
-                    let ts = batch_ofu.get(&g.uuid).map(|o| o.ts_ms);
-                    q.push_gpu(&g, ts, &self.c.stats);
-                }
-            }
-        }
+        self.c
+            .live
+            .record(&self.batch_view(series, batch, batch_ofu), now);
     }
 
     /// The batch's MFU reports, checked against the spec of a GPU of this

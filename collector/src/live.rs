@@ -211,82 +211,8 @@ impl Live {
             );
         }
         self.record_devices(b, now_ms);
-        let Ok(mut gpus) = self.gpus.write() else {
-            return;
-        };
-        // The batch's GPUs' keys, built once: a batch holds many series
-        // of few GPUs.
-        let keys: Vec<(String, String)> = b
-            .gpus
-            .iter()
-            .map(|(uuid, _, _)| (b.tenant.to_string(), uuid.to_string()))
-            .collect();
-        for (key, (uuid, index, model)) in keys.iter().zip(&b.gpus) {
-            let e = gpus.entry(key.clone()).or_default();
-            set(&mut e.tenant, b.tenant);
-            set(&mut e.uuid, uuid);
-            e.index = *index;
-            set(&mut e.model, model);
-            set(&mut e.node_id, b.node_id);
-            set(&mut e.hostname, b.hostname);
-            let job = b.jobs.get(*uuid).filter(|j| !j.job_id.is_empty());
-            if e.job.as_ref() != job {
-                e.job = job.cloned();
-            }
-            if let Some(o) = b.ofu.get(*uuid) {
-                e.ofu = Some(o.ofu);
-                e.tensor_active = o.tensor_active;
-                e.sm_clock_mhz = o.sm_clock_mhz;
-                e.ts_ms = e.ts_ms.max(o.ts_ms);
-            }
-            e.seen_ms = now_ms;
-        }
-        let interval = |uuid: &str, metric: &str| {
-            b.intervals
-                .iter()
-                .find(|i| i.gpu_uuid == uuid && i.metric == metric)
-                .map(|i| i.interval_ms)
-        };
-        let key_of = |uuid: &str| match keys.iter().find(|k| k.1 == uuid) {
-            Some(k) => k.clone(),
-            None => (b.tenant.to_string(), uuid.to_string()),
-        };
-        let mut at: Option<(&str, (String, String))> = None;
-        for s in b.series {
-            let Some(last) = s.points.last() else {
-                continue;
-            };
-            if at.as_ref().is_none_or(|(u, _)| *u != s.gpu_uuid) {
-                at = Some((s.gpu_uuid.as_str(), key_of(&s.gpu_uuid)));
-            }
-            let Some(e) = at.as_ref().and_then(|(_, k)| gpus.get_mut(k)) else {
-                continue;
-            };
-            let f = freshness(s, interval(&s.gpu_uuid, &s.metric), b.sent_at_ms, now_ms);
-            if s.metric == flopwatch_proto::metrics::TENSOR_ACTIVE
-                && b.ofu.contains_key(&s.gpu_uuid)
-            {
-                e.ofu_fresh = f;
-            }
-            match e.counters.get_mut(&s.metric) {
-                Some(c) => *c = (last.ts_ms, last.value),
-                None => {
-                    e.counters
-                        .insert(s.metric.clone(), (last.ts_ms, last.value));
-                }
-            }
-            match e.fresh.get_mut(&s.metric) {
-                Some(x) => *x = f,
-                None => {
-                    e.fresh.insert(s.metric.clone(), f);
-                }
-            }
-            e.ts_ms = e.ts_ms.max(last.ts_ms);
-        }
-        for i in b.intervals {
-            if let Some(e) = gpus.get_mut(&(b.tenant.to_string(), i.gpu_uuid.clone())) {
-                e.intervals.insert(i.metric.clone(), i.interval_ms);
-            }
+        if let Ok(mut gpus) = self.gpus.write() {
+            fold(&mut gpus, b, now_ms);
         }
     }
 
@@ -406,6 +332,95 @@ impl Live {
         v.sort_by(|a, b| (&a.tenant, &a.agent_id).cmp(&(&b.tenant, &b.agent_id)));
         v
     }
+}
+
+/// What batch `b` tells of its GPUs, folded into `gpus` (by tenant and
+/// UUID) at `now_ms`.
+fn fold(gpus: &mut HashMap<(String, String), GpuLive>, b: &BatchView<'_>, now_ms: i64) {
+    // The batch's GPUs' keys, built once: a batch holds many series
+    // of few GPUs.
+    let keys: Vec<(String, String)> = b
+        .gpus
+        .iter()
+        .map(|(uuid, _, _)| (b.tenant.to_string(), uuid.to_string()))
+        .collect();
+    for (key, (uuid, index, model)) in keys.iter().zip(&b.gpus) {
+        let e = gpus.entry(key.clone()).or_default();
+        set(&mut e.tenant, b.tenant);
+        set(&mut e.uuid, uuid);
+        e.index = *index;
+        set(&mut e.model, model);
+        set(&mut e.node_id, b.node_id);
+        set(&mut e.hostname, b.hostname);
+        let job = b.jobs.get(*uuid).filter(|j| !j.job_id.is_empty());
+        if e.job.as_ref() != job {
+            e.job = job.cloned();
+        }
+        if let Some(o) = b.ofu.get(*uuid) {
+            e.ofu = Some(o.ofu);
+            e.tensor_active = o.tensor_active;
+            e.sm_clock_mhz = o.sm_clock_mhz;
+            e.ts_ms = e.ts_ms.max(o.ts_ms);
+        }
+        e.seen_ms = now_ms;
+    }
+    let interval = |uuid: &str, metric: &str| {
+        b.intervals
+            .iter()
+            .find(|i| i.gpu_uuid == uuid && i.metric == metric)
+            .map(|i| i.interval_ms)
+    };
+    let key_of = |uuid: &str| match keys.iter().find(|k| k.1 == uuid) {
+        Some(k) => k.clone(),
+        None => (b.tenant.to_string(), uuid.to_string()),
+    };
+    let mut at: Option<(&str, (String, String))> = None;
+    for s in b.series {
+        let Some(last) = s.points.last() else {
+            continue;
+        };
+        if at.as_ref().is_none_or(|(u, _)| *u != s.gpu_uuid) {
+            at = Some((s.gpu_uuid.as_str(), key_of(&s.gpu_uuid)));
+        }
+        let Some(e) = at.as_ref().and_then(|(_, k)| gpus.get_mut(k)) else {
+            continue;
+        };
+        let f = freshness(s, interval(&s.gpu_uuid, &s.metric), b.sent_at_ms, now_ms);
+        if s.metric == flopwatch_proto::metrics::TENSOR_ACTIVE && b.ofu.contains_key(&s.gpu_uuid) {
+            e.ofu_fresh = f;
+        }
+        match e.counters.get_mut(&s.metric) {
+            Some(c) => *c = (last.ts_ms, last.value),
+            None => {
+                e.counters
+                    .insert(s.metric.clone(), (last.ts_ms, last.value));
+            }
+        }
+        match e.fresh.get_mut(&s.metric) {
+            Some(x) => *x = f,
+            None => {
+                e.fresh.insert(s.metric.clone(), f);
+            }
+        }
+        e.ts_ms = e.ts_ms.max(last.ts_ms);
+    }
+    for i in b.intervals {
+        if let Some(e) = gpus.get_mut(&(b.tenant.to_string(), i.gpu_uuid.clone())) {
+            e.intervals.insert(i.metric.clone(), i.interval_ms);
+        }
+    }
+}
+
+/// The GPUs of batch `b` as the batch alone tells them (their values in
+/// it, nothing earlier), in the batch's order: what remote write forwards
+/// for the batch.
+pub fn batch_gpus(b: &BatchView<'_>, now_ms: i64) -> Vec<GpuLive> {
+    let mut m = HashMap::new();
+    fold(&mut m, b, now_ms);
+    b.gpus
+        .iter()
+        .filter_map(|(uuid, _, _)| m.remove(&(b.tenant.to_string(), uuid.to_string())))
+        .collect()
 }
 
 /// What of `g` is current at `now_ms` ([`crate::staleness`]); `None` once

@@ -137,6 +137,18 @@ impl Collector {
             .into_iter()
             .map(|(t, g)| ((t, g.uuid.clone()), g))
             .collect();
+        let remote = settings.remote_write.as_ref().map(|rw| {
+            let metrics = if rw.metrics.is_empty() {
+                settings.policy.metrics.clone()
+            } else {
+                rw.metrics.clone()
+            };
+            Arc::new(RemoteQueue::new(
+                store.clone(),
+                metrics,
+                &rw.external_labels,
+            ))
+        });
         Ok(Arc::new(Self {
             store,
             specs,
@@ -148,14 +160,7 @@ impl Collector {
             clock,
             live: Live::default(),
             events: Analyzer::new(settings.analysis.clone()),
-            remote: settings.remote_write.as_ref().map(|rw| {
-                let metrics = if rw.metrics.is_empty() {
-                    settings.policy.metrics.clone()
-                } else {
-                    rw.metrics.clone()
-                };
-                Arc::new(RemoteQueue::new(rw.max_queue_samples, metrics))
-            }),
+            remote,
             cluster: Arc::default(),
             gpus: RwLock::new(gpus),
             spec_warned: Mutex::default(),

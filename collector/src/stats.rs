@@ -40,6 +40,9 @@ pub struct Stats {
     /// Samples dropped because the remote-write endpoint refused them (4xx
     /// other than 429; never retried).
     pub remote_write_refused: AtomicU64,
+    /// Samples dropped because they were older than `max_age` when their
+    /// turn came.
+    pub remote_write_expired: AtomicU64,
     /// Samples dropped by validation and limits, by tenant and reason.
     by_tenant: Mutex<BTreeMap<(String, Reason), u64>>,
     /// Batches refused as a whole, by tenant and reason.
@@ -86,6 +89,7 @@ impl Default for Stats {
             remote_write_failures: Default::default(),
             remote_write_dropped: AtomicU64::new(0),
             remote_write_refused: AtomicU64::new(0),
+            remote_write_expired: AtomicU64::new(0),
             by_tenant: Mutex::default(),
             batch_rejects: Mutex::default(),
             auth_failures: Mutex::default(),

@@ -295,13 +295,27 @@ impl Default for AnalysisConfig {
 pub struct RemoteWriteConfig {
     /// Endpoint, e.g. `http://prometheus:9090/api/v1/write`.
     pub url: String,
-    /// How often queued samples are sent.
+    /// How often the journal is looked at when it was found empty.
     #[serde(with = "humantime_serde")]
     pub interval: Duration,
-    /// Samples queued at most; past it the oldest are dropped and counted.
+    /// Samples waiting in the journal at most; past it the oldest are
+    /// dropped and counted.
     pub max_queue_samples: usize,
     /// Samples in one request at most.
     pub max_samples_per_request: usize,
+    /// Requests in flight at most (shards, each series in one): as many as
+    /// the backlog fills, up to this.
+    pub max_shards: usize,
+    /// Samples older than this when their turn comes are dropped and
+    /// counted instead of sent.
+    #[serde(with = "humantime_serde")]
+    pub max_age: Duration,
+    /// Labels added to every series that does not have them (a site or
+    /// cluster name), as Prometheus' `external_labels`.
+    pub external_labels: BTreeMap<String, String>,
+    /// The wire format: `"1.0"` or `"2.0"` (Prometheus remote write), or
+    /// `"otlp"` (OTLP/HTTP metrics, protobuf); see [`RemoteWriteProtocol`].
+    pub protocol: String,
     /// Request timeout.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
@@ -335,6 +349,34 @@ pub struct RemoteWriteConfig {
     pub metrics: Vec<String>,
 }
 
+/// The wire format of `[remote_write]` (`protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteWriteProtocol {
+    /// `"1.0"`: Prometheus remote write 1.0 (`prometheus.WriteRequest`,
+    /// snappy).
+    V1,
+    /// `"2.0"`: Prometheus remote write 2.0
+    /// (`io.prometheus.write.v2.Request`, snappy); falls back to 1.0 when
+    /// the receiver answers 415.
+    V2,
+    /// `"otlp"`: OTLP/HTTP metrics (`ExportMetricsServiceRequest`,
+    /// protobuf), to an OTLP endpoint such as
+    /// `http://otel-collector:4318/v1/metrics`.
+    Otlp,
+}
+
+impl RemoteWriteProtocol {
+    /// The protocol a `protocol` value names.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "1.0" => Some(Self::V1),
+            "2.0" => Some(Self::V2),
+            "otlp" => Some(Self::Otlp),
+            _ => None,
+        }
+    }
+}
+
 /// Request headers `[remote_write.headers]` may not set: the protocol's
 /// own, and `Authorization` (set by `bearer_token` or `username`).
 const REMOTE_WRITE_RESERVED_HEADERS: &[&str] = &[
@@ -356,6 +398,10 @@ impl Default for RemoteWriteConfig {
             interval: Duration::from_secs(5),
             max_queue_samples: 1_000_000,
             max_samples_per_request: 10_000,
+            max_shards: 8,
+            max_age: Duration::from_secs(24 * 3600),
+            external_labels: BTreeMap::new(),
+            protocol: "1.0".into(),
             timeout: Duration::from_secs(10),
             bearer_token: None,
             bearer_token_file: None,
@@ -375,6 +421,12 @@ impl RemoteWriteConfig {
     /// Whether the endpoint is reached over TLS.
     pub fn is_https(&self) -> bool {
         self.url.starts_with("https://")
+    }
+
+    /// The wire format (`protocol`; 1.0 for a value [`Self::validate`]
+    /// would refuse).
+    pub fn wire(&self) -> RemoteWriteProtocol {
+        RemoteWriteProtocol::parse(&self.protocol).unwrap_or(RemoteWriteProtocol::V1)
     }
 
     /// Checks values and combinations; errors name the key under
@@ -399,6 +451,30 @@ impl RemoteWriteConfig {
                 "max_queue_samples",
                 "must be at least max_samples_per_request",
             );
+        }
+        if RemoteWriteProtocol::parse(&self.protocol).is_none() {
+            return err("protocol", "must be \"1.0\", \"2.0\" or \"otlp\"");
+        }
+        if self.max_shards == 0 || self.max_shards > 256 {
+            return err("max_shards", "must be between 1 and 256");
+        }
+        if self.max_age.is_zero() {
+            return err("max_age", "must be positive");
+        }
+        for (k, v) in &self.external_labels {
+            let name_ok = k
+                .chars()
+                .enumerate()
+                .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
+            if k.is_empty() || !name_ok || k.starts_with("__") {
+                return err(
+                    &format!("external_labels.{k}"),
+                    "is not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)",
+                );
+            }
+            if v.is_empty() {
+                return err(&format!("external_labels.{k}"), "must not be empty");
+            }
         }
         if self.min_backoff.is_zero() {
             return err("min_backoff", "must be positive");

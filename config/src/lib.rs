@@ -21,7 +21,7 @@ pub use agent::{AgentConfig, HostSettings, NvmlSettings, SimSettings, SourceKind
 pub use collector::{
     resolution_decimals, AgentToken, AnalysisConfig, ClusterConfig, CollectorConfig,
     ExporterConfig, PolicyConfig, PrometheusApiConfig, QueryToken, RemoteWriteConfig,
-    StorageConfig, TenantConfig, TenantRetention, MAX_QUERY_DEPTH,
+    RemoteWriteProtocol, StorageConfig, TenantConfig, TenantRetention, MAX_QUERY_DEPTH,
 };
 pub use error::ConfigError;
 pub use load::{

@@ -229,7 +229,10 @@ fn request(
             TimeSeries { labels, samples }
         })
         .collect();
-    WriteRequest { timeseries }
+    WriteRequest {
+        timeseries,
+        ..Default::default()
+    }
 }
 
 /// Prometheus' remote-write ingest of the samples `bench ingest` sends,

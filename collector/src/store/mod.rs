@@ -27,6 +27,7 @@ mod gpu_block;
 mod handoff;
 mod hours;
 pub mod index;
+pub mod journal;
 pub mod keys;
 mod lasts;
 mod limbo;

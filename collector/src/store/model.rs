@@ -37,6 +37,8 @@ pub struct Store {
     pub(super) head_low: Arc<AtomicI64>,
     /// What series the store holds, by tenant ([`super::index`]).
     pub(super) index: Arc<super::index::SeriesIndex>,
+    /// Remote write's journal ([`super::journal`]).
+    pub(super) journal: Arc<super::journal::Journal>,
 }
 
 /// `e` · tenant · ts · kind · job · gpu: time-ordered within a tenant.
@@ -90,6 +92,7 @@ impl Store {
             stripes: Arc::default(),
             head_low: Arc::new(AtomicI64::new(i64::MIN)),
             index: Arc::default(),
+            journal: Arc::default(),
         }
     }
 
@@ -211,6 +214,14 @@ impl Store {
         for e in &set.events {
             puts.push((Cf::Meta, event_key(tenant, e), json(e)));
         }
+        // Held until the write below ended (its number in flight).
+        let _ticket = if set.forward.is_empty() {
+            None
+        } else {
+            let (put, ticket) = self.journal_put(set.forward.clone())?;
+            puts.push(put);
+            Some(ticket)
+        };
         let Some(a) = &set.agent else {
             if puts.is_empty() {
                 return Ok(());

@@ -213,6 +213,9 @@ pub struct CommitSet {
     /// The number is consumed without data (a refused batch): it raises
     /// the acked number but is not held.
     pub no_data: bool,
+    /// Remote write's entry for this batch ([`super::journal::value`]),
+    /// written with it; empty: none.
+    pub forward: Vec<u8>,
 }
 
 /// Raw samples read back.

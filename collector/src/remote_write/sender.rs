@@ -1,0 +1,480 @@
+//! The send loop: the journal's oldest entries, their points sharded by
+//! series over concurrent requests, the entries deleted once every point
+//! was delivered, refused or dropped by policy.
+//!
+//! One round reads at most `max_shards × max_samples_per_request` points
+//! (at least one entry), drops those older than `max_age`, and splits the
+//! rest by a hash of their labels into as many shards as the points fill
+//! requests (up to `max_shards`): each series lies in one shard, in order,
+//! and the shards send concurrently, each retrying its own request with
+//! backoff until it is delivered or refused. A crash in a round sends that
+//! round's points again after the restart: at most one round of
+//! duplicates. A stop ends the round where it is and leaves its entries in
+//! the journal.
+
+use super::endpoint::{backoff, ErrorLog};
+use super::queue::RemoteQueue;
+use super::{points_of, Endpoint, Point};
+use crate::stats::Stats;
+use flopwatch_config::RemoteWriteConfig;
+use flopwatch_proto::clock::Clock;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Sends the journal until `shutdown` flips.
+pub async fn run(
+    cfg: RemoteWriteConfig,
+    queue: Arc<RemoteQueue>,
+    stats: Arc<Stats>,
+    clock: Arc<dyn Clock>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let endpoint = match Endpoint::new(&cfg) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(error = %e, "remote write disabled");
+            return;
+        }
+    };
+    sender(&endpoint, &cfg, &queue, &stats, &*clock, shutdown).await
+}
+
+/// Runs blocking store work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
+) -> Result<T, String> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Which of `shards` the series with `labels` goes to.
+fn shard_of(labels: &[super::Label], shards: usize) -> usize {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for l in labels {
+        l.name.hash(&mut h);
+        l.value.hash(&mut h);
+    }
+    (h.finish() % shards.max(1) as u64) as usize
+}
+
+/// What a round's points came to.
+#[derive(Debug, Default)]
+struct Outcome {
+    delivered: u64,
+    refused: u64,
+    /// A stop cut the round short.
+    stopped: bool,
+}
+
+pub(super) async fn sender(
+    endpoint: &Endpoint,
+    cfg: &RemoteWriteConfig,
+    queue: &RemoteQueue,
+    stats: &Stats,
+    clock: &dyn Clock,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let log = Mutex::new(ErrorLog::default());
+    let store = queue.store.clone();
+    // The backlog a previous run left.
+    if let Ok((_, points, oldest)) = blocking({
+        let s = store.clone();
+        move || s.journal_backlog()
+    })
+    .await
+    {
+        queue
+            .pending
+            .store(i64::try_from(points).unwrap_or(i64::MAX), Ordering::Relaxed);
+        queue
+            .oldest_ms
+            .store(oldest.unwrap_or(i64::MAX), Ordering::Relaxed);
+        if points > 0 {
+            tracing::info!(points, "remote write resumes with the journal's backlog");
+        }
+    }
+    let window = (cfg.max_shards * cfg.max_samples_per_request) as u64;
+    // Where the next read starts (`store::journal`).
+    let mut cursor = 0u64;
+    let max_age_ms = i64::try_from(cfg.max_age.as_millis()).unwrap_or(i64::MAX);
+    let mut expired_at = i64::MIN;
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        // Staleness is judged at most once a second (a walk of the series
+        // sent).
+        let now = clock.now_ms();
+        if now.saturating_sub(expired_at) >= 1_000 {
+            expired_at = now;
+            if let Err(e) = queue.expire(now) {
+                tracing::warn!(error = %e, "remote write: staleness markers not journaled");
+            }
+        }
+        // Past `max_queue_samples` pending: the oldest entries go.
+        let mut over = queue.pending().saturating_sub(cfg.max_queue_samples as u64);
+        let (entries, next) = match blocking({
+            let s = store.clone();
+            let from = cursor;
+            move || s.journal_read(from, window.max(over.min(window * 4)))
+        })
+        .await
+        {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(error = %e, "remote write: cannot read the journal");
+                wait(&mut shutdown, cfg.interval).await;
+                continue;
+            }
+        };
+        if entries.is_empty() {
+            cursor = next;
+            if queue.pending() == 0 {
+                queue.oldest_ms.store(i64::MAX, Ordering::Relaxed);
+            }
+            wait(&mut shutdown, cfg.interval).await;
+            continue;
+        }
+        let now = clock.now_ms();
+        let mut points: Vec<Point> = Vec::new();
+        let (mut read, mut too_old, mut full) = (0u64, 0u64, 0u64);
+        for e in &entries {
+            read += u64::from(e.points);
+            let Some(p) = points_of(&e.body) else {
+                tracing::error!("malformed remote-write journal entry dropped");
+                continue;
+            };
+            if over > 0 {
+                over = over.saturating_sub(p.len() as u64);
+                full += p.len() as u64;
+                continue;
+            }
+            for x in p {
+                if now - x.ts_ms > max_age_ms {
+                    too_old += 1;
+                } else {
+                    points.push(x);
+                }
+            }
+        }
+        if full > 0 {
+            stats
+                .remote_write_dropped
+                .fetch_add(full, Ordering::Relaxed);
+            tracing::warn!(
+                samples = full,
+                "remote write journal over max_queue_samples: oldest dropped"
+            );
+        }
+        if too_old > 0 {
+            stats
+                .remote_write_expired
+                .fetch_add(too_old, Ordering::Relaxed);
+            tracing::warn!(
+                samples = too_old,
+                "remote write samples older than max_age dropped"
+            );
+        }
+        let outcome = send_round(endpoint, cfg, stats, &log, points, &mut shutdown).await;
+        if outcome.stopped {
+            return;
+        }
+        stats
+            .remote_write_samples
+            .fetch_add(outcome.delivered, Ordering::Relaxed);
+        stats
+            .remote_write_refused
+            .fetch_add(outcome.refused, Ordering::Relaxed);
+        let keys: Vec<Vec<u8>> = entries.iter().map(|e| e.key.clone()).collect();
+        let next_oldest = entries.last().map(|e| e.oldest_ms);
+        if let Err(e) = blocking({
+            let s = store.clone();
+            move || s.journal_done(keys)
+        })
+        .await
+        {
+            tracing::error!(error = %e, "remote write: sent entries not deleted; they will be sent again");
+            wait(&mut shutdown, cfg.interval).await;
+            continue;
+        }
+        cursor = next;
+        queue
+            .pending
+            .fetch_sub(i64::try_from(read).unwrap_or(0), Ordering::Relaxed);
+        if let Some(t) = next_oldest {
+            // The next entries are at least as new as the last one sent.
+            queue.oldest_ms.store(t, Ordering::Relaxed);
+        }
+        // Less than a full round: the journal is drained; what arrives
+        // next goes out with what follows it, `interval` later, in few
+        // requests. A backlog goes out round after round.
+        if read < window && !wait(&mut shutdown, cfg.interval).await {
+            return;
+        }
+    }
+}
+
+/// Sends `points` over as many concurrent shards as they fill requests;
+/// each shard retries its request until delivered or refused.
+async fn send_round(
+    endpoint: &Endpoint,
+    cfg: &RemoteWriteConfig,
+    stats: &Stats,
+    log: &Mutex<ErrorLog>,
+    points: Vec<Point>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Outcome {
+    let per = cfg.max_samples_per_request.max(1);
+    let shards = points.len().div_ceil(per).clamp(1, cfg.max_shards.max(1));
+    let mut by_shard: Vec<Vec<Point>> = vec![Vec::new(); shards];
+    for p in points {
+        let i = shard_of(&p.labels, shards);
+        by_shard[i].push(p);
+    }
+    let stop = shutdown.clone();
+    let results = futures::future::join_all(by_shard.into_iter().map(|pts| {
+        let mut stop = stop.clone();
+        async move {
+            let mut out = Outcome::default();
+            for chunk in pts.chunks(per) {
+                let mut attempt = 0u32;
+                loop {
+                    match endpoint.send(chunk).await {
+                        Ok(()) => {
+                            if let Ok(mut l) = log.lock() {
+                                l.succeeded(&endpoint.url, attempt);
+                            }
+                            out.delivered += chunk.len() as u64;
+                            break;
+                        }
+                        Err(e) => {
+                            stats.remote_write_failure(e.reason);
+                            if let Ok(mut l) = log.lock() {
+                                l.failed(&endpoint.url, &e, chunk.len());
+                            }
+                            if !e.retried() {
+                                out.refused += chunk.len() as u64;
+                                break;
+                            }
+                            attempt = attempt.saturating_add(1);
+                            let delay = backoff(cfg, attempt, e.retry_after);
+                            if !wait(&mut stop, delay).await {
+                                out.stopped = true;
+                                return out;
+                            }
+                        }
+                    }
+                }
+            }
+            out
+        }
+    }))
+    .await;
+    results.into_iter().fold(Outcome::default(), |mut a, o| {
+        a.delivered += o.delivered;
+        a.refused += o.refused;
+        a.stopped |= o.stopped;
+        a
+    })
+}
+
+/// Waits `d`; `false` when `shutdown` flipped first.
+async fn wait(shutdown: &mut watch::Receiver<bool>, d: Duration) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => true,
+        _ = shutdown.wait_for(|s| *s) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::stub::{fast, wait_for, Stub};
+    use super::super::{labels, queue::entry_of};
+    use super::*;
+    use crate::stats::Failure;
+    use crate::store::memory::MemEngine;
+    use crate::store::{CommitSet, Store};
+    use flopwatch_proto::clock::SystemClock;
+    use prost::Message;
+
+    /// `n` points of GPU `gpu`'s OFU at 1 s, 2 s, …, committed as a batch
+    /// would be (its entry with it).
+    fn commit(q: &RemoteQueue, gpu: &str, n: i64, t0: i64) {
+        let l = labels("flopwatch_ofu_ratio", &[("UUID".into(), gpu.into())]);
+        let pts: Vec<Point> = (0..n)
+            .map(|i| Point {
+                labels: l.clone(),
+                ts_ms: t0 + i * 1_000,
+                value: 0.5,
+            })
+            .collect();
+        let set = CommitSet {
+            forward: entry_of(&pts),
+            ..Default::default()
+        };
+        q.store.commit("t", &set).unwrap();
+        q.committed(&set.forward);
+    }
+
+    fn queue(engine: Arc<MemEngine>) -> Arc<RemoteQueue> {
+        Arc::new(RemoteQueue::new(
+            Store::new(engine, false),
+            Vec::new(),
+            &Default::default(),
+        ))
+    }
+
+    /// Runs the sender until `done`, then stops it.
+    async fn run_until(
+        cfg: &RemoteWriteConfig,
+        q: &Arc<RemoteQueue>,
+        stats: &Arc<Stats>,
+        done: impl FnMut() -> bool,
+    ) {
+        let endpoint = Endpoint::new(cfg).unwrap();
+        let (stop, stop_rx) = watch::channel(false);
+        let task = {
+            let (cfg, q, stats) = (cfg.clone(), q.clone(), stats.clone());
+            tokio::spawn(
+                async move { sender(&endpoint, &cfg, &q, &stats, &SystemClock, stop_rx).await },
+            )
+        };
+        wait_for("the sender's work", done).await;
+        let _ = stop.send(true);
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn retries_5xx_and_429_drops_other_4xx_without_retrying() {
+        let stub = Stub::start(vec![
+            (503, "overloaded"),
+            (429, "slow down"),
+            (400, "\nout of order sample\nsecond line"),
+        ])
+        .await;
+        let mut cfg = fast(&stub.url);
+        cfg.max_shards = 1;
+        let stats = Arc::new(Stats::default());
+        let q = queue(Arc::new(MemEngine::new()));
+        let now = SystemClock.now_ms();
+        commit(&q, "GPU-a", 3, now);
+        commit(&q, "GPU-b", 3, now);
+        run_until(&cfg, &q, &stats, || stub.requests().len() >= 4).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let reqs = stub.requests();
+        assert_eq!(reqs.len(), 4, "503, 429 (both retried), 400 (dropped), 200");
+        assert_eq!(reqs[0].1, reqs[1].1, "the 503's request was sent again");
+        assert_eq!(reqs[1].1, reqs[2].1, "the 429's request was sent again");
+        assert_ne!(reqs[2].1, reqs[3].1, "the 400's request was not sent again");
+        for (head, _) in &reqs {
+            assert!(head.contains("content-encoding: snappy"), "{head}");
+            assert!(head.contains("x-prometheus-remote-write-version: 0.1.0"));
+        }
+        let f = |r| stats.remote_write_failures(r);
+        assert_eq!(f(Failure::ServerError), 1);
+        assert_eq!(f(Failure::TooManyRequests), 1);
+        assert_eq!(f(Failure::ClientError), 1);
+        assert_eq!(Stats::get(&stats.remote_write_refused), 3);
+        assert_eq!(Stats::get(&stats.remote_write_samples), 3);
+        assert!(q.store.journal_read(0, u64::MAX).unwrap().0.is_empty());
+        assert_eq!(q.pending(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_journal_outlives_an_outage_and_a_restart() {
+        // Nothing listens: every attempt fails, nothing is dropped.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let down = format!("http://{}/api/v1/write", l.local_addr().unwrap());
+        drop(l);
+        let engine = Arc::new(MemEngine::new());
+        let stats = Arc::new(Stats::default());
+        let q = queue(engine.clone());
+        let now = SystemClock.now_ms();
+        for g in ["GPU-a", "GPU-b", "GPU-c"] {
+            commit(&q, g, 4, now);
+        }
+        run_until(&fast(&down), &q, &stats, || {
+            stats.remote_write_failures(Failure::Connection) >= 2
+        })
+        .await;
+        assert_eq!(q.store.journal_backlog().unwrap().1, 12, "nothing dropped");
+        // A new collector over the same store (a restart) finds the
+        // backlog and delivers all of it, each series whole and in order.
+        let stub = Stub::start(Vec::new()).await;
+        let q2 = queue(engine);
+        let stats2 = Arc::new(Stats::default());
+        run_until(&fast(&stub.url), &q2, &stats2, || {
+            Stats::get(&stats2.remote_write_samples) >= 12
+        })
+        .await;
+        assert_eq!(Stats::get(&stats2.remote_write_samples), 12);
+        assert!(q2.store.journal_read(0, u64::MAX).unwrap().0.is_empty());
+        let mut seen: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
+        for (_, body) in stub.requests() {
+            let raw = snap::raw::Decoder::new().decompress_vec(&body).unwrap();
+            let req = super::super::WriteRequest::decode(&raw[..]).unwrap();
+            for s in req.timeseries {
+                let uuid = s
+                    .labels
+                    .iter()
+                    .find(|l| l.name == "UUID")
+                    .unwrap()
+                    .value
+                    .clone();
+                seen.entry(uuid)
+                    .or_default()
+                    .extend(s.samples.iter().map(|x| x.timestamp));
+            }
+        }
+        assert_eq!(seen.len(), 3);
+        for ts in seen.values() {
+            assert_eq!(ts.len(), 4);
+            assert!(ts.windows(2).all(|w| w[0] < w[1]), "{ts:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn old_points_and_a_journal_past_its_bound_are_dropped_and_counted() {
+        let stub = Stub::start(Vec::new()).await;
+        let mut cfg = fast(&stub.url);
+        cfg.max_age = Duration::from_secs(3600);
+        cfg.max_queue_samples = 6;
+        let stats = Arc::new(Stats::default());
+        let q = queue(Arc::new(MemEngine::new()));
+        let now = SystemClock.now_ms();
+        commit(&q, "GPU-old", 3, now - 7_200_000);
+        commit(&q, "GPU-a", 3, now);
+        commit(&q, "GPU-b", 3, now);
+        commit(&q, "GPU-c", 3, now);
+        run_until(&cfg, &q, &stats, || q.pending() == 0).await;
+        // 12 pending, 6 allowed: the oldest 6 (GPU-old's and GPU-a's) go
+        // as queue_full; the rest are sent.
+        assert_eq!(Stats::get(&stats.remote_write_dropped), 6);
+        assert_eq!(Stats::get(&stats.remote_write_samples), 6);
+        // Within the bound, a point past max_age is dropped as such.
+        let q = queue(Arc::new(MemEngine::new()));
+        let stats = Arc::new(Stats::default());
+        commit(&q, "GPU-old", 2, now - 7_200_000);
+        commit(&q, "GPU-a", 2, now);
+        run_until(&cfg, &q, &stats, || q.pending() == 0).await;
+        assert_eq!(Stats::get(&stats.remote_write_expired), 2);
+        assert_eq!(Stats::get(&stats.remote_write_samples), 2);
+    }
+
+    #[test]
+    fn a_series_keeps_to_one_shard_and_shards_fill() {
+        let l = |g: usize| labels("x", &[("UUID".into(), format!("GPU-{g}"))]);
+        let mut used = std::collections::BTreeSet::new();
+        for g in 0..64 {
+            let s = shard_of(&l(g), 4);
+            assert_eq!(s, shard_of(&l(g), 4));
+            used.insert(s);
+        }
+        assert_eq!(used.len(), 4);
+    }
+}

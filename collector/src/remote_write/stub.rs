@@ -1,0 +1,88 @@
+//! Test doubles for remote write: a scripted HTTP endpoint and fast
+//! settings.
+
+use flopwatch_config::RemoteWriteConfig;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// An HTTP endpoint answering with `script` in turn (then 200), one
+/// request per connection; records each request's head and body.
+pub(super) struct Stub {
+    pub url: String,
+    seen: Arc<Mutex<Vec<Request>>>,
+}
+
+/// A request's head (lowercased) and body.
+pub(super) type Request = (String, Vec<u8>);
+
+impl Stub {
+    pub async fn start(script: Vec<(u16, &'static str)>) -> Stub {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/api/v1/write", l.local_addr().unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        tokio::spawn(async move {
+            let mut script = script.into_iter();
+            while let Ok((mut c, _)) = l.accept().await {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                let request = loop {
+                    let n = c.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        break None;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if buf.len() >= end + 4 + len {
+                        break Some((head, buf[end + 4..end + 4 + len].to_vec()));
+                    }
+                };
+                let Some(request) = request else {
+                    continue;
+                };
+                record.lock().unwrap().push(request);
+                let (code, text) = script.next().unwrap_or((200, ""));
+                let resp = format!(
+                    "HTTP/1.1 {code} Scripted\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                    text.len()
+                );
+                let _ = c.write_all(resp.as_bytes()).await;
+                let _ = c.shutdown().await;
+            }
+        });
+        Stub { url, seen }
+    }
+
+    pub fn requests(&self) -> Vec<Request> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+pub(super) fn fast(url: &str) -> RemoteWriteConfig {
+    RemoteWriteConfig {
+        url: url.into(),
+        interval: Duration::from_millis(20),
+        min_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_millis(40),
+        // One GPU's OFU, tensor activity and SM clock per request.
+        max_samples_per_request: 3,
+        ..Default::default()
+    }
+}
+
+pub(super) async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
