@@ -137,6 +137,15 @@ impl Collector {
             .into_iter()
             .map(|(t, g)| ((t, g.uuid.clone()), g))
             .collect();
+        if let Some(rw) = &settings.remote_write {
+            for k in rw.fidelity_by_metric.keys() {
+                if k != "ofu" && flopwatch_proto::metrics::lookup(k).is_none() {
+                    return Err(crate::CollectorError::Setup(format!(
+                        "remote_write.fidelity_by_metric.{k}: neither \"ofu\" nor a metric of the catalog"
+                    )));
+                }
+            }
+        }
         let remote = settings.remote_write.as_ref().map(|rw| {
             let metrics = if rw.metrics.is_empty() {
                 settings.policy.metrics.clone()

@@ -316,6 +316,13 @@ pub struct RemoteWriteConfig {
     /// The wire format: `"1.0"` or `"2.0"` (Prometheus remote write), or
     /// `"otlp"` (OTLP/HTTP metrics, protobuf); see [`RemoteWriteProtocol`].
     pub protocol: String,
+    /// What each batch sends per series: `"mean"` (one point, the batch's
+    /// mean or a counter's newest value), `"summary"` (the mean plus the
+    /// batch's `_max` and `_count`), `"full"` (every sample).
+    pub fidelity: String,
+    /// `fidelity` per metric (`"ofu"` for the three OFU series, or a
+    /// catalog name such as `"power_w"`).
+    pub fidelity_by_metric: BTreeMap<String, String>,
     /// Request timeout.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
@@ -402,6 +409,8 @@ impl Default for RemoteWriteConfig {
             max_age: Duration::from_secs(24 * 3600),
             external_labels: BTreeMap::new(),
             protocol: "1.0".into(),
+            fidelity: "mean".into(),
+            fidelity_by_metric: BTreeMap::new(),
             timeout: Duration::from_secs(10),
             bearer_token: None,
             bearer_token_file: None,
@@ -451,6 +460,18 @@ impl RemoteWriteConfig {
                 "max_queue_samples",
                 "must be at least max_samples_per_request",
             );
+        }
+        let fidelity_ok = |v: &str| matches!(v, "mean" | "summary" | "full");
+        if !fidelity_ok(&self.fidelity) {
+            return err("fidelity", "must be \"mean\", \"summary\" or \"full\"");
+        }
+        for (k, v) in &self.fidelity_by_metric {
+            if !fidelity_ok(v) {
+                return err(
+                    &format!("fidelity_by_metric.{k}"),
+                    "must be \"mean\", \"summary\" or \"full\"",
+                );
+            }
         }
         if RemoteWriteProtocol::parse(&self.protocol).is_none() {
             return err("protocol", "must be \"1.0\", \"2.0\" or \"otlp\"");

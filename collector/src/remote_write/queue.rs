@@ -1,8 +1,10 @@
 //! What ingest queues for remote write: a batch's journal entry, built
-//! from the batch's own GPUs (`live::batch_gpus`): OFU, tensor activity
-//! and SM clock when the batch had OFU, and each configured counter's
-//! newest value in the batch — a counter the batch did not carry is not
-//! sent again. The entry goes into the store with the batch
+//! from the batch's own GPUs (`live::batch_gpus`) and samples: OFU, tensor
+//! activity and SM clock when the batch had OFU, and each configured
+//! counter when the batch carried it — a counter the batch did not carry
+//! is not sent again. Per series, as [`Fidelity`] says: the batch's mean
+//! (a counter's newest value), that plus the batch's `_max` and `_count`,
+//! or every sample. The entry goes into the store with the batch
 //! (`store::journal`).
 //!
 //! It also remembers which series it queued, to end them with
@@ -14,7 +16,7 @@ use super::{labels, request, Label, Point, STALE_NAN};
 use crate::live::GpuLive;
 use crate::series::{family_of, gpu_labels, On};
 use crate::store::journal;
-use crate::store::{Store, StoreError};
+use crate::store::{CommitSet, Store, StoreError};
 use flopwatch_proto::metrics as m;
 use prost::Message;
 use std::collections::{BTreeMap, HashMap};
@@ -30,8 +32,34 @@ struct Sent {
     until_ms: i64,
 }
 
+/// What a batch sends of one series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fidelity {
+    /// One point: the batch's mean (a counter's newest value).
+    Mean,
+    /// The mean, and the batch's maximum (`<name>_max`) and sample count
+    /// (`<name>_count`) at the same time; a counter sends its newest value
+    /// only.
+    Summary,
+    /// Every sample of the batch.
+    Full,
+}
+
+impl Fidelity {
+    fn parse(s: &str) -> Self {
+        match s {
+            "summary" => Self::Summary,
+            "full" => Self::Full,
+            _ => Self::Mean,
+        }
+    }
+}
+
 /// Remote write's side of ingest, over the store's journal.
 pub struct RemoteQueue {
+    /// Per series kind (`"ofu"` or a catalog name); else `fidelity`.
+    fidelity_by: HashMap<String, Fidelity>,
+    fidelity: Fidelity,
     pub(super) store: Store,
     metrics: Vec<String>,
     external: Vec<(String, String)>,
@@ -60,6 +88,8 @@ impl RemoteQueue {
     /// series that does not have them.
     pub fn new(store: Store, metrics: Vec<String>, external: &BTreeMap<String, String>) -> Self {
         Self {
+            fidelity_by: HashMap::new(),
+            fidelity: Fidelity::Mean,
             store,
             metrics,
             external: external
@@ -70,6 +100,21 @@ impl RemoteQueue {
             pending: AtomicI64::new(0),
             oldest_ms: AtomicI64::new(i64::MAX),
         }
+    }
+
+    /// Sends `default` of every series, `by_metric` of those it names
+    /// (`"ofu"`, or a catalog metric).
+    pub fn with_fidelity(mut self, default: &str, by_metric: &BTreeMap<String, String>) -> Self {
+        self.fidelity = Fidelity::parse(default);
+        self.fidelity_by = by_metric
+            .iter()
+            .map(|(k, v)| (k.clone(), Fidelity::parse(v)))
+            .collect();
+        self
+    }
+
+    fn fidelity_of(&self, what: &str) -> Fidelity {
+        self.fidelity_by.get(what).copied().unwrap_or(self.fidelity)
     }
 
     /// Points in the journal, as last counted.
@@ -94,44 +139,107 @@ impl RemoteQueue {
     }
 
     /// The journal entry of a batch whose GPUs are `gpus`
-    /// (`live::batch_gpus`); empty when there is nothing to send. The
-    /// points of series relabelled since their last batch (a job that
-    /// ended) get their staleness markers in it.
-    pub fn entry(&self, gpus: &[GpuLive]) -> Vec<u8> {
+    /// (`live::batch_gpus`) and whose samples are `set`'s; empty when
+    /// there is nothing to send. The points of series relabelled since
+    /// their last batch (a job that ended) get their staleness markers in
+    /// it.
+    pub fn entry(&self, gpus: &[GpuLive], set: &CommitSet) -> Vec<u8> {
         let mut points = Vec::new();
         for g in gpus {
             let base = self.base(g);
             let mut new = Vec::new();
             // (name, when it goes stale) of each point, in `new`'s order.
             let mut ends = Vec::new();
+            let mut push = |name: &str, ts: i64, value: f64, until: i64| {
+                new.push(Point {
+                    labels: labels(name, &base),
+                    ts_ms: ts,
+                    value,
+                });
+                ends.push((name.to_string(), until));
+            };
             let ofu_ts = g.counters.get(m::TENSOR_ACTIVE).map(|c| c.0);
             if let (Some(ts), Some(ofu)) = (ofu_ts, g.ofu) {
-                for (name, v) in [
-                    ("flopwatch_ofu_ratio", ofu),
-                    ("flopwatch_ofu_tensor_active_ratio", g.tensor_active),
-                    ("flopwatch_ofu_sm_clock_hertz", g.sm_clock_mhz * 1e6),
-                ] {
-                    new.push(Point {
-                        labels: labels(name, &base),
-                        ts_ms: ts,
-                        value: v,
-                    });
-                    ends.push((name.to_string(), g.ofu_fresh.seen_ms + g.ofu_fresh.for_ms));
+                let until = g.ofu_fresh.seen_ms + g.ofu_fresh.for_ms;
+                let samples = set
+                    .ofu
+                    .iter()
+                    .filter(|(gpu, _, _)| *gpu == g.uuid)
+                    .flat_map(|(_, _, s)| s.iter());
+                match self.fidelity_of("ofu") {
+                    Fidelity::Full => {
+                        for x in samples {
+                            push("flopwatch_ofu_ratio", x.ts_ms, x.ofu, until);
+                            push(
+                                "flopwatch_ofu_tensor_active_ratio",
+                                x.ts_ms,
+                                x.tensor_active,
+                                until,
+                            );
+                            push(
+                                "flopwatch_ofu_sm_clock_hertz",
+                                x.ts_ms,
+                                x.sm_clock_mhz * 1e6,
+                                until,
+                            );
+                        }
+                    }
+                    f => {
+                        push("flopwatch_ofu_ratio", ts, ofu, until);
+                        push(
+                            "flopwatch_ofu_tensor_active_ratio",
+                            ts,
+                            g.tensor_active,
+                            until,
+                        );
+                        push(
+                            "flopwatch_ofu_sm_clock_hertz",
+                            ts,
+                            g.sm_clock_mhz * 1e6,
+                            until,
+                        );
+                        if f == Fidelity::Summary {
+                            let (max, n) = samples
+                                .fold((f64::NEG_INFINITY, 0u32), |(m, n), x| (m.max(x.ofu), n + 1));
+                            if n > 0 {
+                                push("flopwatch_ofu_ratio_max", ts, max, until);
+                                push("flopwatch_ofu_ratio_count", ts, f64::from(n), until);
+                            }
+                        }
+                    }
                 }
             }
             // The same families, names and base units as on /metrics.
             for metric in &self.metrics {
-                if let (Some((ts, v)), Some(f)) =
-                    (g.counters.get(metric), family_of(metric, On::Gpu))
-                {
-                    let name = f.sample_name();
-                    new.push(Point {
-                        labels: labels(&name, &base),
-                        ts_ms: *ts,
-                        value: v * f.scale,
-                    });
-                    let fresh = g.fresh.get(metric).copied().unwrap_or_default();
-                    ends.push((name, fresh.seen_ms + fresh.for_ms));
+                let (Some((ts, v)), Some(f)) = (g.counters.get(metric), family_of(metric, On::Gpu))
+                else {
+                    continue;
+                };
+                let name = f.sample_name();
+                let fresh = g.fresh.get(metric).copied().unwrap_or_default();
+                let until = fresh.seen_ms + fresh.for_ms;
+                let series = set
+                    .series
+                    .iter()
+                    .find(|s| s.gpu_uuid == g.uuid && s.metric == *metric);
+                match (self.fidelity_of(metric), series) {
+                    (Fidelity::Full, Some(s)) => {
+                        for p in &s.points {
+                            push(&name, p.ts_ms, p.value * f.scale, until);
+                        }
+                    }
+                    (Fidelity::Summary, Some(s)) if !f.counter => {
+                        push(&name, *ts, mean(s) * f.scale, until);
+                        let max = s
+                            .points
+                            .iter()
+                            .map(|p| p.value)
+                            .fold(f64::NEG_INFINITY, f64::max);
+                        push(&format!("{name}_max"), *ts, max * f.scale, until);
+                        push(&format!("{name}_count"), *ts, s.points.len() as f64, until);
+                    }
+                    (_, Some(s)) if !f.counter => push(&name, *ts, mean(s) * f.scale, until),
+                    _ => push(&name, *ts, v * f.scale, until),
                 }
             }
             points.extend(self.note_sent(&g.uuid, &new, ends));
@@ -203,6 +311,22 @@ impl RemoteQueue {
         self.store.journal_append(entry.clone())?;
         self.committed(&entry);
         Ok(())
+    }
+}
+
+/// A gauge's mean over a batch, each sample weighted by its window where
+/// the samples have windows.
+fn mean(s: &flopwatch_proto::model::SeriesBatch) -> f64 {
+    let (mut sum, mut w) = (0.0, 0.0);
+    for p in &s.points {
+        let k = f64::from(p.window_ms.filter(|&w| w > 0).unwrap_or(1));
+        sum += p.value * k;
+        w += k;
+    }
+    if w > 0.0 {
+        sum / w
+    } else {
+        f64::NAN
     }
 }
 
@@ -297,7 +421,7 @@ mod tests {
         );
         let mut g = gpu(0.25, 1_000);
         g.counters.insert("energy_j".into(), (5, 1234.0));
-        let pts = points(&q.entry(&[g]));
+        let pts = points(&q.entry(&[g], &CommitSet::default()));
         let named: Vec<(String, f64)> = pts.iter().map(|p| (name(p), p.value)).collect();
         for want in [
             ("flopwatch_ofu_ratio", 0.25),
@@ -331,7 +455,7 @@ mod tests {
         let mut quiet = gpu(0.25, 1_000);
         quiet.ofu = None;
         quiet.counters.clear();
-        assert!(q.entry(&[quiet]).is_empty());
+        assert!(q.entry(&[quiet], &CommitSet::default()).is_empty());
     }
 
     #[test]
@@ -342,13 +466,16 @@ mod tests {
             job_id: "train".into(),
             ..Default::default()
         });
-        assert_eq!(points(&q.entry(&[g.clone()])).len(), 4);
+        assert_eq!(
+            points(&q.entry(&[g.clone()], &CommitSet::default())).len(),
+            4
+        );
         // The job ended: the GPU's series lose the job's labels, and the
         // job's series end where the new ones begin.
         g.job = None;
         let mut g2 = g.clone();
         g2.counters.insert(m::TENSOR_ACTIVE.into(), (2_000, 0.5));
-        let pts = points(&q.entry(&[g2]));
+        let pts = points(&q.entry(&[g2], &CommitSet::default()));
         let stale: Vec<&Point> = pts
             .iter()
             .filter(|p| p.value.to_bits() == STALE_NAN)
@@ -390,5 +517,88 @@ mod tests {
         // Each series ends once.
         q.expire(30_000).unwrap();
         assert_eq!(q.store.journal_read(0, u64::MAX).unwrap().0.len(), 1);
+    }
+
+    #[test]
+    fn fidelity_sends_the_mean_a_summary_or_every_sample() {
+        use crate::store::OfuSample;
+        use flopwatch_proto::model::{Point as Sample, SeriesBatch};
+        let mut g = gpu(0.3, 2_000);
+        g.counters.insert("power_w".into(), (2_000, 320.0));
+        let set = CommitSet {
+            ofu: vec![(
+                "GPU-1".into(),
+                None,
+                (0..4)
+                    .map(|i| OfuSample {
+                        ts_ms: 500 * (i + 1),
+                        ofu: [0.2, 0.4, 0.25, 0.35][i as usize],
+                        tensor_active: 0.5,
+                        sm_clock_mhz: 1800.0,
+                        window_ms: 500,
+                    })
+                    .collect(),
+            )],
+            series: vec![SeriesBatch {
+                gpu_uuid: "GPU-1".into(),
+                metric: "power_w".into(),
+                points: [(1_000, 280.0), (2_000, 320.0)]
+                    .into_iter()
+                    .map(|(ts_ms, value)| Sample {
+                        ts_ms,
+                        value,
+                        peak: None,
+                        window_ms: Some(1_000),
+                    })
+                    .collect(),
+            }],
+            ..Default::default()
+        };
+        let named = |q: &RemoteQueue| -> Vec<(String, i64, f64)> {
+            let mut v: Vec<(String, i64, f64)> = points(&q.entry(&[g.clone()], &set))
+                .iter()
+                .map(|p| (name(p), p.ts_ms, p.value))
+                .collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+            v
+        };
+        // Mean: the batch's OFU mean and power's mean over its samples.
+        let mean = named(&queue(&["power_w"], &[]));
+        assert_eq!(mean.len(), 4);
+        assert!(mean.contains(&("flopwatch_gpu_power_watts".into(), 2_000, 300.0)));
+        assert!(mean.contains(&("flopwatch_ofu_ratio".into(), 2_000, 0.3)));
+        // Summary: plus the batch's maximum and count.
+        let q = queue(&["power_w"], &[]).with_fidelity("summary", &BTreeMap::new());
+        let sum = named(&q);
+        for want in [
+            ("flopwatch_ofu_ratio_max", 2_000, 0.4),
+            ("flopwatch_ofu_ratio_count", 2_000, 4.0),
+            ("flopwatch_gpu_power_watts_max", 2_000, 320.0),
+            ("flopwatch_gpu_power_watts_count", 2_000, 2.0),
+        ] {
+            assert!(
+                sum.contains(&(want.0.into(), want.1, want.2)),
+                "{want:?} in {sum:?}"
+            );
+        }
+        // Full for OFU only: every OFU sample, power's mean.
+        let q = queue(&["power_w"], &[])
+            .with_fidelity("mean", &[("ofu".to_string(), "full".to_string())].into());
+        let full = named(&q);
+        let ofu: Vec<(i64, f64)> = full
+            .iter()
+            .filter(|p| p.0 == "flopwatch_ofu_ratio")
+            .map(|p| (p.1, p.2))
+            .collect();
+        assert_eq!(
+            ofu,
+            [(500, 0.2), (1_000, 0.4), (1_500, 0.25), (2_000, 0.35)]
+        );
+        assert_eq!(
+            full.iter()
+                .filter(|p| p.0 == "flopwatch_gpu_power_watts")
+                .count(),
+            1
+        );
     }
 }

@@ -466,6 +466,75 @@ mod tests {
         assert_eq!(Stats::get(&stats.remote_write_samples), 2);
     }
 
+    /// A receiver that answers every request 204 after `delay`, requests
+    /// served concurrently; counts them.
+    async fn slow_receiver(delay: Duration) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/api/v1/write", l.local_addr().unwrap());
+        let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = n.clone();
+        tokio::spawn(async move {
+            while let Ok((mut c, _)) = l.accept().await {
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 1 << 16];
+                    let mut got = Vec::new();
+                    loop {
+                        let k = c.read(&mut buf).await.unwrap_or(0);
+                        if k == 0 {
+                            return;
+                        }
+                        got.extend_from_slice(&buf[..k]);
+                        let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&got[..end]).to_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        if got.len() >= end + 4 + len {
+                            break;
+                        }
+                    }
+                    tokio::time::sleep(delay).await;
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let _ = c
+                        .write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+                        .await;
+                });
+            }
+        });
+        (url, n)
+    }
+
+    #[tokio::test]
+    async fn a_slow_receiver_is_fed_by_concurrent_shards() {
+        // 400 ms an answer, 3 points a request, 24 points in the journal:
+        // 8 requests. One at a time they take 3.2 s; over 8 shards, one
+        // round of 400 ms.
+        let (url, answered) = slow_receiver(Duration::from_millis(400)).await;
+        let cfg = fast(&url);
+        assert_eq!(cfg.max_shards, 8);
+        let stats = Arc::new(Stats::default());
+        let q = queue(Arc::new(MemEngine::new()));
+        let now = SystemClock.now_ms();
+        for g in 0..8 {
+            commit(&q, &format!("GPU-{g}"), 3, now);
+        }
+        let started = std::time::Instant::now();
+        run_until(&cfg, &q, &stats, || q.pending() == 0).await;
+        let took = started.elapsed();
+        assert_eq!(Stats::get(&stats.remote_write_samples), 24);
+        assert!(answered.load(Ordering::SeqCst) >= 8);
+        assert!(
+            took < Duration::from_millis(2_000),
+            "8 requests of 400 ms took {took:?}: not concurrent"
+        );
+    }
+
     #[test]
     fn a_series_keeps_to_one_shard_and_shards_fill() {
         let l = |g: usize| labels("x", &[("UUID".into(), format!("GPU-{g}"))]);
