@@ -710,15 +710,15 @@ async fn dashboard_panels_values() {
     assert!(last_t >= env.seeded_at - step, "{d}");
     // The job and node panels read the derived series: one GPU each, so
     // each tenant's job and node hold that GPU's OFU. The seed's job
-    // record covers its batch's last sample only (no `since_ms`), so the
-    // panels are asked a minute later, when every step's lookback still
-    // reaches that sample whatever the step's alignment.
+    // holds its GPU over the batch's 30 s; the panels are asked right
+    // after it, while its samples are current (they go stale 10.3 s after
+    // the last, docs/ATTRIBUTION.md).
     for family in ["flopwatch_job_ofu_ratio{", "flopwatch_node_ofu_ratio{"] {
         let q = dashboard_panels()
             .into_iter()
             .find(|q| q.expr.starts_with(family))
             .unwrap_or_else(|| panic!("no panel shows {family}"));
-        let (params, _) = range_request(&q, env.seeded_at + 60_000, 3_600_000);
+        let (params, _) = range_request(&q, env.seeded_at, 3_600_000);
         let d = env
             .post("/api/v1/query_range", &params, Some(PROVIDER))
             .await

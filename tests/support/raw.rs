@@ -66,6 +66,8 @@ pub fn batch(
                 vec![v1::JobAssignment {
                     gpu_uuid: gpu.into(),
                     job_id: j.into(),
+                    // The job held the GPU from the batch's first sample.
+                    since_ms: t0,
                     ..Default::default()
                 }]
             })

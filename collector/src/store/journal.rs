@@ -1,4 +1,6 @@
-//! The forwarding journal: what remote write has still to send.
+//! The forwarding journal: what remote write has still to send (its
+//! records and bookkeeping here; the store's reads and writes of it in
+//! `journal_ops`).
 //!
 //! A batch's points for remote write are written in the same RocksDB write
 //! as the batch itself ([`Store::commit`], `CommitSet::forward`), so what is
@@ -17,17 +19,15 @@
 //! `WriteRequest` (protobuf). Sequence numbers rise with each entry; after
 //! a restart they continue past the highest one on disk.
 
-use super::model::Store;
-use super::{Cf, Op, Put, StoreError};
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 /// Key prefix of journal entries (meta family).
 pub const PREFIX: &[u8] = b"~fwd/";
 
 /// The end of the journal's key range.
-const END: &[u8] = b"~fwd0";
+pub(super) const END: &[u8] = b"~fwd0";
 
 /// One journal entry read back.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,17 +46,17 @@ pub struct Entry {
 /// out whose write has not ended yet.
 #[derive(Debug, Default)]
 pub struct Journal {
-    next: AtomicU64,
-    loaded: Mutex<bool>,
-    inflight: Mutex<BTreeSet<u64>>,
+    pub(super) next: AtomicU64,
+    pub(super) loaded: Mutex<bool>,
+    pub(super) inflight: Mutex<BTreeSet<u64>>,
 }
 
 /// A sequence number handed out for a write; dropped once the write ended
 /// (written or failed), so the sender's cursor may pass it.
 #[derive(Debug)]
 pub struct Ticket {
-    journal: Arc<Journal>,
-    seq: u64,
+    pub(super) journal: Arc<Journal>,
+    pub(super) seq: u64,
 }
 
 impl Drop for Ticket {
@@ -67,7 +67,7 @@ impl Drop for Ticket {
     }
 }
 
-fn key(seq: u64) -> Vec<u8> {
+pub(super) fn key(seq: u64) -> Vec<u8> {
     let mut k = PREFIX.to_vec();
     k.extend_from_slice(&seq.to_be_bytes());
     k
@@ -83,13 +83,13 @@ pub fn value(points: u32, oldest_ms: i64, body: &[u8]) -> Vec<u8> {
 }
 
 /// The sequence number of a journal key.
-fn seq_of(k: &[u8]) -> Option<u64> {
+pub(super) fn seq_of(k: &[u8]) -> Option<u64> {
     k.get(PREFIX.len()..)
         .and_then(|s| s.try_into().ok())
         .map(u64::from_be_bytes)
 }
 
-fn parse(k: &[u8], v: &[u8]) -> Option<Entry> {
+pub(super) fn parse(k: &[u8], v: &[u8]) -> Option<Entry> {
     let points = u32::from_be_bytes(v.get(..4)?.try_into().ok()?);
     let oldest_ms = i64::from_be_bytes(v.get(4..12)?.try_into().ok()?);
     Some(Entry {
@@ -98,172 +98,4 @@ fn parse(k: &[u8], v: &[u8]) -> Option<Entry> {
         oldest_ms,
         body: v[12..].to_vec(),
     })
-}
-
-impl Store {
-    /// The next journal sequence number (the journal's last on disk plus
-    /// one, the first time), held in flight until the ticket is dropped.
-    fn journal_seq(&self) -> Result<Ticket, StoreError> {
-        let mut loaded = self
-            .journal
-            .loaded
-            .lock()
-            .map_err(|_| StoreError::Engine("journal lock poisoned".into()))?;
-        if !*loaded {
-            let mut last = None;
-            self.engine.scan(Cf::Meta, PREFIX, END, &mut |k, _| {
-                last = seq_of(k);
-                true
-            })?;
-            self.journal
-                .next
-                .store(last.map_or(0, |s| s + 1), Ordering::SeqCst);
-            *loaded = true;
-        }
-        drop(loaded);
-        let mut inflight = self
-            .journal
-            .inflight
-            .lock()
-            .map_err(|_| StoreError::Engine("journal lock poisoned".into()))?;
-        let seq = self.journal.next.fetch_add(1, Ordering::SeqCst);
-        inflight.insert(seq);
-        Ok(Ticket {
-            journal: self.journal.clone(),
-            seq,
-        })
-    }
-
-    /// The put of a journal entry holding `value` ([`value`]), and its
-    /// ticket, to be dropped once the write ended.
-    pub(super) fn journal_put(&self, value: Vec<u8>) -> Result<(Put, Ticket), StoreError> {
-        let t = self.journal_seq()?;
-        Ok(((Cf::Meta, key(t.seq), value), t))
-    }
-
-    /// Appends an entry on its own (staleness markers, which belong to no
-    /// batch).
-    pub fn journal_append(&self, value: Vec<u8>) -> Result<(), StoreError> {
-        let (put, _ticket) = self.journal_put(value)?;
-        self.engine.write(vec![put], self.sync)
-    }
-
-    /// The oldest entries from sequence number `from` on, in order, until
-    /// `max_points` points (at least one entry when there is one), and the
-    /// cursor to read from next: past the last entry read, but not past a
-    /// number whose write is still under way.
-    pub fn journal_read(
-        &self,
-        from: u64,
-        max_points: u64,
-    ) -> Result<(Vec<Entry>, u64), StoreError> {
-        let mut out = Vec::new();
-        let mut points = 0u64;
-        let mut bad = None;
-        let mut next = from;
-        // Taken before the scan: a write that ends during it is either seen
-        // or still in flight here.
-        let pending = self
-            .journal
-            .inflight
-            .lock()
-            .ok()
-            .and_then(|f| f.first().copied());
-        self.engine.scan(Cf::Meta, &key(from), END, &mut |k, v| {
-            match parse(k, v) {
-                Some(e) => {
-                    points += u64::from(e.points);
-                    next = seq_of(k).map_or(next, |s| s + 1);
-                    out.push(e);
-                }
-                None => bad = Some(k.to_vec()),
-            }
-            bad.is_none() && points < max_points
-        })?;
-        if let Some(k) = bad {
-            // A malformed entry can never be sent: deleted, and said.
-            tracing::error!(key = ?k, "malformed remote-write journal entry deleted");
-            self.engine
-                .apply(vec![Op::Delete(Cf::Meta, k)], self.sync)?;
-            return Ok((out, from));
-        }
-        Ok((out, pending.map_or(next, |p| next.min(p))))
-    }
-
-    /// Deletes the entries with these keys (sent, or dropped by policy).
-    pub fn journal_done(&self, keys: Vec<Vec<u8>>) -> Result<(), StoreError> {
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let ops = keys.into_iter().map(|k| Op::Delete(Cf::Meta, k)).collect();
-        self.engine.apply(ops, self.sync)
-    }
-
-    /// Entries and points in the journal, and its oldest point's time (a
-    /// scan of the journal: at start, and for the gauges).
-    pub fn journal_backlog(&self) -> Result<(u64, u64, Option<i64>), StoreError> {
-        let (mut entries, mut points, mut oldest) = (0u64, 0u64, None::<i64>);
-        self.engine.scan(Cf::Meta, PREFIX, END, &mut |k, v| {
-            if let Some(e) = parse(k, v) {
-                entries += 1;
-                points += u64::from(e.points);
-                oldest = Some(oldest.map_or(e.oldest_ms, |o| o.min(e.oldest_ms)));
-            }
-            true
-        })?;
-        Ok((entries, points, oldest))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::memory::MemEngine;
-    use crate::store::CommitSet;
-    use std::sync::Arc;
-
-    #[test]
-    fn entries_come_back_in_order_and_numbers_continue_after_a_reopen() {
-        let engine = Arc::new(MemEngine::new());
-        let s = Store::new(engine.clone(), false);
-        for i in 0..5u32 {
-            s.journal_append(value(i + 1, 1_000 + i64::from(i), &[i as u8]))
-                .unwrap();
-        }
-        let (got, next) = s.journal_read(0, 3).unwrap();
-        // Stops once 3 points are in: entries of 1 and 2 points.
-        assert_eq!(got.iter().map(|e| e.points).collect::<Vec<_>>(), [1, 2]);
-        assert_eq!(next, 2);
-        let (rest, _) = s.journal_read(next, u64::MAX).unwrap();
-        assert_eq!(rest.iter().map(|e| e.points).collect::<Vec<_>>(), [3, 4, 5]);
-        assert_eq!(got[1].body, [1]);
-        s.journal_done(got.iter().map(|e| e.key.clone()).collect())
-            .unwrap();
-        assert_eq!(s.journal_backlog().unwrap(), (3, 12, Some(1_002)));
-        // A new store over the same engine (a restart) goes on numbering
-        // after the last entry, so order holds.
-        let again = Store::new(engine, false);
-        again.journal_append(value(9, 5, &[9])).unwrap();
-        let (all, _) = again.journal_read(0, u64::MAX).unwrap();
-        assert_eq!(
-            all.iter().map(|e| e.points).collect::<Vec<_>>(),
-            [3, 4, 5, 9]
-        );
-    }
-
-    #[test]
-    fn a_commit_writes_its_entry_with_the_batch() {
-        let s = Store::new(Arc::new(MemEngine::new()), false);
-        let set = CommitSet {
-            forward: value(2, 7, b"wr"),
-            ..Default::default()
-        };
-        s.commit("t", &set).unwrap();
-        let (got, _) = s.journal_read(0, u64::MAX).unwrap();
-        assert_eq!(got.len(), 1);
-        assert_eq!(
-            (got[0].points, got[0].oldest_ms, &got[0].body[..]),
-            (2, 7, &b"wr"[..])
-        );
-    }
 }

@@ -28,6 +28,7 @@ mod handoff;
 mod hours;
 pub mod index;
 pub mod journal;
+mod journal_ops;
 pub mod keys;
 mod lasts;
 mod limbo;
