@@ -190,9 +190,13 @@ impl Model<'_> {
                     unreachable!("answered above")
                 }
             }
-            if let Some(next) = self.relabelled_at(s, b)? {
-                for p in &mut out[first..] {
-                    p.2 = p.2.min(next - 1);
+            // Only a span with samples that ends inside the range can be
+            // cut short by its successor (past `to` nothing reads it).
+            if out.len() > first && b <= to {
+                if let Some(next) = self.relabelled_at(s, b, to)? {
+                    for p in &mut out[first..] {
+                        p.2 = p.2.min(next - 1);
+                    }
                 }
             }
         }
@@ -203,15 +207,21 @@ impl Model<'_> {
 
     /// When the stored series under `s` goes on under other labels after
     /// `s`'s span ending at `end` (its GPU changed jobs, or its job ended):
-    /// the time of its first sample in `[end, end + lookback]`. A series
+    /// the time of its first sample in `[end, min(end + lookback, until)]`. A series
     /// ends where its relabelled successor begins, as a scraped series
     /// whose target's labels change gets its staleness marker at that
     /// scrape.
-    fn relabelled_at(&self, s: &SeriesRef, end: i64) -> Result<Option<i64>, QueryError> {
+    fn relabelled_at(
+        &self,
+        s: &SeriesRef,
+        end: i64,
+        until: i64,
+    ) -> Result<Option<i64>, QueryError> {
         if end == i64::MAX || !self.staleness {
             return Ok(None);
         }
-        let to = end.saturating_add(LOOKBACK_MS);
+        // A successor past `until` (the last instant read) changes nothing.
+        let to = end.saturating_add(LOOKBACK_MS).min(until.saturating_add(1));
         Ok(match &s.source {
             Source::Ofu { tenant, gpu, .. } => {
                 let mut next = None;
@@ -316,16 +326,17 @@ impl Model<'_> {
             if lo >= hi {
                 continue;
             }
-            let cap = self.relabelled_at(s, b)?.map_or(i64::MAX, |n| n - 1);
+            // The minutes this span set (their newest came from it).
+            let mut set: Vec<usize> = Vec::new();
             self.store.ofu_lasts(tenant, gpu, lo, hi, &mut |p| {
                 let (minute, last, start) = match p {
                     OfuPiece::Sample(x) => {
                         let on = (x.ts_ms.rem_euclid(MINUTE_MS) == 0).then_some(x.ofu);
-                        let until = self.current_until(x.ts_ms, Some(x.window_ms)).min(cap);
+                        let until = self.current_until(x.ts_ms, Some(x.window_ms));
                         (x.ts_ms, (x.ts_ms, x.ofu, until), on)
                     }
                     OfuPiece::Last(m) => {
-                        let until = self.current_until(m.last.0, m.window_ms).min(cap);
+                        let until = self.current_until(m.last.0, m.window_ms);
                         (m.minute, (m.last.0, m.last.1, until), m.at_start)
                     }
                     OfuPiece::Agg { .. } => return,
@@ -336,11 +347,23 @@ impl Model<'_> {
                 };
                 if last.0 >= newest[i].0 {
                     newest[i] = last;
+                    set.push(i);
                 }
                 if start.is_some() {
                     on_start[i] = start;
                 }
             })?;
+            // A span that ends inside the range ends where its successor
+            // under other labels begins.
+            if !set.is_empty() && b <= to {
+                if let Some(next) = self.relabelled_at(s, b, to)? {
+                    for i in set {
+                        if (lo..hi).contains(&newest[i].0) {
+                            newest[i].2 = newest[i].2.min(next - 1);
+                        }
+                    }
+                }
+            }
         }
         self.budget.samples(read)?;
         let mut out = Vec::with_capacity(times.len());
