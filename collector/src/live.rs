@@ -235,6 +235,7 @@ impl Live {
             e.hostname = b.hostname.to_string();
             e.seen_ms = now_ms;
         }
+        let intervals = intervals_of(b);
         for s in b.series {
             let (Some(last), Some(e)) = (
                 s.points.last(),
@@ -242,11 +243,9 @@ impl Live {
             ) else {
                 continue;
             };
-            let interval = b
-                .intervals
-                .iter()
-                .find(|i| i.gpu_uuid == s.gpu_uuid && i.metric == s.metric)
-                .map(|i| i.interval_ms);
+            let interval = intervals
+                .get(&(s.gpu_uuid.as_str(), s.metric.as_str()))
+                .copied();
             e.fresh.insert(
                 s.metric.clone(),
                 freshness(s, interval, b.sent_at_ms, now_ms),
@@ -334,6 +333,15 @@ impl Live {
     }
 }
 
+/// The batch's reported sampling intervals by (series key, metric), once
+/// per batch rather than a scan per series.
+fn intervals_of<'a>(b: &'a BatchView<'_>) -> HashMap<(&'a str, &'a str), u32> {
+    b.intervals
+        .iter()
+        .map(|i| ((i.gpu_uuid.as_str(), i.metric.as_str()), i.interval_ms))
+        .collect()
+}
+
 /// What batch `b` tells of its GPUs, folded into `gpus` (by tenant and
 /// UUID) at `now_ms`.
 fn fold(gpus: &mut HashMap<(String, String), GpuLive>, b: &BatchView<'_>, now_ms: i64) {
@@ -364,12 +372,8 @@ fn fold(gpus: &mut HashMap<(String, String), GpuLive>, b: &BatchView<'_>, now_ms
         }
         e.seen_ms = now_ms;
     }
-    let interval = |uuid: &str, metric: &str| {
-        b.intervals
-            .iter()
-            .find(|i| i.gpu_uuid == uuid && i.metric == metric)
-            .map(|i| i.interval_ms)
-    };
+    let intervals = intervals_of(b);
+    let interval = |uuid: &str, metric: &str| intervals.get(&(uuid, metric)).copied();
     let key_of = |uuid: &str| match keys.iter().find(|k| k.1 == uuid) {
         Some(k) => k.clone(),
         None => (b.tenant.to_string(), uuid.to_string()),

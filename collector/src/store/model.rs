@@ -68,6 +68,16 @@ fn bundle<'m, 'a>(bundles: &'m mut Bundles<'a>, gpu: &'a str, last: i64) -> &'m 
     b
 }
 
+/// A mask of an hour's minutes, every minute set reading as all bits (an
+/// hour covered whole).
+fn whole_hour_as_all(mask: u64) -> u64 {
+    if mask == (1 << 60) - 1 {
+        u64::MAX
+    } else {
+        mask
+    }
+}
+
 fn json<T: Serialize>(v: &T) -> Vec<u8> {
     // Serializing plain structs of strings and numbers cannot fail.
     serde_json::to_vec(v).unwrap_or_default()
@@ -477,14 +487,7 @@ impl Store {
                                 }
                             })
                             .ok_or_else(|| corrupt(Cf::Rollup, "minute lasts"))?;
-                            covered.insert(
-                                w,
-                                if mask == (1 << 60) - 1 {
-                                    u64::MAX
-                                } else {
-                                    mask
-                                },
-                            );
+                            covered.insert(w, whole_hour_as_all(mask));
                             Ok(true)
                         },
                     )?;
@@ -541,14 +544,7 @@ impl Store {
                                     });
                                 }
                             }
-                            covered.insert(
-                                w,
-                                if mask == (1 << 60) - 1 {
-                                    u64::MAX
-                                } else {
-                                    mask
-                                },
-                            );
+                            covered.insert(w, whole_hour_as_all(mask));
                             Ok(true)
                         },
                     )?;
