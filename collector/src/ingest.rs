@@ -634,7 +634,7 @@ impl Session {
         if let Some(q) = &self.c.remote {
             let gpus =
                 crate::live::batch_gpus(&self.batch_view(&set.series, &batch, &batch_ofu), now);
-            set.forward = q.entry(&gpus, &set);
+            (set.forward, set.forward_open) = q.forward(&gpus, &set);
         }
         let set = self.commit(set).await?;
         if let Some(q) = &self.c.remote {

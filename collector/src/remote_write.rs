@@ -41,8 +41,12 @@
 //! Prometheus' staleness marker (the NaN with bits `0x7ff0000000000002`)
 //! after its last sample, as a Prometheus scrape writes one for a series
 //! that vanished from a target: the receiver then ends the series there
-//! instead of extending its last value over its lookback. (The series a
-//! collector was sending when it stopped get none.)
+//! instead of extending its last value over its lookback. The series
+//! being sent are registered in the store (with the batch that starts or
+//! relabels one, so nothing is written per batch in the steady state):
+//! after a restart, `kill -9` included, a series that does not come back
+//! within a minute, or comes back under other labels, still gets its
+//! marker.
 
 mod endpoint;
 mod queue;
@@ -51,6 +55,11 @@ mod sender;
 pub use endpoint::{Endpoint, SendError};
 pub use queue::RemoteQueue;
 pub use sender::run;
+
+/// How long after a restart a series the previous run left open waits for
+/// its agent to continue it before it gets its staleness marker (agents
+/// reconnect well within it).
+pub const RESTORE_GRACE_MS: i64 = 60_000;
 
 use prost::Message;
 
@@ -273,6 +282,8 @@ fn points_of(body: &[u8]) -> Option<Vec<Point>> {
     )
 }
 
+#[cfg(test)]
+mod compliance;
 #[cfg(test)]
 mod stub;
 

@@ -152,11 +152,15 @@ impl Collector {
             } else {
                 rw.metrics.clone()
             };
-            Arc::new(RemoteQueue::new(
-                store.clone(),
-                metrics,
-                &rw.external_labels,
-            ))
+            let q = RemoteQueue::new(store.clone(), metrics, &rw.external_labels);
+            // The series a previous run sent and did not end, taken back
+            // before ingest starts.
+            match q.restore(clock.now_ms(), crate::remote_write::RESTORE_GRACE_MS) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(series = n, "remote write takes back the series a previous run left open"),
+                Err(e) => tracing::warn!(error = %e, "remote write: the open series of a previous run not read"),
+            }
+            Arc::new(q)
         });
         Ok(Arc::new(Self {
             store,

@@ -10,12 +10,17 @@
 //! It also remembers which series it queued, to end them with
 //! staleness markers: at once for a GPU's series whose labels changed
 //! (its job ended or changed), and once a series goes stale
-//! ([`RemoteQueue::expire`]).
+//! ([`RemoteQueue::expire`]). What it remembers is kept in the store too
+//! (the journal's open-series register, written with the batch that
+//! starts or relabels a series and deleted with the marker that ends it:
+//! nothing per batch in the steady state), so that after a restart —
+//! `kill -9` included — a series that does not come back still gets its
+//! marker ([`RemoteQueue::restore`]).
 
 use super::{labels, request, Label, Point, STALE_NAN};
 use crate::live::GpuLive;
 use crate::series::{family_of, gpu_labels, On};
-use crate::store::journal;
+use crate::store::journal::{self, OpenEntries};
 use crate::store::{CommitSet, Store, StoreError};
 use flopwatch_proto::metrics as m;
 use prost::Message;
@@ -143,8 +148,16 @@ impl RemoteQueue {
     /// there is nothing to send. The points of series relabelled since
     /// their last batch (a job that ended) get their staleness markers in
     /// it.
+    #[cfg(test)]
     pub fn entry(&self, gpus: &[GpuLive], set: &CommitSet) -> Vec<u8> {
+        self.forward(gpus, set).0
+    }
+
+    /// [`RemoteQueue::entry`], and the open-series register entries of the
+    /// series it starts or relabels (`CommitSet::forward_open`).
+    pub fn forward(&self, gpus: &[GpuLive], set: &CommitSet) -> (Vec<u8>, OpenEntries) {
         let mut points = Vec::new();
+        let mut open = Vec::new();
         for g in gpus {
             let base = self.base(g);
             let mut new = Vec::new();
@@ -242,16 +255,23 @@ impl RemoteQueue {
                     _ => push(&name, *ts, v * f.scale, until),
                 }
             }
-            points.extend(self.note_sent(&g.uuid, &new, ends));
+            points.extend(self.note_sent(&g.uuid, &new, ends, &mut open));
             points.extend(new);
         }
-        entry_of(&points)
+        (entry_of(&points), open)
     }
 
     /// Records `new` as the GPU's current series, and returns the
     /// staleness markers of its series of the same names under other labels
-    /// (a job that ended): those end where the new ones begin.
-    fn note_sent(&self, gpu: &str, new: &[Point], ends: Vec<(String, i64)>) -> Vec<Point> {
+    /// (a job that ended): those end where the new ones begin. A series
+    /// new or relabelled adds its register entry to `open`.
+    fn note_sent(
+        &self,
+        gpu: &str,
+        new: &[Point],
+        ends: Vec<(String, i64)>,
+        open: &mut OpenEntries,
+    ) -> Vec<Point> {
         let Ok(mut sent) = self.sent.lock() else {
             return Vec::new();
         };
@@ -262,17 +282,86 @@ impl RemoteQueue {
                 last_ts: p.ts_ms,
                 until_ms,
             };
-            if let Some(before) = sent.insert((gpu.to_string(), name), now) {
-                if before.labels != p.labels {
-                    markers.push(Point {
-                        labels: before.labels,
-                        ts_ms: p.ts_ms.max(before.last_ts + 1),
-                        value: f64::from_bits(STALE_NAN),
-                    });
+            let key = journal::open_key(gpu, &name);
+            match sent.insert((gpu.to_string(), name), now) {
+                Some(before) if before.labels == p.labels => {}
+                before => {
+                    if let Some(before) = before {
+                        markers.push(Point {
+                            labels: before.labels,
+                            ts_ms: p.ts_ms.max(before.last_ts + 1),
+                            value: f64::from_bits(STALE_NAN),
+                        });
+                    }
+                    let reg = Point {
+                        labels: p.labels.clone(),
+                        ts_ms: p.ts_ms,
+                        value: 0.0,
+                    };
+                    open.push((key, request(&[reg]).encode_to_vec()));
                 }
             }
         }
         markers
+    }
+
+    /// After a restart: takes back the series a previous run sent and did
+    /// not end (the store's open-series register), each current for
+    /// `grace_ms` from `now_ms` unless a batch continues it — one that
+    /// comes back under other labels ends it at once, one that does not
+    /// come back gets its marker when the grace runs out. A series a batch
+    /// of this run already relabelled is ended now. Returns how many were
+    /// taken back.
+    pub fn restore(&self, now_ms: i64, grace_ms: i64) -> Result<usize, StoreError> {
+        let stored = self.store.journal_open_series()?;
+        let mut markers = Vec::new();
+        let mut closed = Vec::new();
+        let mut n = 0;
+        {
+            let Ok(mut sent) = self.sent.lock() else {
+                return Ok(0);
+            };
+            for (k, v) in stored {
+                let parsed = journal::open_key_parts(&k)
+                    .zip(super::points_of(&v).and_then(|p| p.into_iter().next()));
+                let Some(((gpu, name), p)) = parsed else {
+                    tracing::warn!("malformed remote-write open-series entry dropped");
+                    closed.push(k);
+                    continue;
+                };
+                match sent.get(&(gpu.clone(), name.clone())) {
+                    // Continued by this run already.
+                    Some(s) if s.labels == p.labels => {}
+                    // Relabelled by this run (its entry already replaced).
+                    Some(s) => markers.push(Point {
+                        labels: p.labels,
+                        ts_ms: s.last_ts.max(p.ts_ms + 1),
+                        value: f64::from_bits(STALE_NAN),
+                    }),
+                    None => {
+                        n += 1;
+                        sent.insert(
+                            (gpu, name),
+                            Sent {
+                                labels: p.labels,
+                                last_ts: p.ts_ms,
+                                until_ms: now_ms.saturating_add(grace_ms),
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        let entry = entry_of(&markers);
+        if !entry.is_empty() || !closed.is_empty() {
+            if entry.is_empty() {
+                self.store.journal_done(closed)?;
+            } else {
+                self.store.journal_close(entry.clone(), closed)?;
+                self.committed(&entry);
+            }
+        }
+        Ok(n)
     }
 
     /// A batch with `entry` was committed: its points are pending.
@@ -286,15 +375,17 @@ impl RemoteQueue {
     /// Journals a staleness marker for every series gone stale by `now_ms`
     /// (collector clock), just after its last sample or at `now_ms`.
     pub fn expire(&self, now_ms: i64) -> Result<(), StoreError> {
-        let markers: Vec<Point> = {
+        let (markers, closed): (Vec<Point>, Vec<Vec<u8>>) = {
             let Ok(mut sent) = self.sent.lock() else {
                 return Ok(());
             };
             let mut out = Vec::new();
-            sent.retain(|_, s| {
+            let mut closed = Vec::new();
+            sent.retain(|(gpu, name), s| {
                 if s.until_ms >= now_ms {
                     return true;
                 }
+                closed.push(journal::open_key(gpu, name));
                 out.push(Point {
                     labels: std::mem::take(&mut s.labels),
                     ts_ms: now_ms.max(s.last_ts + 1),
@@ -302,13 +393,13 @@ impl RemoteQueue {
                 });
                 false
             });
-            out
+            (out, closed)
         };
         let entry = entry_of(&markers);
         if entry.is_empty() {
             return Ok(());
         }
-        self.store.journal_append(entry.clone())?;
+        self.store.journal_close(entry.clone(), closed)?;
         self.committed(&entry);
         Ok(())
     }
@@ -517,6 +608,121 @@ mod tests {
         // Each series ends once.
         q.expire(30_000).unwrap();
         assert_eq!(q.store.journal_read(0, u64::MAX).unwrap().0.len(), 1);
+    }
+
+    #[test]
+    fn series_left_open_by_a_stopped_collector_still_end() {
+        use crate::store::memory::MemEngine;
+        let engine = Arc::new(MemEngine::new());
+        let q = RemoteQueue::new(
+            Store::new(engine.clone(), false),
+            vec!["power_w".into()],
+            &BTreeMap::new(),
+        );
+        // Two GPUs' series sent through committed batches (the register
+        // entries go with the batch); then the collector dies.
+        let mut a = gpu(0.25, 1_000);
+        a.job = Some(flopwatch_proto::v1::JobAssignment {
+            job_id: "train".into(),
+            ..Default::default()
+        });
+        let mut b = gpu(0.5, 1_000);
+        b.uuid = "GPU-2".into();
+        for g in [&a, &b] {
+            let (forward, forward_open) = q.forward(std::slice::from_ref(g), &CommitSet::default());
+            assert_eq!(forward_open.len(), 4, "a new GPU registers its 4 series");
+            let set = CommitSet {
+                forward,
+                forward_open,
+                ..Default::default()
+            };
+            q.store.commit("t", &set).unwrap();
+        }
+        // The same series again: nothing more to register.
+        let mut again = b.clone();
+        again.counters.insert(m::TENSOR_ACTIVE.into(), (1_500, 0.5));
+        assert!(q.forward(&[again], &CommitSet::default()).1.is_empty());
+        drop(q);
+        // The restarted collector takes them back before ingest starts.
+        // GPU-1 comes back without its job (its job's series end at
+        // once), GPU-2 never comes back (its series end when the grace
+        // runs out).
+        let q = RemoteQueue::new(
+            Store::new(engine, false),
+            vec!["power_w".into()],
+            &BTreeMap::new(),
+        );
+        assert_eq!(q.restore(80_000, 60_000).unwrap(), 8);
+        a.job = None;
+        a.counters.insert(m::TENSOR_ACTIVE.into(), (90_000, 0.5));
+        // Received at 200 s on the collector's clock: current past 140 s.
+        a.ofu_fresh.seen_ms = 200_000;
+        for f in a.fresh.values_mut() {
+            f.seen_ms = 200_000;
+        }
+        let (forward, forward_open) = q.forward(&[a.clone()], &CommitSet::default());
+        assert_eq!(
+            forward_open.len(),
+            4,
+            "GPU-1's series registered under their new labels"
+        );
+        q.store
+            .commit(
+                "t",
+                &CommitSet {
+                    forward: forward.clone(),
+                    forward_open,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let markers: Vec<Point> = points(&forward)
+            .into_iter()
+            .filter(|p| p.value.to_bits() == STALE_NAN)
+            .collect();
+        assert_eq!(markers.len(), 4, "{markers:?}");
+        assert!(markers.iter().all(|p| p
+            .labels
+            .iter()
+            .any(|l| l.name == "job_id" && l.value == "train")));
+        for p in &markers {
+            // OFU's at the new sample's time; power's (its reading did not
+            // move, at 5) just after its last.
+            let want = if name(p) == "flopwatch_gpu_power_watts" {
+                6
+            } else {
+                90_000
+            };
+            assert_eq!(p.ts_ms, want, "{p:?}");
+        }
+        let uuid = |p: &Point| {
+            p.labels
+                .iter()
+                .find(|l| l.name == "UUID")
+                .map(|l| l.value.clone())
+        };
+        // GPU-2's end once the grace has run out, and leave the register.
+        q.expire(140_000).unwrap();
+        let marked = |q: &RemoteQueue| -> Vec<Point> {
+            let (e, _) = q.store.journal_read(0, u64::MAX).unwrap();
+            e.iter()
+                .flat_map(|e| points_of(&e.body).unwrap())
+                .filter(|p| p.value.to_bits() == STALE_NAN && uuid(p).as_deref() == Some("GPU-2"))
+                .collect()
+        };
+        assert!(marked(&q).is_empty(), "still within the grace");
+        q.expire(140_001).unwrap();
+        let m2 = marked(&q);
+        assert_eq!(m2.len(), 4);
+        assert!(m2.iter().all(|p| p.ts_ms == 140_001));
+        let open = q.store.journal_open_series().unwrap();
+        assert_eq!(open.len(), 4, "only GPU-1's current series stay registered");
+        assert!(open
+            .iter()
+            .all(|(k, _)| crate::store::journal::open_key_parts(k).unwrap().0 == "GPU-1"));
+        // A third run has nothing of GPU-2's to end.
+        let q3 = RemoteQueue::new(q.store.clone(), Vec::new(), &BTreeMap::new());
+        assert_eq!(q3.restore(200_000, 60_000).unwrap(), 4);
     }
 
     #[test]

@@ -293,7 +293,7 @@ async fn wait(shutdown: &mut watch::Receiver<bool>, d: Duration) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::stub::{fast, wait_for, Stub};
+    use super::super::stub::{fast, run_until, Stub};
     use super::super::{labels, queue::entry_of};
     use super::*;
     use crate::stats::Failure;
@@ -327,26 +327,6 @@ mod tests {
             Vec::new(),
             &Default::default(),
         ))
-    }
-
-    /// Runs the sender until `done`, then stops it.
-    async fn run_until(
-        cfg: &RemoteWriteConfig,
-        q: &Arc<RemoteQueue>,
-        stats: &Arc<Stats>,
-        done: impl FnMut() -> bool,
-    ) {
-        let endpoint = Endpoint::new(cfg).unwrap();
-        let (stop, stop_rx) = watch::channel(false);
-        let task = {
-            let (cfg, q, stats) = (cfg.clone(), q.clone(), stats.clone());
-            tokio::spawn(
-                async move { sender(&endpoint, &cfg, &q, &stats, &SystemClock, stop_rx).await },
-            )
-        };
-        wait_for("the sender's work", done).await;
-        let _ = stop.send(true);
-        task.await.unwrap();
     }
 
     #[tokio::test]

@@ -1,12 +1,19 @@
 //! Test doubles for remote write: a scripted HTTP endpoint and fast
 //! settings.
 
+use super::queue::RemoteQueue;
+use super::Endpoint;
+use crate::stats::Stats;
 use flopwatch_config::RemoteWriteConfig;
+use flopwatch_proto::clock::SystemClock;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// An HTTP endpoint answering with `script` in turn (then 200), one
-/// request per connection; records each request's head and body.
+/// request per connection; records each request's head and body. Status
+/// 0 closes the connection without an answer, 1 answers the text as it is
+/// (not HTTP), 2 answers nothing for a second.
 pub(super) struct Stub {
     pub url: String,
     seen: Arc<Mutex<Vec<Request>>>,
@@ -51,6 +58,19 @@ impl Stub {
                 };
                 record.lock().unwrap().push(request);
                 let (code, text) = script.next().unwrap_or((200, ""));
+                match code {
+                    0 => continue,
+                    1 => {
+                        let _ = c.write_all(text.as_bytes()).await;
+                        let _ = c.shutdown().await;
+                        continue;
+                    }
+                    2 => {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                    _ => {}
+                }
                 let resp = format!(
                     "HTTP/1.1 {code} Scripted\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
                     text.len()
@@ -85,4 +105,24 @@ pub(super) async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
         assert!(std::time::Instant::now() < deadline, "never: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Runs the sender until `done`, then stops it.
+pub(super) async fn run_until(
+    cfg: &RemoteWriteConfig,
+    q: &Arc<RemoteQueue>,
+    stats: &Arc<Stats>,
+    done: impl FnMut() -> bool,
+) {
+    let endpoint = Endpoint::new(cfg).unwrap();
+    let (stop, stop_rx) = watch::channel(false);
+    let task = {
+        let (cfg, q, stats) = (cfg.clone(), q.clone(), stats.clone());
+        tokio::spawn(async move {
+            super::sender::sender(&endpoint, &cfg, &q, &stats, &SystemClock, stop_rx).await
+        })
+    };
+    wait_for("the sender's work", done).await;
+    let _ = stop.send(true);
+    task.await.unwrap();
 }

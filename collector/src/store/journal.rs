@@ -29,6 +29,39 @@ pub const PREFIX: &[u8] = b"~fwd/";
 /// The end of the journal's key range.
 pub(super) const END: &[u8] = b"~fwd0";
 
+/// Key prefix of the open-series register (meta family): the series
+/// remote write has sent and not yet ended, so that a restarted collector
+/// still ends them with staleness markers. One key per GPU and series name
+/// ([`open_key`]); the value is a remote-write 1.0 `WriteRequest` holding
+/// the series' labels and one sample at the time it was registered.
+/// Written with the batch that starts or relabels the series, deleted with
+/// the marker that ends it.
+pub const OPEN_PREFIX: &[u8] = b"~fwo/";
+
+/// The end of the open-series register's key range.
+pub(super) const OPEN_END: &[u8] = b"~fwo0";
+
+/// Open-series register entries: key and value.
+pub type OpenEntries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The register key of GPU `gpu`'s series named `name`.
+pub fn open_key(gpu: &str, name: &str) -> Vec<u8> {
+    let mut k = OPEN_PREFIX.to_vec();
+    k.extend_from_slice(gpu.as_bytes());
+    k.push(0);
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// The GPU and series name of a register key.
+pub fn open_key_parts(k: &[u8]) -> Option<(String, String)> {
+    let rest = k.strip_prefix(OPEN_PREFIX)?;
+    let at = rest.iter().position(|&b| b == 0)?;
+    let gpu = std::str::from_utf8(&rest[..at]).ok()?;
+    let name = std::str::from_utf8(&rest[at + 1..]).ok()?;
+    Some((gpu.to_string(), name.to_string()))
+}
+
 /// One journal entry read back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {

@@ -1,7 +1,9 @@
 //! The store's reads and writes of remote write's journal
 //! ([`super::journal`]).
 
-use super::journal::{key, parse, seq_of, Entry, Ticket, END, PREFIX};
+use super::journal::{
+    key, parse, seq_of, Entry, OpenEntries, Ticket, END, OPEN_END, OPEN_PREFIX, PREFIX,
+};
 use super::model::Store;
 use super::{Cf, Op, Put, StoreError};
 use std::sync::atomic::Ordering;
@@ -52,6 +54,27 @@ impl Store {
     pub fn journal_append(&self, value: Vec<u8>) -> Result<(), StoreError> {
         let (put, _ticket) = self.journal_put(value)?;
         self.engine.write(vec![put], self.sync)
+    }
+
+    /// Appends the staleness markers in `value` and, in the same write,
+    /// removes the open-series register entries `closed` of the series
+    /// they end.
+    pub fn journal_close(&self, value: Vec<u8>, closed: Vec<Vec<u8>>) -> Result<(), StoreError> {
+        let (put, _ticket) = self.journal_put(value)?;
+        let mut ops = vec![Op::Put(put.0, put.1, put.2)];
+        ops.extend(closed.into_iter().map(|k| Op::Delete(Cf::Meta, k)));
+        self.engine.apply(ops, self.sync)
+    }
+
+    /// Every entry of the open-series register: key and value.
+    pub fn journal_open_series(&self) -> Result<OpenEntries, StoreError> {
+        let mut out = Vec::new();
+        self.engine
+            .scan(Cf::Meta, OPEN_PREFIX, OPEN_END, &mut |k, v| {
+                out.push((k.to_vec(), v.to_vec()));
+                true
+            })?;
+        Ok(out)
     }
 
     /// The oldest entries from sequence number `from` on, in order, until

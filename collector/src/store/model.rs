@@ -224,6 +224,9 @@ impl Store {
         for e in &set.events {
             puts.push((Cf::Meta, event_key(tenant, e), json(e)));
         }
+        for (k, v) in &set.forward_open {
+            puts.push((Cf::Meta, k.clone(), v.clone()));
+        }
         // Held until the write below ended (its number in flight).
         let _ticket = if set.forward.is_empty() {
             None

@@ -216,6 +216,10 @@ pub struct CommitSet {
     /// Remote write's entry for this batch ([`super::journal::value`]),
     /// written with it; empty: none.
     pub forward: Vec<u8>,
+    /// Remote write's open-series register entries this batch starts or
+    /// relabels ([`super::journal::OPEN_PREFIX`]): key and value, written
+    /// with it.
+    pub forward_open: super::journal::OpenEntries,
 }
 
 /// Raw samples read back.
