@@ -49,6 +49,7 @@
 //! marker.
 
 mod endpoint;
+mod open;
 mod queue;
 mod sender;
 
@@ -239,6 +240,77 @@ fn request(points: &[Point]) -> WriteRequest {
     }
 }
 
+/// `points` as a `WriteRequest` of one series per point, written straight
+/// from the points (no grouping, no copy of a label): what the journal
+/// keeps of a batch, read back by [`points_of`] (which does not group
+/// either; the sender groups a request's points).
+fn encode_points(points: &[Point]) -> Vec<u8> {
+    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
+    // As prost writes them: a field at its default value is left out.
+    let str_len = |s: &str| {
+        if s.is_empty() {
+            0
+        } else {
+            1 + encoded_len_varint(s.len() as u64) + s.len()
+        }
+    };
+    let label_len = |l: &Label| str_len(&l.name) + str_len(&l.value);
+    let sample_len = |p: &Point| {
+        usize::from(p.value != 0.0) * 9
+            + if p.ts_ms == 0 {
+                0
+            } else {
+                1 + encoded_len_varint(p.ts_ms as u64)
+            }
+    };
+    let series_len = |p: &Point| {
+        let labels: usize = p
+            .labels
+            .iter()
+            .map(|l| {
+                let n = label_len(l);
+                1 + encoded_len_varint(n as u64) + n
+            })
+            .sum();
+        let s = sample_len(p);
+        labels + 1 + encoded_len_varint(s as u64) + s
+    };
+    let total: usize = points
+        .iter()
+        .map(|p| {
+            let n = series_len(p);
+            1 + encoded_len_varint(n as u64) + n
+        })
+        .sum();
+    let mut b = Vec::with_capacity(total);
+    for p in points {
+        encode_key(1, WireType::LengthDelimited, &mut b);
+        encode_varint(series_len(p) as u64, &mut b);
+        for l in &p.labels {
+            encode_key(1, WireType::LengthDelimited, &mut b);
+            encode_varint(label_len(l) as u64, &mut b);
+            for (tag, s) in [(1, &l.name), (2, &l.value)] {
+                if !s.is_empty() {
+                    encode_key(tag, WireType::LengthDelimited, &mut b);
+                    encode_varint(s.len() as u64, &mut b);
+                    b.extend_from_slice(s.as_bytes());
+                }
+            }
+        }
+        encode_key(2, WireType::LengthDelimited, &mut b);
+        encode_varint(sample_len(p) as u64, &mut b);
+        if p.value != 0.0 {
+            encode_key(1, WireType::SixtyFourBit, &mut b);
+            b.extend_from_slice(&p.value.to_le_bytes());
+        }
+        if p.ts_ms != 0 {
+            encode_key(2, WireType::Varint, &mut b);
+            encode_varint(p.ts_ms as u64, &mut b);
+        }
+    }
+    b
+}
+
 /// Groups points into a snappy-compressed `WriteRequest` body, with the
 /// metadata of the families in it.
 fn encode(points: &[Point]) -> Result<Vec<u8>, snap::Error> {
@@ -290,6 +362,54 @@ mod stub;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn points_encode_as_prost_would_and_read_back() {
+        let l = |v: &str| labels("flopwatch_ofu_ratio", &[("UUID".into(), v.into())]);
+        let pts = vec![
+            Point {
+                labels: l("GPU-1"),
+                ts_ms: 1_700_000_000_123,
+                value: 0.25,
+            },
+            Point {
+                labels: l("GPU-ü"),
+                ts_ms: -5,
+                value: f64::from_bits(STALE_NAN),
+            },
+            Point {
+                labels: l("GPU-1"),
+                ts_ms: 0,
+                value: 1e300,
+            },
+            Point {
+                labels: l(""),
+                ts_ms: 7,
+                value: 0.0,
+            },
+        ];
+        let ours = encode_points(&pts);
+        let theirs = WriteRequest {
+            timeseries: pts
+                .iter()
+                .map(|p| TimeSeries {
+                    labels: p.labels.clone(),
+                    samples: vec![Sample {
+                        value: p.value,
+                        timestamp: p.ts_ms,
+                    }],
+                })
+                .collect(),
+            metadata: Vec::new(),
+        }
+        .encode_to_vec();
+        assert_eq!(ours, theirs);
+        let back = points_of(&ours).unwrap();
+        assert_eq!(back.len(), 4);
+        assert_eq!(back[1].value.to_bits(), STALE_NAN);
+        assert_eq!((back[2].ts_ms, back[2].value), (0, 1e300));
+        assert!(encode_points(&[]).is_empty());
+    }
 
     #[test]
     fn labels_are_sorted_and_empty_values_left_out() {

@@ -8,9 +8,8 @@
 //! an upper bound of what it holds, cheap to keep, and never lower.
 
 use super::QueryError;
-use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Which work limit stopped a query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,18 +38,18 @@ impl Cancel {
     }
 }
 
-/// One evaluation's counts and limits (single-threaded: one query runs on
-/// one thread).
+/// One evaluation's counts and limits, shared by the threads that read
+/// its series.
 #[derive(Debug)]
 pub struct Budget {
     max_samples: u64,
     max_series: u64,
-    samples: Cell<u64>,
-    series: Cell<u64>,
+    samples: AtomicU64,
+    series: AtomicU64,
     cancel: Cancel,
-    hit: Cell<Option<WorkLimit>>,
+    hit: Mutex<Option<WorkLimit>>,
     /// What the answer should warn of (peers that did not answer).
-    warnings: RefCell<Vec<String>>,
+    warnings: Mutex<Vec<String>>,
 }
 
 impl Budget {
@@ -59,11 +58,11 @@ impl Budget {
         Self {
             max_samples,
             max_series,
-            samples: Cell::new(0),
-            series: Cell::new(0),
+            samples: AtomicU64::new(0),
+            series: AtomicU64::new(0),
             cancel,
-            hit: Cell::new(None),
-            warnings: RefCell::default(),
+            hit: Mutex::new(None),
+            warnings: Mutex::default(),
         }
     }
 
@@ -73,7 +72,9 @@ impl Budget {
     }
 
     fn stop(&self, why: WorkLimit) -> QueryError {
-        self.hit.set(Some(why));
+        if let Ok(mut h) = self.hit.lock() {
+            *h = Some(why);
+        }
         match why {
             WorkLimit::Samples => QueryError::Limit(format!(
                 "query processing would load too many samples into memory in query execution (max_samples = {})",
@@ -90,8 +91,11 @@ impl Budget {
     /// Counts `n` samples read or computed; an error once past the limit
     /// or canceled.
     pub fn samples(&self, n: usize) -> Result<(), QueryError> {
-        let total = self.samples.get().saturating_add(n as u64);
-        self.samples.set(total);
+        let n = n as u64;
+        let total = self
+            .samples
+            .fetch_add(n, Ordering::Relaxed)
+            .saturating_add(n);
         if total > self.max_samples {
             return Err(self.stop(WorkLimit::Samples));
         }
@@ -100,8 +104,11 @@ impl Budget {
 
     /// Counts `n` series selected; an error once past the limit.
     pub fn series(&self, n: usize) -> Result<(), QueryError> {
-        let total = self.series.get().saturating_add(n as u64);
-        self.series.set(total);
+        let n = n as u64;
+        let total = self
+            .series
+            .fetch_add(n, Ordering::Relaxed)
+            .saturating_add(n);
         if total > self.max_series {
             return Err(self.stop(WorkLimit::Series));
         }
@@ -118,22 +125,24 @@ impl Budget {
 
     /// The limit that stopped the query, if one did.
     pub fn hit(&self) -> Option<WorkLimit> {
-        self.hit.get()
+        self.hit.lock().ok().and_then(|h| *h)
     }
 
     /// Notes a warning for the answer (Prometheus's `warnings`).
     pub fn warn(&self, w: String) {
-        self.warnings.borrow_mut().push(w);
+        if let Ok(mut v) = self.warnings.lock() {
+            v.push(w);
+        }
     }
 
     /// The warnings noted.
     pub fn warnings(&self) -> Vec<String> {
-        self.warnings.borrow().clone()
+        self.warnings.lock().map(|v| v.clone()).unwrap_or_default()
     }
 
     /// Samples counted so far.
     pub fn samples_counted(&self) -> u64 {
-        self.samples.get()
+        self.samples.load(Ordering::Relaxed)
     }
 }
 

@@ -279,6 +279,16 @@ impl Model<'_> {
                 .collect::<Result<Vec<_>, _>>()?;
             return Ok(derived::at_times(&lists, *op, times));
         }
+        // A GPU's series under an owner it did not have in the range (the
+        // common case of a fleet-wide selector: each GPU's series without
+        // its job) has nothing to read.
+        if matches!(s.source, Source::Ofu { .. } | Source::Raw { .. })
+            && s.spans
+                .iter()
+                .all(|&(a, b)| a.max(from) >= b.min(to.saturating_add(1)))
+        {
+            return Ok(vec![None; times.len()]);
+        }
         if let Some(v) = self.at_minutes(s, times, from, to)? {
             return Ok(v);
         }
@@ -326,8 +336,9 @@ impl Model<'_> {
             if lo >= hi {
                 continue;
             }
-            // The minutes this span set (their newest came from it).
-            let mut set: Vec<usize> = Vec::new();
+            // The minutes this span set lie in `set` (their newest came
+            // from it).
+            let mut set = (usize::MAX, 0usize);
             self.store.ofu_lasts(tenant, gpu, lo, hi, &mut |p| {
                 let (minute, last, start) = match p {
                     OfuPiece::Sample(x) => {
@@ -347,7 +358,7 @@ impl Model<'_> {
                 };
                 if last.0 >= newest[i].0 {
                     newest[i] = last;
-                    set.push(i);
+                    set = (set.0.min(i), set.1.max(i + 1));
                 }
                 if start.is_some() {
                     on_start[i] = start;
@@ -355,11 +366,11 @@ impl Model<'_> {
             })?;
             // A span that ends inside the range ends where its successor
             // under other labels begins.
-            if !set.is_empty() && b <= to {
+            if set.0 < set.1 && b <= to {
                 if let Some(next) = self.relabelled_at(s, b, to)? {
-                    for i in set {
-                        if (lo..hi).contains(&newest[i].0) {
-                            newest[i].2 = newest[i].2.min(next - 1);
+                    for p in &mut newest[set.0..set.1] {
+                        if (lo..hi).contains(&p.0) {
+                            p.2 = p.2.min(next - 1);
                         }
                     }
                 }

@@ -17,7 +17,8 @@
 //! `kill -9` included — a series that does not come back still gets its
 //! marker ([`RemoteQueue::restore`]).
 
-use super::{labels, request, Label, Point, STALE_NAN};
+use super::open::{Noted, OpenSeries, Sent};
+use super::{labels, request, Point, STALE_NAN};
 use crate::live::GpuLive;
 use crate::series::{family_of, gpu_labels, On};
 use crate::store::journal::{self, OpenEntries};
@@ -27,15 +28,6 @@ use prost::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
-
-/// A GPU's series of one name queued and not yet ended: its labels, its
-/// newest sample's time, and the collector time after which it is stale.
-#[derive(Debug, Clone)]
-struct Sent {
-    labels: Vec<Label>,
-    last_ts: i64,
-    until_ms: i64,
-}
 
 /// What a batch sends of one series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +62,7 @@ pub struct RemoteQueue {
     external: Vec<(String, String)>,
     /// The series queued and not ended, by GPU and name (one label set
     /// each: a GPU's series changes labels only when its job does).
-    sent: Mutex<HashMap<(String, String), Sent>>,
+    sent: Mutex<OpenSeries>,
     /// Points in the journal (counted from it when the sender starts).
     pub(super) pending: AtomicI64,
     /// The oldest pending point's time (`i64::MAX`: none).
@@ -101,7 +93,7 @@ impl RemoteQueue {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-            sent: Mutex::new(HashMap::new()),
+            sent: Mutex::new(OpenSeries::default()),
             pending: AtomicI64::new(0),
             oldest_ms: AtomicI64::new(i64::MAX),
         }
@@ -277,30 +269,27 @@ impl RemoteQueue {
         };
         let mut markers = Vec::new();
         for (p, (name, until_ms)) in new.iter().zip(ends) {
-            let now = Sent {
-                labels: p.labels.clone(),
-                last_ts: p.ts_ms,
-                until_ms,
+            let before = match sent.note(gpu, &name, &p.labels, p.ts_ms, until_ms) {
+                Noted::Same => continue,
+                Noted::New => None,
+                Noted::Relabelled(labels, last_ts) => Some((labels, last_ts)),
             };
-            let key = journal::open_key(gpu, &name);
-            match sent.insert((gpu.to_string(), name), now) {
-                Some(before) if before.labels == p.labels => {}
-                before => {
-                    if let Some(before) = before {
-                        markers.push(Point {
-                            labels: before.labels,
-                            ts_ms: p.ts_ms.max(before.last_ts + 1),
-                            value: f64::from_bits(STALE_NAN),
-                        });
-                    }
-                    let reg = Point {
-                        labels: p.labels.clone(),
-                        ts_ms: p.ts_ms,
-                        value: 0.0,
-                    };
-                    open.push((key, request(&[reg]).encode_to_vec()));
-                }
+            if let Some((labels, last_ts)) = before {
+                markers.push(Point {
+                    labels,
+                    ts_ms: p.ts_ms.max(last_ts + 1),
+                    value: f64::from_bits(STALE_NAN),
+                });
             }
+            let reg = Point {
+                labels: p.labels.clone(),
+                ts_ms: p.ts_ms,
+                value: 0.0,
+            };
+            open.push((
+                journal::open_key(gpu, &name),
+                request(&[reg]).encode_to_vec(),
+            ));
         }
         markers
     }
@@ -329,7 +318,7 @@ impl RemoteQueue {
                     closed.push(k);
                     continue;
                 };
-                match sent.get(&(gpu.clone(), name.clone())) {
+                match sent.get(&gpu, &name) {
                     // Continued by this run already.
                     Some(s) if s.labels == p.labels => {}
                     // Relabelled by this run (its entry already replaced).
@@ -341,12 +330,13 @@ impl RemoteQueue {
                     None => {
                         n += 1;
                         sent.insert(
-                            (gpu, name),
                             Sent {
+                                gpu,
+                                name,
                                 labels: p.labels,
                                 last_ts: p.ts_ms,
-                                until_ms: now_ms.saturating_add(grace_ms),
                             },
+                            now_ms.saturating_add(grace_ms),
                         );
                     }
                 }
@@ -381,18 +371,14 @@ impl RemoteQueue {
             };
             let mut out = Vec::new();
             let mut closed = Vec::new();
-            sent.retain(|(gpu, name), s| {
-                if s.until_ms >= now_ms {
-                    return true;
-                }
-                closed.push(journal::open_key(gpu, name));
+            for s in sent.expire(now_ms) {
+                closed.push(journal::open_key(&s.gpu, &s.name));
                 out.push(Point {
-                    labels: std::mem::take(&mut s.labels),
+                    labels: s.labels,
                     ts_ms: now_ms.max(s.last_ts + 1),
                     value: f64::from_bits(STALE_NAN),
                 });
-                false
-            });
+            }
             (out, closed)
         };
         let entry = entry_of(&markers);
@@ -427,7 +413,7 @@ pub(super) fn entry_of(points: &[Point]) -> Vec<u8> {
         return Vec::new();
     }
     let oldest = points.iter().map(|p| p.ts_ms).min().unwrap_or(0);
-    let body = request(points).encode_to_vec();
+    let body = super::encode_points(points);
     journal::value(
         u32::try_from(points.len()).unwrap_or(u32::MAX),
         oldest,

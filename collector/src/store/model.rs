@@ -445,25 +445,30 @@ impl Store {
             let mut in_head = std::collections::HashSet::new();
             // Covered minutes per hour (all 60 bits: the whole hour).
             let mut covered: HashMap<i64, u64> = HashMap::new();
+            let mut raw_cache = RefCache::default();
+            // The head's and limbo's samples, read once where the hours
+            // they hold are needed first.
+            let mut head_samples: Option<Vec<OfuSample>> = None;
             if step.is_some() {
+                let mut buf = Vec::new();
                 for cf in [Cf::Head, Cf::Limbo] {
-                    scan_series(view, cf, &head, start, end, &mut |w, _| {
+                    let mut take = |w: i64, v: &[u8]| -> Result<bool, StoreError> {
                         in_head.insert(w);
+                        let (block_job, samples) =
+                            ofu_samples(v, &mut resolver(view, &prefix, &mut raw_cache, w))?;
+                        if job.is_none_or(|j| j == block_job) {
+                            buf.extend(
+                                samples
+                                    .into_iter()
+                                    .filter(|s| s.ts_ms >= start && s.ts_ms < end),
+                            );
+                        }
                         Ok(true)
-                    })?;
-                    gpu_block::scan_parts(
-                        view,
-                        cf,
-                        &prefix,
-                        Part::Ofu,
-                        start,
-                        end,
-                        &mut |w, _| {
-                            in_head.insert(w);
-                            Ok(true)
-                        },
-                    )?;
+                    };
+                    gpu_block::scan_parts(view, cf, &prefix, Part::Ofu, start, end, &mut take)?;
+                    scan_series(view, cf, &head, start, end, &mut take)?;
                 }
+                head_samples = Some(buf);
                 if lasts {
                     // Minute lasts of the sealed hours: every minute wholly
                     // inside the range.
@@ -574,11 +579,12 @@ impl Store {
             // Bundles in the head and limbo (`bundled`), then one-series
             // head blocks of stores written before bundling.
             let mut ranges: Vec<_> = ranges.into_iter().map(|r| (r, false)).collect();
-            for cf in [Cf::Head, Cf::Limbo] {
-                ranges.push(((cf, &prefix, start, end), true));
-                ranges.push(((cf, &head, start, end), false));
+            if head_samples.is_none() {
+                for cf in [Cf::Head, Cf::Limbo] {
+                    ranges.push(((cf, &prefix, start, end), true));
+                    ranges.push(((cf, &head, start, end), false));
+                }
             }
-            let mut raw_cache = RefCache::default();
             for ((cf, p, from, to), bundled) in ranges {
                 let mut visit = |w: i64, v: &[u8]| {
                     let mask = if cf == Cf::Ofu {
@@ -612,6 +618,9 @@ impl Store {
                 } else {
                     scan_series(view, cf, p, from, to, &mut visit)?;
                 }
+            }
+            for s in head_samples.into_iter().flatten() {
+                f(OfuPiece::Sample(s));
             }
             Ok(())
         })

@@ -21,11 +21,39 @@ struct Acc {
     mean: f64,
 }
 
+/// What an [`Acc`] keeps, decided once per aggregation (not per sample).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Sum,
+    Avg,
+    Max,
+    Min,
+    Count,
+    Group,
+    Stddev,
+    Stdvar,
+}
+
+impl Kind {
+    fn of(op: &str) -> Self {
+        match op {
+            "avg" => Self::Avg,
+            "max" => Self::Max,
+            "min" => Self::Min,
+            "count" => Self::Count,
+            "group" => Self::Group,
+            "stddev" => Self::Stddev,
+            "stdvar" => Self::Stdvar,
+            _ => Self::Sum,
+        }
+    }
+}
+
 impl Acc {
-    fn first(v: f64, op: &str) -> Self {
+    fn first(v: f64, op: Kind) -> Self {
         Acc {
             count: 1.0,
-            value: if matches!(op, "stddev" | "stdvar") {
+            value: if matches!(op, Kind::Stddev | Kind::Stdvar) {
                 0.0
             } else {
                 v
@@ -34,11 +62,11 @@ impl Acc {
         }
     }
 
-    fn add(&mut self, v: f64, op: &str) {
+    fn add(&mut self, v: f64, op: Kind) {
         self.count += 1.0;
         match op {
-            "sum" => self.value += v,
-            "avg" => {
+            Kind::Sum => self.value += v,
+            Kind::Avg => {
                 if self.mean.is_infinite() {
                     // An infinite mean stays as it is unless a NaN or an
                     // infinity of the other sign arrives (Prometheus).
@@ -51,9 +79,9 @@ impl Acc {
                 }
                 self.mean += v / self.count - self.mean / self.count;
             }
-            "max" if self.value < v || self.value.is_nan() => self.value = v,
-            "min" if self.value > v || self.value.is_nan() => self.value = v,
-            "stddev" | "stdvar" => {
+            Kind::Max if self.value < v || self.value.is_nan() => self.value = v,
+            Kind::Min if self.value > v || self.value.is_nan() => self.value = v,
+            Kind::Stddev | Kind::Stdvar => {
                 let delta = v - self.mean;
                 self.mean += delta / self.count;
                 self.value += delta * (v - self.mean);
@@ -62,13 +90,13 @@ impl Acc {
         }
     }
 
-    fn result(&self, op: &str) -> f64 {
+    fn result(&self, op: Kind) -> f64 {
         match op {
-            "avg" => self.mean,
-            "count" => self.count,
-            "group" => 1.0,
-            "stdvar" => self.value / self.count,
-            "stddev" => (self.value / self.count).sqrt(),
+            Kind::Avg => self.mean,
+            Kind::Count => self.count,
+            Kind::Group => 1.0,
+            Kind::Stdvar => self.value / self.count,
+            Kind::Stddev => (self.value / self.count).sqrt(),
             _ => self.value,
         }
     }
@@ -164,6 +192,7 @@ impl Evaluator<'_> {
                 Ok(Val::Vector(out))
             }
             _ => {
+                let op = Kind::of(op);
                 let mut out = Vec::with_capacity(groups.len());
                 for (labels, members) in groups {
                     let mut vals = Vec::with_capacity(self.n);
@@ -284,6 +313,7 @@ mod tests {
     use super::*;
 
     fn run(op: &str, v: &[f64]) -> f64 {
+        let op = Kind::of(op);
         let mut a = Acc::first(v[0], op);
         for &x in &v[1..] {
             a.add(x, op);
