@@ -4,7 +4,7 @@
 //! OFU bars (OFU paper eq. 1, job OFU eq. 11) — that works over SSH.
 //!
 //! The parts: `fetch` asks the Query service for one refresh, `model`
-//! turns the answers into a [`Snapshot`](model::Snapshot), `render` draws a
+//! turns the answers into a [`Snapshot`], `render` draws a
 //! snapshot, and this file runs the loop: a fetch task sends snapshots, the
 //! UI task draws them and reads keys. A collector that is down shows as
 //! "collector unreachable: …" above the last rows seen, and is retried

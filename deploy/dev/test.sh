@@ -4,10 +4,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ./deploy/dev/setup.sh
 cargo fmt --all -- --check
+# Lints: any clippy warning fails the run, in the full build and in the
+# agent-only one below.
+cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --all-targets "$@"
 # The agent-only build (what a node runs) compiles, and carries no RocksDB,
 # collector, selector or terminal view.
 cargo build -p flopwatch-cli --no-default-features --features agent
+cargo clippy -p flopwatch-cli --no-default-features --features agent -- -D warnings
 if cargo tree -p flopwatch-cli --no-default-features --features agent -e normal | grep -q rocksdb; then
     echo "error: the agent-only build (flopwatch-cli --no-default-features --features agent) depends on rocksdb" >&2
     exit 1
@@ -15,3 +19,7 @@ fi
 # That build wrote its binary to target/debug/flopwatch: put the full one
 # back for the demo and later test runs (nothing to compile).
 cargo build --workspace --all-targets
+# The API docs build without a warning (a broken link fails the run; links
+# from public docs to private items are how the modules document each
+# other, and are allowed).
+RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" cargo doc --workspace --no-deps

@@ -3,7 +3,7 @@
 //! `journal_ops`).
 //!
 //! A batch's points for remote write are written in the same RocksDB write
-//! as the batch itself ([`Store::commit`], `CommitSet::forward`), so what is
+//! as the batch itself ([`super::Store::commit`], `CommitSet::forward`), so what is
 //! acknowledged to an agent is queued for forwarding, durably, or neither:
 //! a restart — `kill -9` included — loses nothing the collector acked. The
 //! sender reads the oldest entries, sends them, and deletes exactly the
