@@ -449,7 +449,7 @@ mod tests {
     /// A receiver that answers every request 204 after `delay`, requests
     /// served concurrently; counts them.
     async fn slow_receiver(delay: Duration) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/api/v1/write", l.local_addr().unwrap());
         let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -458,26 +458,8 @@ mod tests {
             while let Ok((mut c, _)) = l.accept().await {
                 let count = count.clone();
                 tokio::spawn(async move {
-                    let mut buf = vec![0u8; 1 << 16];
-                    let mut got = Vec::new();
-                    loop {
-                        let k = c.read(&mut buf).await.unwrap_or(0);
-                        if k == 0 {
-                            return;
-                        }
-                        got.extend_from_slice(&buf[..k]);
-                        let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
-                            continue;
-                        };
-                        let head = String::from_utf8_lossy(&got[..end]).to_lowercase();
-                        let len: usize = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse().ok())
-                            .unwrap_or(0);
-                        if got.len() >= end + 4 + len {
-                            break;
-                        }
+                    if super::super::stub::read_request(&mut c).await.is_none() {
+                        return;
                     }
                     tokio::time::sleep(delay).await;
                     count.fetch_add(1, Ordering::SeqCst);

@@ -22,9 +22,36 @@ pub(super) struct Stub {
 /// A request's head (lowercased) and body.
 pub(super) type Request = (String, Vec<u8>);
 
+/// Reads one HTTP request (head lowercased, body by its
+/// `Content-Length`); `None` when the connection closes first.
+pub(super) async fn read_request(c: &mut tokio::net::TcpStream) -> Option<Request> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = c.read(&mut chunk).await.unwrap_or(0);
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if buf.len() >= end + 4 + len {
+            return Some((head, buf[end + 4..end + 4 + len].to_vec()));
+        }
+    }
+}
+
 impl Stub {
     pub async fn start(script: Vec<(u16, &'static str)>) -> Stub {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/api/v1/write", l.local_addr().unwrap());
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -32,27 +59,7 @@ impl Stub {
         tokio::spawn(async move {
             let mut script = script.into_iter();
             while let Ok((mut c, _)) = l.accept().await {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 8192];
-                let request = loop {
-                    let n = c.read(&mut chunk).await.unwrap_or(0);
-                    if n == 0 {
-                        break None;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        continue;
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    if buf.len() >= end + 4 + len {
-                        break Some((head, buf[end + 4..end + 4 + len].to_vec()));
-                    }
-                };
+                let request = read_request(&mut c).await;
                 let Some(request) = request else {
                     continue;
                 };
