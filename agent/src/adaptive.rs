@@ -96,6 +96,11 @@ use std::time::Duration;
 const TRIGGER: &str = "";
 /// Stable-run lengths kept per group, and how many before the cap is learned.
 const RUNS_KEPT: usize = 64;
+/// Read at every capture, sent on their own schedule: the energy counter,
+/// so that the samples sent when a job starts or ends (the sampler is
+/// flushed then) carry its value at that instant and the ledger splits
+/// energy between jobs exactly (one NVML call per GPU).
+const ALWAYS_READ: [&str; 1] = [metrics::ENERGY_J];
 const RUNS_NEEDED: usize = 8;
 
 /// Where a metric's track is among one GPU's groups: (group, track).
@@ -320,7 +325,7 @@ impl AdaptiveSampler {
     /// otherwise only inside the ground-truth period, at a send, at an
     /// `align` cut or after the trigger group snapped (see the module docs).
     pub fn reads_due(&self, gpu: usize, metric: &str, now_ms: i64) -> bool {
-        if !self.adaptive || self.is_trigger(metric) {
+        if !self.adaptive || self.is_trigger(metric) || ALWAYS_READ.contains(&metric) {
             return true;
         }
         let groups = self.groups.get(&gpu).map_or(&[][..], Vec::as_slice);
@@ -684,12 +689,17 @@ impl Sampler for AdaptiveSampler {
             return ReadPlan::all();
         }
         let mut plan = ReadPlan::all();
+        let always = ReadPlan::set_of(ALWAYS_READ);
         for (&gpu, gs) in &self.groups {
             for g in gs.iter().filter(|g| !self.group_due(g, at_ms)) {
-                plan.skip_set(gpu, g.reads);
+                plan.skip_set(gpu, g.reads & !always);
             }
         }
         plan
+    }
+
+    fn holds_back(&self) -> bool {
+        self.adaptive
     }
 
     fn observe(&mut self, capture: &mut Capture) {

@@ -69,6 +69,15 @@ impl SlowReads {
         }
     }
 
+    /// The same, reading `metrics` at every capture all the same: the
+    /// energy counter under a sampler that holds sends back
+    /// ([`crate::Sampler::holds_back`]), whose sends at a job's start and
+    /// end then carry the counter's value there.
+    pub fn exempting(mut self, metrics: &[&str]) -> Self {
+        self.set &= !ReadPlan::set_of(metrics.iter().copied());
+        self
+    }
+
     /// `plan` for the capture at `now_ms` over `devices` series owners
     /// (GPUs, then node devices): the slow metrics are left out unless this
     /// is the first capture of a period.

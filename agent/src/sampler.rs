@@ -32,6 +32,14 @@ pub trait Sampler: Send {
         ReadPlan::all()
     }
 
+    /// Whether sends are held back between captures (adaptive sampling):
+    /// the agent then reads the energy counter at every capture, so that
+    /// what is sent when a job starts or ends carries the counter's value
+    /// at that instant ([`crate::cadence::SlowReads::exempting`]).
+    fn holds_back(&self) -> bool {
+        false
+    }
+
     /// Each metric's current interval, ms, as (GPU index, metric, ms), for
     /// the collector and the agent's `/metrics`. Empty when the sampler has
     /// one interval for everything.

@@ -159,6 +159,10 @@ impl Sampling {
         // Jobs' own MFU reports ride on the next batch (crate::mfu).
         let mfu = MfuInbox::new(attribution.options().mfu_dir.clone());
         info!(source = source.name(), gpus = inventory.len(), "sampling");
+        let mut slow = SlowReads::new(opts.slow_interval);
+        if sampler.holds_back() {
+            slow = slow.exempting(&[flopwatch_proto::metrics::ENERGY_J]);
+        }
         Self {
             source: Some(source),
             mfu: Some(mfu),
@@ -176,7 +180,7 @@ impl Sampling {
             max_batch_samples: opts.max_batch_samples,
             batcher: Batcher::default(),
             filter: MetricFilter::new(opts.metrics.clone()),
-            slow: SlowReads::new(opts.slow_interval),
+            slow,
             outage: crate::outage::Watch::new(
                 crate::outage::Watched::Capture,
                 crate::outage::REMIND_EVERY,

@@ -47,6 +47,7 @@ mod eval;
 mod logging;
 mod query_cmd;
 mod query_jobs;
+mod report_cmd;
 #[cfg(feature = "select")]
 mod select_args;
 #[cfg(all(feature = "select", feature = "collector"))]
@@ -85,6 +86,9 @@ enum Command {
     Agent(agent_cmd::AgentArgs),
     /// Query a collector.
     Query(query_cmd::QueryArgs),
+    /// The ledger: GPU-hours held and idle, delivered FLOPs, unused
+    /// capacity and energy per job, tenant, namespace or node.
+    Report(report_cmd::ReportArgs),
     /// Select a non-redundant metric set from recorded data (Moneo §2.2).
     #[cfg(feature = "select")]
     Select(select_args::SelectArgs),
@@ -154,6 +158,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Query(a) => {
             logging::to_stderr("warn")?;
             runtime()?.block_on(query_cmd::run(a))
+        }
+        Command::Report(a) => {
+            logging::to_stderr("warn")?;
+            runtime()?.block_on(report_cmd::run(a))
         }
         #[cfg(feature = "select")]
         Command::Select(a) => {

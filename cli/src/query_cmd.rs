@@ -103,7 +103,7 @@ enum What {
 
 /// An explicit range `[start, end)` in unix ms, instead of `--since`.
 #[derive(clap::Args)]
-struct Range {
+pub(crate) struct Range {
     /// Range start, unix ms (replaces --since).
     #[arg(long, value_name = "UNIX_MS")]
     start: Option<i64>,
@@ -115,7 +115,7 @@ struct Range {
 impl Range {
     /// `(start_ms, end_ms)` for a request: `--start`/`--end`, or the last
     /// `since` before `now` (end 0: now, as the collector reads it).
-    fn resolve(&self, since: &str, now: i64) -> anyhow::Result<(i64, i64)> {
+    pub(crate) fn resolve(&self, since: &str, now: i64) -> anyhow::Result<(i64, i64)> {
         match self.start {
             Some(start) => {
                 let end = self.end.unwrap_or(0);

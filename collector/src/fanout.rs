@@ -401,6 +401,26 @@ impl Query for FanoutQuery {
         ))
     }
 
+    /// Each member's holdings are its own samples' (a GPU handed over
+    /// mid-period has an entry from each side): the entries add up.
+    async fn ledger(
+        &self,
+        request: Request<v1::LedgerRequest>,
+    ) -> Result<Response<v1::LedgerResponse>, Status> {
+        if is_local(&request) || self.peers.is_empty() {
+            return self.local.ledger(request).await;
+        }
+        let (mut parts, failed) = ask_peers(&self.peers, &request, |mut c, r| async move {
+            c.ledger(r).await
+        })
+        .await;
+        let mut all = self.local.ledger(request).await?.into_inner();
+        for p in parts.drain(..) {
+            all.entries.extend(p.entries);
+        }
+        Ok(respond(all, failed))
+    }
+
     async fn list_events(
         &self,
         request: Request<v1::EventsRequest>,

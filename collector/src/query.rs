@@ -434,6 +434,37 @@ impl v1::query_server::Query for QueryService {
         Ok(Response::new(v1::JobList { jobs }))
     }
 
+    async fn ledger(
+        &self,
+        request: Request<v1::LedgerRequest>,
+    ) -> Result<Response<v1::LedgerResponse>, Status> {
+        let scope = self.scope(&request)?;
+        let req = request.into_inner();
+        let (start, end) = self.range(req.start_ms, req.end_ms)?;
+        // Another tenant's ledger is as absent as its data.
+        let tenant = match (&scope, req.tenant.as_str()) {
+            (_, t) if !t.is_empty() && !scope.allows(t) => {
+                return Err(CollectorError::NotFound("no such tenant".into()).into())
+            }
+            (Scope::Tenant(t), _) => Some(t.clone()),
+            (Scope::All, "") => None,
+            (Scope::All, t) => Some(t.to_string()),
+        };
+        let job = (!req.job_id.is_empty()).then_some(req.job_id);
+        let c = self.c.clone();
+        let holdings = tokio::task::spawn_blocking(move || {
+            crate::ledger::holdings(&c, tenant.as_deref(), job.as_deref(), start, end)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))??;
+        let minute = crate::store::MINUTE_MS;
+        Ok(Response::new(v1::LedgerResponse {
+            entries: holdings.into_iter().map(ledger_entry).collect(),
+            start_ms: start.div_euclid(minute) * minute,
+            end_ms: (end + minute - 1).div_euclid(minute) * minute,
+        }))
+    }
+
     async fn list_events(
         &self,
         request: Request<v1::EventsRequest>,
@@ -489,5 +520,25 @@ impl v1::query_server::Query for QueryService {
             events.drain(..events.len() - limit);
         }
         Ok(Response::new(v1::EventList { events }))
+    }
+}
+
+/// A holding on the wire.
+fn ledger_entry(h: crate::ledger::Holding) -> v1::LedgerEntry {
+    let f = h.figures;
+    v1::LedgerEntry {
+        tenant: h.tenant,
+        job_id: h.job.job_id,
+        namespace: h.job.namespace,
+        pod: h.job.pod,
+        node_id: h.job.node_id,
+        gpu_uuid: h.job.gpu_uuid,
+        model: h.model,
+        peak_tflops: h.peak_tflops,
+        held_s: f.held_ms / 1000.0,
+        idle_s: f.idle_ms / 1000.0,
+        ofu_s: f.ofu_ms / 1000.0,
+        energy_j: f.energy_j,
+        energy_source: h.energy.as_str().to_string(),
     }
 }

@@ -71,8 +71,9 @@ impl FleetPlan {
     /// Jobs: `llm-pretrain` (data-parallel training) on the first 3/8 of
     /// the fleet, `moe-train` (mixture-of-experts training with all-to-all
     /// bursts) on the next 1/8, `gemm-bench` (steady GEMM), `inference` (bursts and idle
-    /// gaps), `finetune` (training that regresses 2.5× midway), and a few
-    /// idle GPUs. Small fleets still get every job where they have room.
+    /// gaps), `finetune` (training that regresses 2.5× midway), `notebook`
+    /// (GPUs held and left idle, from 1/32 of the fleet up) and a few
+    /// unallocated idle GPUs. Small fleets still get every job where they have room.
     /// In a fleet of at least 6 GPUs, the second `llm-pretrain` GPU is a
     /// straggler: it reaches 60 % of its peers' tensor activity (a GPU
     /// held back by, say, thermal throttling).
@@ -129,6 +130,9 @@ impl FleetPlan {
                     factor: 2.5,
                 },
             )
+        } else if pos < 0.96875 {
+            // Allocated and left idle, as a forgotten notebook is.
+            ("notebook", Workload::Idle)
         } else {
             return GpuPlan {
                 job: None,
@@ -261,7 +265,8 @@ mod tests {
                 "gemm-bench",
                 "inference",
                 "llm-pretrain",
-                "moe-train"
+                "moe-train",
+                "notebook"
             ]
         );
     }

@@ -20,58 +20,6 @@ pub(in crate::promql) const DEFAULT_SUBQUERY_STEP_MS: i64 = 60_000;
 /// Series a thread reads at the least: below twice this, one thread.
 const SERIES_PER_THREAD: usize = 64;
 
-/// `f` of each of `items`, in order, the items split into contiguous
-/// parts read on up to one thread per core (the reads of a selector's
-/// series are independent; a fleet-wide selector reads thousands). Each
-/// part's results, or its first error. Where no thread can be had, this
-/// one reads every part.
-fn in_parallel<T: Send, R: Send, E: Send>(
-    items: Vec<T>,
-    f: &(dyn Fn(T) -> Result<R, E> + Sync),
-) -> Vec<Result<Vec<R>, E>> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Mutex;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = cores.min(items.len() / SERIES_PER_THREAD).max(1);
-    let run = |part: Vec<T>| part.into_iter().map(f).collect::<Result<Vec<R>, E>>();
-    if threads == 1 {
-        return vec![run(items)];
-    }
-    let per = items.len().div_ceil(threads);
-    let mut parts: Vec<Mutex<Option<Vec<T>>>> = Vec::with_capacity(threads);
-    let mut items = items.into_iter();
-    loop {
-        let part: Vec<T> = items.by_ref().take(per).collect();
-        if part.is_empty() {
-            break;
-        }
-        parts.push(Mutex::new(Some(part)));
-    }
-    type Slot<R, E> = Mutex<Option<Result<Vec<R>, E>>>;
-    let results: Vec<Slot<R, E>> = parts.iter().map(|_| Mutex::new(None)).collect();
-    let next = AtomicUsize::new(0);
-    let work = || loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        let Some(slot) = parts.get(i) else { return };
-        let part = slot.lock().ok().and_then(|mut p| p.take());
-        if let (Some(part), Ok(mut r)) = (part, results[i].lock()) {
-            *r = Some(run(part));
-        }
-    };
-    std::thread::scope(|scope| {
-        for _ in 1..threads {
-            let _ = std::thread::Builder::new()
-                .name("flopwatch-query-read".into())
-                .spawn_scoped(scope, work);
-        }
-        work();
-    });
-    results
-        .into_iter()
-        .filter_map(|r| r.into_inner().ok().flatten())
-        .collect()
-}
-
 impl Evaluator<'_> {
     /// The times an `@`-pinned or ordinary selector reads at each step.
     fn read_times(&self, at: Option<i64>, off: i64) -> (i64, i64) {
@@ -108,7 +56,7 @@ impl Evaluator<'_> {
             Ok(None)
         };
         let mut out = Vec::new();
-        for part in in_parallel(self.model.select(&m)?, &read) {
+        for part in crate::parallel::in_parallel(self.model.select(&m)?, SERIES_PER_THREAD, &read) {
             out.extend(part?.into_iter().flatten());
         }
         Ok(out)

@@ -1,0 +1,543 @@
+//! The ledger: what each job held, used, left unused and burned over a
+//! period, per GPU it ran on ("holdings"), from the stored rollups.
+//!
+//! For one job on one GPU over `[start, end)` (whole minutes):
+//!
+//! * **held**: the time its OFU samples cover (Σ window), the GPU's time
+//!   under the job as measured;
+//! * **idle**: held minutes whose mean tensor pipe activity is below
+//!   [`IDLE_TENSOR_ACTIVE`] (1 %), counted with the time they hold: a GPU
+//!   allocated and doing no tensor work for the minute. Minutes, not
+//!   samples, so that a training step's communication phase is not idle
+//!   and the figure does not depend on the sampling interval;
+//! * **Σ OFU × time** (OFU eq. 1, weighted by window as eq. 11): delivered
+//!   FLOPs are this times the GPU's dense FP16 tensor peak
+//!   (`config/gpus.toml`), unused capacity is held time less this;
+//! * **energy**: the GPU's energy counter (`energy_j`) at the job's last
+//!   sample less its value where the job's first sample's window starts,
+//!   so each sample window counts for the job that held it (a counter
+//!   read less often than that is split between readings by board power);
+//!   where the GPU has no counter (or it went back: a driver reload),
+//!   board power integrated over the same time, and the holding says
+//!   which.
+//!
+//! Sealed minutes come from the rollups (one aggregate per job and
+//! minute), the head's samples are grouped into minutes here: the result
+//! does not depend on which hours are sealed. See docs/LEDGER.md.
+
+use crate::error::CollectorError;
+use crate::ofu::Mean;
+use crate::state::Collector;
+use crate::store::{GpuRecord, JobRecord, OfuPiece, Store, StoreError, MINUTE_MS};
+use flopwatch_proto::metrics::{ENERGY_J, POWER_W};
+use flopwatch_proto::model::Point;
+use std::collections::BTreeMap;
+
+/// A held minute is idle when its mean tensor pipe activity is below
+/// this fraction.
+pub const IDLE_TENSOR_ACTIVE: f64 = 0.01;
+
+/// How far before an instant the energy counter's last reading is looked
+/// for: longer than any sampling interval an agent uses.
+const COUNTER_LOOKBACK_MS: i64 = 10 * MINUTE_MS;
+
+/// Holdings one thread computes at the least.
+const HOLDINGS_PER_THREAD: usize = 16;
+
+/// Where a holding's energy comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EnergySource {
+    /// The GPU's energy counter.
+    Counter,
+    /// Board power integrated over the samples (no counter, or a reset).
+    Power,
+    /// Neither was recorded.
+    #[default]
+    None,
+}
+
+impl EnergySource {
+    /// The name reports use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EnergySource::Counter => "counter",
+            EnergySource::Power => "power",
+            EnergySource::None => "none",
+        }
+    }
+
+    /// The inverse of [`EnergySource::as_str`] (unknown names: `None`).
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "counter" => EnergySource::Counter,
+            "power" => EnergySource::Power,
+            _ => EnergySource::None,
+        }
+    }
+}
+
+/// The figures of one holding (summable across holdings).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Figures {
+    /// Held time, ms.
+    pub held_ms: f64,
+    /// Held time in idle minutes, ms.
+    pub idle_ms: f64,
+    /// Σ OFU × window, ms.
+    pub ofu_ms: f64,
+    /// Energy, joules.
+    pub energy_j: f64,
+}
+
+/// One job's figures on one GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Holding {
+    /// The job's tenant.
+    pub tenant: String,
+    /// The job on the GPU (its pod, namespace and node).
+    pub job: JobRecord,
+    /// The GPU's model, as the agent names it.
+    pub model: String,
+    /// The GPU's dense FP16 tensor peak, TFLOP/s (0: not in the spec table).
+    pub peak_tflops: f64,
+    /// What the job held, used and burned on the GPU.
+    pub figures: Figures,
+    /// Where the energy figure comes from.
+    pub energy: EnergySource,
+}
+
+/// Holdings of the jobs `c` stores over `[start, end)`, widened to whole
+/// minutes: of `tenant` (every tenant when `None`), only `job` when given.
+/// Holdings without a sample in the range are left out.
+pub fn holdings(
+    c: &Collector,
+    tenant: Option<&str>,
+    job: Option<&str>,
+    start: i64,
+    end: i64,
+) -> Result<Vec<Holding>, CollectorError> {
+    let start = start.div_euclid(MINUTE_MS) * MINUTE_MS;
+    let end = (end + MINUTE_MS - 1).div_euclid(MINUTE_MS) * MINUTE_MS;
+    let gpus: BTreeMap<(String, String), GpuRecord> = c
+        .store
+        .gpus(tenant)?
+        .into_iter()
+        .map(|(t, g)| ((t, g.uuid.clone()), g))
+        .collect();
+    let work: Vec<(String, JobRecord, Option<&GpuRecord>)> = c
+        .store
+        .jobs(tenant)?
+        .into_iter()
+        .filter(|(_, j)| job.is_none_or(|want| want == j.job_id))
+        // A record's first sample may cover a window before it.
+        .filter(|(_, j)| j.first_seen_ms - COUNTER_LOOKBACK_MS < end && j.last_seen_ms >= start)
+        .map(|(t, j)| {
+            let g = gpus.get(&(t.clone(), j.gpu_uuid.clone()));
+            (t, j, g)
+        })
+        .collect();
+    let read = |(t, j, g): (String, JobRecord, Option<&GpuRecord>)| {
+        let peak = g.map_or(0.0, |g| c.peak_tflops(g));
+        holding(&c.store, &t, &j, start, end).map(|h| {
+            h.map(|(figures, energy)| Holding {
+                model: g.map(|g| g.model.clone()).unwrap_or_default(),
+                tenant: t,
+                job: j,
+                peak_tflops: peak,
+                figures,
+                energy,
+            })
+        })
+    };
+    let mut out = Vec::new();
+    for part in crate::parallel::in_parallel(work, HOLDINGS_PER_THREAD, &read) {
+        out.extend(part?.into_iter().flatten());
+    }
+    Ok(out)
+}
+
+/// One job's figures on its GPU over `[start, end)` (minute-aligned), and
+/// where its energy came from; `None` without a sample in the range.
+pub fn holding(
+    store: &Store,
+    tenant: &str,
+    job: &JobRecord,
+    start: i64,
+    end: i64,
+) -> Result<Option<(Figures, EnergySource)>, StoreError> {
+    let gpu = job.gpu_uuid.as_str();
+    let mut fig = Figures::default();
+    // The head's samples, by minute.
+    let mut minutes: BTreeMap<i64, Mean> = BTreeMap::new();
+    let (mut first, mut last) = (i64::MAX, i64::MIN);
+    // The first sample's window, where it came as a sample.
+    let mut first_window = None;
+    store.ofu_pieces(
+        tenant,
+        gpu,
+        start,
+        end,
+        Some(&job.job_id),
+        Some(MINUTE_MS),
+        &mut |piece| match piece {
+            OfuPiece::Sample(s) => {
+                if s.ts_ms < first {
+                    first = s.ts_ms;
+                    first_window = Some(s.window_ms);
+                }
+                last = last.max(s.ts_ms);
+                minutes
+                    .entry(s.ts_ms.div_euclid(MINUTE_MS))
+                    .or_default()
+                    .add(s.ofu, s.tensor_active, s.sm_clock_mhz, s.window_ms);
+            }
+            OfuPiece::Agg {
+                ts_ms,
+                len_ms,
+                agg,
+                first: f,
+            } => {
+                if agg.count == 0 {
+                    return;
+                }
+                let t = f.map_or(ts_ms, |(t, _)| t);
+                if t < first {
+                    first = t;
+                    first_window = None;
+                }
+                // The bucket's last sample is not kept: the job's last
+                // sample on the GPU bounds it.
+                last = last.max(job.last_seen_ms.clamp(ts_ms, ts_ms + len_ms - 1));
+                add_minute(&mut fig, &agg);
+            }
+            OfuPiece::Last(_) => {}
+        },
+    )?;
+    for m in minutes.values() {
+        add_minute(&mut fig, m);
+    }
+    if first > last {
+        return Ok(None);
+    }
+    // The job's time starts where its first sample's window does.
+    let window = match first_window {
+        Some(w) => w,
+        None => {
+            let mut w = 0;
+            store.ofu(tenant, gpu, first, first + 1, Some(&job.job_id), &mut |s| {
+                w = s.window_ms
+            })?;
+            w
+        }
+    };
+    let energy = energy(
+        store,
+        tenant,
+        gpu,
+        first - i64::from(window),
+        last,
+        &mut fig,
+    )?;
+    Ok(Some((fig, energy)))
+}
+
+/// Adds one minute's aggregate: held time, Σ OFU × time, idle time.
+fn add_minute(fig: &mut Figures, m: &Mean) {
+    let Some(ofu) = m.mean() else { return };
+    let (_, parts) = m.parts();
+    let held = parts[0];
+    fig.held_ms += held;
+    fig.ofu_ms += ofu * held;
+    if m.tensor_active() < IDLE_TENSOR_ACTIVE {
+        fig.idle_ms += held;
+    }
+}
+
+/// Energy over `(begin, last]`, the job's time on the GPU: the energy
+/// counter's value at `last` less its value at `begin`
+/// ([`counter_at`]), else board power integrated.
+fn energy(
+    store: &Store,
+    tenant: &str,
+    gpu: &str,
+    begin: i64,
+    last: i64,
+    fig: &mut Figures,
+) -> Result<EnergySource, StoreError> {
+    if let (Some(a), Some(b)) = (
+        counter_at(store, tenant, gpu, begin)?,
+        counter_at(store, tenant, gpu, last)?,
+    ) {
+        if b >= a && (b - a).is_finite() {
+            fig.energy_j = b - a;
+            return Ok(EnergySource::Counter);
+        }
+    }
+    let power = store.series(
+        tenant,
+        gpu,
+        POWER_W,
+        begin - COUNTER_LOOKBACK_MS,
+        last + COUNTER_LOOKBACK_MS,
+        usize::MAX,
+    )?;
+    match power_between(&power, begin, last) {
+        Some(j) => {
+            fig.energy_j = j;
+            Ok(EnergySource::Power)
+        }
+        None => Ok(EnergySource::None),
+    }
+}
+
+/// The energy counter's value at instant `t`. A counter is often read
+/// less often than the job's samples (every second against 100 ms), so
+/// between two readings the energy between them is split by board power
+/// (by time where no power was read); past the last reading (or before
+/// the first) power is added (taken off). `None` without a reading
+/// within [`COUNTER_LOOKBACK_MS`], or where power cannot bridge the gap.
+fn counter_at(store: &Store, tenant: &str, gpu: &str, t: i64) -> Result<Option<f64>, StoreError> {
+    let pts = store.series(
+        tenant,
+        gpu,
+        ENERGY_J,
+        t - COUNTER_LOOKBACK_MS,
+        t + COUNTER_LOOKBACK_MS,
+        usize::MAX,
+    )?;
+    let pts: Vec<_> = pts.into_iter().filter(|p| p.value.is_finite()).collect();
+    let before = pts.iter().rev().find(|p| p.ts_ms <= t);
+    let after = pts.iter().find(|p| p.ts_ms > t);
+    let power = |from: i64, to: i64| -> Result<Vec<Point>, StoreError> {
+        let from = from - COUNTER_LOOKBACK_MS;
+        store.series(
+            tenant,
+            gpu,
+            POWER_W,
+            from,
+            to + COUNTER_LOOKBACK_MS,
+            usize::MAX,
+        )
+    };
+    Ok(match (before, after) {
+        (Some(b), _) if b.ts_ms == t => Some(b.value),
+        (Some(b), Some(a)) if a.value >= b.value => {
+            let p = power(b.ts_ms, a.ts_ms)?;
+            let frac = match (
+                power_between(&p, b.ts_ms, t),
+                power_between(&p, b.ts_ms, a.ts_ms),
+            ) {
+                (Some(x), Some(all)) if all > 0.0 => x / all,
+                _ => (t - b.ts_ms) as f64 / (a.ts_ms - b.ts_ms) as f64,
+            };
+            Some(b.value + frac.clamp(0.0, 1.0) * (a.value - b.value))
+        }
+        (Some(b), _) => power_between(&power(b.ts_ms, t)?, b.ts_ms, t).map(|j| b.value + j),
+        (None, Some(a)) => power_between(&power(t, a.ts_ms)?, t, a.ts_ms).map(|j| a.value - j),
+        (None, None) => None,
+    })
+}
+
+/// Joules over `(from, to]` from board power readings, each holding
+/// until the next (as a Prometheus sample does; before the first reading
+/// in the range, the one before it holds); `None` where a stretch longer
+/// than [`COUNTER_LOOKBACK_MS`] has no reading.
+fn power_between(pts: &[Point], from: i64, to: i64) -> Option<f64> {
+    if to <= from {
+        return Some(0.0);
+    }
+    let pts: Vec<&Point> = pts.iter().filter(|p| p.value.is_finite()).collect();
+    // The reading that holds at `from`, else the first after it.
+    let i = pts.iter().rposition(|p| p.ts_ms <= from).unwrap_or(0);
+    let mut cur = pts.get(i)?;
+    if (cur.ts_ms - from).abs() > COUNTER_LOOKBACK_MS {
+        return None;
+    }
+    let mut joules = 0.0;
+    let mut t = from;
+    for next in pts[i + 1..].iter().filter(|p| p.ts_ms > from) {
+        let b = next.ts_ms.min(to);
+        if b - t > COUNTER_LOOKBACK_MS {
+            return None;
+        }
+        joules += cur.value.max(0.0) * (b - t) as f64 / 1000.0;
+        t = b;
+        cur = next;
+        if t >= to {
+            return Some(joules);
+        }
+    }
+    (to - t <= COUNTER_LOOKBACK_MS).then(|| joules + cur.value.max(0.0) * (to - t) as f64 / 1000.0)
+}
+
+impl Figures {
+    /// Adds another holding's figures.
+    pub fn add(&mut self, o: &Figures) {
+        self.held_ms += o.held_ms;
+        self.idle_ms += o.idle_ms;
+        self.ofu_ms += o.ofu_ms;
+        self.energy_j += o.energy_j;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemEngine;
+    use crate::store::{CommitSet, OfuSample, WINDOW_MS};
+    use flopwatch_proto::model::SeriesBatch;
+    use std::sync::Arc;
+
+    /// An hour boundary, unix ms.
+    const T0: i64 = 1_800_000_000_000 / WINDOW_MS * WINDOW_MS;
+    const S: i64 = 1_000;
+
+    /// GPU-1 at 1 s: `job-a` from T0 + 10 min to T0 + 90 min (busy the
+    /// first 30 min, then idle), then `job-b` (busy) to T0 + 130 min.
+    /// Power 400 W busy, 60 W idle; the energy counter read every 5 s.
+    fn fill(store: &Store) {
+        let (from, to) = (T0 + 10 * MINUTE_MS, T0 + 130 * MINUTE_MS);
+        let mut energy = 1e6;
+        let mut seq = 0;
+        let mut t = from;
+        while t < to {
+            let ts: Vec<i64> = (1..=60).map(|i| t + i * S).collect();
+            let busy = |x: i64| !(T0 + 40 * MINUTE_MS..T0 + 90 * MINUTE_MS).contains(&(x - 1));
+            let job = |x: i64| {
+                if x - 1 < T0 + 90 * MINUTE_MS {
+                    "job-a"
+                } else {
+                    "job-b"
+                }
+            };
+            let series = |metric: &str, pts: Vec<Point>| SeriesBatch {
+                gpu_uuid: "GPU-1".into(),
+                metric: metric.into(),
+                points: pts,
+            };
+            let point = |x: i64, v: f64| Point {
+                ts_ms: x,
+                value: v,
+                peak: None,
+                window_ms: Some(1000),
+            };
+            let power: Vec<Point> = ts
+                .iter()
+                .map(|&x| point(x, if busy(x) { 400.0 } else { 60.0 }))
+                .collect();
+            let mut counter = Vec::new();
+            for &x in &ts {
+                energy += if busy(x) { 400.0 } else { 60.0 };
+                if x % (5 * S) == 0 {
+                    counter.push(point(x, energy));
+                }
+            }
+            let mut ofu: BTreeMap<&str, Vec<OfuSample>> = BTreeMap::new();
+            for &x in &ts {
+                let tpa = if busy(x) { 0.5 } else { 0.0 };
+                ofu.entry(job(x)).or_default().push(OfuSample {
+                    ts_ms: x,
+                    ofu: crate::ofu::ofu(tpa, 1500.0, 1830.0),
+                    tensor_active: tpa,
+                    sm_clock_mhz: 1500.0,
+                    window_ms: 1000,
+                });
+            }
+            for (j, samples) in ofu {
+                seq += 1;
+                let set = CommitSet {
+                    seq,
+                    series: vec![
+                        series(POWER_W, power.clone()),
+                        series(ENERGY_J, counter.clone()),
+                    ],
+                    ofu: vec![("GPU-1".into(), Some(j.into()), samples)],
+                    ..Default::default()
+                };
+                store.commit("t", &set).unwrap();
+            }
+            t += 60 * S;
+        }
+    }
+
+    fn job(id: &str, last: i64) -> JobRecord {
+        JobRecord {
+            job_id: id.into(),
+            gpu_uuid: "GPU-1".into(),
+            last_seen_ms: last,
+            ..Default::default()
+        }
+    }
+
+    /// The figures are the same from the head and from sealed rollups,
+    /// and what the samples say: held and idle time, Σ OFU × time, energy
+    /// from a counter read every 5 s split at the job change by power.
+    #[test]
+    fn head_and_sealed_hours_give_the_same_figures() {
+        let store = Store::new(Arc::new(MemEngine::new()), false);
+        fill(&store);
+        let jobs = [
+            job("job-a", T0 + 90 * MINUTE_MS),
+            job("job-b", T0 + 130 * MINUTE_MS),
+        ];
+        let range = (T0, T0 + 3 * WINDOW_MS);
+        let read = || {
+            jobs.iter()
+                .map(|j| holding(&store, "t", j, range.0, range.1).unwrap().unwrap())
+                .collect::<Vec<_>>()
+        };
+        let head = read();
+        let report = store.compact(T0 + 3 * WINDOW_MS, 0).unwrap();
+        assert!(report.chunks > 0);
+        let sealed = read();
+        let ofu = crate::ofu::ofu(0.5, 1500.0, 1830.0);
+        // job-a: 80 min held, 30 busy, then 50 idle: minutes 40 to 89 and
+        // the sample ending at 90:00, alone in its minute (a sample counts
+        // in the minute its window ends in; minute 40 holds the last busy
+        // second and is idle all the same). job-b: 40 min busy.
+        let want = [
+            (
+                80.0,
+                50.0 + 1.0 / 60.0,
+                30.0,
+                30.0 * 60.0 * 400.0 + 50.0 * 60.0 * 60.0,
+            ),
+            (40.0, 0.0, 40.0, 40.0 * 60.0 * 400.0),
+        ];
+        for ((h, s), (held, idle, busy, joules)) in head.iter().zip(&sealed).zip(want) {
+            for (what, (f, src)) in [("head", h), ("sealed", s)] {
+                let near = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
+                assert_eq!(*src, EnergySource::Counter, "{what}");
+                assert!(near(f.held_ms, held * 60_000.0), "{what}: {f:?}");
+                assert!(near(f.idle_ms, idle * 60_000.0), "{what}: {f:?}");
+                assert!(near(f.ofu_ms, busy * 60_000.0 * ofu), "{what}: {f:?}");
+                assert!(near(f.energy_j, joules), "{what}: {f:?}");
+            }
+        }
+        // Out of range: nothing.
+        assert_eq!(
+            holding(&store, "t", &jobs[1], T0, T0 + 80 * MINUTE_MS).unwrap(),
+            None
+        );
+    }
+
+    /// Without an energy counter, board power is integrated, and said so.
+    #[test]
+    fn power_stands_in_for_a_missing_counter() {
+        let pts: Vec<Point> = (0..=10)
+            .map(|i| Point {
+                ts_ms: i * S,
+                value: 100.0 * i as f64,
+                peak: None,
+                window_ms: None,
+            })
+            .collect();
+        // Each reading holds until the next: 0 W, 100 W, … over (0, 10 s].
+        assert_eq!(power_between(&pts, 0, 10 * S), Some(4_500.0));
+        // A range between readings: (2.5 s, 4 s] holds 200 W then 300 W.
+        assert_eq!(power_between(&pts, 2_500, 4 * S), Some(200.0 * 0.5 + 300.0));
+        // A gap longer than the lookback is not bridged.
+        assert_eq!(power_between(&pts, 0, 20 * MINUTE_MS), None);
+        assert_eq!(power_between(&[], 0, S), None);
+    }
+}
