@@ -58,6 +58,12 @@ const EXPORTED_METRICS: &[&str] = &[
     "flopwatch_agent_captures_total",
     "flopwatch_agent_outbox_batches",
     "flopwatch_mfu_mismatches_total",
+    // The ledger's counters per job.
+    "flopwatch_ledger_held_seconds_total",
+    "flopwatch_ledger_idle_seconds_total",
+    "flopwatch_ledger_delivered_flop_total",
+    "flopwatch_ledger_unused_flop_total",
+    "flopwatch_ledger_energy_joules_total",
     // Per GPU, from the exporter's per-metric families.
     "flopwatch_gpu_last_sample_timestamp_seconds",
     "flopwatch_gpu_xid_errors_total",

@@ -422,11 +422,13 @@ fn grafana_step_arithmetic_matches_grafanas_examples() {
 /// A request's parameters, in order.
 type Form = Vec<(&'static str, String)>;
 
-/// One range request of a dashboard panel.
+/// One request of a dashboard panel: a range query, or an instant one
+/// at the range's end (a table's).
 struct PanelQuery {
     title: String,
     expr: String,
     max_data_points: i64,
+    instant: bool,
 }
 
 /// Every target of the dashboard's panels, variables at "All" (`.*`),
@@ -447,14 +449,14 @@ fn dashboard_panels() -> Vec<PanelQuery> {
     for p in panels {
         let width = p["gridPos"]["w"].as_i64().unwrap_or(24);
         for t in p["targets"].as_array().into_iter().flatten() {
-            assert_ne!(
-                t["instant"], true,
-                "the dashboard's panels are range panels"
-            );
+            let instant = t["instant"] == true;
+            // Only a table sums over the dashboard's range at its end.
+            assert_eq!(instant, p["type"] == "table", "{}", p["title"]);
             out.push(PanelQuery {
                 title: format!("{} / {}", p["title"].as_str().unwrap_or("?"), t["refId"]),
                 expr: t["expr"].as_str().unwrap().to_string(),
                 max_data_points: width * 80,
+                instant,
             });
         }
     }
@@ -668,6 +670,18 @@ async fn dashboard_panels_values() {
     let now = SystemClock.now_ms();
     for range_ms in [6 * 3_600_000, 3_600_000] {
         for q in dashboard_panels() {
+            if q.instant {
+                let params = vec![
+                    ("query", interpolate(&q.expr, 15_000, range_ms)),
+                    ("time", seconds(now)),
+                ];
+                let d = env
+                    .post("/api/v1/query", &params, Some(PROVIDER))
+                    .await
+                    .data();
+                assert_eq!(d["resultType"], "vector", "{}: {d}", q.title);
+                continue;
+            }
             let (params, step) = range_request(&q, now, range_ms);
             let d = env
                 .post("/api/v1/query_range", &params, Some(PROVIDER))
@@ -748,6 +762,30 @@ async fn dashboard_panels_values() {
                 "{s}"
             );
         }
+    }
+    // The ledger table: each tenant's job held GPU time over the range.
+    let held = dashboard_panels()
+        .into_iter()
+        .find(|q| q.instant && q.expr.contains("flopwatch_ledger_held_seconds_total"))
+        .expect("a ledger table");
+    let params = vec![
+        ("query", interpolate(&held.expr, 15_000, 3_600_000)),
+        ("time", seconds(env.seeded_at + 60_000)),
+    ];
+    let d = env
+        .post("/api/v1/query", &params, Some(PROVIDER))
+        .await
+        .data();
+    let result = d["result"].as_array().expect("a vector");
+    assert_eq!(result.len(), env.tenants.len(), "{d}");
+    for t in &env.tenants {
+        let s = result
+            .iter()
+            .find(|s| s["metric"]["tenant"] == t.name)
+            .unwrap_or_else(|| panic!("no ledger row of {}: {d}", t.name));
+        assert_eq!(s["metric"]["job_id"], t.job.as_str(), "{s}");
+        let gpu_hours: f64 = s["value"][1].as_str().unwrap().parse().unwrap();
+        assert!(gpu_hours > 0.0, "{s}");
     }
 }
 

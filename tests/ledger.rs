@@ -14,6 +14,8 @@
 
 use flopwatch_agent::source::sim::SimSource;
 use flopwatch_agent::{AdaptiveSampler, Agent, AgentOptions, FixedSampler, Sampler, TokioClock};
+use flopwatch_collector::promql::{Engine, Value};
+use flopwatch_collector::Scope;
 use flopwatch_config::SamplingConfig;
 use flopwatch_proto::clock::Clock;
 use flopwatch_proto::model::NodeIdentity;
@@ -260,6 +262,88 @@ async fn the_ledger_matches_the_ground_truth_per_job() {
                 TOLERANCE
             };
             assert!(*d <= tol, "{name}: {what} off by {:.3} %: {at}", d * 100.0);
+        }
+        // The PromQL API's counters stand, at the end, at the same
+        // figures (the same holdings since each job's first sample).
+        let engine = Engine::new(c.collector.clone());
+        let families = [
+            ("held_seconds", 0usize),
+            ("idle_seconds", 1),
+            ("energy_joules", 3),
+        ];
+        for (family, i) in families {
+            let expr = format!("sum by (job_id) (flopwatch_ledger_{family}_total)");
+            let Ok(Value::Vector(v)) = engine.instant(&Scope::All, &expr, end) else {
+                panic!("{expr}");
+            };
+            assert_eq!(v.len(), got.len(), "{name} {expr}: {v:?}");
+            for sample in v {
+                let job = &sample.labels.iter().find(|(k, _)| k == "job_id").unwrap().1;
+                let g = &got[job];
+                let want = [g.0 / 1000.0, g.1 / 1000.0, g.2, g.3][i];
+                assert!(
+                    (sample.v - want).abs() <= 1e-6 * want.abs().max(1.0),
+                    "{name} {expr} {job}: {} against {want}",
+                    sample.v
+                );
+            }
+        }
+        let expr = "sum(flopwatch_ledger_delivered_flop_total) / sum(flopwatch_ledger_delivered_flop_total + flopwatch_ledger_unused_flop_total)";
+        let Ok(Value::Vector(v)) = engine.instant(&Scope::All, expr, end) else {
+            panic!("{expr}");
+        };
+        let ofu = got.values().map(|g| g.2).sum::<f64>() / got.values().map(|g| g.0).sum::<f64>();
+        assert!(
+            (v[0].v - ofu).abs() < 1e-9,
+            "{name}: fleet OFU {} against {ofu}",
+            v[0].v
+        );
+        // /metrics: the same per job, counted batch by batch since the
+        // collector started (it saw the whole run). Held time and FLOPs
+        // exactly; idle time less the minute still open at the end;
+        // energy from each GPU's first counter reading on, each increase
+        // going to the job of the batch that carries it.
+        let scraped = |family: &str| -> BTreeMap<String, f64> {
+            flopwatch_tests::dcgm::scrape(&c.collector, family)
+                .into_iter()
+                .map(|(l, v)| {
+                    let job = l
+                        .split("job_id=\"")
+                        .nth(1)
+                        .unwrap()
+                        .split('"')
+                        .next()
+                        .unwrap();
+                    (job.to_string(), v)
+                })
+                .collect()
+        };
+        let held = scraped("flopwatch_ledger_held_seconds_total");
+        let idle = scraped("flopwatch_ledger_idle_seconds_total");
+        let energy = scraped("flopwatch_ledger_energy_joules_total");
+        assert_eq!(held.len(), got.len(), "{name}: {held:?}");
+        for (job, g) in &got {
+            let near = |a: f64, b: f64, tol: f64| (a - b).abs() <= tol * b.abs().max(1.0);
+            assert!(
+                near(held[job], g.0 / 1000.0, 1e-9),
+                "{name} {job}: held {}",
+                held[job]
+            );
+            assert!(
+                idle[job] <= g.1 / 1000.0 + 1e-6 && idle[job] >= g.1 / 1000.0 - 60.0 - 1e-6,
+                "{name} {job}: idle {} against {}",
+                idle[job],
+                g.1 / 1000.0
+            );
+            // A counter read once a second moves at most a second of a
+            // GPU's power (≤ 700 W) across each of a job's two ends.
+            let gpus = resp.entries.iter().filter(|e| &e.job_id == job).count() as f64;
+            assert!(
+                (energy[job] - g.3).abs() <= gpus * 2.0 * 700.0,
+                "{name} {job}: energy {} against {}",
+                energy[job],
+                g.3
+            );
         }
         // A job filter returns that job's holdings only.
         let one = q

@@ -160,10 +160,10 @@ const QUERIES: &[&str] = &[
     "min(flopwatch_ofu_sm_clock_hertz)",
     "max by (job_id) (flopwatch_ofu_tensor_active_ratio)",
     "count({__name__=~\"flopwatch_gpu_(power|energy).*\"})",
-    // The node and job families are derived by the collector (a
+    // The node, job and ledger families are derived by the collector (a
     // Prometheus has them from scraping `/metrics`), not in the samples
     // both stores were given.
-    "count by (__name__) ({__name__=~\"flopwatch_.*\", __name__!~\"flopwatch_(node|job)_.*\"})",
+    "count by (__name__) ({__name__=~\"flopwatch_.*\", __name__!~\"flopwatch_(node|job|ledger)_.*\"})",
     "quantile(0.25, flopwatch_gpu_power_watts)",
     "topk(1, flopwatch_gpu_power_watts)",
     "bottomk(1, avg_over_time(flopwatch_ofu_ratio[{r}]))",

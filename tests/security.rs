@@ -337,6 +337,20 @@ async fn every_query(
         "ListEvents".into(),
         r.map(|r| r.into_inner().encode_to_vec()),
     ));
+    let ledger = |tenant: &str, job: &str| v1::LedgerRequest {
+        start_ms: now - 3_600_000,
+        end_ms: now + 1000,
+        tenant: tenant.into(),
+        job_id: job.into(),
+    };
+    for (name, req) in [
+        ("Ledger", ledger("", "")),
+        ("Ledger tenant", ledger(target.name, "")),
+        ("Ledger job", ledger("", &target.job)),
+    ] {
+        let r = q.ledger(with_header(req, h)).await;
+        out.push((name.to_string(), r.map(|r| r.into_inner().encode_to_vec())));
+    }
     // The Cluster service on the same port: whether this collector holds
     // the target's first batch (provider credentials only).
     let mut c = ClusterClient::new(ch);
@@ -459,6 +473,19 @@ async fn no_byte_crosses_tenants_for_any_rpc_or_credential() {
                 .any(|l| l.contains(&target.node)),
             "own data missing"
         );
+        let ledger = own
+            .iter()
+            .find(|(n, _)| n == "Ledger")
+            .unwrap()
+            .1
+            .as_ref()
+            .unwrap();
+        assert!(
+            leaks(ledger, &[target])
+                .iter()
+                .any(|l| l.contains(&target.job)),
+            "own ledger missing"
+        );
         let series = own
             .iter()
             .find(|(n, _)| n == "Series")
@@ -491,7 +518,9 @@ async fn no_byte_crosses_tenants_for_any_rpc_or_credential() {
             )
             .await;
             check(Some(other), target, &calls, &|rpc, r| {
-                let scoped = rpc.starts_with("Ofu ") && rpc != "Ofu fleet" || rpc == "Series";
+                let scoped = rpc.starts_with("Ofu ") && rpc != "Ofu fleet"
+                    || rpc == "Series"
+                    || rpc == "Ledger tenant";
                 if provider_only(rpc) {
                     assert_eq!(
                         r.as_ref().err().map(|s| s.code()),
@@ -587,9 +616,9 @@ async fn no_byte_crosses_tenants_for_any_rpc_or_credential() {
         .reload(Auth::from_config(&cfg), LimitTable::from_config(&cfg));
     let after = every_query(ch.clone(), &removable, &ts[0]).await;
     check(None, &ts[0], &after, &code(Code::Unauthenticated));
-    // 3 tenants × (own + 2 others + 9 bad + cert-only) × 11 RPCs, and more.
+    // 3 tenants × (own + 2 others + 9 bad + cert-only) × 14 RPCs, and more.
     let checked = checked.get();
-    assert!(checked >= 3 * 13 * 11, "{checked} checks");
+    assert!(checked >= 3 * 13 * 14, "{checked} checks");
 }
 
 /// A `/metrics` scrape over TLS presenting `h`: the status and the page.

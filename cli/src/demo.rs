@@ -410,6 +410,48 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         ]);
     }
     summary.print();
+    // The ledger of the run: what the fleet held, used and burned, and
+    // the jobs that held GPUs idle.
+    if let Ok(r) = q
+        .ledger(v1::LedgerRequest {
+            start_ms: start,
+            end_ms: end + 1,
+            ..Default::default()
+        })
+        .await
+    {
+        use crate::report_cmd::{rows, By};
+        let entries = r.into_inner().entries;
+        let idle: Vec<String> = rows(&entries, By::Job, None)
+            .into_iter()
+            .filter(|r| r.idle_gpu_hours > 0.5 * r.gpu_hours)
+            .map(|r| {
+                let job = r.key.split_once('/').map_or(r.key.as_str(), |(_, j)| j);
+                format!("{job} {:.3} GPU-h", r.idle_gpu_hours)
+            })
+            .collect();
+        if let Some(f) = rows(&entries, By::Fleet, None).first() {
+            println!(
+                "\nledger: {:.3} GPU-h held, {:.3} idle{}, {:.1} PFLOP delivered, {:.3} GPU-h unused, {:.3} kWh ({})",
+                f.gpu_hours,
+                f.idle_gpu_hours,
+                if idle.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (held idle: {})", idle.join(", "))
+                },
+                f.delivered_pflop,
+                f.unused_gpu_hours,
+                f.energy_joules / 3.6e6,
+                f.joules_per_pflop
+                    .map_or("nothing delivered".to_string(), |j| format!("{j:.0} J/PFLOP")),
+            );
+            println!(
+                "        per job: flopwatch report --data-dir {} --since 1h --by job",
+                data_dir.display()
+            );
+        }
+    }
     let events = q
         .list_events(v1::EventsRequest::default())
         .await

@@ -38,6 +38,11 @@ pub struct ReportArgs {
     /// Print CSV with a header row.
     #[arg(long)]
     csv: bool,
+    /// Read a collector's data directory (RocksDB, opened read-only beside
+    /// a running collector) instead of asking a collector: every tenant.
+    #[cfg(feature = "collector")]
+    #[arg(long, value_name = "DIR", conflicts_with = "tenant")]
+    data_dir: Option<PathBuf>,
     #[command(flatten)]
     conn: crate::conn::ConnArgs,
 }
@@ -196,18 +201,29 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
     let rates = args.rate_card.as_deref().map(RateCard::load).transpose()?;
     let now = flopwatch_proto::clock::Clock::now_ms(&flopwatch_proto::clock::SystemClock);
     let (start_ms, end_ms) = args.range.resolve(&args.since, now)?;
-    let mut c = args.conn.connect().await?;
-    let resp = c
-        .ledger(v1::LedgerRequest {
-            start_ms,
-            end_ms,
-            tenant: args.tenant.unwrap_or_default(),
-            job_id: args.job.unwrap_or_default(),
-        })
-        .await
-        .map_err(|s| anyhow::anyhow!("{}: {}", args.conn.collector, s.message()))?;
-    let partial = resp.metadata().get("x-flopwatch-partial").is_some();
-    let resp = resp.into_inner();
+    let req = v1::LedgerRequest {
+        start_ms,
+        end_ms: if end_ms == 0 { now + 1 } else { end_ms },
+        tenant: args.tenant.clone().unwrap_or_default(),
+        job_id: args.job.clone().unwrap_or_default(),
+    };
+    #[cfg(feature = "collector")]
+    let local = args.data_dir.as_deref();
+    #[cfg(not(feature = "collector"))]
+    let local: Option<&Path> = None;
+    let (resp, partial) = match local {
+        #[cfg(feature = "collector")]
+        Some(dir) => (from_store(dir, &req)?, false),
+        _ => {
+            let mut c = args.conn.connect().await?;
+            let resp = c
+                .ledger(req)
+                .await
+                .map_err(|s| anyhow::anyhow!("{}: {}", args.conn.collector, s.message()))?;
+            let partial = resp.metadata().get("x-flopwatch-partial").is_some();
+            (resp.into_inner(), partial)
+        }
+    };
     let rows = rows(&resp.entries, args.by, rates.as_ref());
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
@@ -228,6 +244,40 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
         eprintln!("warning: some collectors of the cluster did not answer; figures are partial");
     }
     Ok(())
+}
+
+/// The ledger of a data directory, as a collector would answer `req`
+/// with provider credentials.
+#[cfg(feature = "collector")]
+fn from_store(dir: &Path, req: &v1::LedgerRequest) -> anyhow::Result<v1::LedgerResponse> {
+    use flopwatch_collector::store::{rocks::RocksEngine, Store};
+    let scratch = std::env::temp_dir().join(format!("flopwatch-report-{}", std::process::id()));
+    let engine = RocksEngine::open_secondary(dir, &scratch)
+        .with_context(|| format!("opening {} read-only", dir.display()))?;
+    let store = Store::new(std::sync::Arc::new(engine), false);
+    let specs = flopwatch_config::SpecTable::builtin();
+    let peak = |g: &flopwatch_collector::store::GpuRecord| {
+        specs
+            .lookup(&g.model)
+            .and_then(|s| s.peak_tflops(flopwatch_config::Precision::Fp16))
+            .unwrap_or(0.0)
+    };
+    let job = (!req.job_id.is_empty()).then_some(req.job_id.as_str());
+    let held = flopwatch_collector::ledger::stored_holdings(
+        &store,
+        &peak,
+        None,
+        job,
+        req.start_ms,
+        req.end_ms,
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
+    let minute = flopwatch_collector::store::MINUTE_MS;
+    Ok(v1::LedgerResponse {
+        entries: held?.into_iter().map(Into::into).collect(),
+        start_ms: req.start_ms.div_euclid(minute) * minute,
+        end_ms: (req.end_ms + minute - 1).div_euclid(minute) * minute,
+    })
 }
 
 fn print_table(rows: &[Row], rates: Option<&RateCard>) {

@@ -158,6 +158,22 @@ fn counter(
     Ok(())
 }
 
+/// A counter family of fractional values.
+fn float_counter(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&str>,
+    rows: impl IntoIterator<Item = (Labels, f64)>,
+) -> Result<(), std::fmt::Error> {
+    let unit = unit.map(|u| Unit::Other(u.to_string()));
+    let mut m = enc.encode_descriptor(name, help, unit.as_ref(), MetricType::Counter)?;
+    for (labels, v) in rows {
+        ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 /// Writes catalog families: `rows` are (catalog metric, labels, value in
 /// the catalog's unit), any order; one family per metric that has rows.
 fn families(
@@ -218,6 +234,69 @@ impl prometheus_client::collector::Collector for Exporter {
 }
 
 impl Exporter {
+    /// The ledger's counters per job (docs/LEDGER.md), since this
+    /// collector started: the PromQL API's `flopwatch_ledger_*` families
+    /// (there per job and GPU, since each job's start) summed per job.
+    fn encode_ledger(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut jobs = self.c.ledger.jobs();
+        jobs.retain(|((t, _), _)| self.allows(t));
+        jobs.sort_by(|a, b| a.0.cmp(&b.0));
+        let labels = |t: &str, j: &str, ns: &str| -> Labels {
+            let mut l = vec![
+                ("tenant".to_string(), t.to_string()),
+                ("job_id".to_string(), j.to_string()),
+            ];
+            if !ns.is_empty() {
+                l.push(("namespace".to_string(), ns.to_string()));
+            }
+            l
+        };
+        type Figure = fn(&crate::ledger::JobTotals) -> f64;
+        let families: [(&str, &str, Option<&str>, Figure); 5] = [
+            (
+                "flopwatch_ledger_held",
+                "GPU time the job held (its OFU samples' windows), since this collector started.",
+                Some("seconds"),
+                |t| t.held_ms / 1000.0,
+            ),
+            (
+                "flopwatch_ledger_idle",
+                "Held GPU time in minutes whose mean tensor activity was below 1 %, since this collector started.",
+                Some("seconds"),
+                |t| t.idle_ms / 1000.0,
+            ),
+            (
+                "flopwatch_ledger_delivered_flop",
+                "FLOPs delivered: OFU x dense FP16 tensor peak x time, since this collector started.",
+                None,
+                |t| t.delivered_tflop * 1e12,
+            ),
+            (
+                "flopwatch_ledger_unused_flop",
+                "Tensor capacity held and not used: (1 - OFU) x peak x time, since this collector started.",
+                None,
+                |t| (t.capacity_tflop - t.delivered_tflop).max(0.0) * 1e12,
+            ),
+            (
+                "flopwatch_ledger_energy",
+                "Energy the job's GPUs used (their energy counters), since this collector started.",
+                Some("joules"),
+                |t| t.energy_j,
+            ),
+        ];
+        for (name, help, unit, f) in families {
+            float_counter(
+                enc,
+                name,
+                help,
+                unit,
+                jobs.iter()
+                    .map(|((t, j), v)| (labels(t, j, &v.namespace), f(v))),
+            )?;
+        }
+        Ok(())
+    }
+
     /// The series of the tenants this scrape may read.
     fn encode_tenants(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let c = &self.c;
@@ -289,6 +368,7 @@ impl Exporter {
                     .map(|(m, ms)| (with(gpu_labels(g), "metric", m), f64::from(*ms) / 1000.0))
             }),
         )?;
+        self.encode_ledger(enc)?;
         if c.settings.dcgm_compat {
             dcgm::encode(enc, &gpus, &xids, &shown)?;
         }

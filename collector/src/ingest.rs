@@ -658,6 +658,7 @@ impl Session {
             }
         }
         self.record_live(&set.series, &batch, &batch_ofu, now);
+        self.record_ledger(&set);
         let s = &self.c.stats;
         s.samples_accepted.fetch_add(accepted, Ordering::Relaxed);
         s.ofu_samples.fetch_add(ofu_n as u64, Ordering::Relaxed);
@@ -703,6 +704,42 @@ impl Session {
             intervals: &batch.intervals,
             pending: (batch.pending_bytes, batch.pending_batches),
             sent_at_ms: batch.sent_at_ms,
+        }
+    }
+
+    /// Adds a committed batch to the ledger's counters on `/metrics`.
+    fn record_ledger(&self, set: &CommitSet) {
+        let energy = |gpu: &str| {
+            set.series
+                .iter()
+                .find(|s| s.gpu_uuid == gpu && s.metric == m::ENERGY_J)
+                .map_or(&[][..], |s| &s.points[..])
+        };
+        let mut gpus: Vec<(&str, Option<&str>, &[crate::store::OfuSample])> = set
+            .ofu
+            .iter()
+            .map(|(g, j, s)| (g.as_str(), j.as_deref(), &s[..]))
+            .collect();
+        for s in &set.series {
+            if s.metric == m::ENERGY_J && !gpus.iter().any(|g| g.0 == s.gpu_uuid) {
+                let job = self.jobs.get(&s.gpu_uuid).map(|j| j.job_id.as_str());
+                gpus.push((&s.gpu_uuid, job.filter(|j| !j.is_empty()), &[]));
+            }
+        }
+        for (gpu, job, samples) in gpus {
+            let namespace = self.jobs.get(gpu).map_or("", |j| j.namespace.as_str());
+            let peak = self
+                .c
+                .gpu(&self.tenant, gpu)
+                .map_or(0.0, |g| self.c.peak_tflops(&g));
+            self.c.ledger.observe(crate::ledger::Observed {
+                tenant: &self.tenant,
+                gpu,
+                job: job.map(|j| (j, namespace)),
+                peak_tflops: peak,
+                samples,
+                energy: energy(gpu),
+            });
         }
     }
 

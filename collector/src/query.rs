@@ -459,7 +459,7 @@ impl v1::query_server::Query for QueryService {
         .map_err(|e| Status::internal(e.to_string()))??;
         let minute = crate::store::MINUTE_MS;
         Ok(Response::new(v1::LedgerResponse {
-            entries: holdings.into_iter().map(ledger_entry).collect(),
+            entries: holdings.into_iter().map(Into::into).collect(),
             start_ms: start.div_euclid(minute) * minute,
             end_ms: (end + minute - 1).div_euclid(minute) * minute,
         }))
@@ -520,25 +520,5 @@ impl v1::query_server::Query for QueryService {
             events.drain(..events.len() - limit);
         }
         Ok(Response::new(v1::EventList { events }))
-    }
-}
-
-/// A holding on the wire.
-fn ledger_entry(h: crate::ledger::Holding) -> v1::LedgerEntry {
-    let f = h.figures;
-    v1::LedgerEntry {
-        tenant: h.tenant,
-        job_id: h.job.job_id,
-        namespace: h.job.namespace,
-        pod: h.job.pod,
-        node_id: h.job.node_id,
-        gpu_uuid: h.job.gpu_uuid,
-        model: h.model,
-        peak_tflops: h.peak_tflops,
-        held_s: f.held_ms / 1000.0,
-        idle_s: f.idle_ms / 1000.0,
-        ofu_s: f.ofu_ms / 1000.0,
-        energy_j: f.energy_j,
-        energy_source: h.energy.as_str().to_string(),
     }
 }

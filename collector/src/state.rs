@@ -108,6 +108,8 @@ pub struct Collector {
     pub live: Live,
     /// Regression and straggler detection.
     pub events: Analyzer,
+    /// The ledger's counters per job, for `/metrics` ([`crate::ledger::Live`]).
+    pub ledger: crate::ledger::Live,
     /// Points waiting for remote write, when configured.
     pub remote: Option<Arc<RemoteQueue>>,
     /// Limbo and peer counters ([`crate::cluster`]).
@@ -173,6 +175,7 @@ impl Collector {
             clock,
             live: Live::default(),
             events: Analyzer::new(settings.analysis.clone()),
+            ledger: crate::ledger::Live::default(),
             remote,
             cluster: Arc::default(),
             gpus: RwLock::new(gpus),

@@ -99,6 +99,7 @@ impl Evaluator<'_> {
                 budget: self.model.budget,
                 remote: self.model.remote,
                 base_only: self.model.base_only,
+                specs: self.model.specs,
                 staleness: self.model.staleness,
             },
             start,

@@ -201,6 +201,7 @@ impl Engine {
             limits: &self.limits,
             peers: self.peers.as_deref().map(|p| (p, token)),
             base_only: false,
+            specs: Some(&self.c.specs),
         }
     }
 

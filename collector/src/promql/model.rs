@@ -72,6 +72,38 @@ pub(super) enum Source {
     /// One label set's parts on several collectors (or a GPU's series of
     /// several jobs): their points merged, one per timestamp.
     Union(Vec<SeriesRef>),
+    /// A ledger counter of one job on one GPU ([`crate::ledger`]): its
+    /// figure since the job's first sample, at the end of each minute.
+    Ledger {
+        tenant: String,
+        job: Box<crate::store::JobRecord>,
+        col: LedgerCol,
+        /// The GPU's dense FP16 tensor peak, FLOP/s (0: not in the table).
+        peak_flops: f64,
+    },
+}
+
+/// Which figure a ledger counter series is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LedgerCol {
+    Held,
+    Idle,
+    Delivered,
+    Unused,
+    Energy,
+}
+
+impl LedgerCol {
+    /// The series' value from a holding's figures.
+    fn value(self, f: &crate::ledger::Figures, peak_flops: f64) -> f64 {
+        match self {
+            LedgerCol::Held => f.held_ms / 1000.0,
+            LedgerCol::Idle => f.idle_ms / 1000.0,
+            LedgerCol::Delivered => f.ofu_ms / 1000.0 * peak_flops,
+            LedgerCol::Unused => (f.held_ms - f.ofu_ms).max(0.0) / 1000.0 * peak_flops,
+            LedgerCol::Energy => f.energy_j,
+        }
+    }
 }
 
 /// One series: its labels, where its samples are, and the time spans
@@ -105,6 +137,8 @@ pub(super) struct Model<'a> {
     pub remote: Option<&'a super::peers::Remote>,
     /// Stored series only, no derived ones (a peer's answer).
     pub base_only: bool,
+    /// The GPU spec table: the peaks the ledger's FLOP counters use.
+    pub specs: Option<&'a flopwatch_config::SpecTable>,
     /// Series go stale three windows and 10 s after their last sample
     /// ([`crate::staleness`]); off: each sample is current for the
     /// lookback delta.
@@ -142,6 +176,19 @@ impl Model<'_> {
                 let w = window(pts, from, to).to_vec();
                 self.budget.samples(w.len())?;
                 return Ok(w);
+            }
+            Source::Ledger {
+                tenant,
+                job,
+                col,
+                peak_flops,
+            } => {
+                let pts = crate::ledger::cumulative(self.store, tenant, job, from, to)?;
+                self.budget.samples(pts.len())?;
+                return Ok(pts
+                    .into_iter()
+                    .map(|(t, f)| (t, col.value(&f, *peak_flops), t + LOOKBACK_MS))
+                    .collect());
             }
             Source::Union(parts) => {
                 let mut out = Vec::new();
@@ -186,7 +233,10 @@ impl Model<'_> {
                         ));
                     }
                 }
-                Source::Across { .. } | Source::Loaded(_) | Source::Union(_) => {
+                Source::Across { .. }
+                | Source::Loaded(_)
+                | Source::Union(_)
+                | Source::Ledger { .. } => {
                     unreachable!("answered above")
                 }
             }
@@ -481,6 +531,7 @@ impl Model<'_> {
                 return Ok(false);
             }
             Source::Loaded(pts) => return Ok(!window(pts, from, to).is_empty()),
+            Source::Ledger { .. } => return Ok(!self.timeline(s, from, to)?.is_empty()),
             _ => {}
         }
         for &(a, b) in &s.spans {
@@ -509,7 +560,10 @@ impl Model<'_> {
                     .store
                     .series(tenant, key, metric, lo, hi, 1)?
                     .is_empty(),
-                Source::Across { .. } | Source::Loaded(_) | Source::Union(_) => {
+                Source::Across { .. }
+                | Source::Loaded(_)
+                | Source::Union(_)
+                | Source::Ledger { .. } => {
                     unreachable!("answered above")
                 }
             };

@@ -107,6 +107,8 @@ pub(super) struct Ctx<'a> {
     pub peers: Option<(&'a Peers, Option<&'a str>)>,
     /// Stored series only (a peer's answer to `Query/Select`).
     pub base_only: bool,
+    /// The GPU spec table: the peaks the ledger's FLOP counters use.
+    pub specs: Option<&'a flopwatch_config::SpecTable>,
 }
 
 impl<'a> Ctx<'a> {
@@ -120,6 +122,7 @@ impl<'a> Ctx<'a> {
             budget: self.budget,
             remote,
             base_only: self.base_only,
+            specs: self.specs,
             staleness: self.limits.staleness,
         }
     }

@@ -11,7 +11,7 @@
 //! `job_id`) alone.
 
 use super::derived::{Across, JOB_GPUS, JOB_OFU, NODE_OFU};
-use super::model::{matches, Model, OfuCol, SeriesRef, Source};
+use super::model::{matches, LedgerCol, Model, OfuCol, SeriesRef, Source};
 use super::syntax::label;
 use super::QueryError;
 use crate::series::{family_of, push_job_labels, Labels, On};
@@ -25,6 +25,19 @@ pub(super) const OFU_FAMILIES: [(&str, OfuCol); 3] = [
     ("flopwatch_ofu_ratio", OfuCol::Ofu),
     ("flopwatch_ofu_tensor_active_ratio", OfuCol::Tensor),
     ("flopwatch_ofu_sm_clock_hertz", OfuCol::Clock),
+];
+
+/// The ledger's counters (docs/LEDGER.md): one series per job and GPU,
+/// labelled as the GPU's series under that job.
+pub(super) const LEDGER_FAMILIES: [(&str, LedgerCol); 5] = [
+    ("flopwatch_ledger_held_seconds_total", LedgerCol::Held),
+    ("flopwatch_ledger_idle_seconds_total", LedgerCol::Idle),
+    (
+        "flopwatch_ledger_delivered_flop_total",
+        LedgerCol::Delivered,
+    ),
+    ("flopwatch_ledger_unused_flop_total", LedgerCol::Unused),
+    ("flopwatch_ledger_energy_joules_total", LedgerCol::Energy),
 ];
 
 /// The index field a GPU label is selected by.
@@ -185,7 +198,8 @@ impl Model<'_> {
                 .copied()
                 .collect();
             let mut gpus = self.candidates(&index, tenant, m, None).unwrap_or_default();
-            if ofu.is_empty() {
+            let ledger = LEDGER_FAMILIES.iter().any(|f| wants(f.0));
+            if ofu.is_empty() && !ledger {
                 // Only GPUs with a raw metric of a wanted family.
                 let with = index.gpus_where(tenant, Field::Metric, &|metric| {
                     family_of(metric, On::Gpu).is_some_and(|f| wants(&f.sample_name()))
@@ -390,6 +404,41 @@ impl Model<'_> {
                             scale,
                         },
                     ));
+                }
+            }
+        }
+        // The ledger's counters, one per job record of the GPU.
+        let ledger: Vec<_> = LEDGER_FAMILIES.iter().filter(|f| wants(f.0)).collect();
+        if !ledger.is_empty() {
+            let peak_flops = self
+                .specs
+                .and_then(|s| s.lookup(&e.model))
+                .and_then(|s| s.peak_tflops(flopwatch_config::Precision::Fp16))
+                .unwrap_or(0.0)
+                * 1e12;
+            for j in &jobs {
+                let mut l = base.clone();
+                push_job_labels(
+                    &mut l,
+                    [&j.job_id, &j.pod, &j.namespace, &j.container, &j.hpc_job],
+                );
+                for &&(n, col) in &ledger {
+                    let mut labels = l.clone();
+                    labels.push(("__name__".into(), n.to_string()));
+                    let labels = sorted(labels);
+                    if matches(m, &labels) {
+                        self.budget.series(1)?;
+                        out.push(SeriesRef {
+                            labels,
+                            source: Source::Ledger {
+                                tenant: tenant.to_string(),
+                                job: Box::new(j.clone()),
+                                col,
+                                peak_flops,
+                            },
+                            spans: vec![(i64::MIN, i64::MAX)],
+                        });
+                    }
                 }
             }
         }

@@ -38,6 +38,7 @@ fn instant(store: &Store, scope: &Scope, q: &str, t: i64) -> Result<Value, Query
         limits: &limits,
         peers: None,
         base_only: false,
+        specs: None,
     };
     query::instant(&ctx, q, t)
 }
@@ -59,6 +60,7 @@ fn range(
         limits: &limits,
         peers: None,
         base_only: false,
+        specs: None,
     };
     query::range(&ctx, q, start, end, step)
 }
@@ -79,6 +81,7 @@ fn series(
         limits: &limits,
         peers: None,
         base_only: false,
+        specs: None,
     };
     query::series(&ctx, sel, start, end)
 }
@@ -498,6 +501,7 @@ fn rollup_buckets_answer_as_the_samples_do() {
             budget: &budget,
             remote: None,
             base_only: false,
+            specs: None,
             staleness: true,
         };
         let series = m.select(&[]).unwrap();
@@ -528,6 +532,7 @@ fn rollup_buckets_answer_as_the_samples_do() {
             limits: &limits,
             peers: None,
             base_only: false,
+            specs: None,
         };
         query::range(&ctx, "flopwatch_ofu_ratio", T0 + H, T0 + 3 * H, M).unwrap();
         budget.samples_counted()

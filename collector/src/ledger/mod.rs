@@ -25,6 +25,10 @@
 //! minute), the head's samples are grouped into minutes here: the result
 //! does not depend on which hours are sealed. See docs/LEDGER.md.
 
+mod live;
+
+pub use live::{JobTotals, Live, Observed};
+
 use crate::error::CollectorError;
 use crate::ofu::Mean;
 use crate::state::Collector;
@@ -116,16 +120,28 @@ pub fn holdings(
     start: i64,
     end: i64,
 ) -> Result<Vec<Holding>, CollectorError> {
+    let peak = |g: &GpuRecord| c.peak_tflops(g);
+    Ok(stored_holdings(&c.store, &peak, tenant, job, start, end)?)
+}
+
+/// [`holdings`] of a store, with `peak` the dense FP16 tensor peak of a
+/// GPU (TFLOP/s; 0 for a model not in the spec table).
+pub fn stored_holdings(
+    store: &Store,
+    peak: &(dyn Fn(&GpuRecord) -> f64 + Sync),
+    tenant: Option<&str>,
+    job: Option<&str>,
+    start: i64,
+    end: i64,
+) -> Result<Vec<Holding>, StoreError> {
     let start = start.div_euclid(MINUTE_MS) * MINUTE_MS;
     let end = (end + MINUTE_MS - 1).div_euclid(MINUTE_MS) * MINUTE_MS;
-    let gpus: BTreeMap<(String, String), GpuRecord> = c
-        .store
+    let gpus: BTreeMap<(String, String), GpuRecord> = store
         .gpus(tenant)?
         .into_iter()
         .map(|(t, g)| ((t, g.uuid.clone()), g))
         .collect();
-    let work: Vec<(String, JobRecord, Option<&GpuRecord>)> = c
-        .store
+    let work: Vec<(String, JobRecord, Option<&GpuRecord>)> = store
         .jobs(tenant)?
         .into_iter()
         .filter(|(_, j)| job.is_none_or(|want| want == j.job_id))
@@ -137,8 +153,8 @@ pub fn holdings(
         })
         .collect();
     let read = |(t, j, g): (String, JobRecord, Option<&GpuRecord>)| {
-        let peak = g.map_or(0.0, |g| c.peak_tflops(g));
-        holding(&c.store, &t, &j, start, end).map(|h| {
+        let peak = g.map_or(0.0, peak);
+        holding(store, &t, &j, start, end).map(|h| {
             h.map(|(figures, energy)| Holding {
                 model: g.map(|g| g.model.clone()).unwrap_or_default(),
                 tenant: t,
@@ -165,10 +181,48 @@ pub fn holding(
     start: i64,
     end: i64,
 ) -> Result<Option<(Figures, EnergySource)>, StoreError> {
-    let gpu = job.gpu_uuid.as_str();
+    let Some(scan) = scan(store, tenant, job, start, end)? else {
+        return Ok(None);
+    };
     let mut fig = Figures::default();
-    // The head's samples, by minute.
-    let mut minutes: BTreeMap<i64, Mean> = BTreeMap::new();
+    for (_, _, m) in &scan.minutes {
+        add_minute(&mut fig, m);
+    }
+    let energy = energy(
+        store,
+        tenant,
+        &job.gpu_uuid,
+        scan.begin,
+        scan.last,
+        &mut fig,
+    )?;
+    Ok(Some((fig, energy)))
+}
+
+/// A job's samples on its GPU over a range, by minute.
+struct Scan {
+    /// Where the job's first sample's window starts.
+    begin: i64,
+    /// The job's last sample (bounded by its record where the last minute
+    /// came from a rollup).
+    last: i64,
+    /// Minute start, the time the minute's figures stand at (its last
+    /// sample's, or its last instant for a sealed minute), and its
+    /// aggregate; in order.
+    minutes: Vec<(i64, i64, Mean)>,
+}
+
+/// Reads a job's OFU on its GPU over `[start, end)` minute by minute:
+/// sealed minutes from the rollups, the head's samples grouped here.
+fn scan(
+    store: &Store,
+    tenant: &str,
+    job: &JobRecord,
+    start: i64,
+    end: i64,
+) -> Result<Option<Scan>, StoreError> {
+    let gpu = job.gpu_uuid.as_str();
+    let mut minutes: BTreeMap<i64, (i64, Mean)> = BTreeMap::new();
     let (mut first, mut last) = (i64::MAX, i64::MIN);
     // The first sample's window, where it came as a sample.
     let mut first_window = None;
@@ -186,10 +240,11 @@ pub fn holding(
                     first_window = Some(s.window_ms);
                 }
                 last = last.max(s.ts_ms);
-                minutes
-                    .entry(s.ts_ms.div_euclid(MINUTE_MS))
-                    .or_default()
-                    .add(s.ofu, s.tensor_active, s.sm_clock_mhz, s.window_ms);
+                let m = minutes
+                    .entry(s.ts_ms.div_euclid(MINUTE_MS) * MINUTE_MS)
+                    .or_insert((s.ts_ms, Mean::default()));
+                m.0 = m.0.max(s.ts_ms);
+                m.1.add(s.ofu, s.tensor_active, s.sm_clock_mhz, s.window_ms);
             }
             OfuPiece::Agg {
                 ts_ms,
@@ -207,15 +262,15 @@ pub fn holding(
                 }
                 // The bucket's last sample is not kept: the job's last
                 // sample on the GPU bounds it.
-                last = last.max(job.last_seen_ms.clamp(ts_ms, ts_ms + len_ms - 1));
-                add_minute(&mut fig, &agg);
+                let end = job.last_seen_ms.clamp(ts_ms, ts_ms + len_ms - 1);
+                last = last.max(end);
+                let m = minutes.entry(ts_ms).or_insert((end, Mean::default()));
+                m.0 = m.0.max(end);
+                m.1.merge(&agg);
             }
             OfuPiece::Last(_) => {}
         },
     )?;
-    for m in minutes.values() {
-        add_minute(&mut fig, m);
-    }
     if first > last {
         return Ok(None);
     }
@@ -230,15 +285,51 @@ pub fn holding(
             w
         }
     };
-    let energy = energy(
-        store,
-        tenant,
-        gpu,
-        first - i64::from(window),
+    Ok(Some(Scan {
+        begin: first - i64::from(window),
         last,
-        &mut fig,
-    )?;
-    Ok(Some((fig, energy)))
+        minutes: minutes.into_iter().map(|(m, (t, a))| (m, t, a)).collect(),
+    }))
+}
+
+/// A job's figures on its GPU from its first sample, as they stood at
+/// the end of each minute in `[from, to]` with samples of the job (at the
+/// minute's last sample, or its last instant for a sealed minute): the
+/// ledger's counters in the PromQL API. Energy is the counter's (or board
+/// power's) since the job's first sample.
+pub fn cumulative(
+    store: &Store,
+    tenant: &str,
+    job: &JobRecord,
+    from: i64,
+    to: i64,
+) -> Result<Vec<(i64, Figures)>, StoreError> {
+    if to < job.first_seen_ms - COUNTER_LOOKBACK_MS || from > job.last_seen_ms + MINUTE_MS {
+        return Ok(Vec::new());
+    }
+    let lo = (job.first_seen_ms - COUNTER_LOOKBACK_MS).div_euclid(MINUTE_MS) * MINUTE_MS;
+    let Some(scan) = scan(store, tenant, job, lo, to.saturating_add(1))? else {
+        return Ok(Vec::new());
+    };
+    let gpu = job.gpu_uuid.as_str();
+    let readings = Readings::read(store, tenant, gpu, from.min(scan.begin), to)?;
+    let begin = counter_at(store, tenant, gpu, scan.begin)?;
+    let mut fig = Figures::default();
+    let mut out = Vec::new();
+    for (_, t, m) in &scan.minutes {
+        add_minute(&mut fig, m);
+        if *t < from || *t > to {
+            continue;
+        }
+        fig.energy_j = match (begin, readings.counter_at(*t)) {
+            (Some(a), Some(b)) if b >= a => b - a,
+            _ => readings
+                .power_between(scan.begin, *t)
+                .unwrap_or(fig.energy_j),
+        };
+        out.push((*t, fig));
+    }
+    Ok(out)
 }
 
 /// Adds one minute's aggregate: held time, Σ OFU × time, idle time.
@@ -255,7 +346,7 @@ fn add_minute(fig: &mut Figures, m: &Mean) {
 
 /// Energy over `(begin, last]`, the job's time on the GPU: the energy
 /// counter's value at `last` less its value at `begin`
-/// ([`counter_at`]), else board power integrated.
+/// ([`Readings::counter_at`]), else board power integrated.
 fn energy(
     store: &Store,
     tenant: &str,
@@ -273,15 +364,8 @@ fn energy(
             return Ok(EnergySource::Counter);
         }
     }
-    let power = store.series(
-        tenant,
-        gpu,
-        POWER_W,
-        begin - COUNTER_LOOKBACK_MS,
-        last + COUNTER_LOOKBACK_MS,
-        usize::MAX,
-    )?;
-    match power_between(&power, begin, last) {
+    let power = Readings::read(store, tenant, gpu, begin, last)?;
+    match power.power_between(begin, last) {
         Some(j) => {
             fig.energy_j = j;
             Ok(EnergySource::Power)
@@ -290,52 +374,71 @@ fn energy(
     }
 }
 
-/// The energy counter's value at instant `t`. A counter is often read
-/// less often than the job's samples (every second against 100 ms), so
-/// between two readings the energy between them is split by board power
-/// (by time where no power was read); past the last reading (or before
-/// the first) power is added (taken off). `None` without a reading
-/// within [`COUNTER_LOOKBACK_MS`], or where power cannot bridge the gap.
+/// The energy counter's value at instant `t` ([`Readings::counter_at`]
+/// over the readings around it).
 fn counter_at(store: &Store, tenant: &str, gpu: &str, t: i64) -> Result<Option<f64>, StoreError> {
-    let pts = store.series(
-        tenant,
-        gpu,
-        ENERGY_J,
-        t - COUNTER_LOOKBACK_MS,
-        t + COUNTER_LOOKBACK_MS,
-        usize::MAX,
-    )?;
-    let pts: Vec<_> = pts.into_iter().filter(|p| p.value.is_finite()).collect();
-    let before = pts.iter().rev().find(|p| p.ts_ms <= t);
-    let after = pts.iter().find(|p| p.ts_ms > t);
-    let power = |from: i64, to: i64| -> Result<Vec<Point>, StoreError> {
-        let from = from - COUNTER_LOOKBACK_MS;
-        store.series(
-            tenant,
-            gpu,
-            POWER_W,
-            from,
-            to + COUNTER_LOOKBACK_MS,
-            usize::MAX,
-        )
-    };
-    Ok(match (before, after) {
-        (Some(b), _) if b.ts_ms == t => Some(b.value),
-        (Some(b), Some(a)) if a.value >= b.value => {
-            let p = power(b.ts_ms, a.ts_ms)?;
-            let frac = match (
-                power_between(&p, b.ts_ms, t),
-                power_between(&p, b.ts_ms, a.ts_ms),
-            ) {
-                (Some(x), Some(all)) if all > 0.0 => x / all,
-                _ => (t - b.ts_ms) as f64 / (a.ts_ms - b.ts_ms) as f64,
-            };
-            Some(b.value + frac.clamp(0.0, 1.0) * (a.value - b.value))
+    Ok(Readings::read(store, tenant, gpu, t, t)?.counter_at(t))
+}
+
+/// A GPU's energy counter and board power readings over a range (and
+/// [`COUNTER_LOOKBACK_MS`] either side).
+struct Readings {
+    energy: Vec<Point>,
+    power: Vec<Point>,
+}
+
+impl Readings {
+    fn read(
+        store: &Store,
+        tenant: &str,
+        gpu: &str,
+        from: i64,
+        to: i64,
+    ) -> Result<Self, StoreError> {
+        let (a, b) = (
+            from - COUNTER_LOOKBACK_MS,
+            to.saturating_add(COUNTER_LOOKBACK_MS),
+        );
+        let mut energy = store.series(tenant, gpu, ENERGY_J, a, b, usize::MAX)?;
+        energy.retain(|p| p.value.is_finite());
+        Ok(Self {
+            energy,
+            power: store.series(tenant, gpu, POWER_W, a, b, usize::MAX)?,
+        })
+    }
+
+    /// The energy counter's value at instant `t`. A counter is often read
+    /// less often than the job's samples (every second against 100 ms),
+    /// so between two readings the energy between them is split by board
+    /// power (by time where no power was read); past the last reading (or
+    /// before the first) power is added (taken off). `None` without a
+    /// reading within [`COUNTER_LOOKBACK_MS`], or where power cannot
+    /// bridge the gap.
+    fn counter_at(&self, t: i64) -> Option<f64> {
+        let i = self.energy.partition_point(|p| p.ts_ms <= t);
+        let before = i.checked_sub(1).map(|k| &self.energy[k]);
+        let after = self.energy.get(i);
+        match (before, after) {
+            (Some(b), _) if b.ts_ms == t => Some(b.value),
+            (Some(b), Some(a)) if a.value >= b.value => {
+                let frac = match (
+                    self.power_between(b.ts_ms, t),
+                    self.power_between(b.ts_ms, a.ts_ms),
+                ) {
+                    (Some(x), Some(all)) if all > 0.0 => x / all,
+                    _ => (t - b.ts_ms) as f64 / (a.ts_ms - b.ts_ms) as f64,
+                };
+                Some(b.value + frac.clamp(0.0, 1.0) * (a.value - b.value))
+            }
+            (Some(b), _) => self.power_between(b.ts_ms, t).map(|j| b.value + j),
+            (None, Some(a)) => self.power_between(t, a.ts_ms).map(|j| a.value - j),
+            (None, None) => None,
         }
-        (Some(b), _) => power_between(&power(b.ts_ms, t)?, b.ts_ms, t).map(|j| b.value + j),
-        (None, Some(a)) => power_between(&power(t, a.ts_ms)?, t, a.ts_ms).map(|j| a.value - j),
-        (None, None) => None,
-    })
+    }
+
+    fn power_between(&self, from: i64, to: i64) -> Option<f64> {
+        power_between(&self.power, from, to)
+    }
 }
 
 /// Joules over `(from, to]` from board power readings, each holding
@@ -377,6 +480,27 @@ impl Figures {
         self.idle_ms += o.idle_ms;
         self.ofu_ms += o.ofu_ms;
         self.energy_j += o.energy_j;
+    }
+}
+
+impl From<Holding> for flopwatch_proto::v1::LedgerEntry {
+    fn from(h: Holding) -> Self {
+        let f = h.figures;
+        Self {
+            tenant: h.tenant,
+            job_id: h.job.job_id,
+            namespace: h.job.namespace,
+            pod: h.job.pod,
+            node_id: h.job.node_id,
+            gpu_uuid: h.job.gpu_uuid,
+            model: h.model,
+            peak_tflops: h.peak_tflops,
+            held_s: f.held_ms / 1000.0,
+            idle_s: f.idle_ms / 1000.0,
+            ofu_s: f.ofu_ms / 1000.0,
+            energy_j: f.energy_j,
+            energy_source: h.energy.as_str().to_string(),
+        }
     }
 }
 
