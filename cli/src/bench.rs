@@ -13,6 +13,7 @@
 
 mod backpressure;
 mod fleet;
+mod ledger;
 mod peer;
 mod prom_query;
 mod query;
@@ -60,6 +61,8 @@ enum What {
     /// against Prometheus and VictoriaMetrics on the same samples, and
     /// one GPU's queries with up to 100,000 GPUs' records in the store.
     Query(query::QueryArgs),
+    /// The ledger of a month of a fleet over `Query/Ledger`.
+    Ledger(ledger::LedgerArgs),
     /// Durable ingest rate (samples/s acknowledged); with `--peer
     /// prometheus`, against a Prometheus fed the same samples in the same
     /// run, and the 30-day OFU query against Prometheus' `query_range`.
@@ -181,6 +184,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         What::Backpressure(b) => backpressure::run(b).await,
         What::Fleet(f) => fleet::run(f).await,
         What::Query(q) => query::run(q).await,
+        What::Ledger(l) => ledger::run(l).await,
         What::Ingest(i) if i.peer.is_some() => peer::run(&i).await,
         What::Ingest(i) => ingest(&i, ingest_start_ms(&i)?).await.map(drop),
     }

@@ -32,7 +32,7 @@ pub use live::{JobTotals, Live, Observed};
 use crate::error::CollectorError;
 use crate::ofu::Mean;
 use crate::state::Collector;
-use crate::store::{GpuRecord, JobRecord, OfuPiece, Store, StoreError, MINUTE_MS};
+use crate::store::{GpuRecord, JobRecord, OfuPiece, Store, StoreError, MINUTE_MS, WINDOW_MS};
 use flopwatch_proto::metrics::{ENERGY_J, POWER_W};
 use flopwatch_proto::model::Point;
 use std::collections::BTreeMap;
@@ -154,7 +154,11 @@ pub fn stored_holdings(
         .collect();
     let read = |(t, j, g): (String, JobRecord, Option<&GpuRecord>)| {
         let peak = g.map_or(0.0, peak);
-        holding(store, &t, &j, start, end).map(|h| {
+        // Only the job's own hours are read (its record bounds its
+        // samples); whole hours, which the rollups answer without a chunk.
+        let from = start.max(hour_floor(j.first_seen_ms - COUNTER_LOOKBACK_MS));
+        let to = end.min(hour_floor(j.last_seen_ms) + WINDOW_MS);
+        holding(store, &t, &j, from, to).map(|h| {
             h.map(|(figures, energy)| Holding {
                 model: g.map(|g| g.model.clone()).unwrap_or_default(),
                 tenant: t,
@@ -170,6 +174,11 @@ pub fn stored_holdings(
         out.extend(part?.into_iter().flatten());
     }
     Ok(out)
+}
+
+/// The hour `t` falls in.
+fn hour_floor(t: i64) -> i64 {
+    t.div_euclid(WINDOW_MS) * WINDOW_MS
 }
 
 /// One job's figures on its GPU over `[start, end)` (minute-aligned), and
@@ -222,6 +231,9 @@ fn scan(
     end: i64,
 ) -> Result<Option<Scan>, StoreError> {
     let gpu = job.gpu_uuid.as_str();
+    // Sealed minutes come whole, once each; the head's samples are
+    // grouped by minute (an hour is read one way or the other).
+    let mut sealed: Vec<(i64, i64, Mean)> = Vec::new();
     let mut minutes: BTreeMap<i64, (i64, Mean)> = BTreeMap::new();
     let (mut first, mut last) = (i64::MAX, i64::MIN);
     // The first sample's window, where it came as a sample.
@@ -264,9 +276,7 @@ fn scan(
                 // sample on the GPU bounds it.
                 let end = job.last_seen_ms.clamp(ts_ms, ts_ms + len_ms - 1);
                 last = last.max(end);
-                let m = minutes.entry(ts_ms).or_insert((end, Mean::default()));
-                m.0 = m.0.max(end);
-                m.1.merge(&agg);
+                sealed.push((ts_ms, end, agg));
             }
             OfuPiece::Last(_) => {}
         },
@@ -285,10 +295,12 @@ fn scan(
             w
         }
     };
+    sealed.extend(minutes.into_iter().map(|(m, (t, a))| (m, t, a)));
+    sealed.sort_unstable_by_key(|m| m.0);
     Ok(Some(Scan {
         begin: first - i64::from(window),
         last,
-        minutes: minutes.into_iter().map(|(m, (t, a))| (m, t, a)).collect(),
+        minutes: sealed,
     }))
 }
 
@@ -380,30 +392,52 @@ fn counter_at(store: &Store, tenant: &str, gpu: &str, t: i64) -> Result<Option<f
     Ok(Readings::read(store, tenant, gpu, t, t)?.counter_at(t))
 }
 
-/// A GPU's energy counter and board power readings over a range (and
-/// [`COUNTER_LOOKBACK_MS`] either side).
-struct Readings {
+/// A GPU's energy counter readings over a range (and
+/// [`COUNTER_LOOKBACK_MS`] either side), and its board power readings
+/// there, read when first needed (a counter read at the instant asked
+/// needs none).
+struct Readings<'a> {
     energy: Vec<Point>,
-    power: Vec<Point>,
+    power: std::cell::OnceCell<Vec<Point>>,
+    store: &'a Store,
+    key: (&'a str, &'a str),
+    range: (i64, i64),
 }
 
-impl Readings {
+impl<'a> Readings<'a> {
     fn read(
-        store: &Store,
-        tenant: &str,
-        gpu: &str,
+        store: &'a Store,
+        tenant: &'a str,
+        gpu: &'a str,
         from: i64,
         to: i64,
     ) -> Result<Self, StoreError> {
-        let (a, b) = (
+        let range = (
             from - COUNTER_LOOKBACK_MS,
             to.saturating_add(COUNTER_LOOKBACK_MS),
         );
-        let mut energy = store.series(tenant, gpu, ENERGY_J, a, b, usize::MAX)?;
+        let mut energy = store.series(tenant, gpu, ENERGY_J, range.0, range.1, usize::MAX)?;
         energy.retain(|p| p.value.is_finite());
         Ok(Self {
             energy,
-            power: store.series(tenant, gpu, POWER_W, a, b, usize::MAX)?,
+            power: std::cell::OnceCell::new(),
+            store,
+            key: (tenant, gpu),
+            range,
+        })
+    }
+
+    /// The power readings (none where they could not be read: the energy
+    /// between two counter readings is then split by time).
+    fn power(&self) -> &[Point] {
+        self.power.get_or_init(|| {
+            let (tenant, gpu) = self.key;
+            self.store
+                .series(tenant, gpu, POWER_W, self.range.0, self.range.1, usize::MAX)
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, gpu, "ledger: board power not read");
+                    Vec::new()
+                })
         })
     }
 
@@ -437,7 +471,7 @@ impl Readings {
     }
 
     fn power_between(&self, from: i64, to: i64) -> Option<f64> {
-        power_between(&self.power, from, to)
+        power_between(self.power(), from, to)
     }
 }
 
