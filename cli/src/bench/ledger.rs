@@ -225,7 +225,8 @@ fn load(f: &Fleet, store: &Store, end: i64) -> anyhow::Result<u64> {
                     ..Default::default()
                 });
             }
-            for g in node * 8..((node + 1) * 8).min(f.gpus) {
+            let gpus = node * 8..((node + 1) * 8).min(f.gpus);
+            for (g, energy) in gpus.clone().zip(&mut energy[gpus]) {
                 let uuid = format!("GPU-bench-{g:05}");
                 if k == 0 {
                     set.gpus.push(GpuRecord {
@@ -247,7 +248,7 @@ fn load(f: &Fleet, store: &Store, end: i64) -> anyhow::Result<u64> {
                     let idle = ts - since < f.job_ms / 10;
                     let tpa = if idle { 0.0 } else { level + 0.05 * noise() };
                     let watts = if idle { 70.0 } else { 250.0 + 400.0 * tpa };
-                    energy[g] += watts * f.interval as f64 / 1000.0;
+                    *energy += watts * f.interval as f64 / 1000.0;
                     let sample = OfuSample {
                         ts_ms: ts,
                         ofu: tpa * 1755.0 / 1830.0,
@@ -266,7 +267,7 @@ fn load(f: &Fleet, store: &Store, end: i64) -> anyhow::Result<u64> {
                         window_ms: Some(f.interval as u32),
                     };
                     power.push(point(watts));
-                    counter.push(point(energy[g]));
+                    counter.push(point(*energy));
                 }
                 for (job, since, samples) in by_job {
                     total += samples.len() as u64;
