@@ -263,14 +263,8 @@ fn from_store(dir: &Path, req: &v1::LedgerRequest) -> anyhow::Result<v1::LedgerR
             .unwrap_or(0.0)
     };
     let job = (!req.job_id.is_empty()).then_some(req.job_id.as_str());
-    let held = flopwatch_collector::ledger::stored_holdings(
-        &store,
-        &peak,
-        None,
-        job,
-        req.start_ms,
-        req.end_ms,
-    );
+    let held =
+        flopwatch_collector::ledger::holdings(&store, &peak, None, job, req.start_ms, req.end_ms);
     let _ = std::fs::remove_dir_all(&scratch);
     let minute = flopwatch_collector::store::MINUTE_MS;
     Ok(v1::LedgerResponse {

@@ -453,10 +453,19 @@ impl v1::query_server::Query for QueryService {
         let job = (!req.job_id.is_empty()).then_some(req.job_id);
         let c = self.c.clone();
         let holdings = tokio::task::spawn_blocking(move || {
-            crate::ledger::holdings(&c, tenant.as_deref(), job.as_deref(), start, end)
+            let peak = |g: &GpuRecord| c.peak_tflops(g);
+            crate::ledger::holdings(
+                &c.store,
+                &peak,
+                tenant.as_deref(),
+                job.as_deref(),
+                start,
+                end,
+            )
         })
         .await
-        .map_err(|e| Status::internal(e.to_string()))??;
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(CollectorError::from)?;
         let minute = crate::store::MINUTE_MS;
         Ok(Response::new(v1::LedgerResponse {
             entries: holdings.into_iter().map(Into::into).collect(),

@@ -29,9 +29,7 @@ mod live;
 
 pub use live::{JobTotals, Live, Observed};
 
-use crate::error::CollectorError;
 use crate::ofu::Mean;
-use crate::state::Collector;
 use crate::store::{GpuRecord, JobRecord, OfuPiece, Store, StoreError, MINUTE_MS, WINDOW_MS};
 use flopwatch_proto::metrics::{ENERGY_J, POWER_W};
 use flopwatch_proto::model::Point;
@@ -110,23 +108,12 @@ pub struct Holding {
     pub energy: EnergySource,
 }
 
-/// Holdings of the jobs `c` stores over `[start, end)`, widened to whole
-/// minutes: of `tenant` (every tenant when `None`), only `job` when given.
-/// Holdings without a sample in the range are left out.
+/// Holdings of the jobs `store` holds over `[start, end)`, widened to
+/// whole minutes: of `tenant` (every tenant when `None`), only `job` when
+/// given; `peak` is a GPU's dense FP16 tensor peak (TFLOP/s; 0 for a
+/// model not in the spec table). Holdings without a sample in the range
+/// are left out.
 pub fn holdings(
-    c: &Collector,
-    tenant: Option<&str>,
-    job: Option<&str>,
-    start: i64,
-    end: i64,
-) -> Result<Vec<Holding>, CollectorError> {
-    let peak = |g: &GpuRecord| c.peak_tflops(g);
-    Ok(stored_holdings(&c.store, &peak, tenant, job, start, end)?)
-}
-
-/// [`holdings`] of a store, with `peak` the dense FP16 tensor peak of a
-/// GPU (TFLOP/s; 0 for a model not in the spec table).
-pub fn stored_holdings(
     store: &Store,
     peak: &(dyn Fn(&GpuRecord) -> f64 + Sync),
     tenant: Option<&str>,
@@ -328,6 +315,11 @@ pub fn cumulative(
     let begin = counter_at(store, tenant, gpu, scan.begin)?;
     let mut fig = Figures::default();
     let mut out = Vec::new();
+    // Every counter is 0 where the job's time starts: a job shorter than
+    // a minute still has two points, and `increase` sees all of it.
+    if (from..=to).contains(&scan.begin) {
+        out.push((scan.begin, fig));
+    }
     for (_, t, m) in &scan.minutes {
         add_minute(&mut fig, m);
         if *t < from || *t > to {
