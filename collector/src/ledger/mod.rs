@@ -35,9 +35,7 @@ use flopwatch_proto::metrics::{ENERGY_J, POWER_W};
 use flopwatch_proto::model::Point;
 use std::collections::BTreeMap;
 
-/// A held minute is idle when its mean tensor pipe activity is below
-/// this fraction.
-pub const IDLE_TENSOR_ACTIVE: f64 = 0.01;
+pub use crate::store::IDLE_TENSOR_ACTIVE;
 
 /// How far before an instant the energy counter's last reading is looked
 /// for: longer than any sampling interval an agent uses.
@@ -170,6 +168,8 @@ fn hour_floor(t: i64) -> i64 {
 
 /// One job's figures on its GPU over `[start, end)` (minute-aligned), and
 /// where its energy came from; `None` without a sample in the range.
+/// Sealed hours the job-hour records answer (one small record an hour,
+/// `store/job_hours.rs`); the rest minute by minute ([`scan`]).
 pub fn holding(
     store: &Store,
     tenant: &str,
@@ -177,22 +177,48 @@ pub fn holding(
     start: i64,
     end: i64,
 ) -> Result<Option<(Figures, EnergySource)>, StoreError> {
-    let Some(scan) = scan(store, tenant, job, start, end)? else {
-        return Ok(None);
-    };
+    let gpu = job.gpu_uuid.as_str();
     let mut fig = Figures::default();
-    for (_, _, m) in &scan.minutes {
-        add_minute(&mut fig, m);
+    // Where the job's first sample's window starts, and its last sample.
+    let (mut begin, mut last) = (i64::MAX, i64::MIN);
+    let answered = store.job_hours(tenant, gpu, &job.job_id, start, end, &mut |_, h| {
+        fig.held_ms += h.held_ms;
+        fig.ofu_ms += h.ofu_ms;
+        fig.idle_ms += h.idle_ms;
+        begin = begin.min(h.first.0 - i64::from(h.first.1));
+        last = last.max(h.last_ms);
+    })?;
+    for (a, b) in gaps(start, end, answered) {
+        if let Some(scan) = scan(store, tenant, job, a, b)? {
+            for (_, _, m) in &scan.minutes {
+                add_minute(&mut fig, m);
+            }
+            begin = begin.min(scan.begin);
+            last = last.max(scan.last);
+        }
     }
-    let energy = energy(
-        store,
-        tenant,
-        &job.gpu_uuid,
-        scan.begin,
-        scan.last,
-        &mut fig,
-    )?;
+    if begin > last {
+        return Ok(None);
+    }
+    let energy = energy(store, tenant, gpu, begin, last, &mut fig)?;
     Ok(Some((fig, energy)))
+}
+
+/// The parts of `[start, end)` outside the hours `answered`.
+fn gaps(start: i64, end: i64, mut answered: Vec<i64>) -> Vec<(i64, i64)> {
+    answered.sort_unstable();
+    let mut out = Vec::new();
+    let mut cur = start;
+    for w in answered {
+        if w > cur {
+            out.push((cur, w));
+        }
+        cur = cur.max(w + WINDOW_MS);
+    }
+    if cur < end {
+        out.push((cur, end));
+    }
+    out
 }
 
 /// A job's samples on its GPU over a range, by minute.
@@ -636,9 +662,19 @@ mod tests {
                 .map(|j| holding(&store, "t", j, range.0, range.1).unwrap().unwrap())
                 .collect::<Vec<_>>()
         };
+        let answered = |s: &Store| {
+            s.job_hours("t", "GPU-1", "job-a", range.0, range.1, &mut |_, _| {})
+                .unwrap()
+        };
         let head = read();
+        assert_eq!(answered(&store), Vec::<i64>::new());
         let report = store.compact(T0 + 3 * WINDOW_MS, 0).unwrap();
         assert!(report.chunks > 0);
+        // Sealed: the job-hour records answer every hour.
+        assert_eq!(
+            answered(&store),
+            vec![T0, T0 + WINDOW_MS, T0 + 2 * WINDOW_MS]
+        );
         let sealed = read();
         let ofu = crate::ofu::ofu(0.5, 1500.0, 1830.0);
         // job-a: 80 min held, 30 busy, then 50 idle: minutes 40 to 89 and

@@ -602,6 +602,19 @@ impl Store {
                     .map(|x| (x.ts_ms, x.ofu, x.window_ms)),
             );
             ops.push(Op::Put(Cf::Rollup, lkey, lasts));
+            // Each job's ledger figures of the hour (job_hours.rs).
+            let figures: Vec<(&str, super::JobHour)> = by_job
+                .iter()
+                .filter(|(j, _)| !j.is_empty())
+                .filter_map(|(j, s)| super::JobHour::of(s).map(|h| (j.as_str(), h)))
+                .collect();
+            let mut jkey = keys::kind_prefix(keys::KIND_JOBS, &g.prefix);
+            keys::put_ts(&mut jkey, g.window);
+            ops.push(Op::Put(
+                Cf::Rollup,
+                jkey,
+                super::job_hours::encode(&figures),
+            ));
             samples = n;
         }
         // Raw series keep the hour only; OFU keeps minutes too.

@@ -315,8 +315,9 @@ fn compaction_turns_sealed_hours_into_one_chunk_per_series() {
         // Hour 0 and 1: one raw chunk each; OFU: one chunk per job.
         assert_eq!(count(&*e, Cf::Raw), 2, "{name}");
         assert_eq!(count(&*e, Cf::Ofu), 4, "{name}");
-        // A rollup per series-hour, and minute lasts per OFU hour.
-        assert_eq!(count(&*e, Cf::Rollup), 6, "{name}");
+        // A rollup per series-hour, and minute lasts and job figures per
+        // OFU hour.
+        assert_eq!(count(&*e, Cf::Rollup), 8, "{name}");
         assert_eq!(
             count(&*e, Cf::Head),
             10,
@@ -616,7 +617,7 @@ fn retention_hides_then_deletes_expired_hours_per_tenant() {
         // keeps hour 3: 4 of the 8 raw chunks remain.
         assert_eq!(raw_keys, 8, "{name}");
         assert_eq!(count(&*e, Cf::Raw), 4, "{name}");
-        assert_eq!(count(&*e, Cf::Rollup), 12, "{name}");
+        assert_eq!(count(&*e, Cf::Rollup), 16, "{name}");
         assert!(
             store.events("long", 0, i64::MAX, 10).unwrap().is_empty(),
             "{name}"

@@ -112,6 +112,9 @@ pub const KIND_GPU: u8 = b'g';
 /// Kind byte of a GPU-hour's minute lasts in the rollup family
 /// (`lasts.rs`).
 pub const KIND_LAST: u8 = b'l';
+/// Kind byte of a GPU-hour's job figures in the rollup family
+/// (`job_hours.rs`).
+pub const KIND_JOBS: u8 = b'j';
 
 /// Prefix of a series in the `head` and `rollup` families: a kind byte,
 /// then the series prefix of its own family.
@@ -131,7 +134,7 @@ pub fn series_prefix(cf: super::Cf, key: &[u8]) -> Option<(usize, &str)> {
         Cf::Ofu => (0, 2),
         Cf::Head | Cf::Rollup | Cf::Limbo => match *key.first()? {
             KIND_RAW => (1, 3),
-            KIND_OFU | KIND_GPU | KIND_LAST => (1, 2),
+            KIND_OFU | KIND_GPU | KIND_LAST | KIND_JOBS => (1, 2),
             _ => return None,
         },
         Cf::Meta => return None,

@@ -157,7 +157,7 @@ impl Store {
     }
 
     /// `start` raised to `tenant`'s retention cutoff.
-    fn clamp(&self, tenant: &str, start: i64) -> i64 {
+    pub(super) fn clamp(&self, tenant: &str, start: i64) -> i64 {
         match &self.retention {
             Some(r) => start.max(r.cutoff(tenant)),
             None => start,
