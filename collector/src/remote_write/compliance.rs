@@ -113,11 +113,12 @@ fn traffic(q: &RemoteQueue, t0: i64) {
 async fn send(
     mut cfg: RemoteWriteConfig,
     script: Vec<(u16, &'static str)>,
+    t0: i64,
 ) -> Vec<(String, Vec<u8>)> {
     let stub = Stub::start(script).await;
     cfg.url = stub.url.clone();
     let q = queue();
-    traffic(&q, SystemClock.now_ms());
+    traffic(&q, t0);
     let stats = Arc::new(Stats::default());
     run_until(&cfg, &q, &stats, || q.pending() == 0).await;
     stub.requests()
@@ -267,7 +268,7 @@ fn check_series(reqs: &[(String, Vec<u8>)], v2: bool, t0: i64) {
 #[tokio::test]
 async fn protocol_1_0_headers_body_series_and_metadata() {
     let t0 = SystemClock.now_ms();
-    let reqs = send(fast(""), Vec::new()).await;
+    let reqs = send(fast(""), Vec::new(), t0).await;
     assert!(!reqs.is_empty());
     for (head, body) in &reqs {
         // rw1_content_type, content_encoding_snappy, rw1_version_header,
@@ -315,7 +316,7 @@ async fn protocol_2_0_headers_symbols_series_and_metadata() {
     let t0 = SystemClock.now_ms();
     let mut cfg = fast("");
     cfg.protocol = "2.0".into();
-    let reqs = send(cfg, Vec::new()).await;
+    let reqs = send(cfg, Vec::new(), t0).await;
     for (head, body) in &reqs {
         // content_type_with_proto_param, version_header_value
         assert!(
@@ -405,21 +406,26 @@ async fn successes_errors_and_odd_answers() {
     let mut one = fast("");
     one.max_shards = 1;
     for (status, body) in [(200, "{\"whatever\": true}"), (204, ""), (202, "queued")] {
-        let reqs = send(one.clone(), vec![(status, body)]).await;
+        let reqs = send(one.clone(), vec![(status, body)], SystemClock.now_ms()).await;
         let first = &reqs[0].1;
         assert_eq!(reqs.iter().filter(|r| &r.1 == first).count(), 1, "{status}");
     }
     // handle_large_error_body, log_error_messages_verbatim: a 500 with a
     // megabyte of body is retried; its first line is what is logged.
     let big: &'static str = Box::leak(format!("boom\n{}", "x".repeat(1 << 20)).into_boxed_str());
-    let reqs = send(one.clone(), vec![(500, big)]).await;
+    let reqs = send(one.clone(), vec![(500, big)], SystemClock.now_ms()).await;
     assert_eq!(reqs[0].1, reqs[1].1);
     // handle_empty_response, handle_malformed_response, handle_timeout:
     // a connection closed without an answer, garbage instead of HTTP,
     // and no answer within `timeout` are all retried.
     let mut cfg = one;
     cfg.timeout = Duration::from_millis(300);
-    let reqs = send(cfg, vec![(0, ""), (1, "not http at all\r\n\r\n"), (2, "")]).await;
+    let reqs = send(
+        cfg,
+        vec![(0, ""), (1, "not http at all\r\n\r\n"), (2, "")],
+        SystemClock.now_ms(),
+    )
+    .await;
     assert!(reqs.len() >= 4, "{}", reqs.len());
     assert_eq!(reqs[0].1, reqs[1].1);
     assert_eq!(reqs[1].1, reqs[2].1);
