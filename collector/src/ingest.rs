@@ -726,13 +726,14 @@ impl Session {
                 gpus.push((&s.gpu_uuid, job.filter(|j| !j.is_empty()), &[]));
             }
         }
+        let mut parts = Vec::with_capacity(gpus.len());
         for (gpu, job, samples) in gpus {
             let namespace = self.jobs.get(gpu).map_or("", |j| j.namespace.as_str());
             let peak = self
                 .c
                 .gpu(&self.tenant, gpu)
                 .map_or(0.0, |g| self.c.peak_tflops(&g));
-            self.c.ledger.observe(crate::ledger::Observed {
+            parts.push(crate::ledger::Observed {
                 tenant: &self.tenant,
                 gpu,
                 job: job.map(|j| (j, namespace)),
@@ -741,6 +742,7 @@ impl Session {
                 energy: energy(gpu),
             });
         }
+        self.c.ledger.observe(&parts);
     }
 
     /// Updates the live view after a commit.

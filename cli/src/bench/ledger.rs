@@ -126,7 +126,7 @@ async fn measure(a: &LedgerArgs, work: &Path, interval: i64) -> anyhow::Result<(
         store.engine().flush()?;
         n
     };
-    let disk = dir_bytes(&dir);
+    let disk = super::storage::dir_bytes(&dir);
     println!(
         "fleet: {} GPUs × {} days, OFU, energy counter and power every {} = {samples} samples, jobs of {} days on {} tenants; written and compacted in {:.0} s ({:.2} GiB on disk)",
         a.gpus,
@@ -299,19 +299,4 @@ fn load(f: &Fleet, store: &Store, end: i64) -> anyhow::Result<u64> {
         }
     }
     Ok(total)
-}
-
-/// Bytes under `dir`.
-fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| match e.metadata() {
-                    Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-                    Ok(m) => m.len(),
-                    Err(_) => 0,
-                })
-                .sum()
-        })
-        .unwrap_or(0)
 }

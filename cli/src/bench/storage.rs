@@ -201,7 +201,8 @@ fn agents(traces: &[Vec<Capture>], gpus: usize, t0: i64, hours: i64, adaptive: b
     out
 }
 
-fn dir_bytes(p: &Path) -> u64 {
+/// Bytes under `p`.
+pub(super) fn dir_bytes(p: &Path) -> u64 {
     let Ok(rd) = std::fs::read_dir(p) else {
         return 0;
     };

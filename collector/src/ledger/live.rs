@@ -84,54 +84,14 @@ pub struct Observed<'a> {
 }
 
 impl Live {
-    /// Adds one GPU's part of a batch.
-    pub fn observe(&self, o: Observed<'_>) {
+    /// Adds a batch's GPUs' parts, under one lock.
+    pub fn observe(&self, parts: &[Observed<'_>]) {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
         let Inner { jobs, gpus } = &mut *inner;
-        let key = o.job.map(|(j, _)| (o.tenant.to_string(), j.to_string()));
-        let state = gpus
-            .entry((o.tenant.to_string(), o.gpu.to_string()))
-            .or_default();
-        if state.job != key {
-            close_minute(jobs, state);
-            state.job = key.clone();
-        }
-        for s in o.samples {
-            let minute = s.ts_ms.div_euclid(MINUTE_MS);
-            if minute != state.minute {
-                close_minute(jobs, state);
-                state.minute = minute;
-            }
-            state
-                .mean
-                .add(s.ofu, s.tensor_active, s.sm_clock_mhz, s.window_ms);
-            if let Some(k) = &key {
-                let t = jobs.entry(k.clone()).or_default();
-                let w = f64::from(s.window_ms.max(1)) / 1000.0;
-                t.held_ms += w * 1000.0;
-                t.delivered_tflop += s.ofu * w * o.peak_tflops;
-                t.capacity_tflop += w * o.peak_tflops;
-                t.last_ms = t.last_ms.max(s.ts_ms);
-            }
-        }
-        for p in o.energy.iter().filter(|p| p.value.is_finite()) {
-            if let (Some((t, v)), Some(k)) = (state.energy, &key) {
-                if p.ts_ms > t && p.value >= v {
-                    jobs.entry(k.clone()).or_default().energy_j += p.value - v;
-                }
-            }
-            if state.energy.is_none_or(|(t, _)| p.ts_ms > t) {
-                state.energy = Some((p.ts_ms, p.value));
-            }
-        }
-        if let (Some(k), Some((_, ns))) = (&key, o.job) {
-            if let Some(t) = jobs.get_mut(k) {
-                if t.namespace != ns {
-                    t.namespace = ns.to_string();
-                }
-            }
+        for o in parts {
+            observe_one(jobs, gpus, o);
         }
         forget(jobs);
     }
@@ -142,6 +102,57 @@ impl Live {
             .lock()
             .map(|i| i.jobs.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
             .unwrap_or_default()
+    }
+}
+
+/// Adds one GPU's part of a batch.
+fn observe_one(
+    jobs: &mut HashMap<(String, String), JobTotals>,
+    gpus: &mut HashMap<(String, String), GpuState>,
+    o: &Observed<'_>,
+) {
+    let key = o.job.map(|(j, _)| (o.tenant.to_string(), j.to_string()));
+    let state = gpus
+        .entry((o.tenant.to_string(), o.gpu.to_string()))
+        .or_default();
+    if state.job != key {
+        close_minute(jobs, state);
+        state.job = key.clone();
+    }
+    for s in o.samples {
+        let minute = s.ts_ms.div_euclid(MINUTE_MS);
+        if minute != state.minute {
+            close_minute(jobs, state);
+            state.minute = minute;
+        }
+        state
+            .mean
+            .add(s.ofu, s.tensor_active, s.sm_clock_mhz, s.window_ms);
+        if let Some(k) = &key {
+            let t = jobs.entry(k.clone()).or_default();
+            let w = f64::from(s.window_ms.max(1)) / 1000.0;
+            t.held_ms += w * 1000.0;
+            t.delivered_tflop += s.ofu * w * o.peak_tflops;
+            t.capacity_tflop += w * o.peak_tflops;
+            t.last_ms = t.last_ms.max(s.ts_ms);
+        }
+    }
+    for p in o.energy.iter().filter(|p| p.value.is_finite()) {
+        if let (Some((t, v)), Some(k)) = (state.energy, &key) {
+            if p.ts_ms > t && p.value >= v {
+                jobs.entry(k.clone()).or_default().energy_j += p.value - v;
+            }
+        }
+        if state.energy.is_none_or(|(t, _)| p.ts_ms > t) {
+            state.energy = Some((p.ts_ms, p.value));
+        }
+    }
+    if let (Some(k), Some((_, ns))) = (&key, o.job) {
+        if let Some(t) = jobs.get_mut(k) {
+            if t.namespace != ns {
+                t.namespace = ns.to_string();
+            }
+        }
     }
 }
 
@@ -205,14 +216,14 @@ mod tests {
     fn counters_follow_the_batches() {
         let live = Live::default();
         let obs = |job: Option<(&'static str, &'static str)>, s: &[OfuSample], e: &[Point]| {
-            live.observe(Observed {
+            live.observe(&[Observed {
                 tenant: "t",
                 gpu: "G1",
                 job,
                 peak_tflops: 1000.0,
                 samples: s,
                 energy: e,
-            })
+            }])
         };
         let a = Some(("a", "ns"));
         obs(
