@@ -63,7 +63,12 @@ pub struct Batcher {
     cursor: usize,
     /// The points since the last cut: (slot, point), in arrival order.
     points: Vec<(u32, Point)>,
-    jobs: BTreeMap<usize, JobAssignment>,
+    /// The latest capture's attribution, by (inventory index, job id):
+    /// several jobs on a shared GPU.
+    jobs: BTreeMap<(usize, String), JobAssignment>,
+    /// Σ share (ppm) and captures of each shared GPU's jobs since the last
+    /// cut: a batch carries their mean share.
+    shares: BTreeMap<(usize, String), (u64, u64)>,
     events: Vec<Event>,
     /// Shortest window (ms) of the points added since the last cut.
     interval_ms: Option<u32>,
@@ -100,7 +105,13 @@ impl Batcher {
         self.jobs.clear();
         for j in capture.jobs {
             if let Some(i) = inventory.iter().position(|g| g.uuid == j.gpu_uuid) {
-                self.jobs.insert(i, j);
+                let key = (i, j.job_id.clone());
+                if let Some(share) = j.share {
+                    let e = self.shares.entry(key.clone()).or_default();
+                    e.0 += u64::from(share.ppm);
+                    e.1 += 1;
+                }
+                self.jobs.insert(key, j);
             }
         }
         if !capture.events.is_empty() {
@@ -117,12 +128,22 @@ impl Batcher {
         if self.is_empty() {
             return false;
         }
-        let ids = |i: usize| -> Option<&str> {
-            jobs.iter()
-                .find(|j| inventory.get(i).is_some_and(|g| g.uuid == j.gpu_uuid))
-                .map(|j| j.job_id.as_str())
-        };
-        (0..inventory.len()).any(|i| self.jobs.get(&i).map(|j| j.job_id.as_str()) != ids(i))
+        // The job ids of each GPU, in both (a share that moves is no
+        // change: the batch carries the mean).
+        let now: std::collections::BTreeSet<(usize, &str)> = jobs
+            .iter()
+            .filter_map(|j| {
+                let i = inventory.iter().position(|g| g.uuid == j.gpu_uuid)?;
+                Some((i, j.job_id.as_str()))
+            })
+            .collect();
+        let held: std::collections::BTreeSet<(usize, &str)> = self
+            .jobs
+            .keys()
+            .filter(|(i, _)| *i < inventory.len())
+            .map(|(i, j)| (*i, j.as_str()))
+            .collect();
+        now != held
     }
 
     /// Adds what a sampler held back ([`Sampler::flush`](crate::sampler::Sampler::flush)):
@@ -202,6 +223,40 @@ impl Batcher {
         self.points.len() >= max_samples || now_ms >= self.due_at(last_cut_ms, flush_ms)
     }
 
+    /// The batch's attribution: the latest capture's, each shared GPU's
+    /// shares averaged over the captures since the last cut (and made
+    /// whole again: they sum to 10⁶ ppm per GPU).
+    fn attribution(&mut self) -> Vec<JobAssignment> {
+        let shares = std::mem::take(&mut self.shares);
+        let mut jobs: Vec<JobAssignment> = self.jobs.values().cloned().collect();
+        let mean = |key: &(usize, String)| shares.get(key).map(|(sum, n)| sum / (*n).max(1));
+        let keys: Vec<(usize, String)> = self.jobs.keys().cloned().collect();
+        for (j, key) in jobs.iter_mut().zip(&keys) {
+            if let (Some(share), Some(m)) = (j.share.as_mut(), mean(key)) {
+                share.ppm = u32::try_from(m).unwrap_or(u32::MAX);
+            }
+        }
+        // Rounding of the means: the largest share of each GPU takes it.
+        let mut by_gpu: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (k, (i, _)) in keys.iter().enumerate() {
+            if jobs[k].share.is_some() {
+                by_gpu.entry(*i).or_default().push(k);
+            }
+        }
+        for ks in by_gpu.values() {
+            let sum: i64 = ks
+                .iter()
+                .filter_map(|&k| jobs[k].share.map(|s| i64::from(s.ppm)))
+                .sum();
+            if let Some(&big) = ks.iter().max_by_key(|&&k| jobs[k].share.map(|s| s.ppm)) {
+                if let Some(s) = jobs[big].share.as_mut() {
+                    s.ppm = (i64::from(s.ppm) + 1_000_000 - sum).clamp(0, 1_000_000) as u32;
+                }
+            }
+        }
+        jobs
+    }
+
     /// Takes everything as a batch (seq 0: numbered when first sent),
     /// series in (GPU, metric) order.
     pub fn cut(
@@ -248,7 +303,7 @@ impl Batcher {
             series,
             // Attribution rides on every batch: the collector needs no state
             // from earlier batches to attribute this one.
-            jobs: self.jobs.values().cloned().collect(),
+            jobs: self.attribution(),
             events: std::mem::take(&mut self.events),
             sent_at_ms: now_ms,
             ..Batch::default()

@@ -52,6 +52,10 @@ pub struct ClientOptions {
     pub tls: flopwatch_transport::TlsClient,
     /// The Hello to open each stream with.
     pub hello: Hello,
+    /// A newer Hello, when the node's GPU list changes (a MIG instance
+    /// created): the stream ends and opens again with it, before any
+    /// batch that names the new GPUs is sent.
+    pub hello_updates: Option<watch::Receiver<Hello>>,
     /// How long a shutdown waits for outstanding acks.
     pub drain_timeout: Duration,
     /// Most batches put on the wire per second (a spool backlog drains at
@@ -88,6 +92,8 @@ enum End {
     },
     /// Home answers again.
     Home,
+    /// The Hello changed: open the stream again with it.
+    Relist,
 }
 
 /// Runs until the outbox is closed and drained, or, once it is closed,
@@ -127,6 +133,11 @@ pub async fn run(opts: ClientOptions, outbox: Arc<Outbox>, state: watch::Sender<
         let home = (pos != 0).then(|| opts.collectors[order[0]].as_str());
         match session(&opts, url, home, &outbox, &state, &mut deadline, &mut ack).await {
             End::Shutdown => return,
+            End::Relist => {
+                state.send_modify(|s| s.connected_to = None);
+                info!(collector = %url, "GPU list changed; opening the stream again with it");
+                continue;
+            }
             End::Home => {
                 state.send_modify(|s| s.connected_to = None);
                 info!(collector = %opts.collectors[order[0]], "home collector is back");
@@ -233,7 +244,14 @@ async fn session(
         Err(e) => return failed(format!("connect: {e}")),
     };
     let (tx, rx) = mpsc::channel::<Outgoing>(WINDOW + 2);
-    let hello: v1::Hello = opts.hello.clone().into();
+    let mut updates = opts.hello_updates.clone();
+    let hello: v1::Hello = match updates.as_mut() {
+        Some(u) => u.borrow_and_update().clone().into(),
+        None => opts.hello.clone().into(),
+    };
+    let relisted = |u: &Option<watch::Receiver<Hello>>| {
+        u.as_ref().is_some_and(|u| u.has_changed().unwrap_or(false))
+    };
     if tx.send(Outgoing::Hello(Box::new(hello))).await.is_err() {
         return failed("stream closed");
     }
@@ -330,6 +348,12 @@ async fn session(
             } else {
                 Vec::new()
             };
+            // Checked after taking the batches: one cut after the change
+            // may name a new GPU, and goes out after the new Hello (the
+            // Welcome puts taken batches back).
+            if relisted(&updates) {
+                return End::Relist;
+            }
             tokens -= batches.len() as f64;
             for b in batches {
                 if tx.send(Outgoing::Batch(b)).await.is_err() {
@@ -405,7 +429,20 @@ async fn session(
                 Err(s) => return end(&format!("{}: {}", s.code(), s.message())),
             },
             _ = outbox.notified() => {}
+            _ = changed(&mut updates) => return End::Relist,
             _ = tokio::time::sleep_until(wake) => {}
         }
+    }
+}
+
+/// Resolves when a newer Hello is published; never without updates, or
+/// once their sender is gone.
+async fn changed(updates: &mut Option<watch::Receiver<Hello>>) {
+    let open = match updates {
+        Some(u) => u.changed().await.is_ok(),
+        None => false,
+    };
+    if !open {
+        std::future::pending::<()>().await;
     }
 }

@@ -227,12 +227,15 @@ impl Pending {
                 .map(|d| crate::source::qualify(d, &opts.node.node_id))
                 .collect(),
         };
+        // The sampling loop publishes a new Hello when the GPU list changes.
+        let (hello_tx, hello_updates) = watch::channel(hello.clone());
         let client = tokio::spawn(client::run(
             ClientOptions {
                 collectors: opts.collectors.clone(),
                 token: opts.token.clone(),
                 tls: opts.tls.clone(),
                 hello,
+                hello_updates: Some(hello_updates),
                 drain_timeout: opts.drain_timeout,
                 max_batches_per_second: self.max_batches_per_second,
             },
@@ -249,7 +252,8 @@ impl Pending {
             self.stats,
             self.health.clone(),
             self.state,
-        );
+        )
+        .publishing_hello(hello_tx);
         self.health.started();
         let sampling = Loop::start(sampling, opts.pacing, self.shutdown);
         Running { sampling, client }

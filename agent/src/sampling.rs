@@ -34,7 +34,7 @@ use crate::outbox::Outbox;
 use crate::sampler::Sampler;
 use crate::source::{GpuSource, SourceError};
 use flopwatch_proto::clock::Clock;
-use flopwatch_proto::model::{GpuInfo, NodeIdentity};
+use flopwatch_proto::model::{GpuInfo, Hello, NodeIdentity};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -65,6 +65,8 @@ pub struct AgentStats {
     pub capture_errors: AtomicU64,
     /// Readings the sampler's read plans let the source skip.
     pub reads_skipped: AtomicU64,
+    /// Times the source's GPU list changed while sampling.
+    pub relists: AtomicU64,
     /// Each metric's current sampling interval when the last batch was cut:
     /// (GPU UUID, metric, ms).
     pub intervals: std::sync::Mutex<Vec<(String, &'static str, u32)>>,
@@ -108,6 +110,8 @@ pub(crate) struct Sampling {
     last_flush: i64,
     /// Failing and recovering captures, for the log and the probes.
     outage: crate::outage::Watch,
+    /// Where a changed GPU list goes, for the stream to open again with it.
+    hello: Option<watch::Sender<Hello>>,
 }
 
 /// A capture to take off the runtime: the source and the MFU inbox travel
@@ -187,6 +191,38 @@ impl Sampling {
                 health.clone(),
             ),
             health,
+            hello: None,
+        }
+    }
+
+    /// Publishes the GPU list to `hello` whenever the source's changes
+    /// ([`GpuSource::inventory`]).
+    pub(crate) fn publishing_hello(mut self, hello: watch::Sender<Hello>) -> Self {
+        self.hello = Some(hello);
+        self
+    }
+
+    /// The source's GPU list changed at `at` (a MIG instance created, a GPU
+    /// that came up late): what was sampled under the old list goes out
+    /// under it, then the new list is used and published, so that no batch
+    /// naming a new GPU precedes the Hello that lists it.
+    fn relist(&mut self, source: &dyn GpuSource, mfu: &mut MfuInbox, at: i64) {
+        self.batcher.add_held(self.sampler.flush(at), &self.owners);
+        if !self.batcher.is_empty() || mfu.has_reports() {
+            self.cut(mfu, at);
+        }
+        let before = self.inventory.len();
+        self.inventory = source.inventory().to_vec();
+        self.owners = crate::source::series_owners(source, &self.node.node_id);
+        info!(
+            gpus = self.inventory.len(),
+            added = self.inventory.len().saturating_sub(before),
+            "the source's GPU list changed"
+        );
+        self.stats.relists.fetch_add(1, Ordering::Relaxed);
+        if let Some(tx) = &self.hello {
+            let gpus = self.inventory.clone();
+            tx.send_modify(|h| h.gpus = gpus);
         }
     }
 
@@ -213,13 +249,21 @@ impl Sampling {
             Ok(mut capture) => {
                 self.stats.captures.fetch_add(1, Ordering::Relaxed);
                 self.outage.succeeded(at);
+                if source.inventory() != self.inventory.as_slice() {
+                    self.relist(source.as_ref(), &mut mfu, at);
+                }
                 note_gpm_denied(&self.stats, &self.inventory, source.gpm_permission_denied());
                 // Lookups run in the background at most every refresh
                 // interval; every capture carries the latest owners, then
                 // the source's jobs, then the `job` label.
                 self.attribution
                     .tick(at, &self.inventory, || source.processes());
-                self.attribution.apply(at, &mut capture, &self.inventory);
+                self.attribution.apply_with_util(
+                    at,
+                    &mut capture,
+                    &self.inventory,
+                    &source.process_utilization(),
+                );
                 self.filter.apply(&mut capture);
                 if self.batcher.jobs_change(&capture.jobs, &self.owners) {
                     // A job started or ended: what was sampled before

@@ -328,6 +328,109 @@ fn a_gpus_processes_vote_for_its_owner() {
     assert_eq!(stats.pids_read.load(Ordering::Relaxed), 4);
 }
 
+/// A GPU two owners' processes share (time-slicing): both are listed,
+/// each with its share, by the SM utilisation of its processes, else
+/// evenly; the shares make the whole GPU.
+#[test]
+fn a_shared_gpu_lists_every_owner_with_its_share() {
+    use flopwatch_agent::attribution::resolve_claims;
+    use flopwatch_proto::model::Split;
+    let uuids = vec!["GPU-0".to_string(), "GPU-1".to_string()];
+    let stats = AttributionStats::default();
+    // GPU 0: pod A (10000, 10001) and Slurm 4242 (10003); GPU 1: 4242.
+    let processes = [(0, 10_000), (0, 10_003), (0, 10_001), (1, 10_003)];
+    let claims = resolve_claims(&opts(&fixture_proc()), &uuids, &processes, &stats);
+    let owners: Vec<(&str, usize)> = claims[0]
+        .iter()
+        .map(|c| (c.owner.job_id.as_str(), c.pids.len()))
+        .collect();
+    assert_eq!(owners, [(POD_A, 2), ("4242", 1)]);
+    assert_eq!(claims[1].len(), 1);
+
+    let inventory: Vec<GpuInfo> = uuids
+        .iter()
+        .map(|u| GpuInfo {
+            uuid: u.clone(),
+            ..Default::default()
+        })
+        .collect();
+    let mut attribution = Attribution::new(opts(&fixture_proc()), None);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(attribution.refresh(T0, &inventory, &processes));
+    // SM utilisation: pod A's processes 30 % + 10 %, Slurm's 60 %.
+    let util = [
+        (0, 10_000, 30.0),
+        (0, 10_001, 10.0),
+        (0, 10_003, 60.0),
+        (1, 10_003, 90.0),
+    ];
+    let mut c = Capture {
+        ts_ms: T0,
+        ..Default::default()
+    };
+    attribution.apply_with_util(T0, &mut c, &inventory, &util);
+    let on = |c: &Capture, gpu: &str| -> Vec<(String, Option<(u32, Split)>)> {
+        c.jobs
+            .iter()
+            .filter(|j| j.gpu_uuid == gpu)
+            .map(|j| (j.job_id.clone(), j.share.map(|s| (s.ppm, s.split))))
+            .collect()
+    };
+    assert_eq!(
+        on(&c, "GPU-0"),
+        [
+            (POD_A.to_string(), Some((400_000, Split::SmUtil))),
+            ("4242".to_string(), Some((600_000, Split::SmUtil)))
+        ]
+    );
+    // The one owner of GPU 1 holds it whole: no share.
+    assert_eq!(on(&c, "GPU-1"), [("4242".to_string(), None)]);
+    // No per-process figure (or idle processes): an even split.
+    let mut c = Capture {
+        ts_ms: T0 + 1_000,
+        ..Default::default()
+    };
+    attribution.apply(T0 + 1_000, &mut c, &inventory);
+    assert_eq!(
+        on(&c, "GPU-0"),
+        [
+            (POD_A.to_string(), Some((500_000, Split::Equal))),
+            ("4242".to_string(), Some((500_000, Split::Equal)))
+        ]
+    );
+    // Each job keeps the time it was first seen on the GPU.
+    assert!(c.jobs.iter().all(|j| j.since_ms == T0), "{:?}", c.jobs);
+}
+
+/// Shares always make exactly one GPU, whatever the rounding.
+#[test]
+fn apportioned_shares_sum_to_one_gpu() {
+    use flopwatch_agent::attribution::{apportion, Claim, Owner};
+    let claim = |job: &str, pids: &[u32]| Claim {
+        owner: Owner::from_mapping(job),
+        pids: pids.to_vec(),
+    };
+    let claims = [claim("a", &[1]), claim("b", &[2]), claim("c", &[3, 4])];
+    for util in [
+        vec![(1, 33.0), (2, 33.0), (3, 17.0), (4, 17.0)],
+        vec![(1, 1.0), (2, 1.0), (3, 1.0)],
+        vec![(1, 0.0)],
+        vec![(1, f64::NAN), (2, 5.0)],
+    ] {
+        let util: std::collections::HashMap<u32, f64> = util.into_iter().collect();
+        let shares = apportion(&claims, &util);
+        assert_eq!(shares.len(), 3);
+        assert_eq!(
+            shares.iter().map(|s| s.ppm).sum::<u32>(),
+            1_000_000,
+            "{util:?}"
+        );
+    }
+}
+
 #[test]
 fn a_pid_that_vanishes_between_listing_and_reading_is_skipped() {
     let proc_root = tempfile::tempdir().unwrap();

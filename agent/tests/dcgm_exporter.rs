@@ -377,12 +377,12 @@ fn inventory_comes_from_the_first_scrape() {
             81_037 << 20,
             "used + free + reserved MiB"
         );
-        assert_eq!(info.mig_parent_uuid, None);
+        assert_eq!(info.mig, flopwatch_proto::model::Mig::Off);
         assert!(!info.gpm_supported);
     }
-    // MEMORY_TEMP, ENC_UTIL, NVLINK_BANDWIDTH_TOTAL, GR_ENGINE_ACTIVE.
+    // NVLINK_BANDWIDTH_TOTAL.
     let direct = DcgmExporterSource::open(&exporter.url).unwrap();
-    assert_eq!(direct.ignored_fields(), 4);
+    assert_eq!(direct.ignored_fields(), 1);
     assert_eq!(direct.url(), exporter.url);
 }
 
@@ -418,6 +418,12 @@ fn readings_are_mapped_to_catalog_units() {
         (m::THROTTLE_REASONS, 4.0),
         (m::PCIE_REPLAY_TOTAL, 3.0),
         (m::NVLINK_ERRORS_TOTAL, 5.0),
+        (m::GR_ENGINE_ACTIVE, 0.953),
+        (m::MEMORY_TEMP_C, 41.0),
+        (m::ENC_UTIL, 0.0),
+        (m::XID_LAST, 0.0),
+        (m::MEM_FREE_BYTES, 20_000.0 * 1024.0 * 1024.0),
+        (m::MEM_RESERVED_BYTES, 537.0 * 1024.0 * 1024.0),
     ];
     for (metric, v) in want {
         assert!(
@@ -458,19 +464,22 @@ fn a_gpu_missing_from_a_later_scrape_gets_no_readings() {
     let mut source = open(&exporter.url).unwrap();
     source.capture(1_000).unwrap();
 
-    // GPU 0 gone, GPU 2 new: GPU 1 alone is read, GPU 2 is ignored.
+    // GPU 0 gone, GPU 2 new: GPU 0 stays listed without readings, GPU 2
+    // is appended (the inventory only grows) and read.
     exporter.set(StatusCode::OK, page(&[1, 2], 0));
     let c = source.capture(2_000).unwrap();
-    assert_eq!(c.gpus.iter().map(|g| g.gpu).collect::<Vec<_>>(), [1]);
+    assert_eq!(c.gpus.iter().map(|g| g.gpu).collect::<Vec<_>>(), [1, 2]);
     assert_eq!(value(&c, 1, m::SM_CLOCK_MHZ), Some(210.0));
     assert!(c.jobs.is_empty());
-    assert_eq!(source.inventory().len(), 2, "the inventory is fixed");
+    assert_eq!(source.inventory().len(), 3, "the inventory only grows");
+    assert_eq!(source.inventory()[0].uuid, UUID0, "and keeps its order");
 
-    // GPU 0 back.
+    // GPU 0 back, in its place.
     exporter.set(StatusCode::OK, page(&[0, 1, 2], 0));
     let c = source.capture(3_000).unwrap();
-    assert_eq!(c.gpus.iter().map(|g| g.gpu).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(c.gpus.iter().map(|g| g.gpu).collect::<Vec<_>>(), [0, 1, 2]);
     assert_eq!(value(&c, 0, m::SM_CLOCK_MHZ), Some(1410.0));
+    assert_eq!(source.inventory().len(), 3);
 }
 
 #[test]
@@ -479,6 +488,8 @@ fn a_new_xid_is_an_event() {
     let mut source = open(&exporter.url).unwrap();
     let c = source.capture(1_000).unwrap();
     assert!(c.events.is_empty(), "the XID at open is the baseline");
+    // ... and a reading from the first capture on.
+    assert_eq!(value(&c, 0, m::XID_LAST), Some(13.0));
     exporter.set(StatusCode::OK, page(&[0, 1], 79));
     let c = source.capture(2_000).unwrap();
     assert_eq!(c.events.len(), 1);
@@ -591,10 +602,7 @@ fn mig_instances_are_their_own_gpus() {
             format!("MIG-{UUID0}/5")
         ]
     );
-    assert_eq!(
-        source.inventory()[1].mig_parent_uuid.as_deref(),
-        Some(UUID0)
-    );
+    assert_eq!(source.inventory()[1].mig.parent_uuid(), Some(UUID0));
     let c = source.capture(1_000).unwrap();
     assert_eq!(value(&c, 1, m::TENSOR_ACTIVE), Some(0.6));
     assert_eq!(value(&c, 2, m::TENSOR_ACTIVE), Some(0.05));

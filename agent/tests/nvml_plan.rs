@@ -24,7 +24,7 @@ fn reading(c: &Capture, gpu: usize, metric: &str) -> Option<flopwatch_agent::sou
 }
 
 /// GPM metrics (one GPM sample gives them all).
-const GPM: [&str; 11] = [
+const GPM: [&str; 12] = [
     m::TENSOR_ACTIVE,
     m::SM_ACTIVE,
     m::SM_OCCUPANCY,
@@ -32,6 +32,7 @@ const GPM: [&str; 11] = [
     m::FP16_ACTIVE,
     m::FP32_ACTIVE,
     m::FP64_ACTIVE,
+    m::GR_ENGINE_ACTIVE,
     m::NVLINK_TX_BYTES_S,
     m::NVLINK_RX_BYTES_S,
     m::PCIE_TX_BYTES_S,

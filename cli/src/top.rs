@@ -272,6 +272,7 @@ mod tests {
                     node_id: node.into(),
                     tenant: "default".into(),
                     job_id: job.into(),
+                    shares: Vec::new(),
                     last_seen_ms: 99_000,
                 });
                 let f = gpu_ofu[2 * n + i as usize];

@@ -18,12 +18,13 @@
 //! | `flopwatch_gpu_<metric>_<unit>` | one per catalog metric ([`crate::series::family`]): gauge, or counter (`_total`) for the catalog's counters; last value, in base units | GPU labels |
 //! | `flopwatch_gpu_last_sample_timestamp_seconds` | gauge, newest sample of the GPU | GPU labels |
 //! | `flopwatch_gpu_xid_errors_total` | counter, XID errors its agent reported since this collector started | GPU labels |
-//! | `flopwatch_node_ofu_ratio` | gauge | `tenant`, `node`, `hostname` |
-//! | `flopwatch_job_ofu_ratio`, `flopwatch_job_gpus` | gauge | `tenant`, `job_id` |
+//! | `flopwatch_gpu_job_share_ratio` | gauge, a shared GPU's apportioned share of each job (docs/ATTRIBUTION.md, *Shared GPUs*) | GPU labels + job labels + `split` |
+//! | `flopwatch_node_ofu_ratio` | gauge, capacity-weighted (docs/MIG.md) | `tenant`, `node`, `hostname` |
+//! | `flopwatch_job_ofu_ratio`, `flopwatch_job_gpus` | gauge; a shared GPU counts with the job's apportioned part | `tenant`, `job_id` |
 //! | `flopwatch_sampling_interval_seconds` | gauge | GPU labels + `metric` |
 //! | `flopwatch_device_<metric>_<unit>` | one per catalog metric of a node device, as for GPUs | device labels |
 //! | `flopwatch_device_sampling_interval_seconds` | gauge | device labels + `metric` |
-//! | `DCGM_FI_*` | with `[exporter] dcgm_compat`, dcgm-exporter's families ([`dcgm`]) | dcgm-exporter's |
+//! | `DCGM_FI_*` | with `[exporter] dcgm_compat`, dcgm-exporter's families, types and units ([`dcgm`], docs/EXPORTER.md) | dcgm-exporter's, plus `instance` (the node) and `tenant` |
 //! | `flopwatch_agent_backlog_bytes`, `flopwatch_agent_backlog_batches` | gauge | `tenant`, `agent`, `hostname` |
 //! | `flopwatch_tenant_rejected_samples_total`, `flopwatch_tenant_rejected_batches_total` | counter | `tenant`, `reason` |
 //! | `flopwatch_tenant_active_series` | gauge | `tenant` |
@@ -312,6 +313,24 @@ impl Exporter {
             gpus.iter()
                 .filter_map(|g| g.ofu.map(|o| (gpu_labels(g), o))),
         )?;
+        // A shared GPU's jobs: each one's apportioned share of its work
+        // (`split` says how; not a per-job measurement).
+        gauges(
+            enc,
+            "flopwatch_gpu_job_share_ratio",
+            "Share of a shared GPU's work apportioned to a job (time-slicing, MPS), fraction 0..1; split=\"sm_util\": by its processes' SM utilisation, \"equal\": evenly.",
+            gpus.iter().filter(|g| g.job.is_none()).flat_map(|g| {
+                g.shares.iter().map(move |j| {
+                    let mut l = gpu_labels(g);
+                    crate::series::push_job_labels(
+                        &mut l,
+                        [&j.job_id, &j.pod, &j.namespace, &j.container, &j.hpc_job],
+                    );
+                    l.push(("split".into(), j.split.clone()));
+                    (l, f64::from(j.share_ppm.min(1_000_000)) / 1e6)
+                })
+            }),
+        )?;
         gauges(
             enc,
             "flopwatch_ofu_tensor_active_ratio",
@@ -370,7 +389,20 @@ impl Exporter {
         )?;
         self.encode_ledger(enc)?;
         if c.settings.dcgm_compat {
-            dcgm::encode(enc, &gpus, &xids, &shown)?;
+            let ids: Vec<dcgm::Identity> = gpus
+                .iter()
+                .map(|g| {
+                    c.gpu(&g.tenant, &g.uuid)
+                        .map(|r| dcgm::Identity::of(&r))
+                        .unwrap_or_default()
+                })
+                .collect();
+            let page: Vec<dcgm::Gpu<'_>> = gpus
+                .iter()
+                .zip(&ids)
+                .map(|(live, id)| dcgm::Gpu { live, id })
+                .collect();
+            dcgm::encode(enc, &page, &xids, &shown)?;
         }
         let mut devices = c.live.devices(now);
         devices.retain(|d| self.allows(&d.tenant));
@@ -394,9 +426,21 @@ impl Exporter {
                     .map(|(m, ms)| (with(device_labels(d), "metric", m), f64::from(*ms) / 1000.0))
             }),
         )?;
-        let nodes = group_ofu(&gpus, |g| {
-            Some((g.tenant.clone(), g.node_id.clone(), g.hostname.clone()))
-        });
+        // Weighted by capacity: a MIG instance by its share of the card.
+        let share = |g: &crate::live::GpuLive| {
+            c.gpu(&g.tenant, &g.uuid)
+                .map_or(1.0, |r| c.capacity_share(&r))
+        };
+        let nodes = group_ofu(
+            &gpus,
+            |g| {
+                vec![(
+                    (g.tenant.clone(), g.node_id.clone(), g.hostname.clone()),
+                    g.ofu.unwrap_or(0.0),
+                )]
+            },
+            share,
+        );
         gauges(
             enc,
             "flopwatch_node_ofu_ratio",
@@ -412,9 +456,18 @@ impl Exporter {
                 )
             }),
         )?;
-        let jobs = group_ofu(&gpus, |g| {
-            g.job.as_ref().map(|j| (g.tenant.clone(), j.job_id.clone()))
-        });
+        // A shared GPU counts for each of its jobs with the job's
+        // apportioned part.
+        let jobs = group_ofu(
+            &gpus,
+            |g| {
+                crate::live::job_parts(g)
+                    .into_iter()
+                    .map(|(j, o)| ((g.tenant.clone(), j), o))
+                    .collect()
+            },
+            share,
+        );
         let job_labels = |t: &str, j: &str| {
             vec![
                 ("tenant".to_string(), t.to_string()),

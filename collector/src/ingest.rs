@@ -251,7 +251,11 @@ struct Session {
     /// Ids of the node's devices (InfiniBand ports, NUMA nodes, the host).
     devices: HashSet<String>,
     acked: u64,
+    /// Each GPU's one job, as of the last batch.
     jobs: HashMap<String, v1::JobAssignment>,
+    /// The jobs of each GPU several share, with their shares (ppm, summing
+    /// to at most 10⁶), as of the last batch.
+    shared: HashMap<String, Vec<v1::JobAssignment>>,
     /// The series this stream has counted against the tenant's cap.
     series_seen: StreamSeries,
 }
@@ -337,7 +341,8 @@ impl Session {
             hostname: hello.node.hostname.clone(),
             boot_id: hello.node.boot_id.clone(),
             agent_id: hello.agent_id.clone(),
-            gpus: hello.gpus.len() as u32,
+            // A card in MIG mode counts through its instances.
+            gpus: hello.gpus.iter().filter(|g| !g.mig.is_card()).count() as u32,
             last_seen_ms: now,
             labels: hello.node.labels.clone(),
             devices: crate::store::DeviceRecord::from_hello(&hello.devices),
@@ -401,6 +406,7 @@ impl Session {
             hello,
             acked,
             jobs: HashMap::new(),
+            shared: HashMap::new(),
             series_seen: StreamSeries::default(),
         })
     }
@@ -699,6 +705,7 @@ impl Session {
                 .collect(),
             devices: &self.hello.devices,
             jobs: &self.jobs,
+            shared: &self.shared,
             ofu: batch_ofu,
             series,
             intervals: &batch.intervals,
@@ -728,10 +735,20 @@ impl Session {
         }
         let mut parts = Vec::with_capacity(gpus.len());
         for (gpu, job, samples) in gpus {
-            let namespace = self.jobs.get(gpu).map_or("", |j| j.namespace.as_str());
+            // A job's share of a shared GPU: that GPU's peak and the job's
+            // namespace there.
+            let card = flopwatch_proto::model::shared_gpu(gpu);
+            let namespace = match card {
+                Some(card) => self
+                    .shared
+                    .get(card)
+                    .and_then(|v| v.iter().find(|j| Some(j.job_id.as_str()) == job))
+                    .map_or("", |j| j.namespace.as_str()),
+                None => self.jobs.get(gpu).map_or("", |j| j.namespace.as_str()),
+            };
             let peak = self
                 .c
-                .gpu(&self.tenant, gpu)
+                .gpu(&self.tenant, card.unwrap_or(gpu))
                 .map_or(0.0, |g| self.c.peak_tflops(&g));
             parts.push(crate::ledger::Observed {
                 tenant: &self.tenant,
@@ -787,6 +804,41 @@ impl Session {
         }
     }
 
+    /// A shared GPU's OFU `samples`, divided between its jobs: each job's
+    /// share series ([`share_key`](flopwatch_proto::model::share_key))
+    /// holds OFU × its share (so the jobs' OFU sums to the GPU's), with
+    /// the job's record on it, so that the job's queries and ledger find
+    /// it. The GPU's own series keeps the whole OFU and no job.
+    fn apportion(&self, gpu: &str, samples: &[OfuSample], last_ts: i64, set: &mut CommitSet) {
+        let Some(jobs) = self.shared.get(gpu) else {
+            return;
+        };
+        for j in jobs.iter().filter(|j| !j.job_id.is_empty()) {
+            let share = f64::from(j.share_ppm.min(1_000_000)) / 1e6;
+            let key = flopwatch_proto::model::share_key(gpu, &j.job_id);
+            let part: Vec<OfuSample> = samples
+                .iter()
+                .map(|x| OfuSample {
+                    ofu: x.ofu * share,
+                    tensor_active: x.tensor_active * share,
+                    ..*x
+                })
+                .collect();
+            set.jobs.push(JobRecord {
+                job_id: j.job_id.clone(),
+                gpu_uuid: key.clone(),
+                node_id: self.hello.node.node_id.clone(),
+                pod: j.pod.clone(),
+                namespace: j.namespace.clone(),
+                container: j.container.clone(),
+                hpc_job: j.hpc_job.clone(),
+                first_seen_ms: if j.since_ms > 0 { j.since_ms } else { last_ts },
+                last_seen_ms: last_ts,
+            });
+            set.ofu.push((key, Some(j.job_id.clone()), part));
+        }
+    }
+
     /// Samples, OFU, job attribution, events and metadata of a validated
     /// batch, and each GPU's OFU over the batch.
     fn commit_set(&mut self, batch: &Batch, now: i64) -> (CommitSet, HashMap<String, BatchOfu>) {
@@ -805,11 +857,9 @@ impl Session {
         // Job attribution: a batch carries the node's whole attribution as
         // of its last capture, so it replaces the last one: a GPU the batch
         // names no job for runs none (its job ended), from this batch on.
-        let now_jobs: HashMap<String, v1::JobAssignment> = batch
-            .jobs
-            .iter()
-            .map(|j| (j.gpu_uuid.clone(), j.clone().into()))
-            .collect();
+        // A GPU with several jobs (shares) has no one job: its OFU is
+        // divided between them below.
+        let (now_jobs, now_shared) = split_jobs(&batch.jobs);
         let changed: Vec<String> = self
             .gpus
             .iter()
@@ -817,6 +867,7 @@ impl Session {
             .cloned()
             .collect();
         self.jobs = now_jobs;
+        self.shared = now_shared;
         let mut batch_ofu = HashMap::new();
         let mut by_gpu: HashMap<&str, OfuInputs<'_>> = HashMap::new();
         for s in &batch.series {
@@ -883,6 +934,7 @@ impl Session {
                     &samples,
                 ));
             }
+            self.apportion(gpu, &samples, last_ts, &mut set);
             set.ofu.push((gpu.to_string(), job, samples));
         }
         self.mfu_reports(batch, &mut set);
@@ -908,12 +960,21 @@ impl Session {
             };
             let job = self.jobs.get(uuid);
             let new_job = job.map(|j| j.job_id.clone()).filter(|j| !j.is_empty());
+            let shares: Vec<(String, u32, String)> = self
+                .shared
+                .get(uuid)
+                .into_iter()
+                .flatten()
+                .map(|j| (j.job_id.clone(), j.share_ppm, j.split.clone()))
+                .collect();
             if job.is_some()
                 || changed.contains(uuid)
                 || g.job_id != new_job
+                || g.shares != shares
                 || now - g.last_seen_ms > 60_000
             {
                 g.job_id = new_job;
+                g.shares = shares;
                 g.last_seen_ms = now;
                 set.gpus.push(g);
             }
@@ -936,7 +997,7 @@ impl Session {
             hostname: self.hello.node.hostname.clone(),
             boot_id: self.hello.node.boot_id.clone(),
             agent_id: self.hello.agent_id.clone(),
-            gpus: self.gpus.len() as u32,
+            gpus: self.hello.gpus.iter().filter(|g| !g.mig.is_card()).count() as u32,
             last_seen_ms: now,
             labels: self.hello.node.labels.clone(),
             devices: crate::store::DeviceRecord::from_hello(&self.hello.devices),
@@ -944,4 +1005,38 @@ impl Session {
         });
         (set, batch_ofu)
     }
+}
+
+/// A batch's attribution: each GPU's one job, and the jobs of each GPU
+/// several share (their shares made to sum to at most 10⁶ ppm: an agent's
+/// rounding or garbage never gives a GPU more than its OFU).
+#[allow(clippy::type_complexity)]
+fn split_jobs(
+    jobs: &[flopwatch_proto::model::JobAssignment],
+) -> (
+    HashMap<String, v1::JobAssignment>,
+    HashMap<String, Vec<v1::JobAssignment>>,
+) {
+    let mut one = HashMap::new();
+    let mut shared: HashMap<String, Vec<v1::JobAssignment>> = HashMap::new();
+    for j in jobs {
+        let w: v1::JobAssignment = j.clone().into();
+        if j.share.is_some() {
+            shared.entry(j.gpu_uuid.clone()).or_default().push(w);
+        } else {
+            one.insert(j.gpu_uuid.clone(), w);
+        }
+    }
+    for (gpu, v) in &mut shared {
+        one.remove(gpu);
+        v.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+        v.dedup_by(|a, b| a.job_id == b.job_id);
+        let sum: u64 = v.iter().map(|j| u64::from(j.share_ppm)).sum();
+        if sum > 1_000_000 {
+            for j in v.iter_mut() {
+                j.share_ppm = (u64::from(j.share_ppm) * 1_000_000 / sum) as u32;
+            }
+        }
+    }
+    (one, shared)
 }

@@ -83,6 +83,9 @@ pub struct GpuLive {
     pub hostname: String,
     /// Job attribution, when known.
     pub job: Option<JobAssignment>,
+    /// The jobs sharing the GPU (time-slicing, MPS) and their apportioned
+    /// shares, when several do (then `job` is `None`).
+    pub shares: Vec<JobAssignment>,
     /// OFU over the last batch (fraction), when its inputs were present.
     pub ofu: Option<f64>,
     /// Tensor activity over the last batch.
@@ -174,6 +177,8 @@ pub struct BatchView<'a> {
     pub devices: &'a [DeviceInfo],
     /// Job attribution by GPU.
     pub jobs: &'a HashMap<String, JobAssignment>,
+    /// The jobs of each GPU several share, with their shares.
+    pub shared: &'a HashMap<String, Vec<JobAssignment>>,
     /// Per-GPU OFU of the batch.
     pub ofu: &'a HashMap<String, BatchOfu>,
     /// The batch's samples.
@@ -364,6 +369,11 @@ fn fold(gpus: &mut HashMap<(String, String), GpuLive>, b: &BatchView<'_>, now_ms
         if e.job.as_ref() != job {
             e.job = job.cloned();
         }
+        match b.shared.get(*uuid) {
+            Some(v) if *v != e.shares => e.shares = v.clone(),
+            Some(_) => {}
+            None => e.shares.clear(),
+        }
         if let Some(o) = b.ofu.get(*uuid) {
             e.ofu = Some(o.ofu);
             e.tensor_active = o.tensor_active;
@@ -455,25 +465,55 @@ pub struct GroupOfu {
     pub gpus: u32,
 }
 
-/// Groups `gpus` by `key` (GPUs for which `key` is `None` are skipped) and
-/// averages their OFU.
+/// Groups GPUs' OFU by `key` (GPUs for which `key` gives nothing are
+/// skipped) and averages it, each GPU weighted by `share`: its share of a
+/// card's capacity (1 for a whole GPU, less for a MIG instance;
+/// docs/MIG.md). `key` may give a GPU several groups, each with the OFU it
+/// counts there (a shared GPU's jobs: their apportioned parts).
 pub fn group_ofu<K: Ord + Clone>(
     gpus: &[GpuLive],
-    key: impl Fn(&GpuLive) -> Option<K>,
+    key: impl Fn(&GpuLive) -> Vec<(K, f64)>,
+    share: impl Fn(&GpuLive) -> f64,
 ) -> BTreeMap<K, GroupOfu> {
-    let mut out: BTreeMap<K, GroupOfu> = BTreeMap::new();
-    for g in gpus {
-        let (Some(k), Some(o)) = (key(g), g.ofu) else {
-            continue;
-        };
-        let e = out.entry(k).or_default();
-        e.ofu += o;
-        e.gpus += 1;
+    let mut out: BTreeMap<K, (GroupOfu, f64)> = BTreeMap::new();
+    for g in gpus.iter().filter(|g| g.ofu.is_some()) {
+        let w = share(g);
+        let w = if w.is_finite() { w.max(0.0) } else { 1.0 };
+        for (k, o) in key(g) {
+            let (e, weight) = out.entry(k).or_default();
+            e.ofu += o * w;
+            *weight += w;
+            e.gpus += 1;
+        }
     }
-    for e in out.values_mut() {
-        e.ofu /= f64::from(e.gpus.max(1));
+    out.into_iter()
+        .map(|(k, (mut e, weight))| {
+            e.ofu = if weight > 0.0 { e.ofu / weight } else { 0.0 };
+            (k, e)
+        })
+        .collect()
+}
+
+/// The job groups of a GPU with its OFU there: its one job with the whole
+/// OFU, or each job sharing it with its apportioned part (OFU × share).
+pub fn job_parts(g: &GpuLive) -> Vec<(String, f64)> {
+    let Some(ofu) = g.ofu else {
+        return Vec::new();
+    };
+    match &g.job {
+        Some(j) => vec![(j.job_id.clone(), ofu)],
+        None => g
+            .shares
+            .iter()
+            .filter(|j| !j.job_id.is_empty())
+            .map(|j| {
+                (
+                    j.job_id.clone(),
+                    ofu * f64::from(j.share_ppm.min(1_000_000)) / 1e6,
+                )
+            })
+            .collect(),
     }
-    out
 }
 
 /// `*to = from`, allocating only when it changes.
@@ -487,6 +527,9 @@ fn set(to: &mut String, from: &str) {
 mod tests {
     use super::*;
     use flopwatch_proto::model::Point;
+
+    static NO_SHARES: std::sync::LazyLock<HashMap<String, Vec<JobAssignment>>> =
+        std::sync::LazyLock::new(HashMap::new);
 
     fn view<'a>(
         jobs: &'a HashMap<String, JobAssignment>,
@@ -502,6 +545,7 @@ mod tests {
             gpus: vec![("GPU-a", 0, "H100"), ("GPU-b", 1, "H100")],
             devices: &[],
             jobs,
+            shared: &NO_SHARES,
             ofu,
             series,
             intervals,
@@ -579,10 +623,14 @@ mod tests {
         assert_eq!(g[1].counters["power_w"], (1_000, 310.0));
         assert_eq!(g[1].counters["tensor_active"], (1_000, 0.2));
         assert_eq!(g[1].intervals["power_w"], 800);
-        let nodes = group_ofu(&g, |g| Some(g.node_id.clone()));
+        let nodes = group_ofu(
+            &g,
+            |g| vec![(g.node_id.clone(), g.ofu.unwrap_or(0.0))],
+            |_| 1.0,
+        );
         assert!((nodes["n1"].ofu - 0.3).abs() < 1e-12);
         assert_eq!(nodes["n1"].gpus, 2);
-        let jobs = group_ofu(&g, |g| g.job.as_ref().map(|j| j.job_id.clone()));
+        let jobs = group_ofu(&g, job_parts, |_| 1.0);
         assert_eq!(jobs.len(), 1);
         assert!((jobs["train"].ofu - 0.4).abs() < 1e-12);
         assert_eq!(live.agents(10_000)[0].pending_bytes, 100);
@@ -598,7 +646,12 @@ mod tests {
         assert!(g[0].counters.is_empty(), "GPU-a has nothing current");
         assert_eq!((g[1].uuid.as_str(), g[1].ofu), ("GPU-b", None));
         assert_eq!(g[1].counters.keys().collect::<Vec<_>>(), ["power_w"]);
-        assert!(group_ofu(&g, |g| Some(g.node_id.clone())).is_empty());
+        assert!(group_ofu(
+            &g,
+            |g| vec![(g.node_id.clone(), g.ofu.unwrap_or(0.0))],
+            |_| 1.0
+        )
+        .is_empty());
         // Nothing current: listed without values until STALE_MS.
         let g = live.gpus(10_000 + 12_401);
         assert_eq!(g.len(), 2);

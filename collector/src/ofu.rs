@@ -118,6 +118,25 @@ impl Mean {
         self.max = self.max.max(o.max);
     }
 
+    /// The same samples weighing `share` times as much against other
+    /// GPUs': a MIG instance's share of its card (docs/MIG.md), so that
+    /// a group's mean is weighted by capacity. Count, min, max and the
+    /// unweighted sum are unchanged; a share of 0 leaves no weight.
+    pub fn scaled(&self, share: f64) -> Mean {
+        let k = if share.is_finite() {
+            share.max(0.0)
+        } else {
+            1.0
+        };
+        Mean {
+            sum: self.sum * k,
+            weight: self.weight * k,
+            tpa_sum: self.tpa_sum * k,
+            clk_sum: self.clk_sum * k,
+            ..*self
+        }
+    }
+
     /// Weighted mean OFU (`None` without samples).
     pub fn mean(&self) -> Option<f64> {
         (self.weight > 0.0).then(|| self.sum / self.weight)
@@ -165,6 +184,26 @@ pub use flopwatch_proto::stats::quantile;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scaled_means_weigh_groups_by_capacity() {
+        // A 1g instance (share 1/7) at 0.9 and a 6g one (6/7) at 0.2, one
+        // second each: the capacity-weighted mean is 0.3, the plain 0.55.
+        let one = |ofu: f64| {
+            let mut m = Mean::default();
+            m.add(ofu, ofu, 1410.0, 1000);
+            m
+        };
+        let mut g = one(0.9).scaled(1.0 / 7.0);
+        g.merge(&one(0.2).scaled(6.0 / 7.0));
+        assert!((g.mean().unwrap() - 0.3).abs() < 1e-12);
+        assert_eq!((g.count, g.min(), g.max()), (2, 0.2, 0.9));
+        assert!((g.plain_sum().unwrap() - 1.1).abs() < 1e-12);
+        // Share 0 (a MIG card) adds no weight.
+        let mut h = one(0.5);
+        h.merge(&one(1.0).scaled(0.0));
+        assert!((h.mean().unwrap() - 0.5).abs() < 1e-12);
+    }
 
     #[test]
     fn eq1_with_paper_numbers() {

@@ -7,7 +7,7 @@ use crate::state::Collector;
 use crate::store::{GpuRecord, OfuPiece};
 use crate::CollectorError;
 use flopwatch_proto::v1::{self, ofu_request};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
@@ -83,6 +83,9 @@ fn compute(
     let mut over_time: BTreeMap<i64, Mean> = BTreeMap::new();
     for (i, t) in targets.iter().enumerate() {
         let mut m = Mean::default();
+        // Capacity-weighted across GPUs (docs/MIG.md): 1 for a whole GPU,
+        // a MIG instance's share of its card.
+        let share = c.capacity_share(&t.gpu);
         // Sealed hours and minutes that fit one time bucket come from the
         // rollups (crate::store::Store::ofu_pieces), the rest as samples.
         c.store.ofu_pieces(
@@ -104,6 +107,7 @@ fn compute(
                     OfuPiece::Last(_) => return,
                 };
                 m.merge(&part);
+                let part = part.scaled(share);
                 over_time
                     .entry(start + (ts - start) / time_step * time_step)
                     .or_default()
@@ -122,7 +126,7 @@ fn compute(
             achieved += p * mean;
             per_gpu.push(mean);
         }
-        total.merge(&m);
+        total.merge(&m.scaled(share));
     }
     let gpus = per_gpu.len() as u32;
     let mut in_time: Vec<f64> = over_time.values().filter_map(Mean::mean).collect();
@@ -193,7 +197,7 @@ impl QueryService {
                     Scope::All => None,
                     Scope::Tenant(t) => Some(t.as_str()),
                 };
-                let gpus: BTreeSet<(String, String)> = self
+                let keys: BTreeSet<(String, String)> = self
                     .c
                     .store
                     .jobs(tenant)?
@@ -201,13 +205,23 @@ impl QueryService {
                     .filter(|(_, r)| &r.job_id == j)
                     .map(|(t, r)| (t, r.gpu_uuid))
                     .collect();
-                visible
+                // A GPU the job shared with others is read through the
+                // job's share series: the GPU's record (model, peak,
+                // capacity) under the series' key.
+                let by_uuid: HashMap<(String, String), GpuRecord> = visible
                     .into_iter()
-                    .filter(|(t, g)| gpus.contains(&(t.clone(), g.uuid.clone())))
-                    .map(|(tenant, gpu)| Target {
-                        tenant,
-                        gpu,
-                        job: Some(j.clone()),
+                    .map(|(t, g)| ((t, g.uuid.clone()), g))
+                    .collect();
+                keys.into_iter()
+                    .filter_map(|(t, key)| {
+                        let uuid = flopwatch_proto::model::shared_gpu(&key).unwrap_or(&key);
+                        let mut gpu = by_uuid.get(&(t.clone(), uuid.to_string()))?.clone();
+                        gpu.uuid = key;
+                        Some(Target {
+                            tenant: t,
+                            gpu,
+                            job: Some(j.clone()),
+                        })
                     })
                     .collect()
             }
@@ -386,6 +400,15 @@ impl v1::query_server::Query for QueryService {
             .filter(|(t, g)| scope.allows(t) && g.last_seen_ms >= since)
             .map(|(t, g)| v1::GpuEntry {
                 info: Some(g.info().into()),
+                shares: g
+                    .shares
+                    .iter()
+                    .map(|(job_id, share_ppm, split)| v1::JobShare {
+                        job_id: job_id.clone(),
+                        share_ppm: *share_ppm,
+                        split: split.clone(),
+                    })
+                    .collect(),
                 node_id: g.node_id,
                 tenant: t,
                 job_id: g.job_id.unwrap_or_default(),
@@ -425,7 +448,13 @@ impl v1::query_server::Query for QueryService {
             if !e.node_ids.contains(&r.node_id) {
                 e.node_ids.push(r.node_id.clone());
             }
-            e.gpu_uuids.push(r.gpu_uuid);
+            // A shared GPU is listed as itself (the job's share series
+            // is how it is read, not what it is).
+            let uuid = flopwatch_proto::model::shared_gpu(&r.gpu_uuid)
+                .map_or(r.gpu_uuid.clone(), str::to_string);
+            if !e.gpu_uuids.contains(&uuid) {
+                e.gpu_uuids.push(uuid);
+            }
         }
         let jobs = jobs
             .into_values()

@@ -10,7 +10,7 @@ use crate::stats::Stats;
 use crate::store::{GpuRecord, Store};
 use flopwatch_config::{CollectorConfig, GpuSpec, Precision, RemoteWriteConfig, SpecTable};
 use flopwatch_proto::clock::Clock;
-use flopwatch_proto::model::{Hello, Policy};
+use flopwatch_proto::model::{Hello, Mig, Policy};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -312,11 +312,33 @@ impl Collector {
         }
     }
 
-    /// Dense FP16 peak TFLOP/s of a GPU (0 when unknown).
+    /// Dense FP16 peak TFLOP/s of a GPU (0 when unknown): the model's, a
+    /// MIG instance's scaled by its [`Collector::capacity_share`].
     pub fn peak_tflops(&self, g: &GpuRecord) -> f64 {
         self.spec(g)
             .and_then(|s| s.peak_tflops(Precision::Fp16))
-            .unwrap_or(0.0)
+            .map_or(0.0, |p| p * self.capacity_share(g))
+    }
+
+    /// The share of its card's compute capacity a GPU record stands for,
+    /// its weight in node, job, tenant and fleet OFU (docs/MIG.md): 1 for
+    /// a whole GPU, 0 for a card in MIG mode (counted through its
+    /// instances), instance SMs / card SMs for a MIG instance
+    /// ([`flopwatch_config::GpuSpec::mig_share`]; its `<n>g` slices of 7
+    /// for a model the spec table does not know, 1 without a profile).
+    pub fn capacity_share(&self, g: &GpuRecord) -> f64 {
+        match g.mig() {
+            Mig::Off => 1.0,
+            Mig::Card => 0.0,
+            Mig::Instance(i) => self
+                .spec(g)
+                .and_then(|s| s.mig_share(&i.profile, g.sm_count))
+                .or_else(|| {
+                    let slices: f64 = i.profile.split('g').next()?.parse().ok()?;
+                    Some((slices / 7.0).clamp(0.0, 1.0))
+                })
+                .unwrap_or(1.0),
+        }
     }
 }
 
@@ -344,6 +366,50 @@ mod tests {
             max_sm_clock_mhz,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn capacity_shares_and_peaks_of_mig_instances() {
+        use flopwatch_proto::model::{GpuInfo, MigInstance};
+        let c = collector();
+        let record = |model: &str, mig: Mig, sm_count: u32| {
+            GpuRecord::from_info(
+                &GpuInfo {
+                    uuid: "x".into(),
+                    model: model.into(),
+                    sm_count,
+                    mig,
+                    ..Default::default()
+                },
+                "n",
+                None,
+                0,
+            )
+        };
+        let instance = |profile: &str| {
+            Mig::Instance(MigInstance {
+                parent_uuid: "GPU-1".into(),
+                gpu_instance_id: 1,
+                compute_instance_id: 0,
+                profile: profile.into(),
+            })
+        };
+        let a100 = "NVIDIA A100-SXM4-80GB";
+        let whole = c.peak_tflops(&record(a100, Mig::Off, 108));
+        assert!((whole - 311.869).abs() < 1e-3, "{whole}");
+        assert_eq!(c.capacity_share(&record(a100, Mig::Off, 108)), 1.0);
+        assert_eq!(c.capacity_share(&record(a100, Mig::Card, 108)), 0.0);
+        assert_eq!(c.peak_tflops(&record(a100, Mig::Card, 108)), 0.0);
+        // The spec table's SMs of the profile, else the driver's count.
+        let g = record(a100, instance("3g.40gb"), 0);
+        assert!((c.capacity_share(&g) - 42.0 / 108.0).abs() < 1e-12);
+        assert!((c.peak_tflops(&g) - whole * 42.0 / 108.0).abs() < 1e-9);
+        let g = record(a100, instance("3g.40gb"), 54);
+        assert!((c.capacity_share(&g) - 0.5).abs() < 1e-12);
+        // A model the table does not know: slices of 7.
+        let g = record("Tesla Z99", instance("3g.40gb"), 0);
+        assert!((c.capacity_share(&g) - 3.0 / 7.0).abs() < 1e-12);
+        assert_eq!(c.capacity_share(&record("Tesla Z99", instance(""), 0)), 1.0);
     }
 
     #[test]

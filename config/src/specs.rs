@@ -69,6 +69,10 @@ pub struct GpuSpec {
     /// factors above must reproduce (the built-in table is tested to 1 %).
     #[serde(default)]
     pub published_dense_tflops: BTreeMap<Precision, f64>,
+    /// SMs of each MIG GPU instance profile (`"3g.40gb" = 60`), as
+    /// `nvidia-smi mig -lgip` lists them; empty for GPUs without MIG.
+    #[serde(default)]
+    pub mig_sms: BTreeMap<String, u32>,
 }
 
 impl GpuSpec {
@@ -78,6 +82,54 @@ impl GpuSpec {
         let per = *self.flops_per_clock_per_sm.get(&precision)?;
         Some(self.sm_count as f64 * per as f64 * self.tensor_clock_mhz as f64 * 1e6 / 1e12)
     }
+
+    /// The share of the card's compute capacity (its SMs) a MIG instance
+    /// of `profile` holds, given `instance_sms` when the driver told them
+    /// (NVML's device attributes; 0 when not). The rule: SMs of the
+    /// instance ÷ SMs of the card, the SMs taken from the driver, else
+    /// [`GpuSpec::mig_sms`] (`nvidia-smi mig -lgip`), else the profile's
+    /// `<n>g` compute slices ÷ the card's largest profile's slices (7
+    /// unless the table says otherwise, 4 on A30) × the card's SMs. A
+    /// 7g instance of an A100 holds 98 of 108 SMs: 0.907 of the card.
+    /// `None` when nothing tells (no SMs, no `<n>g` profile).
+    pub fn mig_share(&self, profile: &str, instance_sms: u32) -> Option<f64> {
+        if self.sm_count == 0 {
+            return None;
+        }
+        let card = f64::from(self.sm_count);
+        if instance_sms > 0 {
+            return Some((f64::from(instance_sms) / card).min(1.0));
+        }
+        let base = mig_base_profile(profile);
+        if let Some(&sms) = self.mig_sms.get(base) {
+            return Some((f64::from(sms) / card).min(1.0));
+        }
+        let slices = mig_slices(base)?;
+        let most = self
+            .mig_sms
+            .keys()
+            .filter_map(|k| mig_slices(k))
+            .max()
+            .unwrap_or(7);
+        Some((f64::from(slices) / f64::from(most.max(slices))).min(1.0))
+    }
+}
+
+/// A GPU instance profile without its options (`1g.10gb+me` → `1g.10gb`)
+/// or a compute instance prefix (`1c.3g.40gb` → `3g.40gb`).
+fn mig_base_profile(profile: &str) -> &str {
+    let p = profile.trim();
+    let p = p.split('+').next().unwrap_or(p);
+    match p.split_once('.') {
+        Some((first, rest)) if first.ends_with('c') && rest.contains('g') => rest,
+        _ => p,
+    }
+}
+
+/// The compute slices of a GPU instance profile: `3g.40gb` → 3.
+fn mig_slices(profile: &str) -> Option<u32> {
+    let head = profile.split('.').next()?;
+    head.strip_suffix('g')?.parse().ok().filter(|&n| n > 0)
 }
 
 #[derive(Deserialize)]
@@ -246,6 +298,37 @@ impl SpecTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mig_shares_follow_the_sms_of_each_profile() {
+        let t = SpecTable::builtin();
+        let a100 = t.lookup("NVIDIA A100-SXM4-80GB").unwrap();
+        let share = |spec: &GpuSpec, p: &str| spec.mig_share(p, 0).unwrap();
+        assert!((share(a100, "3g.40gb") - 42.0 / 108.0).abs() < 1e-12);
+        assert!((share(a100, "7g.80gb") - 98.0 / 108.0).abs() < 1e-12);
+        assert!((share(a100, "1g.10gb+me") - 14.0 / 108.0).abs() < 1e-12);
+        assert!((share(a100, "1c.3g.40gb") - 42.0 / 108.0).abs() < 1e-12);
+        // The driver's own count wins over the table.
+        assert!((a100.mig_share("3g.40gb", 54).unwrap() - 0.5).abs() < 1e-12);
+        let h100 = t.lookup("NVIDIA H100 80GB HBM3").unwrap();
+        assert!((share(h100, "3g.40gb") - 60.0 / 132.0).abs() < 1e-12);
+        assert_eq!(share(h100, "7g.80gb"), 1.0);
+        // Not in the table: slices of the card's largest profile.
+        assert!((share(h100, "2g.24gb") - 2.0 / 7.0).abs() < 1e-12);
+        let a30 = t.lookup("NVIDIA A30").unwrap();
+        assert!((share(a30, "2g.24gb") - 2.0 / 4.0).abs() < 1e-12);
+        assert_eq!(share(a30, "4g.24gb"), 1.0);
+        // Nothing to go by.
+        assert_eq!(a100.mig_share("", 0), None);
+        assert_eq!(a100.mig_share("big", 0), None);
+        // Every listed profile is a share of at most the whole card.
+        for spec in t.all() {
+            for (p, sms) in &spec.mig_sms {
+                assert!(*sms <= spec.sm_count, "{} {p}", spec.key);
+                assert!(mig_slices(p).is_some(), "{} {p}", spec.key);
+            }
+        }
+    }
 
     fn round1(x: f64) -> f64 {
         (x * 10.0).round() / 10.0

@@ -467,6 +467,11 @@ fn sample(ty: &str) -> Option<Value> {
             t.insert("k".into(), Value::Float(1.0));
             Value::Table(t)
         }
+        "integer table" => {
+            let mut t = Table::new();
+            t.insert("1g.10gb".into(), Value::Integer(1));
+            Value::Table(t)
+        }
         t if SECTION_TYPES.contains(&t) => return None,
         other => panic!("CONFIG.md: unknown type `{other}`"),
     })

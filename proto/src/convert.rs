@@ -3,8 +3,8 @@
 //! the collector's validation so that good samples of a batch survive.
 
 use crate::model::{
-    Batch, DeviceInfo, Event, GpuInfo, Hello, JobAssignment, MfuReport, NodeIdentity, Point,
-    Policy, SamplingInterval, SeriesBatch,
+    Batch, DeviceInfo, Event, GpuInfo, Hello, JobAssignment, MfuReport, Mig, MigInstance,
+    NodeIdentity, Point, Policy, SamplingInterval, SeriesBatch, Share, Split,
 };
 use crate::v1;
 
@@ -43,7 +43,18 @@ impl From<v1::GpuInfo> for GpuInfo {
             pci_bus_id: g.pci_bus_id,
             gpm_supported: g.gpm_supported,
             memory_total_bytes: g.memory_total_bytes,
-            mig_parent_uuid: (!g.mig_parent_uuid.is_empty()).then_some(g.mig_parent_uuid),
+            mig: if !g.mig_parent_uuid.is_empty() {
+                Mig::Instance(MigInstance {
+                    parent_uuid: g.mig_parent_uuid,
+                    gpu_instance_id: g.gpu_instance_id,
+                    compute_instance_id: g.compute_instance_id,
+                    profile: g.mig_profile,
+                })
+            } else if g.mig_enabled {
+                Mig::Card
+            } else {
+                Mig::Off
+            },
         }
     }
 }
@@ -61,7 +72,15 @@ impl From<GpuInfo> for v1::GpuInfo {
             pci_bus_id: g.pci_bus_id,
             gpm_supported: g.gpm_supported,
             memory_total_bytes: g.memory_total_bytes,
-            mig_parent_uuid: g.mig_parent_uuid.unwrap_or_default(),
+            mig_enabled: g.mig.is_card(),
+            mig_parent_uuid: g.mig.parent_uuid().unwrap_or_default().to_string(),
+            gpu_instance_id: g.mig.instance().map_or(0, |i| i.gpu_instance_id),
+            compute_instance_id: g.mig.instance().map_or(0, |i| i.compute_instance_id),
+            mig_profile: g
+                .mig
+                .instance()
+                .map(|i| i.profile.clone())
+                .unwrap_or_default(),
         }
     }
 }
@@ -200,6 +219,11 @@ impl From<v1::JobAssignment> for JobAssignment {
             container: j.container,
             hpc_job: j.hpc_job,
             since_ms: j.since_ms,
+            // An unknown split reads as even: the share itself stands.
+            share: (j.share_ppm > 0).then(|| Share {
+                ppm: j.share_ppm.min(1_000_000),
+                split: Split::parse(&j.split).unwrap_or(Split::Equal),
+            }),
         }
     }
 }
@@ -214,6 +238,11 @@ impl From<JobAssignment> for v1::JobAssignment {
             container: j.container,
             hpc_job: j.hpc_job,
             since_ms: j.since_ms,
+            share_ppm: j.share.map_or(0, |s| s.ppm),
+            split: j
+                .share
+                .map(|s| s.split.as_str().to_string())
+                .unwrap_or_default(),
         }
     }
 }

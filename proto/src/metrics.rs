@@ -134,6 +134,26 @@ catalog! {
         "Mean current frequency of the CPUs of a NUMA node or the host (cpufreq scaling_cur_freq).";
     HOST_MEM_AVAILABLE_BYTES = "host_mem_available_bytes", "By", Point,
         "Memory available for new work: MemAvailable of /proc/meminfo for the host, MemFree of the node's meminfo for a NUMA node.";
+    GR_ENGINE_ACTIVE = "gr_engine_active", "ratio", WindowMean,
+        "Fraction of time the graphics engine (any compute or graphics work) was busy (GPM GraphicsUtil, DCGM PROF_GR_ENGINE_ACTIVE): utilization of a MIG instance.";
+    ENC_UTIL = "enc_util", "ratio", WindowMean,
+        "Video encoder utilization over the driver's sampling period.";
+    DEC_UTIL = "dec_util", "ratio", WindowMean,
+        "Video decoder utilization over the driver's sampling period.";
+    MEMORY_TEMP_C = "memory_temp_c", "Cel", Point,
+        "Device memory (HBM) temperature.";
+    MEM_FREE_BYTES = "mem_free_bytes", "By", Point,
+        "Device memory free for allocations.";
+    MEM_RESERVED_BYTES = "mem_reserved_bytes", "By", Point,
+        "Device memory the driver reserves for itself (neither used nor free).";
+    REMAPPED_ROWS_CORRECTABLE_TOTAL = "remapped_rows_correctable_total", "1", Counter,
+        "Memory rows remapped after correctable ECC errors, over the GPU's life.";
+    REMAPPED_ROWS_UNCORRECTABLE_TOTAL = "remapped_rows_uncorrectable_total", "1", Counter,
+        "Memory rows remapped after uncorrectable ECC errors, over the GPU's life.";
+    ROW_REMAP_FAILURE = "row_remap_failure", "1", Point,
+        "1 when a memory row could not be remapped (the GPU needs service), else 0.";
+    XID_LAST = "xid_last", "1", Point,
+        "Code of the last XID error the driver raised on the GPU (0: none), as DCGM's XID field holds it: read at every capture, so an XID from before the agent started shows too.";
 }
 
 /// Looks a metric up by name.

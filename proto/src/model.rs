@@ -51,8 +51,57 @@ pub struct GpuInfo {
     pub gpm_supported: bool,
     /// Device memory, bytes.
     pub memory_total_bytes: u64,
-    /// Parent GPU of a MIG instance.
-    pub mig_parent_uuid: Option<String>,
+    /// Where the GPU stands in MIG partitioning.
+    pub mig: Mig,
+}
+
+/// A GPU's place in MIG (Multi-Instance GPU) partitioning.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Mig {
+    /// A whole GPU: not in MIG mode, or its instances are not listed.
+    #[default]
+    Off,
+    /// A card in MIG mode whose instances are listed as their own GPUs.
+    /// Its device-wide counters (power, temperature, memory clock) are its
+    /// own; its compute capacity is its instances', so OFU, peaks and GPU
+    /// counts take the instances and never the card as well.
+    Card,
+    /// A MIG instance of a card.
+    Instance(MigInstance),
+}
+
+/// The identity of one MIG instance.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigInstance {
+    /// UUID of the card it is carved from.
+    pub parent_uuid: String,
+    /// GPU instance id (dcgm-exporter's `GPU_I_ID`).
+    pub gpu_instance_id: u32,
+    /// Compute instance id within the GPU instance.
+    pub compute_instance_id: u32,
+    /// GPU instance profile, e.g. `3g.40gb` (dcgm-exporter's
+    /// `GPU_I_PROFILE`); empty when unknown.
+    pub profile: String,
+}
+
+impl Mig {
+    /// The instance's identity, for a MIG instance.
+    pub fn instance(&self) -> Option<&MigInstance> {
+        match self {
+            Self::Instance(i) => Some(i),
+            _ => None,
+        }
+    }
+
+    /// The parent card's UUID, for a MIG instance.
+    pub fn parent_uuid(&self) -> Option<&str> {
+        self.instance().map(|i| i.parent_uuid.as_str())
+    }
+
+    /// Whether this is a card in MIG mode counted through its instances.
+    pub fn is_card(&self) -> bool {
+        matches!(self, Self::Card)
+    }
 }
 
 /// The first message of an agent's stream.
@@ -149,6 +198,74 @@ pub struct JobAssignment {
     pub hpc_job: String,
     /// Since when, unix ms.
     pub since_ms: i64,
+    /// On a GPU several jobs share: this job's apportioned share of the
+    /// GPU's work. `None` for a GPU's only owner.
+    pub share: Option<Share>,
+}
+
+/// A job's share of a GPU it shares with others (time-slicing, MPS):
+/// apportioned from what the driver tells of its processes, not measured
+/// per job (docs/ATTRIBUTION.md, *Shared GPUs*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    /// The share, parts per million (the shares of one GPU sum to 10⁶).
+    pub ppm: u32,
+    /// How it was apportioned.
+    pub split: Split,
+}
+
+impl Share {
+    /// `n` even shares of one GPU, summing to exactly 10⁶ ppm (the first
+    /// takes the remainder).
+    pub fn equal(n: usize) -> Vec<Share> {
+        let n32 = u32::try_from(n.max(1)).unwrap_or(u32::MAX);
+        let each = 1_000_000 / n32;
+        (0..n)
+            .map(|i| Share {
+                ppm: if i == 0 {
+                    1_000_000 - each * (n32 - 1)
+                } else {
+                    each
+                },
+                split: Split::Equal,
+            })
+            .collect()
+    }
+
+    /// The share as a fraction 0..=1.
+    pub fn fraction(&self) -> f64 {
+        f64::from(self.ppm.min(1_000_000)) / 1e6
+    }
+}
+
+/// How a shared GPU's work was apportioned between its jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// By the SM utilisation of each job's processes
+    /// (`nvmlDeviceGetProcessUtilization`).
+    SmUtil,
+    /// Evenly: the source has no per-process figure (a dcgm-exporter
+    /// page).
+    Equal,
+}
+
+impl Split {
+    /// The name on the wire and in labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::SmUtil => "sm_util",
+            Self::Equal => "equal",
+        }
+    }
+
+    /// The split a wire name gives (`None` for an unknown one).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "sm_util" => Some(Self::SmUtil),
+            "equal" => Some(Self::Equal),
+            _ => None,
+        }
+    }
 }
 
 /// A discrete GPU event (XID, ECC, throttling).
@@ -259,4 +376,47 @@ impl Default for Policy {
             flush_interval_ms: 1_000,
         }
     }
+}
+
+/// Longest job id the collector accepts, bytes.
+pub const MAX_JOB_ID_BYTES: usize = 128;
+
+/// `id` if it fits in [`MAX_JOB_ID_BYTES`], else its head, `~` and a hash
+/// of the whole (FNV-1a, 16 hex digits): still unique, still readable.
+/// (A pod name alone may be 253 bytes; StatefulSet pods differ only at the
+/// end, so plain truncation would merge them.)
+pub fn fit_id(id: String) -> String {
+    if id.len() <= MAX_JOB_ID_BYTES {
+        return id;
+    }
+    let hash = fnv1a(&id);
+    let mut head = MAX_JOB_ID_BYTES - 17;
+    while !id.is_char_boundary(head) {
+        head -= 1;
+    }
+    format!("{}~{hash:016x}", &id[..head])
+}
+
+/// FNV-1a, 64 bits: short stable keys of long strings.
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// What separates a shared GPU's UUID from a job's key in [`share_key`].
+const SHARE_MARK: &str = "/share/";
+
+/// The series key under which the collector keeps `job`'s apportioned
+/// share of the OFU of `gpu`, a GPU several jobs share:
+/// `<gpu>/share/<16 hex digits of the job id>` (at most 57 bytes past the
+/// UUID, whatever the job id's length).
+pub fn share_key(gpu: &str, job: &str) -> String {
+    format!("{gpu}{SHARE_MARK}{:016x}", fnv1a(job))
+}
+
+/// The GPU of a [`share_key`] (`None` for any other key).
+pub fn shared_gpu(key: &str) -> Option<&str> {
+    let (gpu, hash) = key.rsplit_once(SHARE_MARK)?;
+    (hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit())).then_some(gpu)
 }

@@ -33,7 +33,8 @@ pub const CONTENT_TYPE_OPENMETRICS: &str =
 pub const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Rewrites OpenMetrics text as Prometheus text 0.0.4: a counter family's
-/// `# HELP`/`# TYPE` name gains the `_total` its samples carry, the
+/// `# HELP`/`# TYPE` name gains the `_total` its samples carry (not when
+/// they carry the bare family name, as dcgm-exporter's counters do), the
 /// OpenMetrics type `unknown` is called `untyped`, and the OpenMetrics-only
 /// `# UNIT` and `# EOF` lines go.
 pub fn to_prometheus_text(openmetrics: &str) -> String {
@@ -41,6 +42,11 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let samples: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
         .collect();
     let mut out = String::with_capacity(openmetrics.len());
     for line in openmetrics.lines() {
@@ -53,7 +59,10 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
         match meta {
             Some((p, rest)) => {
                 let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-                let suffix = if counters.contains(name) && !name.ends_with("_total") {
+                let suffix = if counters.contains(name)
+                    && !name.ends_with("_total")
+                    && !samples.contains(name)
+                {
                     "_total"
                 } else {
                     ""
@@ -347,12 +356,14 @@ mod tests {
     fn counters_get_total_in_their_help_and_type_and_eof_goes() {
         let om = "# HELP a_requests Requests.\n# TYPE a_requests counter\na_requests_total 3\n\
                   # HELP b Bytes.\n# TYPE b gauge\n# UNIT b bytes\nb{x=\"1\"} 2.5\n\
-                  # HELP C_X A counter under a foreign name.\n# TYPE C_X unknown\nC_X 7\n# EOF\n";
+                  # HELP C_X A counter under a foreign name.\n# TYPE C_X unknown\nC_X 7\n\
+                  # HELP D_X A counter under its bare name.\n# TYPE D_X counter\nD_X{g=\"0\"} 9\n# EOF\n";
         assert_eq!(
             to_prometheus_text(om),
             "# HELP a_requests_total Requests.\n# TYPE a_requests_total counter\na_requests_total 3\n\
              # HELP b Bytes.\n# TYPE b gauge\nb{x=\"1\"} 2.5\n\
-             # HELP C_X A counter under a foreign name.\n# TYPE C_X untyped\nC_X 7\n"
+             # HELP C_X A counter under a foreign name.\n# TYPE C_X untyped\nC_X 7\n\
+             # HELP D_X A counter under its bare name.\n# TYPE D_X counter\nD_X{g=\"0\"} 9\n"
         );
     }
 }

@@ -29,6 +29,40 @@
 //! container without `CAP_SYS_ADMIN`; `nvmlGpmQueryDeviceSupport` still
 //! says the GPU supports GPM (support is the hardware's, permission the
 //! process's). `granted` (the default) lifts it.
+//!
+//! MIG (the [`crate::mig`] module): `mig_layout=GPU:LAYOUT` puts card `GPU`
+//! in MIG mode with the GPU instances of `LAYOUT`, profiles joined by `+`,
+//! `*N` for N of one (`mig_layout=0:3g.40gb+4g.40gb;1:1g.10gb*7`); `none`
+//! is MIG mode without instances, `off` MIG mode disabled.
+//! `mig_reconfig=GPU:LAYOUT@MS` changes card `GPU` to `LAYOUT` `MS` ms after
+//! the fleet start (`mig_reconfig=1:2g.20gb+2g.20gb@5000;0:off@9000`). Both
+//! keys take several entries separated by `;` and may be repeated. `mig=1`
+//! alone enables MIG mode on every card, without instances. A layout the
+//! card cannot hold (an unknown profile, more than 7 compute slices, 8
+//! memory slices or 7 instances) is an error naming the key.
+//!
+//! The counters beyond the simulator's state: `memory_temp=0` makes the
+//! GPUs answer `NVML_FI_DEV_MEMORY_TEMP` with `NOT_SUPPORTED`, as a GDDR
+//! card does (default 1: HBM, whose sensor reads); `enc_util=PCT` and
+//! `dec_util=PCT` are the video encoder's and decoder's utilization, 0..=100
+//! (default 0: idle, as the simulator's GPUs run no video);
+//! `remapped_rows=GPU:CORR:UNC[:pending][:failed]` gives GPU `GPU` `CORR`
+//! rows remapped after correctable and `UNC` after uncorrectable errors, a
+//! remapping pending until reset, and a failed remapping
+//! (`remapped_rows=1:3:1;2:0:2:pending:failed`; default: none anywhere).
+//!
+//! Shared GPUs (the [`crate::share`] module): `share=GPU:PID/PCT+PID/PCT`
+//! time-slices GPU `GPU` between processes `PID`, each getting `PCT` % of
+//! its SM time (whole percents, together at most 100):
+//! `share=2:4242/70+4343/30;5:7/50+8/25+9/25`. The GPU lists those
+//! processes and `nvmlDeviceGetProcessUtilization` reports each one's SM
+//! utilisation; a bad entry (a missing `/PCT`, a PID given twice, percents
+//! over 100, a GPU not below `gpus`) is an error naming the key. Several
+//! entries are separated by `;` or given by repeating the key; the last one
+//! for a GPU wins. Default: no GPU is shared.
+
+use crate::layout::{parse_card, Layout, MigChange};
+use crate::share::ShareSpec;
 
 /// Name of the environment variable read at `nvmlInit`.
 pub const ENV_VAR: &str = "FLOPWATCH_FAKE_NVML";
@@ -64,6 +98,12 @@ pub struct FakeConfig {
     /// Whether MIG mode is enabled (`mig`, default 0, which answers
     /// `nvmlDeviceGetMigMode` with `NOT_SUPPORTED` like a non-MIG GPU).
     pub mig: bool,
+    /// Initial MIG layouts by card (`mig_layout=GPU:LAYOUT;…`, repeatable;
+    /// the last one for a card wins).
+    pub mig_layout: Vec<(usize, Layout)>,
+    /// Scheduled MIG reconfigurations (`mig_reconfig=GPU:LAYOUT@MS;…`,
+    /// repeatable).
+    pub mig_reconfig: Vec<MigChange>,
     /// Scheduled XID errors (`xid=GPU:CODE@MS`, repeatable, `;`-separated).
     pub xids: Vec<XidSpec>,
     /// NVLink links up per GPU (`nvlinks`, 0..=18, default 18 as on an
@@ -86,6 +126,22 @@ pub struct FakeConfig {
     /// Whether GPM samples are refused with `NVML_ERROR_NO_PERMISSION`
     /// (`gpm_permission=denied`; default `granted`).
     pub gpm_denied: bool,
+    /// Whether the GPUs have a memory temperature sensor (`memory_temp`,
+    /// default 1): 0 models a GDDR card, whose `NVML_FI_DEV_MEMORY_TEMP`
+    /// is `NOT_SUPPORTED`.
+    pub memory_temp: bool,
+    /// Video encoder utilization of every GPU, percent (`enc_util`,
+    /// default 0).
+    pub enc_util: u32,
+    /// Video decoder utilization of every GPU, percent (`dec_util`,
+    /// default 0).
+    pub dec_util: u32,
+    /// Remapped memory rows by GPU (`remapped_rows`, repeatable,
+    /// `;`-separated; the last one for a GPU wins; default none).
+    pub remapped_rows: Vec<RemapSpec>,
+    /// GPUs time-sliced between several processes (`share`, repeatable,
+    /// `;`-separated; the last one for a GPU wins; default none).
+    pub share: Vec<ShareSpec>,
 }
 
 /// NVLink links an NVML device exposes (`NVML_NVLINK_MAX_LINKS`).
@@ -100,6 +156,42 @@ pub struct XidSpec {
     pub code: u64,
     /// When it happens, ms after the fleet start.
     pub at_ms: i64,
+}
+
+/// One GPU's row remapper state (`nvmlDeviceGetRemappedRows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RemapSpec {
+    /// GPU index on the node.
+    pub gpu: usize,
+    /// Rows remapped after correctable errors (`corrRows`).
+    pub correctable: u32,
+    /// Rows remapped after uncorrectable errors (`uncRows`).
+    pub uncorrectable: u32,
+    /// A remapping waits for the next GPU reset (`isPending`).
+    pub pending: bool,
+    /// A row could not be remapped (`failureOccurred`).
+    pub failure: bool,
+}
+
+impl RemapSpec {
+    /// Parses `GPU:CORR:UNC[:pending][:failed]`.
+    fn parse(s: &str) -> Option<Self> {
+        let mut parts = s.split(':').map(str::trim);
+        let mut r = Self {
+            gpu: parts.next()?.parse().ok()?,
+            correctable: parts.next()?.parse().ok()?,
+            uncorrectable: parts.next()?.parse().ok()?,
+            ..Self::default()
+        };
+        for flag in parts {
+            match flag {
+                "pending" => r.pending = true,
+                "failed" => r.failure = true,
+                _ => return None,
+            }
+        }
+        Some(r)
+    }
 }
 
 impl XidSpec {
@@ -129,6 +221,8 @@ impl Default for FakeConfig {
             ring: 100,
             events: true,
             mig: false,
+            mig_layout: Vec::new(),
+            mig_reconfig: Vec::new(),
             xids: Vec::new(),
             nvlinks: MAX_NVLINKS,
             nvlink_replays: 0,
@@ -136,6 +230,11 @@ impl Default for FakeConfig {
             cpu_report: None,
             hang_after: None,
             gpm_denied: false,
+            memory_temp: true,
+            enc_util: 0,
+            dec_util: 0,
+            remapped_rows: Vec::new(),
+            share: Vec::new(),
         }
     }
 }
@@ -147,7 +246,7 @@ pub enum ConfigError {
     #[error("`{0}` is not key=value")]
     NotAPair(String),
     /// A key the fake does not know.
-    #[error("unknown key `{0}` (known: gpus, nodes, node, seed, start_ms, regress_after_ms, gpm, driver, ring, events, mig, xid, nvlinks, nvlink_replays, schedule, cpu_report, hang_after, gpm_permission)")]
+    #[error("unknown key `{0}` (known: gpus, nodes, node, seed, start_ms, regress_after_ms, gpm, driver, ring, events, mig, mig_layout, mig_reconfig, xid, nvlinks, nvlink_replays, schedule, cpu_report, hang_after, gpm_permission, memory_temp, enc_util, dec_util, remapped_rows, share)")]
     UnknownKey(String),
     /// A value that does not parse or is out of range.
     #[error("bad value for `{key}`: `{value}` ({why})")]
@@ -195,6 +294,16 @@ impl FakeConfig {
                 "gpm" => c.gpm = flag()?,
                 "events" => c.events = flag()?,
                 "mig" => c.mig = flag()?,
+                "mig_layout" => {
+                    for one in value.split(';').map(str::trim).filter(|x| !x.is_empty()) {
+                        c.mig_layout.push(parse_card(one).map_err(&bad)?);
+                    }
+                }
+                "mig_reconfig" => {
+                    for one in value.split(';').map(str::trim).filter(|x| !x.is_empty()) {
+                        c.mig_reconfig.push(MigChange::parse(one).map_err(&bad)?);
+                    }
+                }
                 "xid" => {
                     for one in value.split(';').map(str::trim).filter(|x| !x.is_empty()) {
                         let xid = XidSpec::parse(one).ok_or_else(|| bad("expected GPU:CODE@MS"))?;
@@ -222,6 +331,21 @@ impl FakeConfig {
                         _ => return Err(bad("expected denied or granted")),
                     }
                 }
+                "memory_temp" => c.memory_temp = flag()?,
+                "enc_util" => c.enc_util = count(0, 100)? as u32,
+                "dec_util" => c.dec_util = count(0, 100)? as u32,
+                "remapped_rows" => {
+                    for one in value.split(';').map(str::trim).filter(|x| !x.is_empty()) {
+                        let r = RemapSpec::parse(one)
+                            .ok_or_else(|| bad("expected GPU:CORR:UNC[:pending][:failed]"))?;
+                        c.remapped_rows.push(r);
+                    }
+                }
+                "share" => {
+                    for one in value.split(';').map(str::trim).filter(|x| !x.is_empty()) {
+                        c.share.push(ShareSpec::parse(one).map_err(&bad)?);
+                    }
+                }
                 _ => return Err(ConfigError::UnknownKey(key.to_string())),
             }
         }
@@ -238,6 +362,34 @@ impl FakeConfig {
                 value: format!("{}:{}@{}", x.gpu, x.code, x.at_ms),
                 why: "GPU must be below `gpus`",
             });
+        }
+        if let Some(r) = c.remapped_rows.iter().find(|r| r.gpu >= c.gpus) {
+            return Err(ConfigError::BadValue {
+                key: "remapped_rows".to_string(),
+                value: r.gpu.to_string(),
+                why: "GPU must be below `gpus`",
+            });
+        }
+        if let Some(sh) = c.share.iter().find(|sh| sh.gpu >= c.gpus) {
+            return Err(ConfigError::BadValue {
+                key: "share".to_string(),
+                value: sh.gpu.to_string(),
+                why: "GPU must be below `gpus`",
+            });
+        }
+        let cards = c
+            .mig_layout
+            .iter()
+            .map(|(g, _)| ("mig_layout", *g))
+            .chain(c.mig_reconfig.iter().map(|m| ("mig_reconfig", m.gpu)));
+        for (key, gpu) in cards {
+            if gpu >= c.gpus {
+                return Err(ConfigError::BadValue {
+                    key: key.to_string(),
+                    value: gpu.to_string(),
+                    why: "GPU must be below `gpus`",
+                });
+            }
         }
         Ok(c)
     }
@@ -306,6 +458,150 @@ mod tests {
                 matches!(FakeConfig::parse(bad), Err(ConfigError::BadValue { .. })),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn parses_the_counters_beyond_the_simulator() {
+        let c = FakeConfig::parse(
+            "gpus=3,memory_temp=0,enc_util=37,dec_util=100,remapped_rows=1:3:1;2:0:2:pending:failed,remapped_rows=0:5:0:failed",
+        )
+        .unwrap();
+        assert!(!c.memory_temp);
+        assert_eq!((c.enc_util, c.dec_util), (37, 100));
+        assert_eq!(
+            c.remapped_rows,
+            vec![
+                RemapSpec {
+                    gpu: 1,
+                    correctable: 3,
+                    uncorrectable: 1,
+                    ..RemapSpec::default()
+                },
+                RemapSpec {
+                    gpu: 2,
+                    correctable: 0,
+                    uncorrectable: 2,
+                    pending: true,
+                    failure: true,
+                },
+                RemapSpec {
+                    gpu: 0,
+                    correctable: 5,
+                    uncorrectable: 0,
+                    pending: false,
+                    failure: true,
+                },
+            ]
+        );
+        let d = FakeConfig::default();
+        assert!(d.memory_temp && d.remapped_rows.is_empty());
+        for bad in [
+            "enc_util=101",
+            "dec_util=-1",
+            "memory_temp=2",
+            "remapped_rows=0:1",
+            "remapped_rows=0:1:2:broken",
+            "gpus=2,remapped_rows=2:1:1",
+        ] {
+            assert!(
+                matches!(FakeConfig::parse(bad), Err(ConfigError::BadValue { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn parses_mig_layouts_and_reconfigurations() {
+        let c = FakeConfig::parse(
+            "gpus=3,mig_layout=0:3g.40gb+4g.40gb;1:1g.10gb*7,mig_layout=2:none,mig_reconfig=1:2g.20gb+2g.20gb@5000;0:off@9000",
+        )
+        .unwrap();
+        assert_eq!(c.mig_layout.len(), 3);
+        assert_eq!(c.mig_layout[1].0, 1);
+        assert_eq!(c.mig_layout[1].1.instances().len(), 7);
+        assert_eq!(c.mig_layout[2], (2, Layout::On(Vec::new())));
+        assert_eq!(
+            c.mig_reconfig,
+            vec![
+                MigChange {
+                    gpu: 1,
+                    layout: Layout::parse("2g.20gb*2").unwrap(),
+                    at_ms: 5000
+                },
+                MigChange {
+                    gpu: 0,
+                    layout: Layout::Off,
+                    at_ms: 9000
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_mig_specs_name_their_key() {
+        for (spec, key) in [
+            ("mig_layout=0:5g.50gb", "mig_layout"),
+            ("mig_layout=0:4g.40gb*2", "mig_layout"),
+            ("mig_layout=3g.40gb", "mig_layout"),
+            ("gpus=2,mig_layout=2:none", "mig_layout"),
+            ("mig_reconfig=0:none", "mig_reconfig"),
+            ("mig_reconfig=0:1g.10gb*8@100", "mig_reconfig"),
+            ("gpus=1,mig_reconfig=1:none@100", "mig_reconfig"),
+        ] {
+            match FakeConfig::parse(spec) {
+                Err(e @ ConfigError::BadValue { .. }) => {
+                    assert!(e.to_string().contains(&format!("`{key}`")), "{spec}: {e}")
+                }
+                other => panic!("{spec}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn parses_shared_gpus() {
+        let c = FakeConfig::parse("gpus=6,share=2:4242/70+4343/30;5:7/50+8/25+9/25,share=0:11/100")
+            .unwrap();
+        assert_eq!(
+            c.share,
+            vec![
+                ShareSpec {
+                    gpu: 2,
+                    processes: vec![(4242, 70), (4343, 30)],
+                },
+                ShareSpec {
+                    gpu: 5,
+                    processes: vec![(7, 50), (8, 25), (9, 25)],
+                },
+                ShareSpec {
+                    gpu: 0,
+                    processes: vec![(11, 100)],
+                },
+            ]
+        );
+        assert!(FakeConfig::default().share.is_empty());
+    }
+
+    #[test]
+    fn bad_shares_name_their_key() {
+        for spec in [
+            "share=2",
+            "share=2:4242",
+            "share=2:4242/70+4343",
+            "share=2:4242/70+4242/30",
+            "share=2:4242/70+4343/31",
+            "share=2:4242/0",
+            "share=2:0/50",
+            "share=x:1/50",
+            "gpus=2,share=2:1/50",
+            "share=1:1/50;2:1/50%",
+        ] {
+            match FakeConfig::parse(spec) {
+                Err(e @ ConfigError::BadValue { .. }) => {
+                    assert!(e.to_string().contains("`share`"), "{spec}: {e}")
+                }
+                other => panic!("{spec}: {other:?}"),
+            }
         }
     }
 

@@ -12,7 +12,7 @@
 
 #![allow(non_snake_case)]
 
-use crate::state::{self, gpm_value, Fake, Ret};
+use crate::state::{self, gpm_value, Dev, Fake, Ret};
 use nvml_wrapper_sys::bindings as sys;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -39,8 +39,21 @@ fn on_device<R>(
     crate::hang::pass();
     let now = state::now_ms();
     state::with(|fake| {
-        let gpu = fake.gpu(device.addr())?;
+        let gpu = fake.gpu(device.addr(), now)?;
         f(fake, gpu, now)
+    })
+}
+
+/// Like [`on_device`] for the calls that also take a MIG device handle.
+fn on_any_device<R>(
+    device: sys::nvmlDevice_t,
+    f: impl FnOnce(&mut Fake, Dev, i64) -> Result<R, Ret>,
+) -> Result<R, Ret> {
+    crate::hang::pass();
+    let now = state::now_ms();
+    state::with(|fake| {
+        let dev = fake.device(device.addr(), now)?;
+        f(fake, dev, now)
     })
 }
 
@@ -182,7 +195,15 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     length: c_uint,
 ) -> Ret {
     run(|| {
-        let n = on_device(device, |f, _, _| Ok(f.model.model.name.clone()))?;
+        // A MIG device is named after its card and profile, as the driver
+        // names it ("NVIDIA H100 80GB HBM3 MIG 3g.40gb").
+        let n = on_any_device(device, |f, d, _| {
+            let card = f.model.model.name.clone();
+            Ok(match d {
+                Dev::Card(_) => card,
+                Dev::Mig(_, i) => format!("{card} MIG {}", i.profile.name),
+            })
+        })?;
         // SAFETY: the caller's buffer holds `length` bytes (module contract).
         unsafe { put_str(name, length, &n) }
     })
@@ -196,7 +217,12 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     length: c_uint,
 ) -> Ret {
     run(|| {
-        let u = on_device(device, |f, g, _| Ok(f.model.uuid(g)))?;
+        let u = on_any_device(device, |f, d, _| {
+            Ok(match d {
+                Dev::Card(g) => f.model.uuid(g),
+                Dev::Mig(g, i) => f.mig.uuid(&f.model.uuid(g), &i),
+            })
+        })?;
         // SAFETY: the caller's buffer holds `length` bytes (module contract).
         unsafe { put_str(uuid, length, &u) }
     })
@@ -226,24 +252,31 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     })
 }
 
-/// `nvmlDeviceGetAttributes_v2`: an H100 SXM's SM count and slices.
+/// `nvmlDeviceGetAttributes_v2`: an H100 SXM's SM count and slices, or a
+/// MIG device's from its profile ([`crate::mig::PROFILES`]).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
     device: sys::nvmlDevice_t,
     attributes: *mut sys::nvmlDeviceAttributes_t,
 ) -> Ret {
     run(|| {
-        let m = on_device(device, |f, _, _| Ok(f.model.model.clone()))?;
+        let (sms, slices, memory_mb) = on_any_device(device, |f, d, _| {
+            let m = &f.model.model;
+            Ok(match d {
+                Dev::Card(_) => (m.sm_count, 7, m.memory_total_bytes >> 20),
+                Dev::Mig(_, i) => (i.profile.sm_count, i.profile.slices, i.profile.memory_mb),
+            })
+        })?;
         let out = sys::nvmlDeviceAttributes_t {
-            multiprocessorCount: m.sm_count,
-            sharedCopyEngineCount: 8,
-            sharedDecoderCount: 7,
+            multiprocessorCount: sms,
+            sharedCopyEngineCount: slices.min(8),
+            sharedDecoderCount: slices,
             sharedEncoderCount: 0,
-            sharedJpegCount: 7,
-            sharedOfaCount: 1,
-            gpuInstanceSliceCount: 7,
-            computeInstanceSliceCount: 7,
-            memorySizeMB: m.memory_total_bytes >> 20,
+            sharedJpegCount: slices,
+            sharedOfaCount: u32::from(slices == 7),
+            gpuInstanceSliceCount: slices,
+            computeInstanceSliceCount: slices,
+            memorySizeMB: memory_mb,
         };
         // SAFETY: out-pointer per the module contract.
         unsafe { put(attributes, out) }
@@ -362,7 +395,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     utilization: *mut sys::nvmlUtilization_t,
 ) -> Ret {
     run(|| {
-        let (gpu, memory) = on_device(device, |f, g, now| Ok(f.utilization(g, now)))?;
+        let (gpu, memory) = on_device(device, |f, g, now| f.utilization(g, now))?;
         // SAFETY: out-pointer per the module contract.
         unsafe { put(utilization, sys::nvmlUtilization_t { gpu, memory }) }
     })
@@ -519,6 +552,21 @@ pub unsafe extern "C" fn nvmlGpmSampleGet(
     run(|| on_device(device, |f, g, now| f.gpm_take(g, sample.addr(), now)))
 }
 
+/// `nvmlGpmMigSampleGet`: stamps the sample with the card, the GPU
+/// instance and the time (`NOT_FOUND` for an instance the card lacks).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmMigSampleGet(
+    device: sys::nvmlDevice_t,
+    gpu_instance_id: c_uint,
+    sample: sys::nvmlGpmSample_t,
+) -> Ret {
+    run(|| {
+        on_device(device, |f, g, now| {
+            f.gpm_take_mig(g, gpu_instance_id, sample.addr(), now)
+        })
+    })
+}
+
 /// `nvmlGpmMetricsGet`: each requested metric over the two samples' window,
 /// with its own return code (unknown metrics: `NVML_ERROR_NOT_SUPPORTED`).
 #[no_mangle]
@@ -627,8 +675,69 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     })
 }
 
-/// `nvmlDeviceGetMigMode`: `NOT_SUPPORTED` unless `mig=1`, then enabled
-/// (current and pending).
+/// `nvmlDeviceGetProcessUtilization`, with nvml.h's two calls:
+/// `utilization == NULL` sets `*processSamplesCount` to the samples newer
+/// than `lastSeenTimeStamp` and returns `NVML_ERROR_INSUFFICIENT_SIZE`;
+/// with a buffer of `*processSamplesCount` entries it writes the oldest
+/// samples that fit, whole ticks only (the rest come at the next call,
+/// after the newest stamp written), sets the count written and returns
+/// `NVML_SUCCESS`, or `NVML_ERROR_INSUFFICIENT_SIZE` with the count needed
+/// when not even one tick fits. No samples: `NVML_ERROR_NOT_FOUND`
+/// ([`crate::share`]).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: sys::nvmlDevice_t,
+    utilization: *mut sys::nvmlProcessUtilizationSample_t,
+    process_samples_count: *mut c_uint,
+    last_seen_timestamp: c_ulonglong,
+) -> Ret {
+    run(|| {
+        if process_samples_count.is_null() {
+            return Err(INVALID);
+        }
+        let got = on_device(device, |f, g, now| {
+            f.process_samples(g, last_seen_timestamp, now)
+        })?;
+        let insufficient = || {
+            // SAFETY: checked non-null; valid per the module contract.
+            unsafe { process_samples_count.write(got.len() as c_uint) };
+            Err(sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE)
+        };
+        if utilization.is_null() {
+            return insufficient();
+        }
+        // SAFETY: checked non-null; the caller set the buffer length.
+        let capacity = unsafe { process_samples_count.read() } as usize;
+        let mut n = capacity.min(got.len());
+        // A tick is written whole or not at all: the caller resumes after
+        // the newest stamp it saw.
+        while n > 0 && n < got.len() && got[n].ts_us == got[n - 1].ts_us {
+            n -= 1;
+        }
+        if n == 0 {
+            return insufficient();
+        }
+        for (i, p) in got.iter().take(n).enumerate() {
+            let sample = sys::nvmlProcessUtilizationSample_t {
+                pid: p.pid,
+                timeStamp: p.ts_us,
+                smUtil: p.sm_util,
+                memUtil: p.mem_util,
+                encUtil: 0,
+                decUtil: 0,
+            };
+            // SAFETY: `utilization` holds `capacity` elements and `i < n <= capacity`.
+            unsafe { utilization.add(i).write(sample) };
+        }
+        // SAFETY: checked non-null above.
+        unsafe { process_samples_count.write(n as c_uint) };
+        Ok(())
+    })
+}
+
+/// `nvmlDeviceGetMigMode`: `NOT_SUPPORTED` on a card without MIG (neither
+/// `mig=1` nor named by `mig_layout` / `mig_reconfig`), else its mode now
+/// (current and pending alike: a change takes effect at once).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     device: sys::nvmlDevice_t,
@@ -639,18 +748,103 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
         if current.is_null() || pending.is_null() {
             return Err(INVALID);
         }
-        let on = on_device(device, |f, _, _| {
-            if f.config.mig {
-                Ok(sys::NVML_DEVICE_MIG_ENABLE)
-            } else {
-                Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)
-            }
-        })?;
+        let on = on_device(device, |f, g, now| f.mig_mode(g, now))?;
         // SAFETY: both checked non-null; out-pointers per the module contract.
         unsafe {
             put(current, on)?;
             put(pending, on)
         }
+    })
+}
+
+/// `nvmlDeviceGetMaxMigDeviceCount`: 7 on a card in MIG mode, else 0.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: sys::nvmlDevice_t,
+    count: *mut c_uint,
+) -> Ret {
+    run(|| {
+        let n = on_device(device, |f, g, now| Ok(f.max_mig_devices(g, now)))?;
+        // SAFETY: out-pointer per the module contract.
+        unsafe { put(count, n) }
+    })
+}
+
+/// `nvmlDeviceGetMigDeviceHandleByIndex`: the card's `index`-th MIG device
+/// now (`NOT_FOUND` past the last one).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: sys::nvmlDevice_t,
+    index: c_uint,
+    mig_device: *mut sys::nvmlDevice_t,
+) -> Ret {
+    run(|| {
+        let h = on_device(device, |f, g, now| f.mig_handle(g, index, now))?;
+        // SAFETY: out-pointer per the module contract.
+        unsafe { put(mig_device, std::ptr::without_provenance_mut(h)) }
+    })
+}
+
+/// `nvmlDeviceIsMigDeviceHandle`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: sys::nvmlDevice_t,
+    is_mig: *mut c_uint,
+) -> Ret {
+    run(|| {
+        let m = on_any_device(device, |_, d, _| Ok(matches!(d, Dev::Mig(..))))?;
+        // SAFETY: out-pointer per the module contract.
+        unsafe { put(is_mig, c_uint::from(m)) }
+    })
+}
+
+/// `nvmlDeviceGetDeviceHandleFromMigDeviceHandle`: the MIG device's card.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig_device: sys::nvmlDevice_t,
+    device: *mut sys::nvmlDevice_t,
+) -> Ret {
+    run(|| {
+        let h = on_any_device(mig_device, |f, d, _| match d {
+            Dev::Mig(g, _) => f.handle_of(g),
+            Dev::Card(_) => Err(INVALID),
+        })?;
+        // SAFETY: out-pointer per the module contract.
+        unsafe { put(device, std::ptr::without_provenance_mut(h)) }
+    })
+}
+
+/// `nvmlDeviceGetGpuInstanceId`: a MIG device's GPU instance id
+/// (`NOT_SUPPORTED` on a card).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+    device: sys::nvmlDevice_t,
+    id: *mut c_uint,
+) -> Ret {
+    run(|| {
+        let i = on_any_device(device, |_, d, _| match d {
+            Dev::Mig(_, i) => Ok(i.gpu_instance_id),
+            Dev::Card(_) => Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
+        })?;
+        // SAFETY: out-pointer per the module contract.
+        unsafe { put(id, i) }
+    })
+}
+
+/// `nvmlDeviceGetComputeInstanceId`: a MIG device's compute instance id
+/// (`NOT_SUPPORTED` on a card).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+    device: sys::nvmlDevice_t,
+    id: *mut c_uint,
+) -> Ret {
+    run(|| {
+        let i = on_any_device(device, |_, d, _| match d {
+            Dev::Mig(_, i) => Ok(i.compute_instance_id),
+            Dev::Card(_) => Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
+        })?;
+        // SAFETY: out-pointer per the module contract.
+        unsafe { put(id, i) }
     })
 }
 
@@ -756,10 +950,13 @@ pub unsafe extern "C" fn flopwatchFakeNvmlSetTimeMs(ms: i64) {
 }
 
 /// `nvmlDeviceGetFieldValues`: the NVLink data counters
-/// (`NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX`, KiB). `scopeId` `UINT_MAX`
-/// asks for the sum over all links, any other value for that link (the
-/// simulated traffic is spread evenly over the active links). Other fields
-/// answer `NOT_SUPPORTED` in their own `nvmlReturn`.
+/// (`NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX`, KiB) and the memory
+/// temperature (`NVML_FI_DEV_MEMORY_TEMP`, °C). For the NVLink counters
+/// `scopeId` `UINT_MAX` asks for the sum over all links, any other value
+/// for that link (the simulated traffic is spread evenly over the active
+/// links). Other fields, and the memory temperature of a GPU without the
+/// sensor (`memory_temp=0`), answer `NOT_SUPPORTED` in their own
+/// `nvmlReturn`.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     device: sys::nvmlDevice_t,
@@ -771,8 +968,13 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         if values.is_null() && n > 0 {
             return Err(INVALID);
         }
-        let (counters, links, now) = on_device(device, |f, g, now| {
-            Ok((f.nvlink_kib(g, now), f.config.nvlinks, now))
+        let (counters, links, memory_temp, now) = on_device(device, |f, g, now| {
+            Ok((
+                f.nvlink_kib(g, now),
+                f.config.nvlinks,
+                f.memory_temp(g, now),
+                now,
+            ))
         })?;
         for i in 0..n {
             // SAFETY: `values` is valid for `values_count` elements per the
@@ -781,6 +983,17 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
             v.timestamp = now.saturating_mul(1000);
             v.latencyUsec = 0;
             let total = match v.fieldId {
+                sys::field_id::NVML_FI_DEV_MEMORY_TEMP => {
+                    match memory_temp {
+                        Ok(t) => {
+                            v.valueType = sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT;
+                            v.value = sys::nvmlValue_t { uiVal: t };
+                            v.nvmlReturn = SUCCESS;
+                        }
+                        Err(code) => v.nvmlReturn = code,
+                    }
+                    continue;
+                }
                 sys::field_id::NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX => counters.map(|c| c.0),
                 sys::field_id::NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX => counters.map(|c| c.1),
                 _ => {
@@ -865,5 +1078,79 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
         let n = on_device(device, |f, _, _| f.nvlink_errors(link, counter))?;
         // SAFETY: out-pointer per the module contract.
         unsafe { put(counter_value, n) }
+    })
+}
+
+/// `nvmlDeviceGetEncoderUtilization`, percent, and its sampling period (µs).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetEncoderUtilization(
+    device: sys::nvmlDevice_t,
+    utilization: *mut c_uint,
+    sampling_period_us: *mut c_uint,
+) -> Ret {
+    // SAFETY: out-pointers per the module contract.
+    unsafe { video_util(device, true, utilization, sampling_period_us) }
+}
+
+/// `nvmlDeviceGetDecoderUtilization`, percent, and its sampling period (µs).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetDecoderUtilization(
+    device: sys::nvmlDevice_t,
+    utilization: *mut c_uint,
+    sampling_period_us: *mut c_uint,
+) -> Ret {
+    // SAFETY: out-pointers per the module contract.
+    unsafe { video_util(device, false, utilization, sampling_period_us) }
+}
+
+/// The encoder's or decoder's utilization.
+///
+/// # Safety
+/// The pointers are null or valid for a write of a `c_uint`.
+unsafe fn video_util(
+    device: sys::nvmlDevice_t,
+    encoder: bool,
+    utilization: *mut c_uint,
+    sampling_period_us: *mut c_uint,
+) -> Ret {
+    run(|| {
+        if utilization.is_null() || sampling_period_us.is_null() {
+            return Err(INVALID);
+        }
+        let (pct, period) = on_device(device, |f, _, _| Ok(f.video_util(encoder)))?;
+        // SAFETY: out-pointers per this function's contract.
+        unsafe {
+            put(utilization, pct)?;
+            put(sampling_period_us, period)
+        }
+    })
+}
+
+/// `nvmlDeviceGetRemappedRows`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
+    device: sys::nvmlDevice_t,
+    corr_rows: *mut c_uint,
+    unc_rows: *mut c_uint,
+    is_pending: *mut c_uint,
+    failure_occurred: *mut c_uint,
+) -> Ret {
+    run(|| {
+        let out = [corr_rows, unc_rows, is_pending, failure_occurred];
+        if out.iter().any(|p| p.is_null()) {
+            return Err(INVALID);
+        }
+        let r = on_device(device, |f, g, _| Ok(f.remapped_rows(g)))?;
+        let values = [
+            r.correctable,
+            r.uncorrectable,
+            c_uint::from(r.pending),
+            c_uint::from(r.failure),
+        ];
+        for (ptr, value) in out.into_iter().zip(values) {
+            // SAFETY: out-pointers per the module contract, checked non-null.
+            unsafe { put(ptr, value)? };
+        }
+        Ok(())
     })
 }

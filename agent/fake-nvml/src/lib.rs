@@ -25,13 +25,35 @@
 //! * `nvmlDeviceGetComputeRunningProcesses_v3`: a GPU running a job in the
 //!   simulator's plan has one process, PID `10000 + gpu index`, holding the
 //!   GPU's used memory; an idle GPU has none;
+//! * shared GPUs ([`share`]): `share=2:4242/70+4343/30` time-slices GPU 2
+//!   between PIDs 4242 and 4343, which get 70 % and 30 % of its SM time.
+//!   The GPU lists those processes instead, and
+//!   `nvmlDeviceGetProcessUtilization` gives one sample per process per
+//!   10 ms tick (µs stamps on the fake clock, newer than
+//!   `lastSeenTimeStamp`, from the `ring`; NVML's count query with a NULL
+//!   buffer): its `smUtil` is its percent of the GPU's SM activity in that
+//!   tick, whole percent. A GPU without the key has no samples
+//!   (`NOT_FOUND`), a card in MIG mode answers `NOT_SUPPORTED`;
+//!   [`share::process_sm_util`] is the ground truth over a window;
 //! * events: `nvmlEventSetCreate` / `nvmlDeviceRegisterEvents` /
 //!   `nvmlEventSetWait_v2` / `nvmlEventSetFree` deliver the XIDs scheduled
 //!   with `xid=GPU:CODE@MS` once the fake clock passes them (once per set,
 //!   only those after the set was created); `events=0` makes the GPUs
 //!   support no events;
-//! * `nvmlDeviceGetMigMode` is `NOT_SUPPORTED` (no MIG), or enabled with
-//!   `mig=1` (no MIG instances are modelled);
+//! * MIG ([`mig`]): `nvmlDeviceGetMigMode` is `NOT_SUPPORTED` (no MIG)
+//!   unless `mig=1` (MIG mode on every card, no instances) or the card has
+//!   a layout: `mig_layout=0:3g.40gb+4g.40gb;1:1g.10gb*7` gives cards their
+//!   GPU instances (H100 80GB profiles, with their SMs and memory), and
+//!   `mig_reconfig=1:2g.20gb+2g.20gb@5000` changes a card's layout at a
+//!   time after the start (`off` leaves MIG mode). The MIG devices answer
+//!   `nvmlDeviceGetMaxMigDeviceCount`, `nvmlDeviceGetMigDeviceHandleByIndex`,
+//!   `nvmlDeviceGetUUID` (`MIG-…`), `nvmlDeviceGetGpuInstanceId`,
+//!   `nvmlDeviceGetComputeInstanceId`, `nvmlDeviceGetAttributes_v2` and
+//!   `nvmlDeviceGetName`; `nvmlGpmMigSampleGet` samples one GPU instance,
+//!   which runs a simulated workload of its own, while the card's own
+//!   readings (and its whole-GPU GPM sample) are the SM-weighted mix of its
+//!   instances; a card in MIG mode has no utilization rates
+//!   (`NOT_SUPPORTED`, as on the driver);
 //! * `gpm=0` models a pre-Hopper GPU: no GPM support;
 //! * `gpm_permission=denied` models a container without `CAP_SYS_ADMIN`:
 //!   GPM is supported but `nvmlGpmSampleGet` and `nvmlGpmMetricsGet`
@@ -47,6 +69,16 @@
 //!   `0..nvlinks` (default 18) active; `nvmlDeviceGetNvLinkErrorCounter`
 //!   counts `nvlink_replays` replays per active link and nothing else;
 //!   `nvmlDeviceGetPcieReplayCounter` is 0;
+//! * counters the simulator keeps no state for ([`derived`]):
+//!   `NVML_GPM_METRIC_GRAPHICS_UTIL` is the square root of the window's SM
+//!   activity; `nvmlDeviceGetFieldValues` answers
+//!   `NVML_FI_DEV_MEMORY_TEMP` with the GPU temperature + 4 °C, or
+//!   `NOT_SUPPORTED` in the field's own return with `memory_temp=0` (a
+//!   GDDR card); `nvmlDeviceGetEncoderUtilization` /
+//!   `nvmlDeviceGetDecoderUtilization` are `enc_util` / `dec_util` percent
+//!   (default 0, an idle video engine); `nvmlDeviceGetRemappedRows` is what
+//!   `remapped_rows=GPU:CORR:UNC[:pending][:failed]` says (default no
+//!   remapped row); `nvmlDeviceGetMemoryInfo_v2` reserves 512 MiB;
 //! * `hang_after=N`: after `N` device queries every further one blocks, as
 //!   a wedged driver's would, until the fake is configured again (the
 //!   `hang` module).
@@ -67,9 +99,13 @@
 pub mod config;
 pub mod control;
 pub mod cpu;
+pub mod derived;
 mod exports;
 mod hang;
+pub mod layout;
+pub mod mig;
 mod schedule;
+pub mod share;
 mod state;
 
 use std::path::PathBuf;

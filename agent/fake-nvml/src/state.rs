@@ -5,8 +5,11 @@
 //! energy counters. The C exports in `exports.rs` only translate pointers
 //! to and from these methods, so the logic is testable without FFI.
 
-use crate::config::{ConfigError, FakeConfig, ENV_VAR};
+use crate::config::{ConfigError, FakeConfig, RemapSpec, ENV_VAR};
+use crate::derived;
+use crate::mig::{InstanceAt, MigNode, MAX_INSTANCES};
 use crate::schedule::Schedule;
+use crate::share::{self, ShareSpec};
 use flopwatch_sim::{FleetPlan, GpuPlan, GpuState, SimModel, WindowMean, Workload, TICK_MS};
 use nvml_wrapper_sys::bindings as sys;
 use std::collections::HashMap;
@@ -19,6 +22,11 @@ pub(crate) type Ret = sys::nvmlReturn_t;
 /// Device handles are tagged integers, never dereferenced: handle of GPU
 /// `i` is `DEVICE_TAG + i`. A stray pointer is rejected, not followed.
 const DEVICE_TAG: usize = 0x7e57_0000;
+/// MIG device handles are `MIG_TAG + MIG_STRIDE × card + GPU instance id`,
+/// valid while that instance exists.
+const MIG_TAG: usize = 0x7e58_0000;
+/// Handle space per card for its MIG devices.
+const MIG_STRIDE: usize = 16;
 /// GPM sample handles are `SAMPLE_TAG + n`, looked up in a table.
 const SAMPLE_TAG: usize = 0x6e50_0000;
 /// Most GPM samples alive at once (a leak in a caller hits this bound).
@@ -147,11 +155,22 @@ pub(crate) fn with<R>(f: impl FnOnce(&mut Fake) -> Result<R, Ret>) -> Result<R, 
     }
 }
 
-/// When and on which GPU a GPM sample was taken.
+/// When and on which GPU (or MIG GPU instance) a GPM sample was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stamp {
     gpu: usize,
+    /// `Some`: a MIG GPU instance's sample (`nvmlGpmMigSampleGet`).
+    gpu_instance: Option<u32>,
     t_ms: i64,
+}
+
+/// What a device handle names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dev {
+    /// A card (a whole GPU, or a card in MIG mode).
+    Card(usize),
+    /// A MIG device: the card and the instance.
+    Mig(usize, InstanceAt),
 }
 
 /// A GPU's energy counter: integrated up to `t_ms`.
@@ -182,6 +201,24 @@ pub(crate) struct EventOut {
     pub data: u64,
 }
 
+/// One process's utilisation sample (`nvmlProcessUtilizationSample_t`;
+/// the video engines are idle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProcessSample {
+    pub pid: u32,
+    /// When the sample's tick ended, µs on the fake clock.
+    pub ts_us: u64,
+    /// Percent of the GPU's SMs.
+    pub sm_util: u32,
+    /// Percent of the GPU's memory bandwidth.
+    pub mem_util: u32,
+}
+
+/// The end of tick `k`, µs: the stamp of its samples.
+fn tick_end_us(k: i64) -> u64 {
+    (k as u64 + 1) * (TICK_MS * 1000) as u64
+}
+
 /// PCI identity of a fake GPU.
 pub(crate) struct Pci {
     pub bus: u32,
@@ -195,6 +232,8 @@ pub(crate) struct Pci {
 pub(crate) struct Fake {
     pub config: FakeConfig,
     pub model: SimModel,
+    /// The cards' MIG layouts and instances.
+    pub mig: MigNode,
     init_count: u32,
     samples: HashMap<usize, Option<Stamp>>,
     next_sample: usize,
@@ -232,9 +271,11 @@ impl Fake {
             config.gpus
         ];
         let nvlink = vec![(now_ms, 0.0, 0.0); config.gpus];
+        let mig = MigNode::new(&config, start);
         Self {
             config,
             model,
+            mig,
             init_count: 0,
             samples: HashMap::new(),
             next_sample: 0,
@@ -267,12 +308,82 @@ impl Fake {
         }
     }
 
-    /// The GPU a handle names.
-    pub fn gpu(&self, handle: usize) -> Result<usize, Ret> {
-        match handle.checked_sub(DEVICE_TAG) {
-            Some(g) if g < self.model.gpu_count() => Ok(g),
-            _ => Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+    /// The card a handle names. A live MIG device is `NOT_SUPPORTED`: the
+    /// calls that take one resolve it with [`Fake::device`].
+    pub fn gpu(&self, handle: usize, now: i64) -> Result<usize, Ret> {
+        match self.device(handle, now)? {
+            Dev::Card(g) => Ok(g),
+            Dev::Mig(..) => Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
         }
+    }
+
+    /// The card or MIG device a handle names at `now`; a MIG device whose
+    /// instance no longer exists is an invalid handle.
+    pub fn device(&self, handle: usize, now: i64) -> Result<Dev, Ret> {
+        let invalid = sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+        if let Some(g) = handle.checked_sub(DEVICE_TAG) {
+            if g < self.model.gpu_count() {
+                return Ok(Dev::Card(g));
+            }
+        }
+        let m = handle.checked_sub(MIG_TAG).ok_or(invalid)?;
+        let (g, id) = (m / MIG_STRIDE, m % MIG_STRIDE);
+        if g >= self.model.gpu_count() {
+            return Err(invalid);
+        }
+        self.mig
+            .instance_at(g, id as u32, now)
+            .map(|i| Dev::Mig(g, i))
+            .ok_or(invalid)
+    }
+
+    /// `nvmlDeviceGetMigDeviceHandleByIndex`: the `index`-th instance of
+    /// card `gpu` now; `NOT_FOUND` past the last.
+    pub fn mig_handle(&self, gpu: usize, index: u32, now: i64) -> Result<usize, Ret> {
+        if index >= MAX_INSTANCES {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        if !self.mig.layout_at(gpu, now).is_on() {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        }
+        let instances = self.mig.instances_at(gpu, now);
+        let i = instances
+            .get(index as usize)
+            .ok_or(sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND)?;
+        Ok(MIG_TAG + MIG_STRIDE * gpu + i.gpu_instance_id as usize)
+    }
+
+    /// `nvmlDeviceGetMaxMigDeviceCount`: 7 in MIG mode, 0 otherwise.
+    pub fn max_mig_devices(&self, gpu: usize, now: i64) -> u32 {
+        if self.mig.layout_at(gpu, now).is_on() {
+            MAX_INSTANCES
+        } else {
+            0
+        }
+    }
+
+    /// `nvmlDeviceGetMigMode`: enabled per the card's layout now, or
+    /// `NOT_SUPPORTED` on a card without MIG.
+    pub fn mig_mode(&self, gpu: usize, now: i64) -> Result<u32, Ret> {
+        if !self.mig.supported(gpu) {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        }
+        Ok(if self.mig.layout_at(gpu, now).is_on() {
+            sys::NVML_DEVICE_MIG_ENABLE
+        } else {
+            sys::NVML_DEVICE_MIG_DISABLE
+        })
+    }
+
+    /// Card `gpu`'s state at `now`: the simulator's GPU, or in MIG mode
+    /// the mix of its instances ([`MigNode::card_tick`]).
+    pub fn state_at(&self, gpu: usize, now: i64) -> GpuState {
+        self.mig.card_state_at(&self.model, gpu, now)
+    }
+
+    /// Card `gpu`'s exact means over `[from, to)`, MIG mode included.
+    pub fn window(&self, gpu: usize, from: i64, to: i64) -> WindowMean {
+        self.mig.card_window(&self.model, gpu, from, to)
     }
 
     /// PCI identity: an HGX-like layout, one bus per GPU.
@@ -290,7 +401,7 @@ impl Fake {
 
     /// `nvmlDeviceGetClockInfo`: the clock right now.
     pub fn clock(&self, gpu: usize, clock: sys::nvmlClockType_t, now: i64) -> Result<u32, Ret> {
-        let s = self.model.state_at(gpu, now);
+        let s = self.state_at(gpu, now);
         match clock {
             sys::nvmlClockType_enum_NVML_CLOCK_GRAPHICS | sys::nvmlClockType_enum_NVML_CLOCK_SM => {
                 Ok(s.sm_clock_mhz.round() as u32)
@@ -315,34 +426,74 @@ impl Fake {
 
     /// `nvmlDeviceGetPowerUsage`, milliwatts.
     pub fn power_mw(&self, gpu: usize, now: i64) -> u32 {
-        (self.model.state_at(gpu, now).power_w.max(0.0) * 1000.0).round() as u32
+        (self.state_at(gpu, now).power_w.max(0.0) * 1000.0).round() as u32
     }
 
     /// `nvmlDeviceGetTemperature` (GPU sensor), °C.
     pub fn temperature(&self, gpu: usize, now: i64) -> u32 {
-        self.model.state_at(gpu, now).temp_c.max(0.0).round() as u32
+        self.state_at(gpu, now).temp_c.max(0.0).round() as u32
+    }
+
+    /// `NVML_FI_DEV_MEMORY_TEMP`, °C ([`derived::memory_temp_c`]);
+    /// `NOT_SUPPORTED` with `memory_temp=0` (a GDDR card).
+    pub fn memory_temp(&self, gpu: usize, now: i64) -> Result<u32, Ret> {
+        if !self.config.memory_temp {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        }
+        Ok(derived::memory_temp_c(&self.state_at(gpu, now)))
+    }
+
+    /// `nvmlDeviceGetEncoderUtilization` / `nvmlDeviceGetDecoderUtilization`:
+    /// (percent, sampling period µs) as configured (`enc_util`,
+    /// `dec_util`).
+    pub fn video_util(&self, encoder: bool) -> (u32, u32) {
+        let pct = if encoder {
+            self.config.enc_util
+        } else {
+            self.config.dec_util
+        };
+        (pct, derived::VIDEO_SAMPLING_PERIOD_US)
+    }
+
+    /// `nvmlDeviceGetRemappedRows`: the GPU's `remapped_rows` entry (the
+    /// last one given for it), or no remapping at all.
+    pub fn remapped_rows(&self, gpu: usize) -> RemapSpec {
+        self.config
+            .remapped_rows
+            .iter()
+            .rev()
+            .find(|r| r.gpu == gpu)
+            .copied()
+            .unwrap_or(RemapSpec {
+                gpu,
+                ..RemapSpec::default()
+            })
     }
 
     /// `nvmlDeviceGetMemoryInfo_v2`: (total, reserved, free, used) bytes.
     pub fn memory(&self, gpu: usize, now: i64) -> (u64, u64, u64, u64) {
         let total = self.model.model.memory_total_bytes;
         let usable = total - RESERVED_BYTES;
-        let used = (self.model.state_at(gpu, now).mem_used_bytes.max(0.0) as u64).min(usable);
+        let used = (self.state_at(gpu, now).mem_used_bytes.max(0.0) as u64).min(usable);
         (total, RESERVED_BYTES, usable - used, used)
     }
 
     /// `nvmlDeviceGetUtilizationRates`: percent over the last second, like
     /// the driver's own sample period.
-    pub fn utilization(&self, gpu: usize, now: i64) -> (u32, u32) {
-        let w = self.model.window(gpu, now - 1000, now).mean;
+    /// A card in MIG mode answers `NOT_SUPPORTED`, as the driver does.
+    pub fn utilization(&self, gpu: usize, now: i64) -> Result<(u32, u32), Ret> {
+        if self.mig.layout_at(gpu, now).is_on() {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        }
+        let w = self.window(gpu, now - 1000, now).mean;
         let pct = |x: f64| (100.0 * x).clamp(0.0, 100.0).round() as u32;
-        (pct(w.sm_active), pct(w.dram_active))
+        Ok((pct(w.sm_active), pct(w.dram_active)))
     }
 
     /// `nvmlDeviceGetCurrentClocksThrottleReasons`: idle, or power-capped
     /// under heavy tensor load (which is what pulls the clock to ~1352 MHz).
     pub fn throttle_reasons(&self, gpu: usize, now: i64) -> u64 {
-        let s = self.model.state_at(gpu, now);
+        let s = self.state_at(gpu, now);
         if s.sm_active == 0.0 && s.tensor_active == 0.0 {
             u64::from(sys::nvmlClocksEventReasonGpuIdle)
         } else if s.tensor_active > 0.3 {
@@ -377,7 +528,7 @@ impl Fake {
         let meter = self.energy[gpu];
         if now > meter.t_ms {
             let from = meter.t_ms.max(now - ENERGY_EXACT_MS);
-            let mean_w = self.model.window(gpu, from, now).mean.power_w.max(0.0);
+            let mean_w = self.window(gpu, from, now).mean.power_w.max(0.0);
             self.energy[gpu] = EnergyMeter {
                 t_ms: now,
                 mj: meter.mj + mean_w * (now - meter.t_ms) as f64,
@@ -394,7 +545,7 @@ impl Fake {
         let (t, tx, rx) = self.nvlink[gpu];
         if now > t {
             let from = t.max(now - ENERGY_EXACT_MS);
-            let w = self.model.window(gpu, from, now).mean;
+            let w = self.window(gpu, from, now).mean;
             let secs = (now - t) as f64 / 1000.0;
             self.nvlink[gpu] = (
                 now,
@@ -439,7 +590,7 @@ impl Fake {
         counter: sys::nvmlPcieUtilCounter_t,
         now: i64,
     ) -> Result<u32, Ret> {
-        let w = self.model.window(gpu, now - 20, now).mean;
+        let w = self.window(gpu, now - 20, now).mean;
         let bytes = match counter {
             sys::nvmlPcieUtilCounter_enum_NVML_PCIE_UTIL_TX_BYTES => w.pcie_tx_bytes_s,
             sys::nvmlPcieUtilCounter_enum_NVML_PCIE_UTIL_RX_BYTES => w.pcie_rx_bytes_s,
@@ -471,6 +622,16 @@ impl Fake {
             }
             _ => return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
         };
+        Ok(self
+            .new_ticks(last_seen_us, now)?
+            .map(|k| (tick_end_us(k), value(&self.state_at(gpu, k * TICK_MS))))
+            .collect())
+    }
+
+    /// The driver's sample ring at `now`: the completed 10 ms ticks whose
+    /// end (µs) is after `last_seen_us`, at most the newest `ring` of them;
+    /// `NVML_ERROR_NOT_FOUND` when there are none.
+    fn new_ticks(&self, last_seen_us: u64, now: i64) -> Result<std::ops::RangeInclusive<i64>, Ret> {
         let tick_us = (TICK_MS * 1000) as u64;
         // Newest completed tick: it ends at or before now.
         let newest = now.div_euclid(TICK_MS) - 1;
@@ -480,24 +641,67 @@ impl Fake {
         if oldest > newest {
             return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
         }
-        Ok((oldest..=newest)
-            .map(|k| {
-                let s = self.model.state_at(gpu, k * TICK_MS);
-                ((k as u64 + 1) * tick_us, value(&s))
-            })
-            .collect())
+        Ok(oldest..=newest)
     }
 
-    /// `nvmlDeviceGetComputeRunningProcesses_v3`: a GPU that runs a job
-    /// in the plan has one process, PID `PID_BASE + gpu`, holding the GPU's
-    /// used memory; an idle GPU has none. (pid, used bytes).
+    /// GPU `gpu`'s time-slicing (`share`, the last entry for it), if any.
+    pub fn shared(&self, gpu: usize) -> Option<&ShareSpec> {
+        self.config.share.iter().rev().find(|sh| sh.gpu == gpu)
+    }
+
+    /// `nvmlDeviceGetComputeRunningProcesses_v3`: a shared GPU lists its
+    /// `share` processes, each holding its part of the GPU's used memory;
+    /// otherwise a GPU that runs a job in the plan has one process, PID
+    /// `PID_BASE + gpu`, holding the GPU's used memory, and an idle GPU
+    /// has none. (pid, used bytes).
     pub fn processes(&self, gpu: usize, now: i64) -> Vec<(u32, u64)> {
+        if let Some(sh) = self.shared(gpu) {
+            let used = self.memory(gpu, now).3;
+            let total = u64::from(sh.total_percent().max(1));
+            return sh
+                .processes
+                .iter()
+                .map(|&(pid, pct)| (pid, used / total * u64::from(pct)))
+                .collect();
+        }
         match self.model.plans.get(gpu) {
             Some(plan) if plan.job.is_some() => {
                 vec![(PID_BASE + gpu as u32, self.memory(gpu, now).3)]
             }
             _ => Vec::new(),
         }
+    }
+
+    /// `nvmlDeviceGetProcessUtilization`: on a shared GPU, one sample per
+    /// `share` process per tick of the ring newer than `last_seen_us`,
+    /// oldest first (then in the order the processes are given), its
+    /// utilisations the process's part of the tick's activity
+    /// ([`share::sample_sm_util`]). `NVML_ERROR_NOT_FOUND` when there is
+    /// none (a GPU that is not shared has none); `NOT_SUPPORTED` on a card
+    /// in MIG mode, as nvml.h says.
+    pub fn process_samples(
+        &self,
+        gpu: usize,
+        last_seen_us: u64,
+        now: i64,
+    ) -> Result<Vec<ProcessSample>, Ret> {
+        if self.mig.layout_at(gpu, now).is_on() {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        }
+        let sh = self
+            .shared(gpu)
+            .ok_or(sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND)?;
+        let mut out = Vec::new();
+        for k in self.new_ticks(last_seen_us, now)? {
+            let s = self.state_at(gpu, k * TICK_MS);
+            out.extend(sh.processes.iter().map(|&(pid, pct)| ProcessSample {
+                pid,
+                ts_us: tick_end_us(k),
+                sm_util: share::sample_sm_util(pct, &s),
+                mem_util: share::sample_mem_util(pct, &s),
+            }));
+        }
+        Ok(out)
     }
 
     /// `nvmlDeviceGetSupportedEventTypes`.
@@ -632,12 +836,42 @@ impl Fake {
 
     /// `nvmlGpmSampleGet`: stamps the sample with (GPU, now).
     pub fn gpm_take(&mut self, gpu: usize, handle: usize, now: i64) -> Result<(), Ret> {
+        self.stamp(handle, gpu, None, now)
+    }
+
+    /// `nvmlGpmMigSampleGet`: stamps the sample with (card, GPU instance,
+    /// now); `NOT_FOUND` when the card has no such instance now.
+    pub fn gpm_take_mig(
+        &mut self,
+        gpu: usize,
+        gpu_instance: u32,
+        handle: usize,
+        now: i64,
+    ) -> Result<(), Ret> {
+        self.gpm_allowed()?;
+        if self.mig.instance_at(gpu, gpu_instance, now).is_none() {
+            return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
+        }
+        self.stamp(handle, gpu, Some(gpu_instance), now)
+    }
+
+    fn stamp(
+        &mut self,
+        handle: usize,
+        gpu: usize,
+        gpu_instance: Option<u32>,
+        now: i64,
+    ) -> Result<(), Ret> {
         self.gpm_allowed()?;
         let slot = self
             .samples
             .get_mut(&handle)
             .ok_or(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
-        *slot = Some(Stamp { gpu, t_ms: now });
+        *slot = Some(Stamp {
+            gpu,
+            gpu_instance,
+            t_ms: now,
+        });
         Ok(())
     }
 
@@ -649,23 +883,27 @@ impl Fake {
             _ => Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
         };
         let (a, b) = (stamp(first)?, stamp(second)?);
-        if a.gpu != b.gpu || a.gpu >= self.model.gpu_count() {
+        if a.gpu != b.gpu || a.gpu_instance != b.gpu_instance || a.gpu >= self.model.gpu_count() {
             return Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
         }
-        Ok(self
-            .model
-            .window(a.gpu, a.t_ms.min(b.t_ms), a.t_ms.max(b.t_ms)))
+        let (from, to) = (a.t_ms.min(b.t_ms), a.t_ms.max(b.t_ms));
+        Ok(match a.gpu_instance {
+            None => self.window(a.gpu, from, to),
+            Some(gi) => self.mig.instance_window(&self.model, a.gpu, gi, from, to),
+        })
     }
 }
 
 /// One GPM metric's value over a window, in NVML's units: percent for the
-/// utilizations, MiB/s for bandwidth (nvml.h `nvmlGpmMetricId_t`).
+/// utilizations, MiB/s for bandwidth (nvml.h `nvmlGpmMetricId_t`). The
+/// graphics engine's is derived from SM activity
+/// ([`derived::graphics_util`]).
 pub(crate) fn gpm_value(w: &WindowMean, metric: u32) -> Result<f64, Ret> {
     let m = &w.mean;
     let pct = |x: f64| 100.0 * x;
     let link = |id: u32, first: u32| (id - first) % 2;
     Ok(match metric {
-        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL => pct(m.sm_active),
+        sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL => pct(derived::graphics_util(m)),
         sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL => pct(m.sm_active),
         sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY => pct(m.sm_occupancy),
         sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_INTEGER_UTIL => pct(0.02 * m.sm_active),
@@ -730,10 +968,10 @@ mod tests {
     fn handles_round_trip_and_reject_strays() {
         let f = fake("gpus=4");
         let h = f.handle_of(3).unwrap();
-        assert_eq!(f.gpu(h), Ok(3));
+        assert_eq!(f.gpu(h, 0), Ok(3));
         assert!(f.handle_of(4).is_err());
-        assert!(f.gpu(0).is_err());
-        assert!(f.gpu(DEVICE_TAG + 4).is_err());
+        assert!(f.gpu(0, 0).is_err());
+        assert!(f.gpu(DEVICE_TAG + 4, 0).is_err());
     }
 
     #[test]
@@ -759,6 +997,26 @@ mod tests {
             .sum();
         assert!((per_link - nvl).abs() < 1e-6);
         assert!(gpm_value(&w, sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVDEC_0_UTIL).is_err());
+    }
+
+    #[test]
+    fn the_counters_beyond_the_simulator_follow_the_config() {
+        let f = fake("gpus=3,start_ms=0,enc_util=40,dec_util=7,remapped_rows=1:3:1:failed");
+        let s = f.model.state_at(2, 5_000);
+        assert_eq!(f.memory_temp(2, 5_000), Ok(derived::memory_temp_c(&s)));
+        assert_eq!(f.video_util(true), (40, derived::VIDEO_SAMPLING_PERIOD_US));
+        assert_eq!(f.video_util(false).0, 7);
+        let r = f.remapped_rows(1);
+        assert_eq!((r.correctable, r.uncorrectable, r.failure), (3, 1, true));
+        assert_eq!(f.remapped_rows(0), RemapSpec::default());
+        let w = f.model.window(0, 5_000, 6_000);
+        let gr = gpm_value(&w, sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL).unwrap();
+        assert!((gr / 100.0 - w.mean.sm_active.sqrt()).abs() < 1e-12);
+        let gddr = fake("memory_temp=0");
+        assert_eq!(
+            gddr.memory_temp(0, 5_000),
+            Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)
+        );
     }
 
     #[test]
@@ -819,6 +1077,66 @@ mod tests {
                 assert!(procs.is_empty());
             }
         }
+    }
+
+    #[test]
+    fn shared_gpus_list_their_processes_and_split_the_memory() {
+        let f = fake("start_ms=0,gpus=4,share=1:4242/70+4343/30");
+        let procs = f.processes(1, 5_000);
+        assert_eq!(
+            procs.iter().map(|p| p.0).collect::<Vec<_>>(),
+            vec![4242, 4343]
+        );
+        let used = f.memory(1, 5_000).3;
+        assert!(procs.iter().map(|p| p.1).sum::<u64>() <= used);
+        assert!(procs[0].1 > 2 * procs[1].1);
+        // The other GPUs keep the simulator's one process (or none).
+        assert!(f.processes(2, 5_000).len() <= 1);
+    }
+
+    #[test]
+    fn process_samples_are_the_shares_of_each_tick() {
+        let f = fake("start_ms=0,gpus=4,share=1:4242/70+4343/30");
+        // The ticks of [50 000, 50 500): 50 of them, two processes each.
+        let got = f.process_samples(1, 50_000_000, 50_500).unwrap();
+        assert_eq!(got.len(), 100);
+        assert_eq!(got[0].ts_us, 50_010_000);
+        assert_eq!(got[99].ts_us, 50_500_000);
+        for tick in got.chunks(2) {
+            assert_eq!((tick[0].pid, tick[1].pid), (4242, 4343));
+            assert_eq!(tick[0].ts_us, tick[1].ts_us);
+            let s = f.model.state_at(1, tick[0].ts_us as i64 / 1000 - TICK_MS);
+            assert_eq!(tick[0].sm_util, share::sample_sm_util(70, &s));
+            assert_eq!(tick[1].sm_util, share::sample_sm_util(30, &s));
+        }
+        for (pid, pct) in [(4242, 70), (4343, 30)] {
+            let mine: Vec<f64> = got
+                .iter()
+                .filter(|p| p.pid == pid)
+                .map(|p| f64::from(p.sm_util))
+                .collect();
+            let mean = mine.iter().sum::<f64>() / mine.len() as f64;
+            let truth = share::process_sm_util(&f.model, 1, pct, 50_000, 50_500);
+            assert!((mean - truth).abs() <= 0.5, "{pid}: {mean} vs {truth}");
+        }
+        // Nothing newer than the newest stamp, nor on an unshared GPU.
+        let not_found = Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
+        assert_eq!(f.process_samples(1, 50_500_000, 50_500), not_found);
+        assert_eq!(f.process_samples(1, 50_500_000, 50_509), not_found);
+        assert_eq!(f.process_samples(1, 50_500_000, 50_510).unwrap().len(), 2);
+        assert_eq!(f.process_samples(2, 0, 50_500), not_found);
+        // All history: the ring's newest 100 ticks.
+        assert_eq!(f.process_samples(1, 0, 50_500).unwrap().len(), 200);
+    }
+
+    #[test]
+    fn a_mig_card_has_no_process_samples() {
+        let f = fake("start_ms=0,gpus=2,mig_layout=0:3g.40gb,share=0:1/50+2/50");
+        assert_eq!(
+            f.process_samples(0, 0, 5_000),
+            Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)
+        );
+        assert_eq!(f.processes(0, 5_000).len(), 2, "processes stay on the card");
     }
 
     #[test]

@@ -80,7 +80,9 @@ pub struct GpuState {
 }
 
 impl GpuState {
-    fn add_scaled(&mut self, o: &GpuState, w: f64) {
+    /// Adds `o` × `w` to every field (weighted sums: window means, and a
+    /// MIG card as the SM-weighted mix of its instances).
+    pub fn add_scaled(&mut self, o: &GpuState, w: f64) {
         self.tensor_active += o.tensor_active * w;
         self.sm_clock_mhz += o.sm_clock_mhz * w;
         self.sm_active += o.sm_active * w;
@@ -102,7 +104,7 @@ impl GpuState {
     }
 
     /// Every field divided by `d`.
-    fn divided(&self, d: f64) -> GpuState {
+    pub fn divided(&self, d: f64) -> GpuState {
         GpuState {
             tensor_active: self.tensor_active / d,
             sm_clock_mhz: self.sm_clock_mhz / d,
@@ -192,8 +194,10 @@ pub(crate) fn normal(h: u64) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }
 
-/// Accumulates per-tick states over a window into exact means.
-pub(crate) fn window_over(
+/// Accumulates per-tick states over a window into exact means (and the
+/// tick-by-tick ground-truth OFU against `tensor_clock_mhz`), for any
+/// per-tick state: a simulated GPU's, or a fake MIG instance's.
+pub fn window_over(
     from_ms: i64,
     to_ms: i64,
     tensor_clock_mhz: f64,

@@ -8,10 +8,8 @@
 //! 2. **process cgroups** ([`cgroup`]): the source's compute processes
 //!    ([`GpuSource::processes`](crate::source::GpuSource::processes)) →
 //!    `<proc_root>/<pid>/cgroup` → pod UID and container, Slurm job, or a
-//!    plain container. When a GPU's processes disagree, the owner with the
-//!    most processes wins (ties: the smallest job id). A process that ended
-//!    between the listing and the read, or whose file is unreadable or
-//!    garbage, is skipped and counted.
+//!    plain container. A process that ended between the listing and the
+//!    read, or whose file is unreadable or garbage, is skipped and counted.
 //! 3. **mapping directory** ([`mapping`]): dcgm-exporter's
 //!    `hpc-job-mapping-dir`, a file per GPU index or UUID holding the job.
 //! 4. the **source's own** attribution (the simulator knows its jobs);
@@ -21,6 +19,17 @@
 //! the job id for Slurm and the mapping directory, the 12-hex short id for
 //! a container; ids past the collector's 128 bytes are shortened
 //! ([`fit_id`]).
+//!
+//! **Shared GPUs.** When a GPU's processes belong to several owners (pods
+//! time-slicing one GPU, MPS clients), every owner is listed, each with its
+//! [`Share`] of the GPU's work, apportioned at every capture by the SM
+//! utilisation of its processes over the capture's window
+//! ([`GpuSource::process_utilization`](crate::source::GpuSource::process_utilization),
+//! NVML's `nvmlDeviceGetProcessUtilization`), or evenly ([`Split::Equal`])
+//! where the driver gives no per-process figure or the processes were idle.
+//! The split is apportioned, not measured: the GPU has one set of
+//! counters. The collector divides the GPU's OFU between the owners by
+//! their shares (docs/ATTRIBUTION.md, *Shared GPUs*).
 //!
 //! Cost: lookups run at most every `refresh_interval` (10 s by default), off
 //! the sampling path: [`Attribution::tick`] starts a refresh in a
@@ -34,7 +43,7 @@ pub mod pods;
 
 use crate::source::Capture;
 use cgroup::CgroupOwner;
-use flopwatch_proto::model::{GpuInfo, JobAssignment};
+use flopwatch_proto::model::{GpuInfo, JobAssignment, Share, Split};
 use futures::FutureExt;
 use pods::{KubeletPodResolver, PodDevice, PodResolver};
 use std::collections::hash_map::Entry;
@@ -206,25 +215,53 @@ impl Owner {
     }
 }
 
-/// Longest job id the collector accepts, bytes.
-pub const MAX_JOB_ID_BYTES: usize = 128;
+pub use flopwatch_proto::model::{fit_id, MAX_JOB_ID_BYTES};
 
-/// `id` if it fits in [`MAX_JOB_ID_BYTES`], else its head, `~` and a hash
-/// of the whole (FNV-1a, 16 hex digits): still unique, still readable.
-/// (A pod name alone may be 253 bytes; StatefulSet pods differ only at the
-/// end, so plain truncation would merge them.)
-pub fn fit_id(id: String) -> String {
-    if id.len() <= MAX_JOB_ID_BYTES {
-        return id;
+/// An owner of a GPU and its processes there (none when the owner came
+/// from pod-resources or the mapping directory, which name no process).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// Who.
+    pub owner: Owner,
+    /// Its compute processes on the GPU.
+    pub pids: Vec<u32>,
+}
+
+/// Parts per million of a whole GPU.
+const WHOLE_PPM: u32 = 1_000_000;
+
+/// The shares of a GPU's `claims` (several owners): by the SM utilisation
+/// of each owner's processes in `util` (PID → percent), else evenly. The
+/// shares sum to exactly 10⁶ ppm.
+pub fn apportion(claims: &[Claim], util: &HashMap<u32, f64>) -> Vec<Share> {
+    let used: Vec<f64> = claims
+        .iter()
+        .map(|c| {
+            c.pids
+                .iter()
+                .filter_map(|p| util.get(p))
+                .filter(|u| u.is_finite() && **u > 0.0)
+                .sum()
+        })
+        .collect();
+    let total: f64 = used.iter().sum();
+    let (weights, split) = if total > 0.0 {
+        (used, Split::SmUtil)
+    } else {
+        (vec![1.0; claims.len()], Split::Equal)
+    };
+    let sum: f64 = weights.iter().sum();
+    let mut ppm: Vec<u32> = weights
+        .iter()
+        .map(|w| (w / sum * f64::from(WHOLE_PPM)).round() as u32)
+        .collect();
+    // Rounding leftovers go to the largest share, so the GPU is whole.
+    let given: i64 = ppm.iter().map(|&p| i64::from(p)).sum();
+    if let Some(big) = (0..ppm.len()).max_by_key(|&i| ppm[i]) {
+        let fixed = i64::from(ppm[big]) + i64::from(WHOLE_PPM) - given;
+        ppm[big] = fixed.clamp(0, i64::from(WHOLE_PPM)) as u32;
     }
-    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    let mut head = MAX_JOB_ID_BYTES - 17;
-    while !id.is_char_boundary(head) {
-        head -= 1;
-    }
-    format!("{}~{hash:016x}", &id[..head])
+    ppm.into_iter().map(|ppm| Share { ppm, split }).collect()
 }
 
 /// Counters of the attribution lookups.
@@ -244,17 +281,34 @@ pub struct AttributionStats {
 /// Resolves owners by cgroup and mapping directory only (blocking file
 /// reads; the pod-resources part is async and lives in
 /// [`Attribution::refresh`]). `processes` pairs an inventory index with a
-/// PID; `uuids` is the inventory's UUIDs.
+/// PID; `uuids` is the inventory's UUIDs. Per GPU, its one owner: of a
+/// shared GPU the one with the most processes (ties: the smallest job id);
+/// [`resolve_claims`] has them all.
 pub fn resolve_local(
     opts: &AttributionOptions,
     uuids: &[String],
     processes: &[(usize, u32)],
     stats: &AttributionStats,
 ) -> Vec<Option<Owner>> {
-    let mut out: Vec<Option<Owner>> = vec![None; uuids.len()];
+    resolve_claims(opts, uuids, processes, stats)
+        .into_iter()
+        .map(|c| c.into_iter().next().map(|c| c.owner))
+        .collect()
+}
+
+/// Every owner of each GPU by cgroup, with its processes there, most
+/// processes first (ties: the smallest job id); else the mapping
+/// directory's owner.
+pub fn resolve_claims(
+    opts: &AttributionOptions,
+    uuids: &[String],
+    processes: &[(usize, u32)],
+    stats: &AttributionStats,
+) -> Vec<Vec<Claim>> {
+    let mut out: Vec<Vec<Claim>> = vec![Vec::new(); uuids.len()];
     // PID → owner, so a process on several GPUs is read once.
     let mut seen: HashMap<u32, Option<CgroupOwner>> = HashMap::new();
-    let mut by_gpu: Vec<BTreeMap<CgroupOwner, usize>> = vec![BTreeMap::new(); uuids.len()];
+    let mut by_gpu: Vec<BTreeMap<CgroupOwner, Vec<u32>>> = vec![BTreeMap::new(); uuids.len()];
     let mut reads = 0usize;
     for &(gpu, pid) in processes {
         if gpu >= uuids.len() {
@@ -282,23 +336,42 @@ pub fn resolve_local(
             }
         };
         if let Some(owner) = owner {
-            *by_gpu[gpu].entry(owner.clone()).or_default() += 1;
+            by_gpu[gpu].entry(owner.clone()).or_default().push(pid);
         }
     }
-    for (g, counts) in by_gpu.into_iter().enumerate() {
-        // Most processes wins; among equals the first in order (BTreeMap
-        // order, i.e. deterministic).
-        let best = counts
+    for (g, owners) in by_gpu.into_iter().enumerate() {
+        let mut claims: Vec<Claim> = owners
             .into_iter()
-            .map(|(o, n)| (n, Owner::from_cgroup(&o)))
-            .max_by(|(na, a), (nb, b)| na.cmp(nb).then_with(|| b.job_id.cmp(&a.job_id)));
-        out[g] = best.map(|(_, o)| o);
+            .map(|(o, pids)| Claim {
+                owner: Owner::from_cgroup(&o),
+                pids,
+            })
+            .collect();
+        claims.sort_by(|a, b| {
+            b.pids
+                .len()
+                .cmp(&a.pids.len())
+                .then_with(|| a.owner.job_id.cmp(&b.owner.job_id))
+        });
+        // Two cgroups of one job (its containers) are one owner.
+        claims.dedup_by(|b, a| {
+            let same = a.owner.job_id == b.owner.job_id;
+            if same {
+                a.pids.append(&mut b.pids);
+            }
+            same
+        });
+        out[g] = claims;
     }
     if let Some(dir) = &opts.mapping_dir {
         for (g, uuid) in uuids.iter().enumerate() {
-            if out[g].is_none() {
-                out[g] =
-                    mapping::read_mapping(dir, g as u32, uuid).map(|j| Owner::from_mapping(&j));
+            if out[g].is_empty() {
+                if let Some(j) = mapping::read_mapping(dir, g as u32, uuid) {
+                    out[g].push(Claim {
+                        owner: Owner::from_mapping(&j),
+                        pids: Vec::new(),
+                    });
+                }
             }
         }
     }
@@ -306,10 +379,16 @@ pub fn resolve_local(
 }
 
 /// Pod-resources owners over local ones, GPU by GPU.
-pub fn combine(pods: Vec<Option<PodDevice>>, local: Vec<Option<Owner>>) -> Vec<Option<Owner>> {
+pub fn combine(pods: Vec<Option<PodDevice>>, local: Vec<Vec<Claim>>) -> Vec<Vec<Claim>> {
     pods.into_iter()
         .zip(local)
-        .map(|(p, l)| p.as_ref().map(Owner::from_pod).or(l))
+        .map(|(p, l)| match p {
+            Some(p) => vec![Claim {
+                owner: Owner::from_pod(&p),
+                pids: Vec::new(),
+            }],
+            None => l,
+        })
         .collect()
 }
 
@@ -321,7 +400,7 @@ async fn resolve_all(
     uuids: Vec<String>,
     processes: Vec<(usize, u32)>,
     stats: Arc<AttributionStats>,
-) -> Vec<Option<Owner>> {
+) -> Vec<Vec<Claim>> {
     let devices = match &resolver {
         Some(r) => match r.list().await {
             Ok(d) => d,
@@ -344,11 +423,11 @@ async fn resolve_all(
     let n = uuids.len();
     let stats2 = stats.clone();
     let local =
-        tokio::task::spawn_blocking(move || resolve_local(&opts, &uuids, &processes, &stats2))
+        tokio::task::spawn_blocking(move || resolve_claims(&opts, &uuids, &processes, &stats2))
             .await
             .unwrap_or_else(|e| {
                 warn!(error = %e, "attribution lookup task failed");
-                vec![None; n]
+                vec![Vec::new(); n]
             });
     stats.refreshes.fetch_add(1, Ordering::Relaxed);
     combine(pods, local)
@@ -360,11 +439,15 @@ pub struct Attribution {
     opts: AttributionOptions,
     label: Option<String>,
     resolver: Option<Arc<dyn PodResolver>>,
+    /// Every owner of each GPU (several on a shared GPU), by inventory
+    /// index.
+    claims: Vec<Vec<Claim>>,
+    /// Each GPU's first owner (what [`Attribution::owners`] shows).
     owners: Vec<Option<Owner>>,
-    /// GPU UUID → (job id, since when it runs there).
-    since: HashMap<String, (String, i64)>,
+    /// (GPU UUID, job id) → since when the job runs there.
+    since: HashMap<(String, String), i64>,
     last_refresh_ms: Option<i64>,
-    pending: Option<tokio::task::JoinHandle<Vec<Option<Owner>>>>,
+    pending: Option<tokio::task::JoinHandle<Vec<Vec<Claim>>>>,
     stats: Arc<AttributionStats>,
 }
 
@@ -413,6 +496,7 @@ impl Attribution {
             opts,
             label,
             resolver,
+            claims: Vec::new(),
             owners: Vec::new(),
             since: HashMap::new(),
             last_refresh_ms: None,
@@ -426,9 +510,25 @@ impl Attribution {
         self.stats.clone()
     }
 
-    /// The owners of the last completed refresh, by inventory index.
+    /// The owners of the last completed refresh, by inventory index (of a
+    /// shared GPU the one with the most processes; [`Attribution::claims`]
+    /// has them all).
     pub fn owners(&self) -> &[Option<Owner>] {
         &self.owners
+    }
+
+    /// Every owner of each GPU of the last completed refresh, by inventory
+    /// index.
+    pub fn claims(&self) -> &[Vec<Claim>] {
+        &self.claims
+    }
+
+    fn install(&mut self, claims: Vec<Vec<Claim>>) {
+        self.owners = claims
+            .iter()
+            .map(|c| c.first().map(|c| c.owner.clone()))
+            .collect();
+        self.claims = claims;
     }
 
     /// Whether a refresh is due at `now_ms` (and none is running).
@@ -452,7 +552,7 @@ impl Attribution {
             return;
         }
         self.last_refresh_ms = Some(now_ms);
-        self.owners = resolve_all(
+        let claims = resolve_all(
             self.opts.clone(),
             self.resolver.clone(),
             inventory.iter().map(|g| g.uuid.clone()).collect(),
@@ -460,6 +560,7 @@ impl Attribution {
             self.stats.clone(),
         )
         .await;
+        self.install(claims);
     }
 
     /// The sampling loop's call, once per capture: installs a finished
@@ -474,7 +575,7 @@ impl Attribution {
         if self.pending.as_ref().is_some_and(|h| h.is_finished()) {
             if let Some(Some(result)) = self.pending.take().map(|h| h.now_or_never()) {
                 match result {
-                    Ok(owners) => self.owners = owners,
+                    Ok(claims) => self.install(claims),
                     Err(e) => warn!(error = %e, "attribution refresh failed"),
                 }
             }
@@ -495,52 +596,81 @@ impl Attribution {
     /// Sets `capture.jobs`: per GPU, the looked-up owner, else the source's
     /// own assignment, else the label; GPUs with none are left out.
     /// `since_ms` is when the agent first saw the job on the GPU (the
-    /// source's value when it has one).
+    /// source's value when it has one). A shared GPU's owners are split
+    /// evenly ([`Attribution::apply_with_util`] splits by utilisation).
     pub fn apply(&mut self, now_ms: i64, capture: &mut Capture, inventory: &[GpuInfo]) {
-        let mut from_source: HashMap<String, JobAssignment> = std::mem::take(&mut capture.jobs)
-            .into_iter()
-            .map(|j| (j.gpu_uuid.clone(), j))
-            .collect();
+        self.apply_with_util(now_ms, capture, inventory, &[]);
+    }
+
+    /// [`Attribution::apply`], with the capture's per-process SM
+    /// utilisation (inventory index, PID, percent) to apportion a GPU that
+    /// several owners share.
+    pub fn apply_with_util(
+        &mut self,
+        now_ms: i64,
+        capture: &mut Capture,
+        inventory: &[GpuInfo],
+        util: &[(usize, u32, f64)],
+    ) {
+        let mut from_source: HashMap<String, Vec<JobAssignment>> = HashMap::new();
+        for j in std::mem::take(&mut capture.jobs) {
+            from_source.entry(j.gpu_uuid.clone()).or_default().push(j);
+        }
         for (g, info) in inventory.iter().enumerate() {
-            let owner = self.owners.get(g).and_then(Option::as_ref);
-            let mut job = match (owner, from_source.remove(&info.uuid), &self.label) {
-                (Some(o), _, _) => JobAssignment {
-                    gpu_uuid: info.uuid.clone(),
-                    job_id: o.job_id.clone(),
-                    pod: o.pod.clone(),
-                    namespace: o.namespace.clone(),
-                    container: o.container.clone(),
-                    hpc_job: o.hpc_job.clone(),
-                    since_ms: 0,
-                },
-                (None, Some(j), _) => j,
-                (None, None, Some(label)) => JobAssignment {
-                    gpu_uuid: info.uuid.clone(),
-                    job_id: label.clone(),
-                    ..Default::default()
-                },
-                (None, None, None) => {
-                    self.since.remove(&info.uuid);
-                    continue;
+            let claims = self.claims.get(g).map_or(&[][..], Vec::as_slice);
+            let jobs: Vec<JobAssignment> =
+                match (claims, from_source.remove(&info.uuid), &self.label) {
+                    ([], Some(j), _) => j,
+                    ([], None, Some(label)) => vec![JobAssignment {
+                        gpu_uuid: info.uuid.clone(),
+                        job_id: label.clone(),
+                        ..Default::default()
+                    }],
+                    ([], None, None) => Vec::new(),
+                    (claims, _, _) => {
+                        let shares: Vec<Option<Share>> = if claims.len() > 1 {
+                            let mine: HashMap<u32, f64> = util
+                                .iter()
+                                .filter(|(i, _, _)| *i == g)
+                                .map(|&(_, pid, u)| (pid, u))
+                                .collect();
+                            apportion(claims, &mine).into_iter().map(Some).collect()
+                        } else {
+                            vec![None]
+                        };
+                        claims
+                            .iter()
+                            .zip(shares)
+                            .map(|(c, share)| {
+                                let o = &c.owner;
+                                JobAssignment {
+                                    gpu_uuid: info.uuid.clone(),
+                                    job_id: o.job_id.clone(),
+                                    pod: o.pod.clone(),
+                                    namespace: o.namespace.clone(),
+                                    container: o.container.clone(),
+                                    hpc_job: o.hpc_job.clone(),
+                                    since_ms: 0,
+                                    share,
+                                }
+                            })
+                            .collect()
+                    }
+                };
+            self.since
+                .retain(|(gpu, job), _| gpu != &info.uuid || jobs.iter().any(|j| &j.job_id == job));
+            for mut job in jobs {
+                let key = (info.uuid.clone(), job.job_id.clone());
+                let since = *self.since.entry(key).or_insert(if job.since_ms > 0 {
+                    job.since_ms
+                } else {
+                    now_ms
+                });
+                if job.since_ms <= 0 {
+                    job.since_ms = since;
                 }
-            };
-            let since = match self.since.get(&info.uuid) {
-                Some((id, t)) if *id == job.job_id => *t,
-                _ => {
-                    let t = if job.since_ms > 0 {
-                        job.since_ms
-                    } else {
-                        now_ms
-                    };
-                    self.since
-                        .insert(info.uuid.clone(), (job.job_id.clone(), t));
-                    t
-                }
-            };
-            if job.since_ms <= 0 {
-                job.since_ms = since;
+                capture.jobs.push(job);
             }
-            capture.jobs.push(job);
         }
     }
 

@@ -9,8 +9,13 @@
 //! allocations. Here each GPU owns two samples, allocated once through
 //! nvml-wrapper, and each capture refills the older one; the metrics
 //! request is allocated once and only its values and return codes are
-//! read. This module is the only one of the crate with `unsafe` code: the
-//! two C calls nvml-wrapper does not offer in that form.
+//! read. A MIG GPU instance's pair is refilled the same way through
+//! `nvmlGpmMigSampleGet` on its card ([`super::mig`]).
+//!
+//! The module also holds [`remapped_rows`] (`nvmlDeviceGetRemappedRows`,
+//! which nvml-wrapper 0.13 does not wrap at all). It and [`super::mig`]
+//! are the only modules of the crate with `unsafe` code: C calls
+//! nvml-wrapper does not offer in the form needed.
 
 #![allow(unsafe_code)]
 
@@ -18,6 +23,7 @@ use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::{nvml_sym, nvml_try, NvmlError};
 use nvml_wrapper::{Device, GpmSample, Nvml};
 use nvml_wrapper_sys::bindings::{nvmlGpmMetricsGet_t, NVML_GPM_METRICS_GET_VERSION};
+use std::ffi::c_uint;
 
 /// One GPU's GPM state: the two samples and the reused request.
 pub(super) struct GpmPair {
@@ -49,28 +55,39 @@ impl GpmPair {
         }
     }
 
-    /// Takes a snapshot of `device` at `now_ms` into the older sample and
+    /// Takes a snapshot of `device` (with `gpu_instance`, of that MIG GPU
+    /// instance of the card `device`) at `now_ms` into the older sample and
     /// returns when the previous good snapshot was taken (the start of the
     /// window [`GpmPair::metrics`] then reads), if there is one. A failure
     /// drops the previous snapshot too: no window can span it.
     pub(super) fn take(
         &mut self,
         device: &Device<'static>,
+        gpu_instance: Option<u32>,
         now_ms: i64,
     ) -> Result<Option<i64>, NvmlError> {
         let previous = self.newest.take();
         let slot = previous.map_or(0, |(i, _)| 1 - i);
-        let taken = match &self.samples[slot] {
+        let taken = match (&self.samples[slot], gpu_instance) {
             // The first two captures allocate through nvml-wrapper.
-            None => device.gpm_sample().map(|s| {
+            (None, None) => device.gpm_sample().map(|s| {
                 self.samples[slot] = Some(s);
             }),
-            Some(s) => {
+            (None, Some(gi)) => device.gpm_mig_sample(gi).map(|s| {
+                self.samples[slot] = Some(s);
+            }),
+            (Some(s), None) => {
                 let get = nvml_sym(self.nvml.lib().nvmlGpmSampleGet.as_ref())?;
                 // SAFETY: both handles are live (the device's for the
                 // process, the sample until `self` drops it), as
                 // nvmlGpmSampleGet requires.
                 nvml_try(unsafe { get(device.handle(), s.handle()) })
+            }
+            (Some(s), Some(gi)) => {
+                let get = nvml_sym(self.nvml.lib().nvmlGpmMigSampleGet.as_ref())?;
+                // SAFETY: as above; the instance id is a plain integer the
+                // driver checks.
+                nvml_try(unsafe { get(device.handle(), gi, s.handle()) })
             }
         };
         taken?;
@@ -114,4 +131,50 @@ impl GpmPair {
         }
         Ok(())
     }
+}
+
+/// Whether `e` says the GPU or driver lacks the call (not a failure).
+pub(super) fn unsupported(e: &NvmlError) -> bool {
+    matches!(
+        e,
+        NvmlError::NotSupported | NvmlError::FunctionNotFound | NvmlError::FailedToLoadSymbol(_)
+    )
+}
+
+/// The row remapper's state of a GPU (`nvmlDeviceGetRemappedRows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RemappedRows {
+    /// Rows remapped after correctable ECC errors (`corrRows`).
+    pub correctable: u32,
+    /// Rows remapped after uncorrectable ECC errors (`uncRows`).
+    pub uncorrectable: u32,
+    /// A remapping waits for the next GPU reset (`isPending`).
+    pub pending: bool,
+    /// A row could not be remapped (`failureOccurred`).
+    pub failure: bool,
+}
+
+/// `nvmlDeviceGetRemappedRows` of `device` (Ampere and newer; older GPUs
+/// answer NotSupported). Counts are over the GPU's life.
+pub(super) fn remapped_rows(device: &Device<'_>) -> Result<RemappedRows, NvmlError> {
+    let get = nvml_sym(device.nvml().lib().nvmlDeviceGetRemappedRows.as_ref())?;
+    let (mut corr, mut unc, mut pending, mut failure): (c_uint, c_uint, c_uint, c_uint) =
+        (0, 0, 0, 0);
+    // SAFETY: the handle is live for as long as `device` is, and each
+    // out-pointer is valid for the one write the driver makes to it.
+    nvml_try(unsafe {
+        get(
+            device.handle(),
+            &mut corr,
+            &mut unc,
+            &mut pending,
+            &mut failure,
+        )
+    })?;
+    Ok(RemappedRows {
+        correctable: corr,
+        uncorrectable: unc,
+        pending: pending != 0,
+        failure: failure != 0,
+    })
 }

@@ -13,9 +13,15 @@
 //! agent holds the capability never scrapes it. An exporter that cannot be
 //! opened or scraped costs the fallback's readings only, never the NVML
 //! capture; it is logged once and retried at the next capture.
+//!
+//! MIG: GPUs NVML lists later (MIG instances created after the exporter
+//! was opened) are matched by UUID when they appear, and a MIG card
+//! ([`Mig::Card`](flopwatch_proto::model::Mig::Card)) is never given the
+//! compute activity its instances carry
+//! ([`INSTANCE_ACTIVITY`](super::INSTANCE_ACTIVITY)).
 
 use super::dcgm::DcgmExporterSource;
-use super::{GpuSource, SourceError};
+use super::{GpuSource, SourceError, INSTANCE_ACTIVITY};
 use crate::capture::{Capture, ReadPlan};
 use flopwatch_proto::model::{DeviceInfo, GpuInfo, MfuReport};
 use std::collections::HashMap;
@@ -144,7 +150,18 @@ impl GpmFallback {
             info!(url = %self.url, "the dcgm-exporter fallback works again");
             self.failing = false;
         }
+        let inventory = self.inner.inventory();
+        if self.map.len() < inventory.len() {
+            if let Some(e) = &self.exporter {
+                let listed = e.inventory();
+                let new = inventory[self.map.len()..]
+                    .iter()
+                    .map(|g| listed.iter().position(|x| x.uuid == g.uuid));
+                self.map.extend(new.collect::<Vec<_>>());
+            }
+        }
         for g in denied {
+            let card = inventory.get(g).is_some_and(|i| i.mig.is_card());
             let Some(Some(e)) = self.map.get(g) else {
                 continue;
             };
@@ -155,7 +172,10 @@ impl GpmFallback {
                 continue;
             };
             for r in &from.readings {
-                if !plan.wants(g, r.metric) || into.readings.iter().any(|x| x.metric == r.metric) {
+                if !plan.wants(g, r.metric)
+                    || into.readings.iter().any(|x| x.metric == r.metric)
+                    || (card && INSTANCE_ACTIVITY.contains(&r.metric))
+                {
                     continue;
                 }
                 let mut r = *r;

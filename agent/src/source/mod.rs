@@ -14,6 +14,7 @@
 //! ([`infiniband::IbReader`], [`host::HostReader`], [`node::SimDevices`])
 //! that [`node::NodeSource`] appends after any GPU source's GPUs.
 
+use flopwatch_proto::metrics as m;
 use flopwatch_proto::model::{DeviceInfo, GpuInfo};
 
 pub mod dcgm;
@@ -21,6 +22,7 @@ mod gpm;
 pub mod gpm_fallback;
 pub mod host;
 pub mod infiniband;
+pub mod mig;
 pub mod node;
 pub mod nvml;
 pub mod replay;
@@ -90,7 +92,15 @@ pub trait GpuSource: Send {
     /// Short name for logs ("sim", "nvml", ...).
     fn name(&self) -> &'static str;
 
-    /// The node's GPUs, fixed for the source's lifetime.
+    /// The node's GPUs (and MIG instances). After a capture the list may
+    /// have grown by entries appended at its end (a MIG instance created,
+    /// a GPU that came up late), and an entry may have changed in place (a
+    /// card that gained instances became [`Mig::Card`](flopwatch_proto::model::Mig::Card),
+    /// an instance's profile); entries are never removed or reordered: a
+    /// device that goes away stays listed and gives no readings. Capture
+    /// indices are positions in the list as it is after the capture. The
+    /// agent notices a change after each capture and opens its stream again
+    /// with the new list (`crate::sampling`).
     fn inventory(&self) -> &[GpuInfo];
 
     /// Reads every GPU once. Window-mean metrics cover the time since the
@@ -138,6 +148,15 @@ pub trait GpuSource: Send {
         Vec::new()
     }
 
+    /// The SM utilisation of each compute process over the last capture's
+    /// window, where the driver reports it, as (inventory index, PID,
+    /// percent of the GPU's SMs), for apportioning a GPU that several jobs
+    /// share ([`crate::attribution`]). Sources without per-process figures
+    /// return none.
+    fn process_utilization(&self) -> Vec<(usize, u32, f64)> {
+        Vec::new()
+    }
+
     /// MFU the node's jobs reported since the last call, when the source
     /// sees such reports ([`crate::mfu`]; the simulator's jobs report).
     fn mfu_reports(&mut self, now_ms: i64) -> Vec<flopwatch_proto::model::MfuReport> {
@@ -145,6 +164,22 @@ pub trait GpuSource: Send {
         Vec::new()
     }
 }
+
+/// Compute-activity metrics of a MIG card that are its instances' own: a
+/// card in MIG mode ([`Mig::Card`](flopwatch_proto::model::Mig::Card))
+/// whose instances are listed does not report them, so that its capacity
+/// and OFU count once, through the instances.
+pub const INSTANCE_ACTIVITY: &[&str] = &[
+    m::TENSOR_ACTIVE,
+    m::SM_ACTIVE,
+    m::SM_OCCUPANCY,
+    m::DRAM_ACTIVE,
+    m::FP16_ACTIVE,
+    m::FP32_ACTIVE,
+    m::FP64_ACTIVE,
+    m::GPU_UTIL,
+    m::GR_ENGINE_ACTIVE,
+];
 
 /// A device's series key: its local id qualified with the node id
 /// (`ib:mlx5_0:1@node-3`), unique in the tenant as GPU UUIDs are.

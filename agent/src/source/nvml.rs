@@ -6,27 +6,90 @@
 //!   samples per GPU reused in turn, [`super::gpm`]), so every
 //!   value is the hardware's exact average over the window, whatever its
 //!   length (the OFU paper's eq. 1 needs tensor pipe activity as a window
-//!   mean). NVML reports utilizations in percent and bandwidth in MiB/s;
-//!   they become fractions and bytes/s here.
+//!   mean). The graphics engine's activity (`GraphicsUtil`,
+//!   `gr_engine_active`, what DCGM's `PROF_GR_ENGINE_ACTIVE` is) comes in
+//!   the same pass. NVML reports utilizations in percent and bandwidth in
+//!   MiB/s; they become fractions and bytes/s here.
 //! * **The SM clock** is read twice: the instantaneous `clock_info` point
 //!   (`sm_clock_mhz`), whose noise OFU §IV-C measures, and the mean of the
 //!   driver's processor-clock samples since the last one seen
 //!   (`sm_clock_avg_mhz`), the window average OFU wants. With no new
 //!   samples the point clock stands in.
 //! * Power, temperature, memory, clocks, utilization rates, throttle
-//!   reasons, ECC and energy are plain reads.
+//!   reasons, ECC and energy are plain reads, and so are the counters of
+//!   dcgm-exporter's default set beyond them:
+//!   * memory used, free and reserved from one
+//!     `nvmlDeviceGetMemoryInfo_v2` (nvml-wrapper's `memory_info`);
+//!   * the memory (HBM) temperature, field `NVML_FI_DEV_MEMORY_TEMP` of
+//!     `nvmlDeviceGetFieldValues`; a GDDR card answers NotSupported and
+//!     gives no reading;
+//!   * the video encoder's and decoder's utilization
+//!     (`nvmlDeviceGetEncoderUtilization` / `…DecoderUtilization`, percent
+//!     over the driver's sampling period), from the second capture on as
+//!     the utilization rates;
+//!   * the remapped rows (`nvmlDeviceGetRemappedRows`, which nvml-wrapper
+//!     0.13 lacks: [`super::gpm::remapped_rows`]): rows remapped after
+//!     correctable and uncorrectable errors, lifetime counters read on the
+//!     slow cadence like ECC ([`crate::cadence`]), and whether a
+//!     remapping failed. One call answers all three; it is made when the
+//!     read plan wants any of them and only those wanted are reported.
 //! * **Compute processes** (`nvmlDeviceGetComputeRunningProcesses_v3`):
 //!   their count is `compute_processes` every capture, and their PIDs are
 //!   kept per GPU ([`NvmlSource::last_pids`], [`GpuSource::processes`]) for
 //!   job attribution ([`crate::attribution`]).
+//! * **Per-process SM utilisation** (`nvmlDeviceGetProcessUtilization`,
+//!   [`GpuSource::process_utilization`]), for apportioning a GPU that
+//!   several jobs share (time-slicing, MPS): read with the process list,
+//!   i.e. whenever the read plan wants `compute_processes` (at every
+//!   capture under a fixed sampler), so the figures and the PIDs they are
+//!   matched with come from the same capture. Each GPU keeps the newest
+//!   sample stamp (µs) it consumed and asks for the samples after it only;
+//!   each PID's figure is its `sm_util` averaged over those samples
+//!   (`mean_sm_util`): the span since the previous read, or the driver's
+//!   buffer where that is shorter (a plan that skips the process list for
+//!   long averages over the newest samples the driver kept). The first
+//!   read only sets the stamp (no window yet); NotFound (no sample since
+//!   the stamp) gives no figures and is no error; NotSupported (MIG mode,
+//!   older GPUs) is logged once per GPU. Between reads the last figures
+//!   stand, as the PIDs do. Cost: nvml-wrapper asks the count, then the
+//!   samples (two driver calls per GPU per read; one when there are none),
+//!   and a buffer of a few hundred 32-byte samples at most.
 //! * **Events**: at open, one NVML event set is created and every GPU that
 //!   supports them is registered for critical XID errors and double-bit ECC
 //!   errors (GPUs answering NotSupported are skipped). Each capture drains
 //!   the set without waiting (`nvmlEventSetWait_v2` with a 0 ms timeout,
 //!   until it times out) into [`Capture::events`]: kind `"xid"` with the XID
-//!   as code, or `"ecc_dbe"`.
-//! * **MIG mode** is read once at open; NotSupported (or a driver without
-//!   the call) means MIG is off. MIG instances are not enumerated yet.
+//!   as code, or `"ecc_dbe"`. The events are drained before the GPUs are
+//!   read.
+//! * **Last XID** (`xid_last`): NVML has no call for it, so each GPU keeps
+//!   the code of the last XID the event set delivered for it (0 until
+//!   one arrives) and reports it at every capture, as dcgm-exporter
+//!   reports DCGM's XID field. Unlike DCGM's, it knows nothing of an XID
+//!   raised before the agent started (0 then), nor of one on a GPU not
+//!   registered for XID events, which gives no `xid_last` at all.
+//! * **MIG** ([`super::mig`]): a card in MIG mode is listed as
+//!   [`Mig::Card`], each of its MIG devices after it as a GPU of its own
+//!   ([`Mig::Instance`]: UUID `MIG-…`, GPU and compute instance ids, the
+//!   profile, the instance's SMs and memory). An instance reports the GPM
+//!   pipe metrics of its own GPU instance (`nvmlGpmMigSampleGet` on the
+//!   card, window means like the card's) and the card's SM clock, point
+//!   and average (one clock drives the whole GPU), so OFU is computed per
+//!   instance; its graphics-engine activity too (the utilization of an
+//!   instance, as DCGM gives it). The card keeps its device-wide counters
+//!   (power, temperature and memory temperature, memory, clocks, ECC and
+//!   remapped rows, energy, video engines, NVLink and PCIe, events and the
+//!   last XID) but reports none of
+//!   [`INSTANCE_ACTIVITY`](super::INSTANCE_ACTIVITY) (tensor activity,
+//!   graphics-engine activity and the other pipe metrics, GPU
+//!   utilization): its
+//!   compute counts once, through its instances. MIG mode and devices are
+//!   read at open, at the first capture, then every
+//!   [`RESCAN_MS`](super::mig::RESCAN_MS) (2 s) and after an instance is
+//!   found gone: a new instance is appended to the inventory, a destroyed
+//!   one stays listed without readings, one created again with the same
+//!   ids takes its entry back. NotSupported (or a driver without the
+//!   calls) means MIG is off, and a card whose MIG devices cannot be
+//!   enumerated stays a whole GPU.
 //! * **GPM permission**: in a container without `CAP_SYS_ADMIN` the driver
 //!   refuses GPM samples (`NVML_ERROR_NO_PERMISSION`) although the GPU
 //!   supports them. The GPM metrics (tensor activity, the OFU input, among
@@ -41,19 +104,23 @@
 //! [`SourceError::NoDriver`], never a panic.
 //!
 //! Lifetimes: nvml-wrapper ties every `Device` and `GpmSample` to the `Nvml`
-//! it came from, and the crate keeps raw handles out of its code (the one
-//! exception is [`super::gpm`], the allocation-free GPM reads). The `Nvml`
+//! it came from, and the crate keeps raw handles out of its code (the
+//! exceptions are [`super::gpm`], the allocation-free GPM reads, and the
+//! MIG instance ids of [`super::mig`]). The `Nvml`
 //! is therefore leaked into a `&'static Nvml`: at most
 //! one per library path per process (a repeated `open` of the same path
 //! reuses it), which is what a node agent needs anyway: NVML is loaded once
 //! and lives as long as the process.
 
-use super::gpm::GpmPair;
-use super::{Capture, GpuCapture, GpuSource, Reading, SourceError};
+use super::gpm::{remapped_rows, unsupported, GpmPair};
+use super::mig::MigCard;
+use super::{Capture, GpuCapture, GpuSource, Reading, SourceError, INSTANCE_ACTIVITY};
 use crate::sampler::ReadPlan;
 use flopwatch_proto::metrics as m;
 use flopwatch_proto::model::Event;
 use flopwatch_proto::model::GpuInfo;
+#[cfg(doc)]
+use flopwatch_proto::model::Mig;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
     Clock, EccCounter, MemoryError, Sampling, TemperatureSensor,
@@ -62,12 +129,13 @@ use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, EventSet, Nvml};
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// Library names tried when no path is given: the versioned name every
 /// driver install has, then the development symlink nvml-wrapper defaults to.
@@ -96,8 +164,10 @@ pub const GPM_DENIED_HELP: &str = "GPM samples refused (NVML_ERROR_NO_PERMISSION
     capability stand in for GPM ([nvml] gpm_fallback = \"URL\"), or read it \
     instead of NVML (source = \"dcgm-exporter:URL\").";
 
-/// GPM metrics read every window: NVML id, catalog name, unit factor.
-const GPM_METRICS: [(GpmMetricId, &str, f64); 11] = [
+/// GPM metrics read every window: NVML id, catalog name, unit factor. The
+/// first [`GPM_PIPE`] are a MIG instance's own (what a MIG card leaves to
+/// its instances); the rest are device-wide.
+const GPM_METRICS: [(GpmMetricId, &str, f64); 12] = [
     (GpmMetricId::AnyTensorUtil, m::TENSOR_ACTIVE, PERCENT),
     (GpmMetricId::SmUtil, m::SM_ACTIVE, PERCENT),
     (GpmMetricId::SmOccupancy, m::SM_OCCUPANCY, PERCENT),
@@ -105,14 +175,20 @@ const GPM_METRICS: [(GpmMetricId, &str, f64); 11] = [
     (GpmMetricId::Fp16Util, m::FP16_ACTIVE, PERCENT),
     (GpmMetricId::Fp32Util, m::FP32_ACTIVE, PERCENT),
     (GpmMetricId::Fp64Util, m::FP64_ACTIVE, PERCENT),
+    (GpmMetricId::GraphicsUtil, m::GR_ENGINE_ACTIVE, PERCENT),
     (GpmMetricId::NvlinkTotalTxPerSec, m::NVLINK_TX_BYTES_S, MIB),
     (GpmMetricId::NvlinkTotalRxPerSec, m::NVLINK_RX_BYTES_S, MIB),
     (GpmMetricId::PcieTxPerSec, m::PCIE_TX_BYTES_S, MIB),
     (GpmMetricId::PcieRxPerSec, m::PCIE_RX_BYTES_S, MIB),
 ];
+/// How many of [`GPM_METRICS`] are pipe metrics.
+const GPM_PIPE: usize = 8;
 
 /// The GPUs of this node, read through NVML.
 pub struct NvmlSource {
+    nvml: &'static Nvml,
+    /// The cards (physical GPUs); their MIG instances are in each card's
+    /// [`MigCard`].
     gpus: Vec<Gpu>,
     inventory: Vec<GpuInfo>,
     last_ms: Option<i64>,
@@ -127,6 +203,8 @@ pub struct NvmlSource {
 
 /// Per-GPU state carried between captures.
 struct Gpu {
+    /// Its position in the inventory.
+    pos: usize,
     device: Device<'static>,
     gpm: bool,
     /// Whether the last GPM call was refused (`NVML_ERROR_NO_PERMISSION`).
@@ -138,8 +216,15 @@ struct Gpu {
     last_clock_us: Option<u64>,
     /// PIDs of the compute processes seen at the last capture.
     pids: Vec<u32>,
-    /// Whether MIG mode is enabled (read at open).
-    mig: bool,
+    /// Whether the per-process utilisation was read once (the first read
+    /// only sets [`Gpu::proc_util_us`]).
+    proc_util_read: bool,
+    /// Stamp (µs) of the newest per-process utilisation sample consumed.
+    proc_util_us: Option<u64>,
+    /// Each PID's SM utilisation, percent, over the last read's window.
+    proc_util: Vec<(u32, f64)>,
+    /// MIG mode and the MIG instances listed.
+    mig: MigCard,
     /// NVLink links the GPU has (0 for a GPU without NVLink), probed at open.
     nvlinks: u32,
     /// Links up at the last state read.
@@ -147,6 +232,12 @@ struct Gpu {
     /// The NVLink data counters at the previous read (GPUs without GPM):
     /// (unix ms, tx KiB, rx KiB).
     last_nvlink: Option<(i64, u64, u64)>,
+    /// Whether the GPU is registered on the event set for XID errors:
+    /// only then is [`Gpu::xid_last`] known.
+    xid_watched: bool,
+    /// The last XID taken off the event set for this GPU (0: none since
+    /// the agent started).
+    xid_last: i64,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -241,12 +332,7 @@ impl NvmlSource {
                     false
                 }
             };
-            if mig {
-                warn!(
-                    index,
-                    "MIG is enabled; MIG instances are not enumerated, counters are whole-GPU"
-                );
-            }
+            let pos = inventory.len();
             inventory.push(GpuInfo {
                 index,
                 uuid,
@@ -261,26 +347,41 @@ impl NvmlSource {
                 pci_bus_id: device.pci_info().map(|p| p.bus_id).unwrap_or_default(),
                 gpm_supported: gpm,
                 memory_total_bytes: device.memory_info().map(|mi| mi.total).unwrap_or(0),
-                mig_parent_uuid: None,
+                mig: Default::default(),
             });
+            let mut mig = MigCard::new(mig);
+            if mig.mode {
+                // The card's instances follow it in the inventory.
+                if let Err((call, e)) = mig.refresh(nvml, &device, pos, None, &mut inventory, None)
+                {
+                    warn!(index, call, error = %e, "MIG is enabled but its instances cannot be listed; counters are whole-GPU");
+                }
+            }
             let (nvlinks, active_links) = probe_nvlinks(&device);
             gpus.push(Gpu {
+                pos,
                 device,
                 gpm,
                 gpm_denied: false,
                 gpm_pair: GpmPair::new(nvml),
                 last_clock_us: None,
                 pids: Vec::new(),
+                proc_util_read: false,
+                proc_util_us: None,
+                proc_util: Vec::new(),
                 mig,
                 nvlinks,
                 active_links,
                 last_nvlink: None,
+                xid_watched: false,
+                xid_last: 0,
             });
         }
         let mut reported = HashSet::new();
-        let events = event_set(nvml, &gpus, &mut reported);
+        let events = event_set(nvml, &mut gpus, &mut reported);
         Ok(Self {
-            gpm_denied: vec![false; gpus.len()],
+            nvml,
+            gpm_denied: vec![false; inventory.len()],
             gpus,
             inventory,
             last_ms: None,
@@ -292,21 +393,66 @@ impl NvmlSource {
     /// The PIDs of the compute processes each GPU ran at the last capture,
     /// by GPU UUID, in inventory order (empty before the first capture, and
     /// for GPUs whose process list could not be read).
+    /// MIG instances have none of their own (their processes are the
+    /// card's).
     pub fn last_pids(&self) -> Vec<(String, Vec<u32>)> {
-        self.inventory
+        let mut out: Vec<(String, Vec<u32>)> = self
+            .inventory
             .iter()
-            .zip(&self.gpus)
-            .map(|(info, gpu)| (info.uuid.clone(), gpu.pids.clone()))
-            .collect()
+            .map(|info| (info.uuid.clone(), Vec::new()))
+            .collect();
+        for gpu in &self.gpus {
+            out[gpu.pos].1.clone_from(&gpu.pids);
+        }
+        out
     }
 
-    /// Whether MIG mode is enabled on inventory GPU `gpu` (false when the
-    /// GPU or driver does not support MIG).
+    /// Whether MIG mode is enabled on inventory GPU `gpu`, a card (false
+    /// when the GPU or driver does not support MIG, and for a MIG
+    /// instance).
     pub fn mig_enabled(&self, gpu: usize) -> bool {
-        self.gpus.get(gpu).is_some_and(|g| g.mig)
+        self.gpus.iter().any(|g| g.pos == gpu && g.mig.mode)
     }
 
-    /// Takes every pending event off the event set, without waiting.
+    /// Reads MIG mode and the MIG devices of the cards that are due
+    /// ([`super::mig`]).
+    fn refresh_mig(&mut self, now_ms: i64) {
+        for (card, gpu) in self.gpus.iter_mut().enumerate() {
+            if !gpu.mig.due(now_ms) {
+                continue;
+            }
+            let mode = match gpu.device.mig_mode() {
+                Ok(mode) => Some(mode.current == 1),
+                Err(e) if unsupported(&e) => Some(false),
+                Err(e) => {
+                    log_failure(&mut self.reported, gpu.pos, "nvmlDeviceGetMigMode", &e);
+                    None
+                }
+            };
+            let before = gpu.mig.listed;
+            match gpu.mig.refresh(
+                self.nvml,
+                &gpu.device,
+                gpu.pos,
+                mode,
+                &mut self.inventory,
+                Some(now_ms),
+            ) {
+                Ok(()) if gpu.mig.listed && !before => {
+                    info!(
+                        gpu = card,
+                        "MIG instances listed; the card's compute counts through them"
+                    );
+                }
+                Ok(()) => {}
+                Err((call, e)) => log_failure(&mut self.reported, gpu.pos, call, &e),
+            }
+        }
+        self.gpm_denied.resize(self.inventory.len(), false);
+    }
+
+    /// Takes every pending event off the event set, without waiting; an
+    /// XID becomes its GPU's [`Gpu::xid_last`].
     fn drain_events(&mut self, now_ms: i64) -> Vec<Event> {
         let mut out = Vec::new();
         let Some(set) = &self.events else {
@@ -338,6 +484,14 @@ impl NvmlSource {
                         (999, "critical XID error (unknown XID)".to_string())
                     }
                 };
+                let inventory = &self.inventory;
+                if let Some(gpu) = self
+                    .gpus
+                    .iter_mut()
+                    .find(|g| inventory[g.pos].uuid == gpu_uuid)
+                {
+                    gpu.xid_last = code;
+                }
                 out.push(Event {
                     gpu_uuid,
                     kind: "xid".to_string(),
@@ -360,10 +514,12 @@ impl NvmlSource {
 }
 
 /// Creates the event set and registers every GPU that supports
-/// [`WATCHED_EVENTS`]; `None` when there is no set or no GPU registered.
+/// [`WATCHED_EVENTS`], marking those registered for XIDs
+/// ([`Gpu::xid_watched`]); `None` when there is no set or no GPU
+/// registered.
 fn event_set(
     nvml: &'static Nvml,
-    gpus: &[Gpu],
+    gpus: &mut [Gpu],
     reported: &mut HashSet<(usize, &'static str)>,
 ) -> Option<EventSet<'static>> {
     let mut set = match nvml.create_event_set() {
@@ -374,11 +530,12 @@ fn event_set(
         }
     };
     let mut registered = 0;
-    for (index, gpu) in gpus.iter().enumerate() {
+    for index in 0..gpus.len() {
+        let gpu = &gpus[index];
         let wanted = match gpu.device.supported_event_types() {
             Ok(types) => types & WATCHED_EVENTS,
             Err(e) => {
-                log_failure(reported, index, "nvmlDeviceGetSupportedEventTypes", &e);
+                log_failure(reported, gpu.pos, "nvmlDeviceGetSupportedEventTypes", &e);
                 continue;
             }
         };
@@ -401,17 +558,21 @@ fn event_set(
             Ok(s) => {
                 set = Some(s);
                 registered += 1;
+                gpus[index].xid_watched = wanted.contains(EventTypes::CRITICAL_XID_ERROR);
             }
             Err(e) => {
                 if registered > 0 {
                     warn!(
-                        gpu = index,
+                        gpu = gpu.pos,
                         error = %e.error,
                         "NVML event registration failed; earlier GPUs' events are lost"
                     );
                     registered = 0;
+                    for earlier in &mut gpus[..index] {
+                        earlier.xid_watched = false;
+                    }
                 } else {
-                    log_failure(reported, index, "nvmlDeviceRegisterEvents", &e.error);
+                    log_failure(reported, gpu.pos, "nvmlDeviceRegisterEvents", &e.error);
                 }
             }
         }
@@ -435,14 +596,6 @@ fn log_failure(
     } else {
         warn!(gpu, call, error = %e, "NVML call failed; skipping it");
     }
-}
-
-/// Whether `e` says the GPU or driver lacks the call (not a failure).
-fn unsupported(e: &NvmlError) -> bool {
-    matches!(
-        e,
-        NvmlError::NotSupported | NvmlError::FunctionNotFound | NvmlError::FailedToLoadSymbol(_)
-    )
 }
 
 impl GpuSource for NvmlSource {
@@ -469,26 +622,42 @@ impl GpuSource for NvmlSource {
             u32::try_from((now_ms - p).max(0)).unwrap_or(u32::MAX)
         });
         let windowed = prev.is_some();
-        let mut gpus = Vec::with_capacity(self.gpus.len());
-        for (index, gpu) in self.gpus.iter_mut().enumerate() {
-            let mut out = Out {
-                gpu: index,
-                readings: Vec::with_capacity(24),
-                reported: &mut self.reported,
-                plan,
-                now_ms,
-                window_ms,
-            };
+        self.refresh_mig(now_ms);
+        // Before the reads: an XID taken now is this capture's `xid_last`.
+        let events = self.drain_events(now_ms);
+        let mut pass = Pass {
+            reported: &mut self.reported,
+            plan,
+            now_ms,
+            window_ms,
+        };
+        let mut gpus = Vec::with_capacity(self.inventory.len());
+        for gpu in &mut self.gpus {
+            let listed = gpu.mig.listed;
+            // An instance's SM clock is its card's: read it for them too.
+            let clocks_for_instances = listed
+                && gpu.mig.instances.iter().any(|i| {
+                    i.device.is_some()
+                        && (plan.wants(i.pos, m::SM_CLOCK_MHZ)
+                            || plan.wants(i.pos, m::SM_CLOCK_AVG_MHZ))
+                });
+            let mut out = pass.out(gpu.pos, clocks_for_instances);
             read_gpu(gpu, windowed, &mut out);
             read_links(gpu, windowed, &mut out);
-            self.gpm_denied[index] = gpu.gpm_denied;
+            let mut readings = out.readings;
+            self.gpm_denied[gpu.pos] = gpu.gpm_denied;
+            if listed {
+                // Counted once, through the instances.
+                readings.retain(|r| !INSTANCE_ACTIVITY.contains(&r.metric));
+                read_instances(gpu, &readings, &mut pass, &mut self.gpm_denied, &mut gpus);
+            }
             gpus.push(GpuCapture {
-                gpu: index,
+                gpu: gpu.pos,
                 window_ms,
-                readings: out.readings,
+                readings,
             });
         }
-        let events = self.drain_events(now_ms);
+        gpus.sort_by_key(|c| c.gpu);
         Ok(Capture {
             ts_ms: now_ms,
             gpus,
@@ -504,9 +673,97 @@ impl GpuSource for NvmlSource {
     fn processes(&self) -> Vec<(usize, u32)> {
         self.gpus
             .iter()
-            .enumerate()
-            .flat_map(|(g, gpu)| gpu.pids.iter().map(move |&pid| (g, pid)))
+            .flat_map(|gpu| gpu.pids.iter().map(move |&pid| (gpu.pos, pid)))
             .collect()
+    }
+
+    /// The figures of each GPU's last per-process utilisation read (see
+    /// the module docs): of the last capture's window when the plan read
+    /// the process list then.
+    fn process_utilization(&self) -> Vec<(usize, u32, f64)> {
+        self.gpus
+            .iter()
+            .flat_map(|gpu| {
+                gpu.proc_util
+                    .iter()
+                    .map(move |&(pid, util)| (gpu.pos, pid, util))
+            })
+            .collect()
+    }
+}
+
+/// What every GPU's reads in one capture share.
+struct Pass<'a> {
+    reported: &'a mut HashSet<(usize, &'static str)>,
+    plan: &'a ReadPlan,
+    now_ms: i64,
+    window_ms: u32,
+}
+
+impl Pass<'_> {
+    /// An empty [`Out`] for inventory GPU `gpu`.
+    fn out(&mut self, gpu: usize, clocks_for_instances: bool) -> Out<'_> {
+        Out {
+            gpu,
+            readings: Vec::with_capacity(24),
+            reported: self.reported,
+            plan: self.plan,
+            now_ms: self.now_ms,
+            window_ms: self.window_ms,
+            clocks_for_instances,
+        }
+    }
+}
+
+/// The listed MIG instances of the card `gpu`, into `gpus`: each one's GPM
+/// pipe metrics over the window, and the card's SM clocks (from
+/// `card_readings`), one clock driving the whole GPU. An instance whose
+/// GPM sample finds it gone gives nothing, and the card is read again at
+/// the next capture.
+fn read_instances(
+    gpu: &mut Gpu,
+    card_readings: &[Reading],
+    pass: &mut Pass<'_>,
+    gpm_denied: &mut [bool],
+    gpus: &mut Vec<GpuCapture>,
+) {
+    let clocks: Vec<Reading> = card_readings
+        .iter()
+        .filter(|r| r.metric == m::SM_CLOCK_MHZ || r.metric == m::SM_CLOCK_AVG_MHZ)
+        .copied()
+        .collect();
+    let pipe = &GPM_METRICS[..GPM_PIPE];
+    // GPM counts per GPU instance: its first compute instance reports it.
+    let mut sampled = Vec::new();
+    for inst in gpu.mig.instances.iter_mut().filter(|i| i.device.is_some()) {
+        let mut out = pass.out(inst.pos, false);
+        if gpu.gpm && !sampled.contains(&inst.gpu_instance_id) {
+            sampled.push(inst.gpu_instance_id);
+            let wanted = pipe.iter().any(|(_, metric, _)| out.wants(metric));
+            let target = Target::Instance(inst.gpu_instance_id);
+            if wanted
+                && !read_gpm(
+                    &gpu.device,
+                    target,
+                    &mut inst.gpm_pair,
+                    &mut inst.gpm_denied,
+                    pipe,
+                    &mut out,
+                )
+            {
+                gpu.mig.rescan = true;
+                continue;
+            }
+        }
+        let plan = out.plan;
+        out.readings
+            .extend(clocks.iter().filter(|r| plan.wants(inst.pos, r.metric)));
+        gpm_denied[inst.pos] = inst.gpm_denied;
+        gpus.push(GpuCapture {
+            gpu: inst.pos,
+            window_ms: out.window_ms,
+            readings: out.readings,
+        });
     }
 }
 
@@ -520,12 +777,17 @@ struct Out<'a> {
     /// The capture's time and window.
     now_ms: i64,
     window_ms: u32,
+    /// Read the SM clocks whatever the plan says of this GPU: a MIG card's
+    /// instances want them.
+    clocks_for_instances: bool,
 }
 
 impl Out<'_> {
     /// Whether the plan wants `metric` of this GPU.
     fn wants(&self, metric: &str) -> bool {
         self.plan.wants(self.gpu, metric)
+            || (self.clocks_for_instances
+                && (metric == m::SM_CLOCK_MHZ || metric == m::SM_CLOCK_AVG_MHZ))
     }
 
     /// Reads `value` under `metric` when the plan wants it (the closure is
@@ -540,6 +802,21 @@ impl Out<'_> {
             return None;
         }
         self.put(metric, call, value())
+    }
+
+    /// Whether the plan wants any of `metrics` of this GPU.
+    fn wants_any(&self, metrics: &[&str]) -> bool {
+        metrics.iter().any(|metric| self.wants(metric))
+    }
+
+    /// Records those of `readings` (metric, value) the plan wants: one
+    /// NVML call answers them all.
+    fn push_wanted<const N: usize>(&mut self, readings: [(&'static str, f64); N]) {
+        for (metric, value) in readings {
+            if self.wants(metric) {
+                self.readings.push(Reading::new(metric, value));
+            }
+        }
     }
 
     /// Records `value` under `metric`, or logs `call`'s failure once.
@@ -567,8 +844,22 @@ impl Out<'_> {
 }
 
 fn read_gpu(gpu: &mut Gpu, windowed: bool, out: &mut Out<'_>) {
-    if gpu.gpm && GPM_METRICS.iter().any(|(_, metric, _)| out.wants(metric)) {
-        read_gpm(gpu, out);
+    // A MIG card's pipe metrics are its instances': only the device-wide
+    // GPM metrics are its own.
+    let metrics = if gpu.mig.listed {
+        &GPM_METRICS[GPM_PIPE..]
+    } else {
+        &GPM_METRICS[..]
+    };
+    if gpu.gpm && metrics.iter().any(|(_, metric, _)| out.wants(metric)) {
+        read_gpm(
+            &gpu.device,
+            Target::Card,
+            &mut gpu.gpm_pair,
+            &mut gpu.gpm_denied,
+            metrics,
+            out,
+        );
     }
     let d = &gpu.device;
 
@@ -607,13 +898,30 @@ fn read_gpu(gpu: &mut Gpu, windowed: bool, out: &mut Out<'_>) {
     out.read(m::TEMP_C, "nvmlDeviceGetTemperature", || {
         d.temperature(TemperatureSensor::Gpu).map(f64::from)
     });
-    out.read(m::MEM_USED_BYTES, "nvmlDeviceGetMemoryInfo", || {
-        d.memory_info().map(|mi| mi.used as f64)
-    });
+    // nvml-wrapper 0.13's `memory_info` is `nvmlDeviceGetMemoryInfo_v2`:
+    // `used` leaves out what the driver reserves, which is `reserved`.
+    const MEMORY: [&str; 3] = [m::MEM_USED_BYTES, m::MEM_FREE_BYTES, m::MEM_RESERVED_BYTES];
+    if out.wants_any(&MEMORY) {
+        match d.memory_info() {
+            Ok(mi) => out.push_wanted([
+                (m::MEM_USED_BYTES, mi.used as f64),
+                (m::MEM_FREE_BYTES, mi.free as f64),
+                (m::MEM_RESERVED_BYTES, mi.reserved as f64),
+            ]),
+            Err(e) => out.failed("nvmlDeviceGetMemoryInfo_v2", &e),
+        }
+    }
+    // HBM has a sensor of its own; GDDR cards answer NotSupported.
+    out.read(
+        m::MEMORY_TEMP_C,
+        "nvmlDeviceGetFieldValues(MEMORY_TEMP)",
+        || memory_temp(d),
+    );
     out.read(m::MEM_CLOCK_MHZ, "nvmlDeviceGetClockInfo(MEM)", || {
         d.clock_info(Clock::Memory).map(f64::from)
     });
-    if windowed && (out.wants(m::GPU_UTIL) || out.wants(m::MEM_COPY_UTIL)) {
+    // In MIG mode the driver has no whole-GPU utilization rates.
+    if windowed && !gpu.mig.listed && (out.wants(m::GPU_UTIL) || out.wants(m::MEM_COPY_UTIL)) {
         match d.utilization_rates() {
             Ok(u) => out.readings.extend([
                 Reading::new(m::GPU_UTIL, f64::from(u.gpu) * PERCENT),
@@ -621,6 +929,18 @@ fn read_gpu(gpu: &mut Gpu, windowed: bool, out: &mut Out<'_>) {
             ]),
             Err(e) => out.failed("nvmlDeviceGetUtilizationRates", &e),
         }
+    }
+    // The video engines' utilization over the driver's sampling period
+    // (about 1/6 s): device-wide, so a MIG card keeps it.
+    if windowed {
+        out.read(m::ENC_UTIL, "nvmlDeviceGetEncoderUtilization", || {
+            d.encoder_utilization()
+                .map(|u| f64::from(u.utilization) * PERCENT)
+        });
+        out.read(m::DEC_UTIL, "nvmlDeviceGetDecoderUtilization", || {
+            d.decoder_utilization()
+                .map(|u| f64::from(u.utilization) * PERCENT)
+        });
     }
     out.read(
         m::THROTTLE_REASONS,
@@ -646,6 +966,32 @@ fn read_gpu(gpu: &mut Gpu, windowed: bool, out: &mut Out<'_>) {
     out.read(m::ENERGY_J, "nvmlDeviceGetTotalEnergyConsumption", || {
         d.total_energy_consumption().map(|mj| mj as f64 / 1000.0)
     });
+    // Row remapping (Ampere and newer): lifetime counts, slow counters
+    // like ECC (`crate::cadence`), and whether a remapping failed.
+    const REMAP: [&str; 3] = [
+        m::REMAPPED_ROWS_CORRECTABLE_TOTAL,
+        m::REMAPPED_ROWS_UNCORRECTABLE_TOTAL,
+        m::ROW_REMAP_FAILURE,
+    ];
+    if out.wants_any(&REMAP) {
+        match remapped_rows(d) {
+            Ok(r) => out.push_wanted([
+                (m::REMAPPED_ROWS_CORRECTABLE_TOTAL, f64::from(r.correctable)),
+                (
+                    m::REMAPPED_ROWS_UNCORRECTABLE_TOTAL,
+                    f64::from(r.uncorrectable),
+                ),
+                (m::ROW_REMAP_FAILURE, f64::from(u8::from(r.failure))),
+            ]),
+            Err(e) => out.failed("nvmlDeviceGetRemappedRows", &e),
+        }
+    }
+    // NVML has no call for the last XID: it is the last one the event set
+    // delivered, known only on a GPU registered for XIDs.
+    if gpu.xid_watched && out.wants(m::XID_LAST) {
+        out.readings
+            .push(Reading::new(m::XID_LAST, gpu.xid_last as f64));
+    }
     // The PIDs feed job attribution, which tolerates PIDs as old as this
     // metric's interval.
     if out.wants(m::COMPUTE_PROCESSES) {
@@ -660,31 +1006,112 @@ fn read_gpu(gpu: &mut Gpu, windowed: bool, out: &mut Out<'_>) {
                 out.failed("nvmlDeviceGetComputeRunningProcesses_v3", &e);
             }
         }
+        read_process_util(gpu, out);
     }
 }
 
-/// Takes this capture's GPM sample and, when the previous one exists,
-/// reads every GPM metric over the window between them.
-fn read_gpm(gpu: &mut Gpu, out: &mut Out<'_>) {
-    let start = match gpu.gpm_pair.take(&gpu.device, out.now_ms) {
+/// Each process's SM utilisation over the samples since the newest one
+/// consumed (`nvmlDeviceGetProcessUtilization`), into
+/// [`Gpu::proc_util`]; see the module docs.
+fn read_process_util(gpu: &mut Gpu, out: &mut Out<'_>) {
+    let first = !gpu.proc_util_read;
+    let since = gpu.proc_util_us;
+    match gpu.device.process_utilization_stats(since) {
+        Ok(samples) => {
+            gpu.proc_util_read = true;
+            // Only what is newer than the stamp, whatever the driver sends.
+            let fresh = samples
+                .iter()
+                .filter(|s| since.is_none_or(|t| s.timestamp > t));
+            gpu.proc_util_us = fresh.clone().map(|s| s.timestamp).max().or(since);
+            gpu.proc_util = if first {
+                Vec::new()
+            } else {
+                mean_sm_util(fresh.map(|s| (s.pid, s.sm_util)))
+            };
+        }
+        // The driver's way of saying "nothing newer than last_seen".
+        Err(NvmlError::NotFound) => {
+            gpu.proc_util_read = true;
+            gpu.proc_util.clear();
+        }
+        Err(e) => {
+            gpu.proc_util.clear();
+            out.failed("nvmlDeviceGetProcessUtilization", &e);
+        }
+    }
+}
+
+/// Each PID's mean SM utilisation (percent) over one window's samples
+/// (PID, `sm_util`), by PID: its samples' sum over the number of the
+/// driver's sample periods in the window, taken as the most samples any
+/// one PID has. nvml.h has the driver leave out a process in a period
+/// where it was idle; such a period then counts as 0 for it, not as a
+/// period it was not there for. (A driver that sends every process every
+/// period gives the plain mean.)
+fn mean_sm_util(samples: impl IntoIterator<Item = (u32, u32)>) -> Vec<(u32, f64)> {
+    let mut by_pid: std::collections::BTreeMap<u32, (u64, u32)> = Default::default();
+    for (pid, sm) in samples {
+        let e = by_pid.entry(pid).or_default();
+        e.0 += u64::from(sm);
+        e.1 += 1;
+    }
+    let periods = by_pid.values().map(|&(_, n)| n).max().unwrap_or(0);
+    by_pid
+        .into_iter()
+        .map(|(pid, (sum, _))| (pid, sum as f64 / f64::from(periods.max(1))))
+        .collect()
+}
+
+/// Whose GPM samples: the card's, or one of its MIG GPU instances'.
+#[derive(Clone, Copy)]
+enum Target {
+    Card,
+    Instance(u32),
+}
+
+/// Takes this capture's GPM sample of `target` (on the card `device`)
+/// and, when the previous one exists, reads `metrics` over the window
+/// between them. False when the sample found no such MIG instance.
+fn read_gpm(
+    device: &Device<'static>,
+    target: Target,
+    pair: &mut GpmPair,
+    denied: &mut bool,
+    metrics: &[(GpmMetricId, &'static str, f64)],
+    out: &mut Out<'_>,
+) -> bool {
+    let (gpu_instance, call) = match target {
+        Target::Card => (None, "nvmlGpmSampleGet"),
+        Target::Instance(gi) => (Some(gi), "nvmlGpmMigSampleGet"),
+    };
+    let start = match pair.take(device, gpu_instance, out.now_ms) {
         Ok(start) => start,
         Err(e) => {
             // No window can start at a sample we do not have.
-            gpm_failed(gpu, out, "nvmlGpmSampleGet", &e);
-            return;
+            let gone =
+                gpu_instance.is_some() && matches!(e, NvmlError::NotFound | NvmlError::InvalidArg);
+            if !gone {
+                gpm_failed(denied, out, call, &e);
+            }
+            return !gone;
         }
     };
-    gpu.gpm_denied = false;
-    let Some(start) = start else { return };
+    *denied = false;
+    let Some(start) = start else { return true };
     // A GPM sample skipped by the read plan widened this window.
     let span = u32::try_from((out.now_ms - start).max(0))
         .ok()
         .filter(|&w| w != out.window_ms);
-    let ids = GPM_METRICS.map(|(id, _, _)| id);
+    let n = metrics.len();
+    let mut ids = GPM_METRICS.map(|(id, _, _)| id);
+    for (slot, (id, _, _)) in ids.iter_mut().zip(metrics) {
+        *slot = *id;
+    }
     let mut results = GPM_METRICS.map(|_| Err(NvmlError::Uninitialized));
-    match gpu.gpm_pair.metrics(&ids, &mut results) {
+    match pair.metrics(&ids[..n], &mut results[..n]) {
         Ok(()) => {
-            for (&(_, metric, scale), result) in GPM_METRICS.iter().zip(results) {
+            for (&(_, metric, scale), result) in metrics.iter().zip(results) {
                 if out.put(metric, metric, result.map(|v| v * scale)).is_some() {
                     if let Some(r) = out.readings.last_mut() {
                         r.window_ms = span;
@@ -692,19 +1119,20 @@ fn read_gpm(gpu: &mut Gpu, out: &mut Out<'_>) {
                 }
             }
         }
-        Err(e) => gpm_failed(gpu, out, "nvmlGpmMetricsGet", &e),
+        Err(e) => gpm_failed(denied, out, "nvmlGpmMetricsGet", &e),
     }
+    true
 }
 
 /// A refused GPM call: the one warning for the whole process (every GPU of
 /// a container lacks the same capability), and the GPU marked refused;
 /// any other failure is logged as usual.
-fn gpm_failed(gpu: &mut Gpu, out: &mut Out<'_>, call: &'static str, e: &NvmlError) {
+fn gpm_failed(denied: &mut bool, out: &mut Out<'_>, call: &'static str, e: &NvmlError) {
     if !matches!(e, NvmlError::NoPermission) {
         out.failed(call, e);
         return;
     }
-    gpu.gpm_denied = true;
+    *denied = true;
     if out.reported.insert((NODE, "gpm permission")) {
         warn!(gpu = out.gpu, call, "{GPM_DENIED_HELP}");
     }
@@ -746,7 +1174,6 @@ fn probe_nvlinks(d: &Device<'static>) -> (u32, u32) {
 fn read_links(gpu: &mut Gpu, windowed: bool, out: &mut Out<'_>) {
     use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
     use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
-    use nvml_wrapper::structs::device::FieldId;
     let d = &gpu.device;
     if gpu.nvlinks > 0 && (out.wants(m::NVLINK_LINKS_ACTIVE) || out.wants(m::NVLINK_ERRORS_TOTAL)) {
         let mut up = 0u32;
@@ -864,11 +1291,40 @@ fn read_links(gpu: &mut Gpu, windowed: bool, out: &mut Out<'_>) {
     }
 }
 
+/// The memory (HBM) temperature, °C: field `NVML_FI_DEV_MEMORY_TEMP` of
+/// `nvmlDeviceGetFieldValues`, whose own return says NotSupported on a
+/// GPU without the sensor.
+fn memory_temp(d: &Device<'static>) -> Result<f64, NvmlError> {
+    const ID: u32 = nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_MEMORY_TEMP;
+    let sample = d
+        .field_values_for(&[FieldId(ID)])?
+        .into_iter()
+        .next()
+        .ok_or(NvmlError::Unknown)??;
+    sample.value.map(|v| sample_value(&v))
+}
+
 fn sample_value(v: &SampleValue) -> f64 {
     match *v {
         SampleValue::F64(x) => x,
         SampleValue::U32(x) => f64::from(x),
         SampleValue::U64(x) => x as f64,
         SampleValue::I64(x) => x as f64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mean_sm_util;
+
+    #[test]
+    fn every_sample_period_counts_for_every_process() {
+        // Two periods; PID 7 was idle in the second and left out of it.
+        let got = mean_sm_util([(5, 40), (7, 20), (5, 60)]);
+        assert_eq!(got, vec![(5, 50.0), (7, 10.0)]);
+        // A driver that sends every process every period: the plain mean.
+        let got = mean_sm_util([(5, 40), (7, 0), (5, 61), (7, 3)]);
+        assert_eq!(got, vec![(5, 50.5), (7, 1.5)]);
+        assert!(mean_sm_util([]).is_empty());
     }
 }

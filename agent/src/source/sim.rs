@@ -5,7 +5,13 @@
 //! capture instant, so the SM clock shows the OFU paper's ±32 MHz jitter.
 //! Values have the driver's resolution: clocks in whole MHz (the averaged
 //! clock a mean of whole-MHz samples), power in whole milliwatts,
-//! temperature in whole °C, memory in whole bytes.
+//! temperature in whole °C, memory in whole bytes. The fields of
+//! dcgm-exporter's default set the model has no state for are derived:
+//! memory temperature 4 °C above the GPU's, a fixed driver reservation
+//! ([`SIM_RESERVED_BYTES`]) and the rest of memory free, graphics-engine
+//! activity between SM activity and GPU utilization (√ of SM activity),
+//! memory copy utilization equal to DRAM activity, an idle video encoder
+//! and decoder, no PCIe replay and no remapped row.
 //!
 //! With [`SimSource::with_pids`] a GPU that runs a job also reports one
 //! compute process, PID `base + gpu index` (the fake NVML library's
@@ -51,8 +57,9 @@ pub struct SimHarshness {
 }
 
 /// The profiling (DCGM `PROF_*`, GPM) fields a profiling outage removes.
-pub const PROFILING_FIELDS: [&str; 9] = [
+pub const PROFILING_FIELDS: [&str; 10] = [
     m::TENSOR_ACTIVE,
+    m::GR_ENGINE_ACTIVE,
     m::SM_CLOCK_AVG_MHZ,
     m::SM_ACTIVE,
     m::SM_OCCUPANCY,
@@ -69,6 +76,9 @@ pub const PROFILING_FIELDS: [&str; 9] = [
 /// paper §IV-A), `moe-train` with the inflated FLOPs count of the paper's
 /// §V-C case (54.27 % reported against 25.58 % measured: 2.12×).
 pub const SIM_MFU_JOBS: [(&str, f64); 2] = [("llm-pretrain", 0.95), ("moe-train", 2.12)];
+/// Device memory the simulated driver reserves for itself, bytes.
+pub const SIM_RESERVED_BYTES: f64 = 537.0 * 1024.0 * 1024.0;
+
 /// How often a simulated job reports its MFU, ms.
 pub const SIM_MFU_PERIOD_MS: i64 = 10_000;
 
@@ -177,7 +187,7 @@ impl SimSource {
                 pci_bus_id: format!("00000000:{:02X}:00.0", 0x18 + g),
                 gpm_supported: true,
                 memory_total_bytes: model.model.memory_total_bytes,
-                mig_parent_uuid: None,
+                mig: Default::default(),
             })
             .collect();
         let n = model.gpu_count();
@@ -279,6 +289,7 @@ impl GpuSource for SimSource {
         let mut gpus = Vec::with_capacity(self.inventory.len());
         for g in 0..self.inventory.len() {
             let s = self.model.state_at(g, now_ms);
+            let total = self.inventory[g].memory_total_bytes as f64;
             let mut readings = vec![
                 Reading::new(m::SM_CLOCK_MHZ, s.sm_clock_mhz.round()),
                 Reading::new(m::POWER_W, s.power_w),
@@ -286,6 +297,14 @@ impl GpuSource for SimSource {
                 Reading::new(m::MEM_USED_BYTES, s.mem_used_bytes),
                 Reading::new(m::MEM_CLOCK_MHZ, s.mem_clock_mhz),
                 Reading::new(m::THROTTLE_REASONS, 0.0),
+                // HBM runs a few degrees above the GPU die's sensor.
+                Reading::new(m::MEMORY_TEMP_C, (s.temp_c + 4.0).round()),
+                Reading::new(m::MEM_RESERVED_BYTES, SIM_RESERVED_BYTES),
+                Reading::new(
+                    m::MEM_FREE_BYTES,
+                    (total - s.mem_used_bytes - SIM_RESERVED_BYTES).max(0.0),
+                ),
+                Reading::new(m::ROW_REMAP_FAILURE, 0.0),
             ];
             let window_ms = match prev {
                 Some(p) if now_ms > p => {
@@ -302,6 +321,14 @@ impl GpuSource for SimSource {
                         Reading::new(m::FP32_ACTIVE, a.fp32_active),
                         Reading::new(m::FP64_ACTIVE, a.fp64_active),
                         Reading::new(m::GPU_UTIL, a.sm_active.ceil().min(1.0)),
+                        // Busy at least as long as an SM is, at most as
+                        // long as a kernel runs.
+                        Reading::new(m::GR_ENGINE_ACTIVE, a.sm_active.sqrt()),
+                        // NVML's memory utilization: time the memory
+                        // was read or written, DRAM activity here.
+                        Reading::new(m::MEM_COPY_UTIL, a.dram_active),
+                        Reading::new(m::ENC_UTIL, 0.0),
+                        Reading::new(m::DEC_UTIL, 0.0),
                         Reading::new(m::NVLINK_TX_BYTES_S, a.nvlink_tx_bytes_s),
                         Reading::new(m::NVLINK_RX_BYTES_S, a.nvlink_rx_bytes_s),
                         Reading::new(m::PCIE_TX_BYTES_S, a.pcie_tx_bytes_s),
@@ -314,7 +341,12 @@ impl GpuSource for SimSource {
             if outage {
                 readings.retain(|r| !PROFILING_FIELDS.contains(&r.metric));
             }
-            readings.push(Reading::new(m::ENERGY_J, self.energy_j[g]));
+            readings.extend([
+                Reading::new(m::ENERGY_J, self.energy_j[g]),
+                Reading::new(m::PCIE_REPLAY_TOTAL, 0.0),
+                Reading::new(m::REMAPPED_ROWS_CORRECTABLE_TOTAL, 0.0),
+                Reading::new(m::REMAPPED_ROWS_UNCORRECTABLE_TOTAL, 0.0),
+            ]);
             gpus.push(GpuCapture {
                 gpu: g,
                 window_ms,

@@ -160,6 +160,7 @@ async fn agents(a: BackpressureArgs) -> anyhow::Result<()> {
         let (state, watch) = tokio::sync::watch::channel(ClientState::default());
         tokio::spawn(client::run(
             ClientOptions {
+                hello_updates: None,
                 collectors: vec![url.clone()],
                 token: None,
                 hello,

@@ -309,6 +309,7 @@ async fn agents(a: FleetArgs) -> anyhow::Result<()> {
             tokio::time::sleep_until(tokio::time::Instant::from_std(started + at)).await;
             tokio::spawn(client::run(
                 ClientOptions {
+                    hello_updates: None,
                     collectors: vec![url],
                     token: None,
                     hello,

@@ -1,100 +1,295 @@
 //! dcgm-exporter's own families (`[exporter] dcgm_compat`): the
-//! `DCGM_FI_*` names, units and labels dcgm-exporter publishes for the
-//! counters flopwatch has, so that its dashboards (Grafana 12239) and
-//! alerts (gpu-operator's) work on flopwatch unchanged.
+//! `DCGM_FI_*` names, types, units and labels dcgm-exporter 4.5.3-4.8.2
+//! publishes with its default counters file, so that its Grafana dashboard
+//! (12239), gpu-operator's recording rules and alerts written for
+//! dcgm-exporter work on flopwatch unchanged (docs/EXPORTER.md).
 //!
-//! Units are dcgm-exporter's, not Prometheus base units: clocks in MHz,
-//! utilization in percent, framebuffer in MiB, energy in millijoules. Its
-//! counters are exported without the `_total` that OpenMetrics would add,
-//! under the type `unknown`, because dashboards query the bare names.
+//! **Families** ([`FIELDS`]): every family of dcgm-exporter's default
+//! counters file but `DCGM_FI_DEV_VGPU_LICENSE_STATUS` (a vGPU guest's
+//! license, blank on the bare-metal and passthrough GPUs flopwatch
+//! reads), plus `DCGM_FI_DEV_FB_TOTAL` (gpu-operator's recording rules),
+//! the ECC totals, the clock event reasons and the profiling fields of its
+//! DCP file that flopwatch reads. A family is written when some GPU has
+//! data for it; `DCGM_FI_DEV_FB_FREE` is the agent's free-memory reading,
+//! else total − used − reserved; `DCGM_FI_DEV_FB_TOTAL` the GPU's memory
+//! as its agent described it; `DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL` the
+//! NVLink transmit plus receive throughput in MB/s, as DCGM reports that
+//! field (a throughput, though dcgm-exporter types it `counter`).
 //!
-//! Labels: `gpu` (index), `UUID`, `device` (`nvidia<index>`), `modelName`,
-//! `Hostname`, and `pod`, `namespace`, `container` when the GPU is
-//! attributed to a Kubernetes pod; plus `tenant`, which keeps two tenants'
-//! GPUs apart on the provider's page.
+//! **Units** are dcgm-exporter's, not Prometheus base units: clocks in MHz,
+//! utilization in percent, framebuffer in MiB, energy in millijoules.
+//! **Types** are dcgm-exporter's: its counters are `# TYPE … counter`
+//! under their bare names (no `_total`), because dashboards query those.
 //!
-//! Fields dcgm-exporter has that flopwatch has no counter for
-//! (`DCGM_FI_DEV_FB_FREE`: the agent does not send total memory) are not
-//! exported.
+//! **Labels**, in dcgm-exporter's order: `gpu` (index), `UUID`,
+//! `pci_bus_id`, `device` (`nvidia<index>`), `modelName`, on a MIG
+//! instance `GPU_I_PROFILE` and `GPU_I_ID` (and `UUID` its card's, as
+//! dcgm-exporter writes it), `Hostname` (the spelling of dcgm-exporter's
+//! releases up to 4.5.3-4.8.2), `DCGM_FI_DRIVER_VERSION`, and `container`,
+//! `namespace`, `pod` (Kubernetes) or `hpc_job` when the GPU is
+//! attributed. The XID family adds `err_code` and `err_msg` ([`xid_text`]).
+//! Then flopwatch's own: `instance`, the node's hostname, so that one
+//! collector target still gives the dashboard's `$instance`
+//! (`label_values(DCGM_FI_DEV_GPU_TEMP, instance)`) one choice per node
+//! (the scrape job needs `honor_labels: true`, else Prometheus renames it
+//! `exported_instance`), and `tenant`, which keeps two tenants' GPUs apart
+//! on a provider's page.
+//!
+//! **XID**: `DCGM_FI_DEV_XID_ERRORS` is the GPU's last XID: the agent's
+//! `xid_last` reading when it sends one (the dcgm-exporter source does,
+//! from its first capture, so an XID raised before the agent started
+//! shows), else the last XID event its agent reported since this
+//! collector started, else 0.
 
 use crate::live::GpuLive;
 use crate::series::Labels;
 use crate::stats::Xid;
+use crate::store::GpuRecord;
 use flopwatch_proto::metrics as m;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use std::collections::BTreeMap;
 
-/// One dcgm-exporter field fed by a catalog metric.
+/// Where a family's value comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Value {
+    /// A catalog metric, times the factor into dcgm-exporter's unit.
+    Metric(&'static str, f64),
+    /// Free memory: the agent's reading, else total − used − reserved.
+    FbFree,
+    /// The GPU's memory, as its agent described it.
+    FbTotal,
+    /// NVLink transmit + receive throughput.
+    NvlinkTotal,
+}
+
+/// One dcgm-exporter family.
+#[derive(Debug)]
 struct Field {
-    /// The catalog metric.
-    metric: &'static str,
     /// dcgm-exporter's name.
     name: &'static str,
-    /// Catalog value × this = dcgm-exporter's value.
-    scale: f64,
-    /// A counter in dcgm-exporter's counters file.
+    /// Typed `counter` by dcgm-exporter (else `gauge`).
     counter: bool,
-    /// dcgm-exporter's description.
+    /// Where its value comes from.
+    value: Value,
+    /// Its description.
     help: &'static str,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
+/// Percent per ratio.
+const PCT: f64 = 100.0;
 
-/// Fields and their units, as dcgm-exporter's default counters file
-/// describes them.
+const fn field(name: &'static str, counter: bool, value: Value, help: &'static str) -> Field {
+    Field {
+        name,
+        counter,
+        value,
+        help,
+    }
+}
+
+const fn gauge(name: &'static str, metric: &'static str, scale: f64, help: &'static str) -> Field {
+    field(name, false, Value::Metric(metric, scale), help)
+}
+
+const fn counter(
+    name: &'static str,
+    metric: &'static str,
+    scale: f64,
+    help: &'static str,
+) -> Field {
+    field(name, true, Value::Metric(metric, scale), help)
+}
+
+/// The families, in the order of dcgm-exporter's default counters file,
+/// then the others flopwatch has. `DCGM_FI_DEV_XID_ERRORS` is written
+/// apart ([`encode`]).
 #[rustfmt::skip]
 const FIELDS: &[Field] = &[
-    Field { metric: m::SM_CLOCK_MHZ, name: "DCGM_FI_DEV_SM_CLOCK", scale: 1.0, counter: false, help: "SM frequency (in MHz)." },
-    Field { metric: m::MEM_CLOCK_MHZ, name: "DCGM_FI_DEV_MEM_CLOCK", scale: 1.0, counter: false, help: "Memory frequency (in MHz)." },
-    Field { metric: m::TEMP_C, name: "DCGM_FI_DEV_GPU_TEMP", scale: 1.0, counter: false, help: "GPU temperature (in C)." },
-    Field { metric: m::POWER_W, name: "DCGM_FI_DEV_POWER_USAGE", scale: 1.0, counter: false, help: "Power draw (in W)." },
-    Field { metric: m::ENERGY_J, name: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", scale: 1000.0, counter: true, help: "Total energy consumption since boot (in mJ)." },
-    Field { metric: m::PCIE_REPLAY_TOTAL, name: "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", scale: 1.0, counter: true, help: "Total number of PCIe retries." },
-    Field { metric: m::GPU_UTIL, name: "DCGM_FI_DEV_GPU_UTIL", scale: 100.0, counter: false, help: "GPU utilization (in %)." },
-    Field { metric: m::MEM_COPY_UTIL, name: "DCGM_FI_DEV_MEM_COPY_UTIL", scale: 100.0, counter: false, help: "Memory utilization (in %)." },
-    Field { metric: m::MEM_USED_BYTES, name: "DCGM_FI_DEV_FB_USED", scale: 1.0 / MIB, counter: false, help: "Framebuffer memory used (in MiB)." },
-    Field { metric: m::ECC_SBE_TOTAL, name: "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", scale: 1.0, counter: true, help: "Total number of single-bit volatile ECC errors." },
-    Field { metric: m::ECC_DBE_TOTAL, name: "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", scale: 1.0, counter: true, help: "Total number of double-bit volatile ECC errors." },
-    Field { metric: m::THROTTLE_REASONS, name: "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", scale: 1.0, counter: false, help: "Current clock throttle reasons." },
-    Field { metric: m::SM_ACTIVE, name: "DCGM_FI_PROF_SM_ACTIVE", scale: 1.0, counter: false, help: "The ratio of cycles an SM has at least 1 warp assigned." },
-    Field { metric: m::SM_OCCUPANCY, name: "DCGM_FI_PROF_SM_OCCUPANCY", scale: 1.0, counter: false, help: "The ratio of number of warps resident on an SM." },
-    Field { metric: m::TENSOR_ACTIVE, name: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", scale: 1.0, counter: false, help: "Ratio of cycles the tensor (HMMA) pipe is active." },
-    Field { metric: m::DRAM_ACTIVE, name: "DCGM_FI_PROF_DRAM_ACTIVE", scale: 1.0, counter: false, help: "Ratio of cycles the device memory interface is active sending or receiving data." },
-    Field { metric: m::FP64_ACTIVE, name: "DCGM_FI_PROF_PIPE_FP64_ACTIVE", scale: 1.0, counter: false, help: "Ratio of cycles the fp64 pipes are active." },
-    Field { metric: m::FP32_ACTIVE, name: "DCGM_FI_PROF_PIPE_FP32_ACTIVE", scale: 1.0, counter: false, help: "Ratio of cycles the fp32 pipes are active." },
-    Field { metric: m::FP16_ACTIVE, name: "DCGM_FI_PROF_PIPE_FP16_ACTIVE", scale: 1.0, counter: false, help: "Ratio of cycles the fp16 pipes are active." },
-    Field { metric: m::PCIE_TX_BYTES_S, name: "DCGM_FI_PROF_PCIE_TX_BYTES", scale: 1.0, counter: false, help: "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second." },
-    Field { metric: m::PCIE_RX_BYTES_S, name: "DCGM_FI_PROF_PCIE_RX_BYTES", scale: 1.0, counter: false, help: "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second." },
-    Field { metric: m::NVLINK_TX_BYTES_S, name: "DCGM_FI_PROF_NVLINK_TX_BYTES", scale: 1.0, counter: false, help: "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second." },
-    Field { metric: m::NVLINK_RX_BYTES_S, name: "DCGM_FI_PROF_NVLINK_RX_BYTES", scale: 1.0, counter: false, help: "The rate of data received over NVLink, not including protocol headers, in bytes per second." },
+    gauge("DCGM_FI_DEV_SM_CLOCK", m::SM_CLOCK_MHZ, 1.0, "SM clock frequency (in MHz)."),
+    gauge("DCGM_FI_DEV_MEM_CLOCK", m::MEM_CLOCK_MHZ, 1.0, "Memory clock frequency (in MHz)."),
+    gauge("DCGM_FI_DEV_MEMORY_TEMP", m::MEMORY_TEMP_C, 1.0, "Memory temperature (in C)."),
+    gauge("DCGM_FI_DEV_GPU_TEMP", m::TEMP_C, 1.0, "GPU temperature (in C)."),
+    gauge("DCGM_FI_DEV_POWER_USAGE", m::POWER_W, 1.0, "Power draw (in W)."),
+    counter("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", m::ENERGY_J, 1000.0, "Total energy consumption since boot (in mJ)."),
+    counter("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", m::PCIE_REPLAY_TOTAL, 1.0, "Total number of PCIe retries."),
+    gauge("DCGM_FI_DEV_GPU_UTIL", m::GPU_UTIL, PCT, "GPU utilization (in %)."),
+    gauge("DCGM_FI_DEV_MEM_COPY_UTIL", m::MEM_COPY_UTIL, PCT, "Memory utilization (in %)."),
+    gauge("DCGM_FI_DEV_ENC_UTIL", m::ENC_UTIL, PCT, "Encoder utilization (in %)."),
+    gauge("DCGM_FI_DEV_DEC_UTIL", m::DEC_UTIL, PCT, "Decoder utilization (in %)."),
+    field("DCGM_FI_DEV_FB_FREE", false, Value::FbFree, "Framebuffer memory free (in MiB)."),
+    gauge("DCGM_FI_DEV_FB_USED", m::MEM_USED_BYTES, 1.0 / MIB, "Framebuffer memory used (in MiB)."),
+    gauge("DCGM_FI_DEV_FB_RESERVED", m::MEM_RESERVED_BYTES, 1.0 / MIB, "Framebuffer memory reserved (in MiB)."),
+    field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", true, Value::NvlinkTotal, "NVLink throughput, transmit plus receive, over all links (in MB/s)."),
+    counter("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", m::REMAPPED_ROWS_UNCORRECTABLE_TOTAL, 1.0, "Number of rows remapped for uncorrectable errors."),
+    counter("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", m::REMAPPED_ROWS_CORRECTABLE_TOTAL, 1.0, "Number of rows remapped for correctable errors."),
+    gauge("DCGM_FI_DEV_ROW_REMAP_FAILURE", m::ROW_REMAP_FAILURE, 1.0, "Whether a row remapping has failed."),
+    gauge("DCGM_FI_PROF_GR_ENGINE_ACTIVE", m::GR_ENGINE_ACTIVE, 1.0, "Ratio of time the graphics engine is active."),
+    gauge("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", m::TENSOR_ACTIVE, 1.0, "Ratio of cycles the tensor (HMMA) pipe is active."),
+    gauge("DCGM_FI_PROF_DRAM_ACTIVE", m::DRAM_ACTIVE, 1.0, "Ratio of cycles the device memory interface is active sending or receiving data."),
+    gauge("DCGM_FI_PROF_PCIE_TX_BYTES", m::PCIE_TX_BYTES_S, 1.0, "The rate of data transmitted over the PCIe bus, headers included, in bytes per second."),
+    gauge("DCGM_FI_PROF_PCIE_RX_BYTES", m::PCIE_RX_BYTES_S, 1.0, "The rate of data received over the PCIe bus, headers included, in bytes per second."),
+    // Beyond the default file.
+    field("DCGM_FI_DEV_FB_TOTAL", false, Value::FbTotal, "Framebuffer memory total (in MiB)."),
+    counter("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", m::ECC_SBE_TOTAL, 1.0, "Total number of single-bit volatile ECC errors."),
+    counter("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", m::ECC_DBE_TOTAL, 1.0, "Total number of double-bit volatile ECC errors."),
+    gauge("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", m::THROTTLE_REASONS, 1.0, "Current clock throttle reasons."),
+    gauge("DCGM_FI_PROF_SM_ACTIVE", m::SM_ACTIVE, 1.0, "The ratio of cycles an SM has at least 1 warp assigned."),
+    gauge("DCGM_FI_PROF_SM_OCCUPANCY", m::SM_OCCUPANCY, 1.0, "The ratio of number of warps resident on an SM."),
+    gauge("DCGM_FI_PROF_PIPE_FP64_ACTIVE", m::FP64_ACTIVE, 1.0, "Ratio of cycles the fp64 pipes are active."),
+    gauge("DCGM_FI_PROF_PIPE_FP32_ACTIVE", m::FP32_ACTIVE, 1.0, "Ratio of cycles the fp32 pipes are active."),
+    gauge("DCGM_FI_PROF_PIPE_FP16_ACTIVE", m::FP16_ACTIVE, 1.0, "Ratio of cycles the fp16 pipes are active."),
+    gauge("DCGM_FI_PROF_NVLINK_TX_BYTES", m::NVLINK_TX_BYTES_S, 1.0, "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second."),
+    gauge("DCGM_FI_PROF_NVLINK_RX_BYTES", m::NVLINK_RX_BYTES_S, 1.0, "The rate of data received over NVLink, not including protocol headers, in bytes per second."),
 ];
 
-/// dcgm-exporter's labels for a GPU.
-pub fn labels(g: &GpuLive) -> Labels {
+/// The XID family's name.
+pub const XID_FAMILY: &str = "DCGM_FI_DEV_XID_ERRORS";
+
+/// What the GPU's record (its agent's description) gives the page.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Identity {
+    /// PCI bus id.
+    pub pci_bus_id: String,
+    /// Driver version.
+    pub driver_version: String,
+    /// Device memory, bytes (0: not known).
+    pub memory_total_bytes: u64,
+    /// A MIG instance's card UUID, profile (`GPU_I_PROFILE`) and GPU
+    /// instance id (`GPU_I_ID`).
+    pub mig: Option<(String, String, u32)>,
+}
+
+impl Identity {
+    /// From the GPU's stored record.
+    pub fn of(r: &GpuRecord) -> Self {
+        Self {
+            pci_bus_id: r.pci_bus_id.clone(),
+            driver_version: r.driver_version.clone(),
+            memory_total_bytes: r.memory_total_bytes,
+            mig: mig_instance(r),
+        }
+    }
+}
+
+/// A MIG instance's card UUID, profile and GPU instance id.
+fn mig_instance(r: &GpuRecord) -> Option<(String, String, u32)> {
+    let mig = r.mig();
+    let i = mig.instance()?;
+    Some((i.parent_uuid.clone(), i.profile.clone(), i.gpu_instance_id))
+}
+
+/// One GPU of the page: its live values and its identity.
+#[derive(Debug, Clone, Copy)]
+pub struct Gpu<'a> {
+    /// Live values.
+    pub live: &'a GpuLive,
+    /// Its record's labels and memory.
+    pub id: &'a Identity,
+}
+
+/// dcgm-exporter's labels for a GPU (without the XID family's).
+pub fn labels(g: &Gpu<'_>) -> Labels {
+    let live = g.live;
+    let uuid = g.id.mig.as_ref().map_or(&live.uuid, |(card, _, _)| card);
     let mut l: Labels = vec![
-        ("gpu".into(), g.index.to_string()),
-        ("UUID".into(), g.uuid.clone()),
-        ("device".into(), format!("nvidia{}", g.index)),
-        ("modelName".into(), g.model.clone()),
-        ("Hostname".into(), g.hostname.clone()),
-        ("tenant".into(), g.tenant.clone()),
+        ("gpu".into(), live.index.to_string()),
+        ("UUID".into(), uuid.clone()),
+        ("pci_bus_id".into(), g.id.pci_bus_id.clone()),
+        ("device".into(), format!("nvidia{}", live.index)),
+        ("modelName".into(), live.model.clone()),
     ];
-    if let Some(j) = &g.job {
+    if let Some((_, profile, gi)) = &g.id.mig {
+        l.push(("GPU_I_PROFILE".into(), profile.clone()));
+        l.push(("GPU_I_ID".into(), gi.to_string()));
+    }
+    if !live.hostname.is_empty() {
+        l.push(("Hostname".into(), live.hostname.clone()));
+    }
+    if !g.id.driver_version.is_empty() {
+        l.push(("DCGM_FI_DRIVER_VERSION".into(), g.id.driver_version.clone()));
+    }
+    if let Some(j) = &live.job {
         for (k, v) in [
-            ("pod", &j.pod),
-            ("namespace", &j.namespace),
             ("container", &j.container),
+            ("namespace", &j.namespace),
+            ("pod", &j.pod),
+            ("hpc_job", &j.hpc_job),
         ] {
             if !v.is_empty() {
                 l.push((k.into(), v.clone()));
             }
         }
     }
+    let node = if live.hostname.is_empty() {
+        &live.node_id
+    } else {
+        &live.hostname
+    };
+    l.push(("instance".into(), node.clone()));
+    l.push(("tenant".into(), live.tenant.clone()));
     l
 }
 
+/// What dcgm-exporter's XID messages say, in short (`err_msg`); codes not
+/// listed are "Unknown Error".
+pub fn xid_text(code: i64) -> &'static str {
+    match code {
+        0 => "No Error",
+        13 => "Graphics engine exception",
+        31 => "GPU memory page fault",
+        32 => "Invalid or corrupted push buffer stream",
+        43 => "GPU stopped processing",
+        45 => "Preemptive cleanup, due to previous errors",
+        48 => "Double-bit ECC error",
+        61 => "Internal micro-controller breakpoint or warning",
+        62 => "Internal micro-controller halt",
+        63 => "ECC page retirement or row remapping recorded",
+        64 => "ECC page retirement or row remapping failed",
+        68 => "Video processor exception",
+        74 => "NVLink error",
+        79 => "GPU has fallen off the bus",
+        92 => "High single-bit ECC error rate",
+        94 => "Contained memory error",
+        95 => "Uncontained memory error",
+        109 => "Context switch timeout",
+        119 => "GSP RPC timeout",
+        120 => "GSP error",
+        _ => "Unknown Error",
+    }
+}
+
+/// A catalog metric of the GPU, when current and shown.
+fn metric(g: &Gpu<'_>, name: &str, shown: &dyn Fn(&String) -> bool) -> Option<f64> {
+    let (k, (_, v)) = g.live.counters.get_key_value(name)?;
+    shown(k).then_some(*v)
+}
+
+/// A family's value on a GPU, in dcgm-exporter's unit.
+fn value(f: &Field, g: &Gpu<'_>, shown: &dyn Fn(&String) -> bool) -> Option<f64> {
+    let total = (g.id.memory_total_bytes > 0).then_some(g.id.memory_total_bytes as f64);
+    match f.value {
+        Value::Metric(name, scale) => metric(g, name, shown).map(|v| v * scale),
+        Value::FbFree => metric(g, m::MEM_FREE_BYTES, shown)
+            .or_else(|| {
+                let used = metric(g, m::MEM_USED_BYTES, shown)?;
+                let reserved = metric(g, m::MEM_RESERVED_BYTES, shown).unwrap_or(0.0);
+                Some((total? - used - reserved).max(0.0))
+            })
+            .map(|b| b / MIB),
+        Value::FbTotal => total.map(|b| b / MIB),
+        Value::NvlinkTotal => {
+            let tx = metric(g, m::NVLINK_TX_BYTES_S, shown);
+            let rx = metric(g, m::NVLINK_RX_BYTES_S, shown);
+            (tx.is_some() || rx.is_some()).then(|| (tx.unwrap_or(0.0) + rx.unwrap_or(0.0)) / 1e6)
+        }
+    }
+}
+
+/// A family under dcgm-exporter's name and type: counters keep their bare
+/// names (their samples are written as gauges' are, without `_total`).
 fn family(
     enc: &mut DescriptorEncoder,
     name: &str,
@@ -106,7 +301,7 @@ fn family(
         return Ok(());
     }
     let kind = if counter {
-        MetricType::Unknown
+        MetricType::Counter
     } else {
         MetricType::Gauge
     };
@@ -118,113 +313,46 @@ fn family(
 }
 
 /// Writes the `DCGM_FI_*` families of `gpus` (the metrics `shown` lets
-/// through) and the last XID of each.
+/// through) and the last XID of each (`xids`: the XID events by tenant
+/// and GPU UUID).
 pub fn encode(
     enc: &mut DescriptorEncoder,
-    gpus: &[GpuLive],
+    gpus: &[Gpu<'_>],
     xids: &BTreeMap<(String, String), Xid>,
     shown: &dyn Fn(&String) -> bool,
 ) -> Result<(), std::fmt::Error> {
+    let labelled: Vec<(&Gpu<'_>, Labels)> = gpus.iter().map(|g| (g, labels(g))).collect();
     for f in FIELDS {
-        let rows: Vec<(Labels, f64)> = gpus
+        let rows = labelled
             .iter()
-            .filter_map(|g| {
-                let (k, (_, v)) = g.counters.get_key_value(f.metric)?;
-                shown(k).then(|| (labels(g), v * f.scale))
-            })
+            .filter_map(|(g, l)| value(f, g, shown).map(|v| (l.clone(), v)))
             .collect();
         family(enc, f.name, f.help, f.counter, rows)?;
     }
-    // dcgm-exporter's XID field is the last XID's value, 0 before any.
     family(
         enc,
-        "DCGM_FI_DEV_XID_ERRORS",
+        XID_FAMILY,
         "Value of the last XID error encountered.",
         false,
-        gpus.iter()
-            .map(|g| {
-                let last = xids
-                    .get(&(g.tenant.clone(), g.uuid.clone()))
-                    .map_or(0, |x| x.last);
-                (labels(g), last as f64)
+        labelled
+            .into_iter()
+            .map(|(g, mut l)| {
+                let code = metric(g, m::XID_LAST, shown)
+                    .map(|v| v as i64)
+                    .or_else(|| {
+                        xids.get(&(g.live.tenant.clone(), g.live.uuid.clone()))
+                            .map(|x| x.last)
+                    })
+                    .unwrap_or(0);
+                // After `modelName` … `pod`, as dcgm-exporter's attributes.
+                let at = l.len() - 2;
+                l.insert(at, ("err_code".into(), code.to_string()));
+                l.insert(at + 1, ("err_msg".into(), xid_text(code).into()));
+                (l, code as f64)
             })
             .collect(),
     )
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use flopwatch_proto::metrics::lookup;
-    use std::collections::HashSet;
-
-    #[test]
-    fn every_field_comes_from_a_catalog_metric_of_the_same_kind() {
-        let mut names = HashSet::new();
-        for f in FIELDS {
-            let def = lookup(f.metric).unwrap_or_else(|| panic!("{} not in the catalog", f.metric));
-            assert_eq!(
-                f.counter,
-                def.aggregation == m::Aggregation::Counter,
-                "{}",
-                f.name
-            );
-            assert!(
-                f.name.starts_with("DCGM_FI_") && names.insert(f.name),
-                "{}",
-                f.name
-            );
-        }
-    }
-
-    #[test]
-    fn units_are_dcgm_exporters() {
-        let g = GpuLive {
-            tenant: "t".into(),
-            uuid: "GPU-1".into(),
-            index: 3,
-            model: "NVIDIA H100 80GB HBM3".into(),
-            hostname: "h1".into(),
-            counters: [
-                (m::ENERGY_J, 2.5),
-                (m::GPU_UTIL, 0.42),
-                (m::MEM_USED_BYTES, 3.0 * MIB),
-                (m::SM_CLOCK_MHZ, 1980.0),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), (1, v)))
-            .collect(),
-            ..Default::default()
-        };
-        let mut xids = BTreeMap::new();
-        xids.insert(
-            ("t".to_string(), "GPU-1".to_string()),
-            Xid { count: 2, last: 79 },
-        );
-        let mut r = prometheus_client::registry::Registry::default();
-        r.register_collector(Box::new(Page(vec![g], xids)));
-        let text = flopwatch_transport::metrics_http::render(&r);
-        let l = r#"{gpu="3",UUID="GPU-1",device="nvidia3",modelName="NVIDIA H100 80GB HBM3",Hostname="h1",tenant="t"}"#;
-        for want in [
-            format!("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{l} 2500.0\n"),
-            format!("DCGM_FI_DEV_GPU_UTIL{l} 42.0\n"),
-            format!("DCGM_FI_DEV_FB_USED{l} 3.0\n"),
-            format!("DCGM_FI_DEV_SM_CLOCK{l} 1980.0\n"),
-            format!("DCGM_FI_DEV_XID_ERRORS{l} 79.0\n"),
-            "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION unknown\n".to_string(),
-        ] {
-            assert!(text.contains(&want), "{want} missing:\n{text}");
-        }
-        // Only fields with data.
-        assert!(!text.contains("DCGM_FI_DEV_POWER_USAGE"), "{text}");
-    }
-
-    #[derive(Debug)]
-    struct Page(Vec<GpuLive>, BTreeMap<(String, String), Xid>);
-
-    impl prometheus_client::collector::Collector for Page {
-        fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
-            encode(&mut enc, &self.0, &self.1, &|_| true)
-        }
-    }
-}
+mod tests;

@@ -133,7 +133,9 @@ pub fn holdings(
         // A record's first sample may cover a window before it.
         .filter(|(_, j)| j.first_seen_ms - COUNTER_LOOKBACK_MS < end && j.last_seen_ms >= start)
         .map(|(t, j)| {
-            let g = gpus.get(&(t.clone(), j.gpu_uuid.clone()));
+            // A job's share of a shared GPU: that GPU's record.
+            let uuid = flopwatch_proto::model::shared_gpu(&j.gpu_uuid).unwrap_or(&j.gpu_uuid);
+            let g = gpus.get(&(t.clone(), uuid.to_string()));
             (t, j, g)
         })
         .collect();
@@ -544,7 +546,9 @@ impl From<Holding> for flopwatch_proto::v1::LedgerEntry {
             namespace: h.job.namespace,
             pod: h.job.pod,
             node_id: h.job.node_id,
-            gpu_uuid: h.job.gpu_uuid,
+            apportioned: flopwatch_proto::model::shared_gpu(&h.job.gpu_uuid).is_some(),
+            gpu_uuid: flopwatch_proto::model::shared_gpu(&h.job.gpu_uuid)
+                .map_or_else(|| h.job.gpu_uuid.clone(), str::to_string),
             model: h.model,
             peak_tflops: h.peak_tflops,
             held_s: f.held_ms / 1000.0,

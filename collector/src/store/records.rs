@@ -4,7 +4,7 @@
 
 use crate::events::EventRecord;
 use crate::ofu::Mean;
-use flopwatch_proto::model::{GpuInfo, Point, SeriesBatch};
+use flopwatch_proto::model::{GpuInfo, Mig, MigInstance, Point, SeriesBatch};
 use serde::{Deserialize, Serialize};
 
 /// Identifies an agent's sequence-number space.
@@ -98,8 +98,18 @@ pub struct GpuRecord {
     pub memory_total_bytes: u64,
     /// Parent GPU of a MIG instance.
     pub mig_parent_uuid: Option<String>,
+    /// A MIG instance's GPU instance id, compute instance id and profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_instance: Option<(u32, u32, String)>,
+    /// A card in MIG mode counted through its instances.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mig_enabled: bool,
     /// Current job.
     pub job_id: Option<String>,
+    /// The jobs sharing the GPU, with their apportioned shares (job id,
+    /// ppm, split), as of its last batch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<(String, u32, String)>,
     /// Last seen, unix ms.
     pub last_seen_ms: i64,
 }
@@ -125,8 +135,14 @@ impl GpuRecord {
             pci_bus_id: g.pci_bus_id.clone(),
             gpm_supported: g.gpm_supported,
             memory_total_bytes: g.memory_total_bytes,
-            mig_parent_uuid: g.mig_parent_uuid.clone(),
+            mig_parent_uuid: g.mig.parent_uuid().map(str::to_string),
+            mig_instance: g
+                .mig
+                .instance()
+                .map(|i| (i.gpu_instance_id, i.compute_instance_id, i.profile.clone())),
+            mig_enabled: g.mig.is_card(),
             job_id,
+            shares: Vec::new(),
             last_seen_ms,
         }
     }
@@ -145,7 +161,24 @@ impl GpuRecord {
             pci_bus_id: self.pci_bus_id.clone(),
             gpm_supported: self.gpm_supported,
             memory_total_bytes: self.memory_total_bytes,
-            mig_parent_uuid: self.mig_parent_uuid.clone(),
+            mig: self.mig(),
+        }
+    }
+
+    /// Where the GPU stands in MIG partitioning.
+    pub fn mig(&self) -> Mig {
+        match (&self.mig_parent_uuid, &self.mig_instance) {
+            (Some(parent), instance) => {
+                let (gi, ci, profile) = instance.clone().unwrap_or_default();
+                Mig::Instance(MigInstance {
+                    parent_uuid: parent.clone(),
+                    gpu_instance_id: gi,
+                    compute_instance_id: ci,
+                    profile,
+                })
+            }
+            (None, _) if self.mig_enabled => Mig::Card,
+            (None, _) => Mig::Off,
         }
     }
 }
@@ -275,10 +308,25 @@ mod tests {
             pci_bus_id: "0000:19:00.0".into(),
             gpm_supported: true,
             memory_total_bytes: 80 << 30,
-            mig_parent_uuid: Some("GPU-1".into()),
+            mig: Mig::Instance(MigInstance {
+                parent_uuid: "GPU-1".into(),
+                gpu_instance_id: 2,
+                compute_instance_id: 0,
+                profile: "3g.40gb".into(),
+            }),
         };
         let r = GpuRecord::from_info(&info, "node-a", Some("job".into()), 42);
         assert_eq!(r.info(), info);
+        // Through the store's encoding too; a card in MIG mode as well.
+        let back: GpuRecord = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
+        assert_eq!(back.info(), info);
+        let card = GpuInfo {
+            mig: Mig::Card,
+            ..info.clone()
+        };
+        let c = GpuRecord::from_info(&card, "node-a", None, 42);
+        let back: GpuRecord = serde_json::from_slice(&serde_json::to_vec(&c).unwrap()).unwrap();
+        assert_eq!(back.info(), card);
         assert_eq!(
             (r.node_id.as_str(), r.job_id.as_deref(), r.last_seen_ms),
             ("node-a", Some("job"), 42)

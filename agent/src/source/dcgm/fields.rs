@@ -109,11 +109,23 @@ pub const FIELDS: &[FieldMap] = &[
         1.0,
         Fold::First,
     ),
+    row(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        m::GR_ENGINE_ACTIVE,
+        1.0,
+        Fold::First,
+    ),
     // Device fields: point readings.
     row("DCGM_FI_DEV_SM_CLOCK", m::SM_CLOCK_MHZ, 1.0, Fold::First),
     row("DCGM_FI_DEV_MEM_CLOCK", m::MEM_CLOCK_MHZ, 1.0, Fold::First),
     row("DCGM_FI_DEV_POWER_USAGE", m::POWER_W, 1.0, Fold::First),
     row("DCGM_FI_DEV_GPU_TEMP", m::TEMP_C, 1.0, Fold::First),
+    row(
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        m::MEMORY_TEMP_C,
+        1.0,
+        Fold::First,
+    ),
     row("DCGM_FI_DEV_GPU_UTIL", m::GPU_UTIL, PERCENT, Fold::First),
     row(
         "DCGM_FI_DEV_MEM_COPY_UTIL",
@@ -121,7 +133,19 @@ pub const FIELDS: &[FieldMap] = &[
         PERCENT,
         Fold::First,
     ),
+    row("DCGM_FI_DEV_ENC_UTIL", m::ENC_UTIL, PERCENT, Fold::First),
+    row("DCGM_FI_DEV_DEC_UTIL", m::DEC_UTIL, PERCENT, Fold::First),
     row("DCGM_FI_DEV_FB_USED", m::MEM_USED_BYTES, MIB, Fold::First),
+    row(FB_FREE, m::MEM_FREE_BYTES, MIB, Fold::First),
+    row(FB_RESERVED, m::MEM_RESERVED_BYTES, MIB, Fold::First),
+    // The last XID, a reading as well as events: the value at open shows.
+    row(XID_FIELD, m::XID_LAST, 1.0, Fold::First),
+    row(
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        m::ROW_REMAP_FAILURE,
+        1.0,
+        Fold::First,
+    ),
     row(
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
         m::ENERGY_J,
@@ -161,6 +185,18 @@ pub const FIELDS: &[FieldMap] = &[
         Fold::First,
     ),
     row(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        m::REMAPPED_ROWS_CORRECTABLE_TOTAL,
+        1.0,
+        Fold::First,
+    ),
+    row(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        m::REMAPPED_ROWS_UNCORRECTABLE_TOTAL,
+        1.0,
+        Fold::First,
+    ),
+    row(
         "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
         m::NVLINK_ERRORS_TOTAL,
         1.0,
@@ -186,30 +222,26 @@ pub const FIELDS: &[FieldMap] = &[
     ),
 ];
 
-/// Last XID error of the GPU (events, not a reading).
+/// Last XID error of the GPU: a reading ([`m::XID_LAST`]), and a change of
+/// it an event.
 pub const XID_FIELD: &str = "DCGM_FI_DEV_XID_ERRORS";
 /// Device memory, MiB (inventory).
 pub(super) const FB_TOTAL: &str = "DCGM_FI_DEV_FB_TOTAL";
 /// Device memory in use, MiB (inventory, when there is no total).
 pub(super) const FB_USED: &str = "DCGM_FI_DEV_FB_USED";
-/// Free device memory, MiB (inventory, when there is no total).
+/// Free device memory, MiB (a reading, and inventory when there is no
+/// total).
 pub(super) const FB_FREE: &str = "DCGM_FI_DEV_FB_FREE";
-/// Memory reserved by the driver, MiB (inventory, when there is no total).
+/// Memory reserved by the driver, MiB (a reading, and inventory when there
+/// is no total).
 pub(super) const FB_RESERVED: &str = "DCGM_FI_DEV_FB_RESERVED";
 /// Maximum SM clock, MHz (inventory).
 pub(super) const MAX_SM_CLOCK: &str = "DCGM_FI_DEV_MAX_SM_CLOCK";
 /// Maximum memory clock, MHz (inventory).
 pub(super) const MAX_MEM_CLOCK: &str = "DCGM_FI_DEV_MAX_MEM_CLOCK";
 
-/// Fields read for something other than a reading.
-pub(super) const OTHER_FIELDS: [&str; 6] = [
-    XID_FIELD,
-    FB_TOTAL,
-    FB_FREE,
-    FB_RESERVED,
-    MAX_SM_CLOCK,
-    MAX_MEM_CLOCK,
-];
+/// Fields read only for something other than a reading (the inventory).
+pub(super) const OTHER_FIELDS: [&str; 3] = [FB_TOTAL, MAX_SM_CLOCK, MAX_MEM_CLOCK];
 
 /// The field's static name, when this module reads it.
 pub(super) fn known_field(name: &str) -> Option<&'static str> {

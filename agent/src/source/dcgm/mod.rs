@@ -22,15 +22,22 @@
 //!   `DCGM_FI_DEV_FB_TOTAL` (else used + free + reserved) its memory and
 //!   `DCGM_FI_DEV_MAX_SM_CLOCK` / `DCGM_FI_DEV_MAX_MEM_CLOCK` its maximum
 //!   clocks, when the page has them. A later scrape that lacks a GPU gives it
-//!   no readings for that capture (warned once per absence); a GPU that was
-//!   not there at open is ignored (warned once).
+//!   no readings for that capture (warned once per absence); a device that
+//!   appears later (a MIG instance created, a GPU the exporter saw late) is
+//!   appended to the inventory at that scrape, and the agent opens its
+//!   stream again with it ([`GpuSource::inventory`]).
 //! * **MIG**: samples carrying `GPU_I_ID` belong to a MIG GPU instance,
 //!   which gets its own inventory entry after its parent GPU: UUID
-//!   `MIG-<parent UUID>/<GPU_I_ID>`, `mig_parent_uuid` set, the parent's
-//!   model. DCGM reports the profiling fields per instance and the device
-//!   fields per GPU; an instance without its own `DCGM_FI_DEV_SM_CLOCK` gets
-//!   its parent's (the clock is the whole GPU's), so OFU can be computed
-//!   per instance.
+//!   `MIG-<parent UUID>/<GPU_I_ID>`, [`Mig::Instance`] with the parent's UUID,
+//!   the GPU instance id and `GPU_I_PROFILE` (the collector scales the card's
+//!   peak by the profile's SMs), the parent's model. DCGM reports the
+//!   profiling fields per instance and the device fields per GPU; an
+//!   instance without its own `DCGM_FI_DEV_SM_CLOCK` gets its parent's (the
+//!   clock is the whole GPU's), so OFU can be computed per instance. A page
+//!   with both the card's row and its instances' (dcgm-exporter `-d g,i`)
+//!   lists the card as [`Mig::Card`]: its device fields are its own, its
+//!   compute activity ([`super::INSTANCE_ACTIVITY`], the aggregate of its
+//!   instances) is dropped, so no card counts twice.
 //! * **Window**: dcgm-exporter publishes the values DCGM collected at its
 //!   own interval (`-c`, milliseconds, 30 000 by default); the profiling
 //!   fields are DCGM's averages over that interval. Each capture reports the
@@ -46,15 +53,15 @@
 //!   `pod_name` / `pod_namespace` / `container_name` of the 1.x names) and
 //!   `hpc_job` labels become [`JobAssignment`]s: job id `namespace/pod`, else
 //!   the HPC job. A GPU the page shows with several owners (time-slicing)
-//!   gets none, as in [`crate::attribution`].
+//!   lists them all, each with an even [`Share`] ([`Split::Equal`](flopwatch_proto::model::Split::Equal)):
+//!   the page has no per-process figure to apportion by.
 //! * **Events**: `DCGM_FI_DEV_XID_ERRORS` holds the last XID seen; a change
 //!   to a non-zero value is an `"xid"` event with the XID as code. The value
 //!   at open is the baseline, and a repeat of the same XID is invisible.
 
 use super::{Capture, GpuCapture, GpuSource, Reading, SourceError};
-use crate::attribution::fit_id;
 use flopwatch_proto::metrics as m;
-use flopwatch_proto::model::{Event, GpuInfo, JobAssignment};
+use flopwatch_proto::model::{fit_id, Event, GpuInfo, JobAssignment, Mig, MigInstance, Share};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 use tracing::{debug, info, warn};
@@ -102,6 +109,8 @@ struct Seen {
     model: String,
     pci_bus_id: String,
     driver: String,
+    /// A MIG instance's `GPU_I_PROFILE`.
+    profile: String,
     /// Known fields' raw values (the last sample of each wins).
     fields: HashMap<&'static str, f64>,
     owners: BTreeSet<Owner>,
@@ -142,6 +151,10 @@ fn group(samples: &[Sample]) -> Page {
                 .to_string(),
             driver: s
                 .first_label(&["DCGM_FI_DRIVER_VERSION"])
+                .unwrap_or_default()
+                .to_string(),
+            profile: s
+                .first_label(&["GPU_I_PROFILE"])
                 .unwrap_or_default()
                 .to_string(),
             ..Seen::default()
@@ -192,87 +205,154 @@ struct Device {
     missing: bool,
 }
 
+/// The devices listed so far: the inventory and what each entry carries
+/// between captures. It only grows ([`GpuSource::inventory`]): a device
+/// that leaves the page stays listed without readings, one that appears is
+/// appended, and a GPU whose first MIG instance appears becomes
+/// [`Mig::Card`] in place.
+#[derive(Debug, Default)]
+struct Listing {
+    infos: Vec<GpuInfo>,
+    devices: Vec<Device>,
+    index: HashMap<DeviceKey, usize>,
+}
+
+/// Where a page's devices sort: GPUs by index, each GPU before its MIG
+/// instances, instances by GPU instance id.
+fn order(page: &Page, k: &DeviceKey) -> (u32, String, Option<u64>, Option<String>) {
+    let index = page
+        .devices
+        .get(k)
+        .and_then(|s| s.index)
+        .unwrap_or(u32::MAX);
+    let instance = k
+        .instance
+        .as_ref()
+        .map(|i| i.parse::<u64>().unwrap_or(u64::MAX));
+    (index, k.gpu.clone(), instance, k.instance.clone())
+}
+
+impl Listing {
+    /// Lists the devices of `page` not listed yet, in [`order`], and
+    /// updates what changed in place (a GPU that gained instances, an
+    /// instance's profile). Returns the UUIDs of the devices added.
+    fn extend(&mut self, page: &Page) -> Vec<String> {
+        let mut keys: Vec<&DeviceKey> = page
+            .devices
+            .keys()
+            .filter(|k| !self.index.contains_key(*k))
+            .collect();
+        keys.sort_by_key(|k| order(page, k));
+        let mut added = Vec::with_capacity(keys.len());
+        for key in keys {
+            let Some(seen) = page.devices.get(key) else {
+                continue;
+            };
+            let position = self.infos.len();
+            let info = describe(page, key, seen, position);
+            added.push(info.uuid.clone());
+            self.index.insert(key.clone(), position);
+            self.devices.push(Device {
+                key: key.clone(),
+                parent: None,
+                last_xid: seen.fields.get(XID_FIELD).copied(),
+                missing: false,
+            });
+            self.infos.push(info);
+        }
+        // Parents: an instance's GPU row, which is then a card counted
+        // through its instances. A profile the page changed is taken.
+        for g in 0..self.devices.len() {
+            let key = &self.devices[g].key;
+            if key.instance.is_none() {
+                continue;
+            }
+            let parent_key = DeviceKey {
+                gpu: key.gpu.clone(),
+                instance: None,
+            };
+            let parent = self.index.get(&parent_key).copied();
+            if let Some(p) = parent {
+                self.infos[p].mig = Mig::Card;
+            }
+            let profile = page
+                .devices
+                .get(key)
+                .map(|s| s.profile.clone())
+                .filter(|p| !p.is_empty());
+            if let (Mig::Instance(i), Some(profile)) = (&mut self.infos[g].mig, profile) {
+                i.profile = profile;
+            }
+            self.devices[g].parent = parent;
+        }
+        added
+    }
+}
+
+/// A device's inventory entry from its first sample's labels and fields.
+fn describe(page: &Page, key: &DeviceKey, seen: &Seen, position: usize) -> GpuInfo {
+    let parent_key = DeviceKey {
+        gpu: key.gpu.clone(),
+        instance: None,
+    };
+    let parent_seen = page.devices.get(&parent_key);
+    let gpu_uuid = if seen.uuid.is_empty() {
+        format!("GPU-dcgm-exporter-{}", key.gpu.trim_start_matches("gpu:"))
+    } else {
+        seen.uuid.clone()
+    };
+    let field = |name: &str| {
+        seen.fields
+            .get(name)
+            .or_else(|| parent_seen.and_then(|p| p.fields.get(name)))
+            .copied()
+    };
+    let memory_mib = seen.fields.get(FB_TOTAL).copied().or_else(|| {
+        let used = seen.fields.get(FB_USED)?;
+        let free = seen.fields.get(FB_FREE)?;
+        Some(used + free + seen.fields.get(FB_RESERVED).copied().unwrap_or(0.0))
+    });
+    let clock = |v: Option<f64>| v.map_or(0, |v| v.clamp(0.0, f64::from(u32::MAX)) as u32);
+    let mut info = GpuInfo {
+        index: seen.index.unwrap_or(position as u32),
+        uuid: gpu_uuid.clone(),
+        model: if seen.model.is_empty() {
+            "unknown".to_string()
+        } else {
+            seen.model.clone()
+        },
+        sm_count: 0,
+        max_sm_clock_mhz: clock(field(MAX_SM_CLOCK)),
+        max_mem_clock_mhz: clock(field(MAX_MEM_CLOCK)),
+        driver_version: if seen.driver.is_empty() {
+            "unknown".to_string()
+        } else {
+            seen.driver.clone()
+        },
+        pci_bus_id: seen.pci_bus_id.clone(),
+        gpm_supported: false,
+        memory_total_bytes: memory_mib.map_or(0, |mib| (mib.max(0.0) * MIB) as u64),
+        mig: Mig::Off,
+    };
+    if let Some(gi) = &key.instance {
+        info.uuid = format!("MIG-{gpu_uuid}/{gi}");
+        info.mig = Mig::Instance(MigInstance {
+            parent_uuid: gpu_uuid,
+            gpu_instance_id: gi.parse().unwrap_or(0),
+            compute_instance_id: 0,
+            profile: seen.profile.clone(),
+        });
+    }
+    info
+}
+
 /// Builds the inventory from the first scrape, parents before their MIG
 /// instances, GPUs by index.
+#[cfg(test)]
 fn inventory(page: &Page) -> (Vec<GpuInfo>, Vec<Device>) {
-    let mut keys: Vec<&DeviceKey> = page.devices.keys().collect();
-    let order = |k: &DeviceKey| {
-        let index = page
-            .devices
-            .get(k)
-            .and_then(|s| s.index)
-            .unwrap_or(u32::MAX);
-        let instance = k
-            .instance
-            .as_ref()
-            .map(|i| i.parse::<u64>().unwrap_or(u64::MAX));
-        (index, k.gpu.clone(), instance, k.instance.clone())
-    };
-    keys.sort_by_key(|k| order(k));
-    let mut infos: Vec<GpuInfo> = Vec::with_capacity(keys.len());
-    let mut devices: Vec<Device> = Vec::with_capacity(keys.len());
-    for (position, key) in keys.into_iter().enumerate() {
-        let Some(seen) = page.devices.get(key) else {
-            continue;
-        };
-        let parent_key = DeviceKey {
-            gpu: key.gpu.clone(),
-            instance: None,
-        };
-        let parent_seen = page.devices.get(&parent_key);
-        let gpu_uuid = if seen.uuid.is_empty() {
-            format!("GPU-dcgm-exporter-{}", key.gpu.trim_start_matches("gpu:"))
-        } else {
-            seen.uuid.clone()
-        };
-        let field = |name: &str| {
-            seen.fields
-                .get(name)
-                .or_else(|| parent_seen.and_then(|p| p.fields.get(name)))
-                .copied()
-        };
-        let memory_mib = seen.fields.get(FB_TOTAL).copied().or_else(|| {
-            let used = seen.fields.get(FB_USED)?;
-            let free = seen.fields.get(FB_FREE)?;
-            Some(used + free + seen.fields.get(FB_RESERVED).copied().unwrap_or(0.0))
-        });
-        let clock = |v: Option<f64>| v.map_or(0, |v| v.clamp(0.0, f64::from(u32::MAX)) as u32);
-        let mut info = GpuInfo {
-            index: seen.index.unwrap_or(position as u32),
-            uuid: gpu_uuid.clone(),
-            model: if seen.model.is_empty() {
-                "unknown".to_string()
-            } else {
-                seen.model.clone()
-            },
-            sm_count: 0,
-            max_sm_clock_mhz: clock(field(MAX_SM_CLOCK)),
-            max_mem_clock_mhz: clock(field(MAX_MEM_CLOCK)),
-            driver_version: if seen.driver.is_empty() {
-                "unknown".to_string()
-            } else {
-                seen.driver.clone()
-            },
-            pci_bus_id: seen.pci_bus_id.clone(),
-            gpm_supported: false,
-            memory_total_bytes: memory_mib.map_or(0, |mib| (mib.max(0.0) * MIB) as u64),
-            mig_parent_uuid: None,
-        };
-        let mut parent = None;
-        if let Some(gi) = &key.instance {
-            info.uuid = format!("MIG-{gpu_uuid}/{gi}");
-            info.mig_parent_uuid = Some(gpu_uuid);
-            parent = devices.iter().position(|d| d.key == parent_key);
-        }
-        devices.push(Device {
-            key: key.clone(),
-            parent,
-            last_xid: seen.fields.get(XID_FIELD).copied(),
-            missing: false,
-        });
-        infos.push(info);
-    }
-    (infos, devices)
+    let mut listing = Listing::default();
+    listing.extend(page);
+    (listing.infos, listing.devices)
 }
 
 // ---------------------------------------------------------------------------
@@ -282,21 +362,17 @@ fn inventory(page: &Page) -> (Vec<GpuInfo>, Vec<Device>) {
 pub struct DcgmExporterSource {
     url: String,
     agent: ureq::Agent,
-    inventory: Vec<GpuInfo>,
-    devices: Vec<Device>,
-    index: HashMap<DeviceKey, usize>,
+    listing: Listing,
     last_ms: Option<i64>,
     /// Field names ignored so far (each logged once).
     ignored: HashSet<String>,
-    /// Devices that appeared after open (each warned once).
-    strangers: HashSet<DeviceKey>,
 }
 
 impl std::fmt::Debug for DcgmExporterSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DcgmExporterSource")
             .field("url", &self.url)
-            .field("gpus", &self.inventory.len())
+            .field("gpus", &self.listing.infos.len())
             .finish_non_exhaustive()
     }
 }
@@ -327,12 +403,9 @@ impl DcgmExporterSource {
         let mut source = Self {
             url,
             agent: config.into(),
-            inventory: Vec::new(),
-            devices: Vec::new(),
-            index: HashMap::new(),
+            listing: Listing::default(),
             last_ms: None,
             ignored: HashSet::new(),
-            strangers: HashSet::new(),
         };
         let page = source.scrape()?;
         if page.devices.is_empty() {
@@ -341,18 +414,11 @@ impl DcgmExporterSource {
                     .to_string(),
             ));
         }
-        let (inventory, devices) = inventory(&page);
-        source.index = devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| (d.key.clone(), i))
-            .collect();
-        source.inventory = inventory;
-        source.devices = devices;
+        source.listing.extend(&page);
         source.note_ignored(&page.unknown);
         info!(
             url = %source.url,
-            gpus = source.inventory.len(),
+            gpus = source.listing.infos.len(),
             "dcgm-exporter source opened"
         );
         Ok(source)
@@ -435,7 +501,7 @@ impl GpuSource for DcgmExporterSource {
     }
 
     fn inventory(&self) -> &[GpuInfo] {
-        &self.inventory
+        &self.listing.infos
     }
 
     fn capture(&mut self, now_ms: i64) -> Result<Capture, SourceError> {
@@ -445,24 +511,19 @@ impl GpuSource for DcgmExporterSource {
             u32::try_from((now_ms - p).max(0)).unwrap_or(u32::MAX)
         });
         self.note_ignored(&page.unknown);
-        for key in page.devices.keys() {
-            if !self.index.contains_key(key) && self.strangers.insert(key.clone()) {
-                warn!(
-                    gpu = %key.gpu,
-                    instance = ?key.instance,
-                    "dcgm-exporter shows a GPU that was not there at start; ignored until the agent restarts"
-                );
-            }
+        for uuid in self.listing.extend(&page) {
+            info!(gpu = %uuid, url = %self.url, "new device on the dcgm-exporter page");
         }
-        let mut gpus = Vec::with_capacity(self.devices.len());
+        let Listing { infos, devices, .. } = &mut self.listing;
+        let mut gpus = Vec::with_capacity(devices.len());
         let mut jobs = Vec::new();
         let mut events = Vec::new();
-        let mut clocks: Vec<Option<f64>> = vec![None; self.devices.len()];
-        for (g, device) in self.devices.iter_mut().enumerate() {
+        let mut clocks: Vec<Option<f64>> = vec![None; devices.len()];
+        for (g, device) in devices.iter_mut().enumerate() {
             let Some(seen) = page.devices.get(&device.key) else {
                 if !device.missing {
                     warn!(
-                        gpu = %self.inventory[g].uuid,
+                        gpu = %infos[g].uuid,
                         url = %self.url,
                         "GPU missing from the dcgm-exporter page; no readings until it returns"
                     );
@@ -471,15 +532,20 @@ impl GpuSource for DcgmExporterSource {
                 continue;
             };
             if device.missing {
-                info!(gpu = %self.inventory[g].uuid, "GPU back on the dcgm-exporter page");
+                info!(gpu = %infos[g].uuid, "GPU back on the dcgm-exporter page");
                 device.missing = false;
             }
-            let uuid = &self.inventory[g].uuid;
-            let readings = map_fields(&seen.fields);
+            let uuid = &infos[g].uuid;
+            let mut readings = map_fields(&seen.fields);
             clocks[g] = readings
                 .iter()
                 .find(|r| r.metric == m::SM_CLOCK_MHZ)
                 .map(|r| r.value);
+            if infos[g].mig.is_card() {
+                // Its compute activity is its instances' (a `-d g,i` page
+                // also has the card's aggregate): counted once, there.
+                readings.retain(|r| !super::INSTANCE_ACTIVITY.contains(&r.metric));
+            }
             if let Some(&xid) = seen.fields.get(XID_FIELD) {
                 if device.last_xid.replace(xid) != Some(xid) && xid != 0.0 {
                     let code = xid as i64;
@@ -492,8 +558,17 @@ impl GpuSource for DcgmExporterSource {
                     });
                 }
             }
-            if let (1, Some(owner)) = (seen.owners.len(), seen.owners.first()) {
-                jobs.push(assignment(uuid, owner));
+            // Several owners (time-slicing): each listed with an even
+            // share, since the page has no per-process figure.
+            let shares: Vec<Option<Share>> = match seen.owners.len() {
+                0 | 1 => vec![None],
+                n => Share::equal(n).into_iter().map(Some).collect(),
+            };
+            for (owner, share) in seen.owners.iter().zip(shares) {
+                jobs.push(JobAssignment {
+                    share,
+                    ..assignment(uuid, owner)
+                });
             }
             gpus.push(GpuCapture {
                 gpu: g,
@@ -504,7 +579,7 @@ impl GpuSource for DcgmExporterSource {
         // A MIG instance without its own SM clock gets its parent's.
         for capture in &mut gpus {
             let has_clock = capture.readings.iter().any(|r| r.metric == m::SM_CLOCK_MHZ);
-            let parent = self.devices.get(capture.gpu).and_then(|d| d.parent);
+            let parent = devices.get(capture.gpu).and_then(|d| d.parent);
             if let (false, Some(Some(clock))) = (has_clock, parent.and_then(|p| clocks.get(p))) {
                 capture.readings.push(Reading::new(m::SM_CLOCK_MHZ, *clock));
             }
@@ -533,6 +608,7 @@ fn assignment(gpu_uuid: &str, o: &Owner) -> JobAssignment {
         container: o.container.clone(),
         hpc_job: o.hpc_job.clone(),
         since_ms: 0,
+        share: None,
     }
 }
 
@@ -656,7 +732,7 @@ mod tests {
         assert!(!is_blank(140_737_488_355_000.0));
         assert!(!is_blank(1410.0));
         let page = parse(
-            "DCGM_FI_DEV_MEMORY_TEMP{gpu=\"0\",UUID=\"GPU-a\"} 9223372036854775794\n\
+            "DCGM_FI_DEV_VGPU_LICENSE_STATUS{gpu=\"0\",UUID=\"GPU-a\"} 9223372036854775794\n\
              DCGM_FI_DEV_GPU_TEMP{gpu=\"0\",UUID=\"GPU-a\"} 9223372036854775794\n\
              DCGM_FI_DEV_POWER_USAGE{gpu=\"0\",UUID=\"GPU-a\"} NaN\n\
              DCGM_FI_DEV_SM_CLOCK{gpu=\"0\",UUID=\"GPU-a\"} 1410\n\
@@ -671,7 +747,7 @@ mod tests {
         // Only GPU samples count as ignored fields.
         assert_eq!(
             page.unknown.iter().collect::<Vec<_>>(),
-            ["DCGM_FI_DEV_MEMORY_TEMP"]
+            ["DCGM_FI_DEV_VGPU_LICENSE_STATUS"]
         );
     }
 
@@ -687,11 +763,58 @@ mod tests {
         let (inv, devices) = inventory(&group(&page));
         let uuids: Vec<_> = inv.iter().map(|g| g.uuid.as_str()).collect();
         assert_eq!(uuids, ["GPU-a", "GPU-b", "MIG-GPU-b/2", "MIG-GPU-b/10"]);
-        assert_eq!(inv[2].mig_parent_uuid.as_deref(), Some("GPU-b"));
+        assert_eq!(
+            inv[2].mig,
+            Mig::Instance(MigInstance {
+                parent_uuid: "GPU-b".into(),
+                gpu_instance_id: 2,
+                compute_instance_id: 0,
+                profile: "3g.40gb".into(),
+            })
+        );
         assert_eq!(inv[2].index, 1);
         assert_eq!(inv[2].model, "NVIDIA A100-SXM4-80GB");
         assert_eq!(devices[2].parent, Some(1));
         assert_eq!(devices[1].parent, None);
+        // GPU-b's row is a card counted through its instances; GPU-a is
+        // whole.
+        assert_eq!(
+            (inv[0].mig.clone(), inv[1].mig.clone()),
+            (Mig::Off, Mig::Card)
+        );
+    }
+
+    #[test]
+    fn the_listing_only_grows_and_updates_in_place() {
+        let row = |gi: Option<(&str, &str)>| {
+            match gi {
+            None => "DCGM_FI_DEV_SM_CLOCK{gpu=\"0\",UUID=\"GPU-a\"} 1410\n".to_string(),
+            Some((id, p)) => format!(
+                "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{gpu=\"0\",UUID=\"GPU-a\",GPU_I_PROFILE=\"{p}\",GPU_I_ID=\"{id}\"}} 0.5\n"
+            ),
+        }
+        };
+        let mut listing = Listing::default();
+        let page = |rows: &[String]| group(&parse(&rows.concat()).unwrap());
+        assert_eq!(listing.extend(&page(&[row(None)])), ["GPU-a"]);
+        assert_eq!(listing.infos[0].mig, Mig::Off);
+        // An instance is created: appended, and the GPU becomes a card.
+        let added = listing.extend(&page(&[row(None), row(Some(("7", "1g.10gb")))]));
+        assert_eq!(added, ["MIG-GPU-a/7"]);
+        assert_eq!(listing.infos[0].mig, Mig::Card);
+        assert_eq!(listing.devices[1].parent, Some(0));
+        // Destroyed and created again with another profile: same entry,
+        // updated; a second instance is appended after it.
+        assert!(listing.extend(&page(&[row(None)])).is_empty());
+        let added = listing.extend(&page(&[
+            row(None),
+            row(Some(("1", "3g.40gb"))),
+            row(Some(("7", "2g.20gb"))),
+        ]));
+        assert_eq!(added, ["MIG-GPU-a/1"]);
+        let uuids: Vec<_> = listing.infos.iter().map(|g| g.uuid.as_str()).collect();
+        assert_eq!(uuids, ["GPU-a", "MIG-GPU-a/7", "MIG-GPU-a/1"]);
+        assert_eq!(listing.infos[1].mig.instance().unwrap().profile, "2g.20gb");
     }
 
     #[test]
