@@ -18,7 +18,7 @@
 //! was opened) are matched by UUID when they appear, and a MIG card
 //! ([`Mig::Card`](flopwatch_proto::model::Mig::Card)) is never given the
 //! compute activity its instances carry
-//! ([`INSTANCE_ACTIVITY`](super::INSTANCE_ACTIVITY)).
+//! ([`INSTANCE_ACTIVITY`]).
 
 use super::dcgm::DcgmExporterSource;
 use super::{GpuSource, SourceError, INSTANCE_ACTIVITY};

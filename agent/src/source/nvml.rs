@@ -79,7 +79,7 @@
 //!   (power, temperature and memory temperature, memory, clocks, ECC and
 //!   remapped rows, energy, video engines, NVLink and PCIe, events and the
 //!   last XID) but reports none of
-//!   [`INSTANCE_ACTIVITY`](super::INSTANCE_ACTIVITY) (tensor activity,
+//!   [`INSTANCE_ACTIVITY`] (tensor activity,
 //!   graphics-engine activity and the other pipe metrics, GPU
 //!   utilization): its
 //!   compute counts once, through its instances. MIG mode and devices are
