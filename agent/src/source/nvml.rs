@@ -1006,7 +1006,16 @@ fn read_gpu(gpu: &mut Gpu, windowed: bool, out: &mut Out<'_>) {
                 out.failed("nvmlDeviceGetComputeRunningProcesses_v3", &e);
             }
         }
-        read_process_util(gpu, out);
+        // Shares matter only where two processes (so maybe two owners)
+        // run: a GPU with one reads no per-process figures, and its first
+        // window starts when a second process appears.
+        if gpu.pids.len() >= 2 {
+            read_process_util(gpu, out);
+        } else {
+            gpu.proc_util_read = false;
+            gpu.proc_util_us = None;
+            gpu.proc_util.clear();
+        }
     }
 }
 
