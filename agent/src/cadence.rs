@@ -29,7 +29,8 @@ use std::time::Duration;
 /// Metrics read once per period: every counter of the catalog, the NVLink
 /// link state (read in the same loop over the links as the NVLink error
 /// counters, so one without the other saves nothing), the InfiniBand port
-/// state and rate, and the host's CPU and memory.
+/// state and rate, the host's CPU and memory, and the row-remap failure
+/// flag (read in the same call as the remapped-row counters).
 pub fn is_slow(metric: &str) -> bool {
     matches!(
         metric,
@@ -39,6 +40,7 @@ pub fn is_slow(metric: &str) -> bool {
             | m::HOST_CPU_UTIL
             | m::HOST_CPU_FREQ_MHZ
             | m::HOST_MEM_AVAILABLE_BYTES
+            | m::ROW_REMAP_FAILURE
     ) || m::lookup(metric).is_some_and(|d| d.aggregation == Aggregation::Counter)
 }
 
