@@ -29,8 +29,12 @@ use std::time::Duration;
 /// Metrics read once per period: every counter of the catalog, the NVLink
 /// link state (read in the same loop over the links as the NVLink error
 /// counters, so one without the other saves nothing), the InfiniBand port
-/// state and rate, the host's CPU and memory, and the row-remap failure
-/// flag (read in the same call as the remapped-row counters).
+/// state and rate, the host's CPU and memory, the row-remap failure flag
+/// (read in the same call as the remapped-row counters), and what
+/// dcgm-exporter's page shows for context rather than for OFU: memory
+/// temperature, reserved framebuffer (fixed by the driver), and the
+/// encoder's and decoder's use (the driver's own averages over its
+/// sampling period).
 pub fn is_slow(metric: &str) -> bool {
     matches!(
         metric,
@@ -41,6 +45,10 @@ pub fn is_slow(metric: &str) -> bool {
             | m::HOST_CPU_FREQ_MHZ
             | m::HOST_MEM_AVAILABLE_BYTES
             | m::ROW_REMAP_FAILURE
+            | m::MEMORY_TEMP_C
+            | m::MEM_RESERVED_BYTES
+            | m::ENC_UTIL
+            | m::DEC_UTIL
     ) || m::lookup(metric).is_some_and(|d| d.aggregation == Aggregation::Counter)
 }
 
