@@ -236,7 +236,8 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
                     let i = g.info.clone().unwrap_or_default();
                     json!({"uuid": i.uuid, "model": i.model, "index": i.index, "node_id": g.node_id, "tenant": g.tenant, "job_id": g.job_id,
                            "driver_version": i.driver_version, "gpm_supported": i.gpm_supported,
-                           "sm_count": i.sm_count, "max_sm_clock_mhz": i.max_sm_clock_mhz})
+                           "sm_count": i.sm_count, "max_sm_clock_mhz": i.max_sm_clock_mhz,
+                           "mig": mig_json(&i), "shares": shares_json(&g.shares)})
                 }).collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -248,13 +249,13 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
                     ("JOB", Align::Left),
                 ]);
                 for g in r.gpus {
-                    let i = g.info.unwrap_or_default();
+                    let i = g.info.clone().unwrap_or_default();
                     t.row(vec![
-                        i.uuid,
-                        i.model,
-                        g.node_id,
+                        i.uuid.clone(),
+                        model_cell(&i),
+                        g.node_id.clone(),
                         i.index.to_string(),
-                        g.job_id,
+                        job_cell(&g),
                     ]);
                 }
                 t.print();
@@ -414,6 +415,64 @@ fn ago(now_ms: i64, t_ms: i64) -> String {
     format!("{}s ago", (now_ms - t_ms) / 1000)
 }
 
+/// A GPU's model, with its MIG profile for an instance (`NVIDIA H100 80GB
+/// HBM3 (MIG 3g.40gb)`) and `(MIG card)` for a card counted through its
+/// instances.
+fn model_cell(i: &v1::GpuInfo) -> String {
+    if !i.mig_parent_uuid.is_empty() {
+        let profile = if i.mig_profile.is_empty() {
+            format!("GI {}", i.gpu_instance_id)
+        } else {
+            i.mig_profile.clone()
+        };
+        format!("{} (MIG {profile})", i.model)
+    } else if i.mig_enabled {
+        format!("{} (MIG card)", i.model)
+    } else {
+        i.model.clone()
+    }
+}
+
+/// A GPU's job, or the jobs sharing it with their apportioned shares
+/// (`a 70% sm_util, b 30% sm_util`).
+fn job_cell(g: &v1::GpuEntry) -> String {
+    if g.shares.is_empty() {
+        return g.job_id.clone();
+    }
+    g.shares
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {:.0}% {}",
+                s.job_id,
+                f64::from(s.share_ppm) / 1e4,
+                s.split
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A GPU's MIG identity as JSON: `null` for a whole GPU.
+fn mig_json(i: &v1::GpuInfo) -> serde_json::Value {
+    if !i.mig_parent_uuid.is_empty() {
+        json!({"parent_uuid": i.mig_parent_uuid, "gpu_instance_id": i.gpu_instance_id,
+               "compute_instance_id": i.compute_instance_id, "profile": i.mig_profile})
+    } else if i.mig_enabled {
+        json!({"card": true})
+    } else {
+        serde_json::Value::Null
+    }
+}
+
+/// A shared GPU's jobs and their apportioned shares as JSON.
+fn shares_json(shares: &[v1::JobShare]) -> serde_json::Value {
+    shares
+        .iter()
+        .map(|s| json!({"job_id": s.job_id, "share": f64::from(s.share_ppm) / 1e6, "split": s.split}))
+        .collect()
+}
+
 /// The scope of an OFU query as plain fields, named as in the other JSON
 /// outputs: `{"kind": "gpu", "gpu_uuid": "GPU-…"}`, `{"kind": "job",
 /// "job_id": …}`, `{"kind": "node", "node_id": …}`, `{"kind": "tenant",
@@ -432,6 +491,46 @@ fn scope_json(scope: &ofu_request::Scope) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mig_instances_and_shared_gpus_say_so() {
+        let whole = v1::GpuInfo {
+            model: "NVIDIA A100-SXM4-80GB".into(),
+            ..Default::default()
+        };
+        assert_eq!(model_cell(&whole), "NVIDIA A100-SXM4-80GB");
+        assert_eq!(mig_json(&whole), serde_json::Value::Null);
+        let instance = v1::GpuInfo {
+            mig_parent_uuid: "GPU-1".into(),
+            gpu_instance_id: 2,
+            mig_profile: "3g.40gb".into(),
+            ..whole.clone()
+        };
+        assert_eq!(model_cell(&instance), "NVIDIA A100-SXM4-80GB (MIG 3g.40gb)");
+        assert_eq!(mig_json(&instance)["profile"], "3g.40gb");
+        let card = v1::GpuInfo {
+            mig_enabled: true,
+            ..whole
+        };
+        assert_eq!(model_cell(&card), "NVIDIA A100-SXM4-80GB (MIG card)");
+        let shared = v1::GpuEntry {
+            shares: vec![
+                v1::JobShare {
+                    job_id: "a".into(),
+                    share_ppm: 700_000,
+                    split: "sm_util".into(),
+                },
+                v1::JobShare {
+                    job_id: "b".into(),
+                    share_ppm: 300_000,
+                    split: "sm_util".into(),
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(job_cell(&shared), "a 70% sm_util, b 30% sm_util");
+        assert_eq!(shares_json(&shared.shares)[1]["share"], 0.3);
+    }
 
     #[test]
     fn scopes_are_plain_fields() {
