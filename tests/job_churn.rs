@@ -348,29 +348,6 @@ async fn jobs_end_inputs_go_quiet_and_per_job_ofu_stays_true() {
     }
 }
 
-/// An agent scraping the dcgm-exporter page at `url` every 200 ms into
-/// `collector`.
-async fn dcgm_agent(url: String, collector: &TestCollector, clock: Arc<TokioClock>) -> Agent {
-    let source = tokio::task::spawn_blocking(move || {
-        flopwatch_agent::source::dcgm::DcgmExporterSource::open_with_timeout(
-            &url,
-            Duration::from_secs(2),
-        )
-    })
-    .await
-    .unwrap()
-    .expect("exporter answers");
-    Agent::start(
-        Box::new(source),
-        Box::new(FixedSampler::new(Duration::from_millis(200))),
-        AgentOptions::new(
-            NodeIdentity::named("node-7", "boot"),
-            vec![collector.url.clone()],
-        ),
-        clock,
-    )
-}
-
 /// One H100 GPU of a page, with the pod while it runs.
 fn gpu(tensor: f64, pod: Option<&str>) -> dcgm::PageGpu {
     dcgm::PageGpu {
@@ -396,7 +373,7 @@ async fn a_pod_that_ends_on_a_dcgm_exporter_page_lets_go_of_its_gpu() {
         Some("llm-0"),
     )])));
     let url = dcgm::serve(page.clone()).await;
-    let agent = dcgm_agent(url, &collector, clock.clone()).await;
+    let agent = dcgm::agent(url, "node-7", &collector.url, None, clock.clone()).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let ended = clock.now_ms();
     *page.lock().unwrap() = dcgm::page(&[gpu(0.0, None)]);
@@ -474,7 +451,7 @@ async fn h100_pcie_and_nvl_pages_use_their_own_peak_clock() {
         })
         .collect();
     let url = dcgm::serve(Arc::new(std::sync::Mutex::new(dcgm::page(&gpus)))).await;
-    let agent = dcgm_agent(url, &collector, clock.clone()).await;
+    let agent = dcgm::agent(url, "node-7", &collector.url, None, clock.clone()).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let ofu = scrape(&collector, "flopwatch_ofu_ratio");
     assert_eq!(ofu.len(), models.len(), "{ofu:?}");

@@ -132,26 +132,14 @@ fn page(layout: Layout, instances: &[Instance]) -> String {
 }
 
 async fn agent(url: String, collector: &TestCollector, clock: Arc<TokioClock>) -> Agent {
-    let source = tokio::task::spawn_blocking(move || {
-        flopwatch_agent::source::dcgm::DcgmExporterSource::open_with_timeout(
-            &url,
-            Duration::from_secs(2),
-        )
-    })
-    .await
-    .unwrap()
-    .expect("exporter answers");
-    let mut opts = AgentOptions::new(
-        NodeIdentity::named("node-7", "boot"),
-        vec![collector.url.clone()],
-    );
-    opts.flush_interval = Duration::from_millis(300);
-    Agent::start(
-        Box::new(source),
-        Box::new(FixedSampler::new(Duration::from_millis(200))),
-        opts,
+    dcgm::agent(
+        url,
+        "node-7",
+        &collector.url,
+        Some(Duration::from_millis(300)),
         clock,
     )
+    .await
 }
 
 /// Σ share × OFU / Σ share over `instances` (OFU = tensor activity at the

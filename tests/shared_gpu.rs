@@ -53,26 +53,14 @@ async fn a_time_sliced_gpu_shows_both_pods_with_ofu_apportioned() {
     let collector = anonymous_collector(dir.path(), clock.clone()).await;
     let url = dcgm::serve(Arc::new(Mutex::new(page()))).await;
     let start = clock.now_ms();
-    let source = tokio::task::spawn_blocking(move || {
-        flopwatch_agent::source::dcgm::DcgmExporterSource::open_with_timeout(
-            &url,
-            Duration::from_secs(2),
-        )
-    })
-    .await
-    .unwrap()
-    .expect("exporter answers");
-    let mut opts = AgentOptions::new(
-        NodeIdentity::named("node-9", "boot"),
-        vec![collector.url.clone()],
-    );
-    opts.flush_interval = Duration::from_millis(300);
-    let agent = Agent::start(
-        Box::new(source),
-        Box::new(FixedSampler::new(Duration::from_millis(200))),
-        opts,
+    let agent = dcgm::agent(
+        url,
+        "node-9",
+        &collector.url,
+        Some(Duration::from_millis(300)),
         clock.clone(),
-    );
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     // /metrics while the agent runs: both shares, and each job's OFU its

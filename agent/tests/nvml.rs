@@ -3,38 +3,18 @@
 //! real driver. The fake's clock is frozen, so every window is exact and
 //! the readings can be compared with the simulator's ground truth.
 //!
-//! All tests share the one library this process loads: they hold `DRIVER`.
+//! All tests share the one library this process loads: each holds it
+//! through [`fake::driver`] (`tests/fake`).
 
 use flopwatch_agent::source::nvml::NvmlSource;
-use flopwatch_agent::source::{Capture, GpuSource, SourceError};
-use flopwatch_fake_nvml::{control, library_path};
+use flopwatch_agent::source::{GpuSource, SourceError};
+use flopwatch_fake_nvml::control;
 use flopwatch_proto::metrics as m;
 use flopwatch_sim::{FleetPlan, SimModel};
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::path::Path;
 
-static DRIVER: Mutex<()> = Mutex::new(());
-
-/// Fleet start used by every test.
-const T0: i64 = 1_700_000_000_000;
-
-/// Takes the library for one test, configured with `spec` and its clock
-/// frozen at `now`; returns its path.
-fn driver(spec: &str, now: i64) -> (MutexGuard<'static, ()>, PathBuf) {
-    let guard = DRIVER.lock().unwrap_or_else(PoisonError::into_inner);
-    let path = library_path().expect("the fake NVML library is built next to this test");
-    control::set_time_ms(now).unwrap();
-    control::configure(&format!("start_ms={T0},{spec}")).unwrap();
-    (guard, path)
-}
-
-fn value(c: &Capture, gpu: usize, metric: &str) -> Option<f64> {
-    c.gpus[gpu]
-        .readings
-        .iter()
-        .find(|r| r.metric == metric)
-        .map(|r| r.value)
-}
+mod fake;
+use fake::{driver, value, T0};
 
 #[test]
 fn inventory_lists_the_simulated_h100s() {

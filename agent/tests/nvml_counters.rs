@@ -6,62 +6,21 @@
 //! derives from the simulator (`flopwatch_fake_nvml::derived`) or is
 //! configured with.
 //!
-//! All tests share the one library this process loads: they hold `DRIVER`.
+//! All tests share the one library this process loads: each holds it
+//! through [`fake::driver`] (`tests/fake`).
 
 use flopwatch_agent::source::nvml::NvmlSource;
-use flopwatch_agent::source::{Capture, GpuSource, INSTANCE_ACTIVITY};
+use flopwatch_agent::source::{GpuSource, INSTANCE_ACTIVITY};
 use flopwatch_agent::ReadPlan;
-use flopwatch_fake_nvml::config::FakeConfig;
+use flopwatch_fake_nvml::control;
 use flopwatch_fake_nvml::derived;
-use flopwatch_fake_nvml::mig::MigNode;
-use flopwatch_fake_nvml::{control, library_path};
 use flopwatch_proto::metrics as m;
-use flopwatch_sim::{FleetPlan, SimModel};
-use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
-static DRIVER: Mutex<()> = Mutex::new(());
-
-/// Fleet start used by every test.
-const T0: i64 = 1_700_000_000_000;
+mod fake;
+use fake::{capture_at, driver, truth, value, T0};
 
 /// What the fake's `nvmlDeviceGetMemoryInfo_v2` reserves.
 const RESERVED: f64 = (512u64 << 20) as f64;
-
-/// Takes the library for one test, configured with `spec` and its clock
-/// frozen at `now`; returns its path.
-fn driver(spec: &str, now: i64) -> (MutexGuard<'static, ()>, PathBuf) {
-    let guard = DRIVER.lock().unwrap_or_else(PoisonError::into_inner);
-    let path = library_path().expect("the fake NVML library is built next to this test");
-    control::set_time_ms(now).unwrap();
-    control::configure(&format!("start_ms={T0},{spec}")).unwrap();
-    (guard, path)
-}
-
-/// The simulated node and MIG layouts the fake answers from for `spec`.
-fn truth(spec: &str) -> (SimModel, MigNode) {
-    let c = FakeConfig::parse(&format!("start_ms={T0},{spec}")).unwrap();
-    let fleet = FleetPlan::new(c.nodes, c.gpus, c.regress_after_ms);
-    (
-        SimModel::new(&fleet, c.node, T0, c.seed),
-        MigNode::new(&c, T0),
-    )
-}
-
-fn capture_at(source: &mut NvmlSource, t: i64) -> Capture {
-    control::set_time_ms(t).unwrap();
-    source.capture(t).unwrap()
-}
-
-fn value(c: &Capture, gpu: usize, metric: &str) -> Option<f64> {
-    c.gpus
-        .iter()
-        .find(|g| g.gpu == gpu)?
-        .readings
-        .iter()
-        .find(|r| r.metric == metric)
-        .map(|r| r.value)
-}
 
 fn close(got: Option<f64>, want: f64, what: &str) {
     let got = got.unwrap_or_else(|| panic!("{what}: no reading"));

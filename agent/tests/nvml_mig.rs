@@ -5,63 +5,21 @@
 //! truth), the card leaves its compute to its instances, and a
 //! reconfiguration is followed without reopening the source.
 //!
-//! All tests share the one library this process loads: they hold `DRIVER`.
+//! All tests share the one library this process loads: each holds it
+//! through [`fake::driver`] (`tests/fake`).
 
 use flopwatch_agent::source::nvml::NvmlSource;
 use flopwatch_agent::source::{Capture, GpuSource, INSTANCE_ACTIVITY};
-use flopwatch_fake_nvml::config::{ConfigError, FakeConfig};
+use flopwatch_fake_nvml::config::ConfigError;
 use flopwatch_fake_nvml::control::{self, ControlError};
-use flopwatch_fake_nvml::library_path;
-use flopwatch_fake_nvml::mig::MigNode;
 use flopwatch_proto::metrics as m;
 use flopwatch_proto::model::{GpuInfo, Mig, MigInstance};
-use flopwatch_sim::{FleetPlan, SimModel};
-use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
-static DRIVER: Mutex<()> = Mutex::new(());
-
-/// Fleet start used by every test.
-const T0: i64 = 1_700_000_000_000;
+mod fake;
+use fake::{capture_at, driver, truth, value, T0};
 
 /// Two MIG cards and a whole GPU.
 const LAYOUT: &str = "gpus=3,seed=5,mig_layout=0:3g.40gb+4g.40gb;1:1g.10gb*7";
-
-/// Takes the library for one test, configured with `spec` and its clock
-/// frozen at `now`; returns its path.
-fn driver(spec: &str, now: i64) -> (MutexGuard<'static, ()>, PathBuf) {
-    let guard = DRIVER.lock().unwrap_or_else(PoisonError::into_inner);
-    let path = library_path().expect("the fake NVML library is built next to this test");
-    control::set_time_ms(now).unwrap();
-    control::configure(&format!("start_ms={T0},{spec}")).unwrap();
-    (guard, path)
-}
-
-/// What the fake answers with for `spec`: the simulated node and its MIG
-/// layouts.
-fn truth(spec: &str) -> (SimModel, MigNode) {
-    let c = FakeConfig::parse(&format!("start_ms={T0},{spec}")).unwrap();
-    let fleet = FleetPlan::new(c.nodes, c.gpus, c.regress_after_ms);
-    (
-        SimModel::new(&fleet, c.node, T0, c.seed),
-        MigNode::new(&c, T0),
-    )
-}
-
-fn capture_at(source: &mut NvmlSource, t: i64) -> Capture {
-    control::set_time_ms(t).unwrap();
-    source.capture(t).unwrap()
-}
-
-fn value(c: &Capture, gpu: usize, metric: &str) -> Option<f64> {
-    c.gpus
-        .iter()
-        .find(|g| g.gpu == gpu)?
-        .readings
-        .iter()
-        .find(|r| r.metric == metric)
-        .map(|r| r.value)
-}
 
 fn has_readings(c: &Capture, gpu: usize) -> bool {
     c.gpus
@@ -413,7 +371,7 @@ fn a_reconfiguration_is_followed_without_reopening() {
 
 #[test]
 fn a_bad_layout_is_refused_naming_its_key() {
-    let _guard = DRIVER.lock().unwrap_or_else(PoisonError::into_inner);
+    let _guard = fake::hold();
     for (spec, key) in [
         ("mig_layout=0:9g.90gb", "mig_layout"),
         ("mig_layout=0:4g.40gb+4g.40gb", "mig_layout"),

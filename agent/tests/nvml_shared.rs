@@ -5,23 +5,23 @@
 //! window, as the fake's ground truth (`flopwatch_fake_nvml::share`) has it
 //! up to the driver's rounding to whole percents.
 //!
-//! All tests share the one library this process loads: they hold `DRIVER`.
+//! All tests share the one library this process loads: each holds it
+//! through [`fake::driver`] (`tests/fake`).
 
 use flopwatch_agent::source::nvml::NvmlSource;
 use flopwatch_agent::source::GpuSource;
 use flopwatch_agent::ReadPlan;
+use flopwatch_fake_nvml::control;
 use flopwatch_fake_nvml::share::process_sm_util;
-use flopwatch_fake_nvml::{control, library_path};
 use flopwatch_proto::metrics as m;
 use flopwatch_sim::{FleetPlan, SimModel};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::MutexGuard;
 
-static DRIVER: Mutex<()> = Mutex::new(());
+mod fake;
+use fake::T0;
 
-/// Fleet start used by every test.
-const T0: i64 = 1_700_000_000_000;
 /// GPUs of the fake node.
 const GPUS: usize = 4;
 /// The two processes time-slicing the shared GPU: (PID, percent).
@@ -33,11 +33,7 @@ const ROUNDING: f64 = 0.5 + 1e-9;
 /// Takes the library for one test, configured with `spec` and its clock
 /// frozen at `now`; returns its path.
 fn driver(spec: &str, now: i64) -> (MutexGuard<'static, ()>, PathBuf) {
-    let guard = DRIVER.lock().unwrap_or_else(PoisonError::into_inner);
-    let path = library_path().expect("the fake NVML library is built next to this test");
-    control::set_time_ms(now).unwrap();
-    control::configure(&format!("start_ms={T0},gpus={GPUS},seed=1,{spec}")).unwrap();
-    (guard, path)
+    fake::driver(&format!("gpus={GPUS},seed=1,{spec}"), now)
 }
 
 fn model() -> SimModel {

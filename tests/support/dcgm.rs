@@ -4,8 +4,12 @@
 //! 127.0.0.1 and changed while the test runs; and a collector's `/metrics`
 //! read in-process.
 
+use flopwatch_agent::{Agent, AgentOptions, FixedSampler};
 use flopwatch_collector::Collector;
+use flopwatch_proto::clock::Clock;
+use flopwatch_proto::model::NodeIdentity;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// One GPU of a page.
 #[derive(Debug, Clone)]
@@ -105,4 +109,38 @@ pub fn scrape(c: &Arc<Collector>, family: &str) -> Vec<(String, f64)> {
             Some((labels.to_string(), v.parse().ok()?))
         })
         .collect()
+}
+
+/// An agent, node `node`, scraping the dcgm-exporter page at `url` every
+/// 200 ms into the collector at `collector`, cutting a batch every `flush`
+/// (the agent's default when `None`).
+pub async fn agent(
+    url: String,
+    node: &str,
+    collector: &str,
+    flush: Option<Duration>,
+    clock: Arc<dyn Clock>,
+) -> Agent {
+    let source = tokio::task::spawn_blocking(move || {
+        flopwatch_agent::source::dcgm::DcgmExporterSource::open_with_timeout(
+            &url,
+            Duration::from_secs(2),
+        )
+    })
+    .await
+    .expect("the open task")
+    .expect("exporter answers");
+    let mut opts = AgentOptions::new(
+        NodeIdentity::named(node, "boot"),
+        vec![collector.to_string()],
+    );
+    if let Some(f) = flush {
+        opts.flush_interval = f;
+    }
+    Agent::start(
+        Box::new(source),
+        Box::new(FixedSampler::new(Duration::from_millis(200))),
+        opts,
+        clock,
+    )
 }
