@@ -682,18 +682,21 @@ async fn a_wrong_password_is_a_4xx_counted_and_not_retried() {
     collector.stop().await;
 }
 
-/// `flopwatch bench ingest --peer prometheus`, small and short: both
-/// systems accepted samples, and the ratio printed is the quotient of the
-/// two rates printed (within their rounding).
+/// `flopwatch bench ingest --peer prometheus,victoria-metrics`, small and
+/// short: the three systems accepted samples (each peer's own count of
+/// what it stored equal to what it answered 2xx for), and each ratio
+/// printed is the quotient of the two rates printed (within their
+/// rounding).
 #[test]
 fn bench_ingest_against_prometheus_prints_both_rates_and_their_ratio() {
     tool("prometheus");
+    tool("victoria-metrics");
     let out = Command::new(flopwatch_tests::flopwatch_bin())
         .args([
             "bench",
             "ingest",
             "--peer",
-            "prometheus",
+            "prometheus,victoria-metrics",
             "--duration",
             "2s",
         ])
@@ -708,30 +711,52 @@ fn bench_ingest_against_prometheus_prints_both_rates_and_their_ratio() {
         "{}\n{text}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let row = text
-        .lines()
-        .find(|l| l.starts_with("| ingest, samples/s accepted |"))
-        .unwrap_or_else(|| panic!("no ingest row in:\n{text}"));
-    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    let row = |peer: &str| -> Vec<String> {
+        let prefix = format!("| ingest, samples/s accepted, against {peer}");
+        text.lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no {peer} row in:\n{text}"))
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
     let number = |s: &str| -> f64 {
         s.replace(',', "")
             .trim_end_matches('×')
             .parse()
-            .unwrap_or_else(|e| panic!("`{s}` in `{row}`: {e}"))
+            .unwrap_or_else(|e| panic!("`{s}`: {e}"))
     };
-    let (ours, theirs, ratio) = (number(cells[2]), number(cells[3]), number(cells[4]));
-    assert!(ours > 0.0 && theirs > 0.0, "{row}");
-    // Rates print rounded to a sample, the ratio to 0.01.
-    assert!(
-        (ours / theirs - ratio).abs() <= 0.005 + ratio * 1e-3,
-        "{ours} / {theirs} is not {ratio}: {row}"
-    );
-    // Each rate is the one its own run reported.
-    for (prefix, rate) in [("acked ", ours), ("accepted ", theirs)] {
-        let line = text
-            .lines()
+    let mut rates = Vec::new();
+    for peer in ["Prometheus", "VictoriaMetrics"] {
+        let cells = row(peer);
+        let (ours, theirs, ratio) = (number(&cells[2]), number(&cells[3]), number(&cells[4]));
+        assert!(ours > 0.0 && theirs > 0.0, "{cells:?}");
+        // Rates print rounded to a sample, the ratio to 0.01.
+        assert!(
+            (ours / theirs - ratio).abs() <= 0.005 + ratio * 1e-3,
+            "{ours} / {theirs} is not {ratio}: {cells:?}"
+        );
+        rates.push((ours, theirs));
+    }
+    let (ours, theirs) = rates[0];
+    let row = format!("{rates:?}");
+    // VictoriaMetrics' own rate line: the second `accepted` line.
+    let vm_line = text
+        .lines()
+        .filter(|l| l.starts_with("accepted "))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no VictoriaMetrics rate line in:\n{text}"));
+    assert!(vm_line.contains("rows inserted"), "{vm_line}");
+    let first = |prefix: &str| {
+        text.lines()
             .find(|l| l.starts_with(prefix))
-            .unwrap_or_else(|| panic!("no `{prefix}` line in:\n{text}"));
+            .unwrap_or_else(|| panic!("no `{prefix}` line in:\n{text}"))
+    };
+    for (line, rate) in [
+        (first("acked "), ours),
+        (first("accepted "), theirs),
+        (vm_line, rates[1].1),
+    ] {
         let printed: f64 = line
             .split(" = ")
             .nth(1)

@@ -151,6 +151,12 @@ fn config(dir: &Path, ts: &[Tenant], tls: ServerTls, removable: bool) -> Collect
         tenants,
         admin_tokens_sha256: vec![digest(ADMIN)],
         tls: Some(tls),
+        // Three tenants of one GPU each: a tenant's page lists its GPU,
+        // the provider's (three GPUs) is bounded.
+        exporter: flopwatch_config::ExporterConfig {
+            max_gpus: 2,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -623,13 +629,18 @@ async fn no_byte_crosses_tenants_for_any_rpc_or_credential() {
 
 /// A `/metrics` scrape over TLS presenting `h`: the status and the page.
 async fn scrape(env: &Env, h: &Header) -> (u16, String) {
+    scrape_with(env, h, "").await
+}
+
+/// [`scrape`] of `/metrics{query}`.
+async fn scrape_with(env: &Env, h: &Header, query: &str) -> (u16, String) {
     let ca = std::fs::read(env.good.ca_file()).unwrap();
     let http = reqwest::Client::builder()
         .tls_built_in_root_certs(false)
         .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
         .build()
         .unwrap();
-    let mut req = http.get(&env.server.metrics_url);
+    let mut req = http.get(format!("{}{query}", env.server.metrics_url));
     match h {
         Header::None => {}
         Header::Raw(v) => req = req.header("authorization", *v),
@@ -707,9 +718,30 @@ async fn metrics_page_shows_each_token_only_its_tenants_series() {
         let found = page_leaks(&page, &others(ts, me));
         assert!(found.is_empty(), "{} sees {found:?}", me.name);
     }
-    // The provider sees every tenant.
+    // The provider's scope holds three GPUs, more than `max_gpus`: its
+    // default page keeps node and job figures, leaves the GPU families
+    // off and says so; `gpus=all` lists every tenant's GPUs.
     let (status, page) = scrape(&env, &Header::Bearer(ADMIN.into())).await;
     assert_eq!(status, 200);
+    let omitted = |page: &str| -> f64 {
+        page.lines()
+            .find_map(|l| l.strip_prefix("flopwatch_exporter_gpus_omitted"))
+            .and_then(|v| v.trim_start_matches("{}").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no omitted count:\n{page}"))
+    };
+    assert_eq!(omitted(&page), 3.0);
+    assert!(!page.contains("flopwatch_gpu_power_watts{"), "{page}");
+    for t in ts {
+        assert!(
+            page.lines()
+                .any(|l| l.starts_with("flopwatch_node_ofu_ratio{") && l.contains(&t.node)),
+            "provider's bounded page misses {}'s node",
+            t.name
+        );
+    }
+    let (status, page) = scrape_with(&env, &Header::Bearer(ADMIN.into()), "?gpus=all").await;
+    assert_eq!(status, 200);
+    assert_eq!(omitted(&page), 0.0);
     for t in ts {
         assert!(
             page.lines()
@@ -718,6 +750,26 @@ async fn metrics_page_shows_each_token_only_its_tenants_series() {
             t.name
         );
     }
+    // `tenant=` narrows a scrape: the provider asking for alpha gets
+    // alpha's GPU (one: under the bound) and no one else's ...
+    let (_, page) = scrape_with(
+        &env,
+        &Header::Bearer(ADMIN.into()),
+        &format!("?tenant={}", ts[0].name),
+    )
+    .await;
+    assert!(page.contains(&ts[0].gpu), "{page}");
+    assert!(page_leaks(&page, &others(ts, &ts[0])).is_empty(), "{page}");
+    // ... and a tenant asking for another gets nothing of either.
+    let (status, page) = scrape_with(
+        &env,
+        &Header::Bearer(ts[0].query_token.clone()),
+        &format!("?tenant={}&gpus=all", ts[1].name),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let all: Vec<&Tenant> = ts.iter().collect();
+    assert!(page_leaks(&page, &all).is_empty(), "{page}");
     // No token: the collector's own health, no GPU series, no tenant.
     let (status, page) = scrape(&env, &Header::None).await;
     assert_eq!(status, 200);

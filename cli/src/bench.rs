@@ -18,6 +18,7 @@ mod peer;
 mod prom_query;
 mod query;
 mod slow_engine;
+mod soak;
 mod storage;
 mod tenants;
 mod victoria;
@@ -54,6 +55,10 @@ enum What {
     /// The collector's memory while agents push more than its (slowed)
     /// storage takes: agents spool, the collector stays flat.
     Backpressure(backpressure::BackpressureArgs),
+    /// Hours of a collector's life in minutes: the real collector and a
+    /// fleet of agents on a clock `--warp` times faster than the wall
+    /// clock, with ack latency, memory, disk and compaction lag every 5 s.
+    Soak(soak::SoakArgs),
     /// A fleet of agents on one collector (streams, memory per stream, ack
     /// latency), and with `--storm` its return after a collector kill -9.
     Fleet(fleet::FleetArgs),
@@ -93,10 +98,19 @@ struct IngestArgs {
     /// RocksDB directory (default: a temporary one, removed after).
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
-    /// Also measure this peer on the same machine, fed the same samples
-    /// with the same batch size and concurrency.
-    #[arg(long, value_enum)]
-    peer: Option<peer::Peer>,
+    /// Also measure these peers on the same machine, fed the same samples
+    /// with the same batch size and concurrency (comma-separated:
+    /// `prometheus,victoria-metrics`).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    peer: Vec<peer::Peer>,
+    /// Compaction included: the collector compacts every second while it
+    /// ingests, and after the run until it has sealed every hour due; the
+    /// rate is the samples acknowledged over both times together.
+    #[arg(long)]
+    sustained: bool,
+    /// With `--peer victoria-metrics`: the server binary.
+    #[arg(long, default_value = "victoria-metrics")]
+    victoria_metrics: String,
     /// With `--peer`: days of one GPU's OFU at 100 ms for the query
     /// comparison (0 skips it).
     #[arg(long, default_value_t = 30)]
@@ -183,9 +197,10 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         What::Tenants(t) => tenants::run(t).await,
         What::Backpressure(b) => backpressure::run(b).await,
         What::Fleet(f) => fleet::run(f).await,
+        What::Soak(s) => soak::run(s).await,
         What::Query(q) => query::run(q).await,
         What::Ledger(l) => ledger::run(l).await,
-        What::Ingest(i) if i.peer.is_some() => peer::run(&i).await,
+        What::Ingest(i) if !i.peer.is_empty() => peer::run(&i).await,
         What::Ingest(i) => ingest(&i, ingest_start_ms(&i)?).await.map(drop),
     }
 }
@@ -236,12 +251,15 @@ async fn ingest(a: &IngestArgs, start_ms: i64) -> anyhow::Result<Accepted> {
     let duration = Duration::from_millis(crate::parse_ms(&a.duration)? as u64);
     let tmp = tempdir_path();
     let dir = a.data_dir.clone().unwrap_or_else(|| tmp.clone());
-    let cfg = CollectorConfig {
+    let mut cfg = CollectorConfig {
         data_dir: dir.clone(),
         anonymous_tenant: Some("default".into()),
         max_batch_bytes: 64 << 20,
         ..Default::default()
     };
+    if a.sustained {
+        cfg.storage.compaction_interval = Duration::from_secs(1);
+    }
     let clock = Arc::new(TokioClock::new());
     let (collector, server) = server::Loopback::open(&cfg, clock.clone())
         .await
@@ -308,8 +326,23 @@ async fn ingest(a: &IngestArgs, start_ms: i64) -> anyhow::Result<Accepted> {
     for t in tasks {
         t.await??;
     }
-    let elapsed = started.elapsed().as_secs_f64();
+    let mut elapsed = started.elapsed().as_secs_f64();
     let total = acked.load(Ordering::Relaxed);
+    if a.sustained {
+        // Until a pass that began after the last ack has found nothing
+        // overdue: every hour due is sealed.
+        let store = &collector.store;
+        let first = store.whole_passes() + 2;
+        while store.whole_passes() < first || store.compaction_lag_ms(clock.now_ms()) > 0 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let drained = started.elapsed().as_secs_f64() - elapsed;
+        println!(
+            "compaction included: {total} samples acknowledged in {elapsed:.2} s, every hour due sealed {drained:.2} s later ({} raw samples in sealed chunks; the rest is hours not yet due)",
+            store.sealed_raw_samples()
+        );
+        elapsed += drained;
+    }
     server.stop().await?;
     let stats = &collector.stats;
     let commits = stats.batches_committed.load(Ordering::Relaxed).max(1);

@@ -11,6 +11,18 @@
 //! token is refused with 401, so a scrape misconfiguration shows as a failed
 //! target rather than as missing series.
 //!
+//! The page stays bounded as the fleet grows: the per-GPU and per-device
+//! families (GPU labels and device labels below, `DCGM_FI_*`) are listed
+//! only while the scrape's tenants hold at most `[exporter] max_gpus`
+//! GPUs (default 1,000; a 10,000-agent collector's page listing 80,000
+//! GPUs was 339 MB and doubled its memory), and the node, job, agent and
+//! tenant families are computed from a copy of each GPU without its
+//! counters. A scrape chooses with its URL's parameters ([`Selection`]):
+//! `gpus=all` (every GPU family, whatever the size), `gpus=none`, and
+//! `tenant=NAME` (repeatable) to narrow itself to tenants its token may
+//! read. `flopwatch_exporter_gpus_omitted` (gauge, no labels) says how
+//! many GPUs a page left off.
+//!
 //! | metric | type | labels |
 //! |---|---|---|
 //! | `flopwatch_ofu_ratio` | gauge, OFU (eq. 1) over the GPU's last batch, 0..1 | GPU labels |
@@ -67,6 +79,7 @@ use crate::series::{device_labels, family_of, gpu_labels, Family, Labels, On};
 use crate::state::Collector;
 use crate::stats::{Failure, Stats};
 use crate::validate::Reason;
+use flopwatch_transport::metrics_http::Scrape;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -76,29 +89,72 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// The page a scrape presenting `token` (its bearer token, `Some("")` for
-/// an `authorization` header that holds none) gets, as OpenMetrics text;
-/// `None` refuses it (401). See the module's description.
-pub fn page(collector: &Arc<Collector>, token: Option<&str>) -> Option<String> {
-    let scope = match collector.bearer_scope(token, "metrics") {
+/// The page a scrape gets, as OpenMetrics text; `None` refuses it (401).
+/// Its bearer token (`Some("")` for an `authorization` header that holds
+/// none) decides which tenants it may read, its parameters what of them
+/// it gets ([`Selection`]). See the module's description.
+pub fn page(collector: &Arc<Collector>, scrape: &Scrape<'_>) -> Option<String> {
+    let scope = match collector.bearer_scope(scrape.token, "metrics") {
         Ok(s) => Some(s),
         // No token and no anonymous tenant: the collector's health only.
-        Err(_) if token.is_none() => None,
+        Err(_) if scrape.token.is_none() => None,
         Err(_) => return None,
     };
     Some(flopwatch_transport::metrics_http::render(&registry(
         collector.clone(),
         scope,
+        Selection::of(scrape),
     )))
 }
 
+/// Whether a page lists per-GPU and per-device families.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GpuFamilies {
+    /// While the scrape's tenants hold at most `[exporter] max_gpus` GPUs
+    /// (the default).
+    #[default]
+    Auto,
+    /// Always (`gpus=all`): the page grows with the fleet.
+    All,
+    /// Never (`gpus=none`).
+    Omit,
+}
+
+/// What a scrape asked for with its URL's parameters, within what its
+/// token may read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// `tenant=` (repeatable): only these tenants; none: every tenant the
+    /// token may read.
+    pub tenants: Vec<String>,
+    /// `gpus=all|none|auto`.
+    pub gpus: GpuFamilies,
+}
+
+impl Selection {
+    /// From a scrape's parameters (unknown ones and values are ignored,
+    /// as Prometheus' own `/federate` does).
+    pub fn of(scrape: &Scrape<'_>) -> Self {
+        let gpus = match scrape.param("gpus").last() {
+            Some("all") => GpuFamilies::All,
+            Some("none") => GpuFamilies::Omit,
+            _ => GpuFamilies::Auto,
+        };
+        Self {
+            tenants: scrape.param("tenant").map(str::to_string).collect(),
+            gpus,
+        }
+    }
+}
+
 /// The registry of one scrape: the series `scope` may read (none but the
-/// collector's health when `None`).
-pub fn registry(collector: Arc<Collector>, scope: Option<Scope>) -> Registry {
+/// collector's health when `None`), as `selection` narrows them.
+pub fn registry(collector: Arc<Collector>, scope: Option<Scope>, selection: Selection) -> Registry {
     let mut r = Registry::default();
     r.register_collector(Box::new(Exporter {
         c: collector,
         scope,
+        selection,
     }));
     r.register_collector(Box::new(
         flopwatch_transport::process::ProcessCollector::new("collector"),
@@ -111,12 +167,15 @@ pub fn registry(collector: Arc<Collector>, scope: Option<Scope>) -> Registry {
 struct Exporter {
     c: Arc<Collector>,
     scope: Option<Scope>,
+    selection: Selection,
 }
 
 impl Exporter {
-    /// Whether this scrape may see `tenant`'s series.
+    /// Whether this scrape may see `tenant`'s series, and asked for them.
     fn allows(&self, tenant: &str) -> bool {
         self.scope.as_ref().is_some_and(|s| s.allows(tenant))
+            && (self.selection.tenants.is_empty()
+                || self.selection.tenants.iter().any(|t| t == tenant))
     }
 }
 
@@ -298,12 +357,15 @@ impl Exporter {
         Ok(())
     }
 
-    /// The series of the tenants this scrape may read.
-    fn encode_tenants(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    /// The per-GPU and per-device families of `gpus` (and of the scrape's
+    /// node devices).
+    fn encode_gpus(
+        &self,
+        enc: &mut DescriptorEncoder,
+        gpus: &[crate::live::GpuLive],
+        now: i64,
+    ) -> Result<(), std::fmt::Error> {
         let c = &self.c;
-        let now = c.clock.now_ms();
-        let mut gpus = c.live.gpus(now);
-        gpus.retain(|g| self.allows(&g.tenant));
         let selected = &c.settings.policy.metrics;
         let shown = |m: &String| selected.is_empty() || selected.contains(m);
         gauges(
@@ -387,7 +449,6 @@ impl Exporter {
                     .map(|(m, ms)| (with(gpu_labels(g), "metric", m), f64::from(*ms) / 1000.0))
             }),
         )?;
-        self.encode_ledger(enc)?;
         if c.settings.dcgm_compat {
             let ids: Vec<dcgm::Identity> = gpus
                 .iter()
@@ -426,6 +487,37 @@ impl Exporter {
                     .map(|(m, ms)| (with(device_labels(d), "metric", m), f64::from(*ms) / 1000.0))
             }),
         )?;
+        Ok(())
+    }
+
+    /// The series of the tenants this scrape may read.
+    fn encode_tenants(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let c = &self.c;
+        let now = c.clock.now_ms();
+        // Per-GPU and per-device families: while the scrape's GPUs are
+        // few enough, or when asked for (`gpus=all`).
+        let listed = self.c.live.count_gpus(now, |t| self.allows(t));
+        let per_gpu = match self.selection.gpus {
+            GpuFamilies::All => true,
+            GpuFamilies::Omit => false,
+            GpuFamilies::Auto => listed <= c.settings.exporter_max_gpus,
+        };
+        let mut gpus = if per_gpu {
+            c.live.gpus(now)
+        } else {
+            c.live.gpus_light(now)
+        };
+        gpus.retain(|g| self.allows(&g.tenant));
+        gauges(
+            enc,
+            "flopwatch_exporter_gpus_omitted",
+            "GPUs of this scrape whose per-GPU and per-device families were left off the page (more than [exporter] max_gpus; ask with gpus=all or narrow with tenant=).",
+            [(Vec::new(), if per_gpu { 0.0 } else { listed as f64 })],
+        )?;
+        if per_gpu {
+            self.encode_gpus(enc, &gpus, now)?;
+        }
+        self.encode_ledger(enc)?;
         // Weighted by capacity: a MIG instance by its share of the card.
         let share = |g: &crate::live::GpuLive| {
             c.gpu(&g.tenant, &g.uuid)

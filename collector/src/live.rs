@@ -321,6 +321,61 @@ impl Live {
         v
     }
 
+    /// How many GPUs [`Live::gpus`] would give of the tenants `allows`
+    /// accepts, counted without copying them.
+    pub fn count_gpus(&self, now_ms: i64, allows: impl Fn(&str) -> bool) -> usize {
+        self.gpus
+            .read()
+            .map(|m| {
+                m.values()
+                    .filter(|g| now_ms - g.seen_ms <= STALE_MS && allows(&g.tenant))
+                    .count()
+            })
+            .unwrap_or_default()
+    }
+
+    /// [`Live::gpus`] without each GPU's counters and sampling intervals:
+    /// what node, job and fleet figures need, at a few hundred bytes a GPU.
+    pub fn gpus_light(&self, now_ms: i64) -> Vec<GpuLive> {
+        let mut v: Vec<GpuLive> = self
+            .gpus
+            .read()
+            .map(|m| {
+                m.values()
+                    .filter(|g| now_ms - g.seen_ms <= STALE_MS)
+                    .map(|g| GpuLive {
+                        tenant: g.tenant.clone(),
+                        uuid: g.uuid.clone(),
+                        index: g.index,
+                        model: g.model.clone(),
+                        node_id: g.node_id.clone(),
+                        hostname: g.hostname.clone(),
+                        job: g.job.clone(),
+                        shares: g.shares.clone(),
+                        ofu: g.ofu.filter(|_| g.ofu_fresh.current(now_ms)),
+                        tensor_active: g.tensor_active,
+                        sm_clock_mhz: g.sm_clock_mhz,
+                        ts_ms: g.ts_ms,
+                        counters: BTreeMap::new(),
+                        intervals: BTreeMap::new(),
+                        seen_ms: g.seen_ms,
+                        fresh: BTreeMap::new(),
+                        ofu_fresh: g.ofu_fresh,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by(|a, b| {
+            (&a.tenant, &a.hostname, a.index, &a.uuid).cmp(&(
+                &b.tenant,
+                &b.hostname,
+                b.index,
+                &b.uuid,
+            ))
+        });
+        v
+    }
+
     /// Agents refreshed within [`STALE_MS`] of `now_ms`.
     pub fn agents(&self, now_ms: i64) -> Vec<AgentLive> {
         let mut v: Vec<AgentLive> = self

@@ -44,6 +44,7 @@ pub fn open(
             config.storage.compaction_interval,
             config.storage.seal_delay,
         )
+        .with_spread(config.storage.seal_spread, config.storage.fold_after)
         .with_precision(crate::store::Precision::new(
             config.storage.precision_decimals(),
         ));
@@ -134,8 +135,11 @@ pub async fn serve_cluster(
     let metrics_task = metrics.map(|l| {
         tracing::info!(addr = ?l.local_addr().ok(), "serving /metrics");
         let c = collector.clone();
-        let page: Arc<flopwatch_transport::metrics_http::PageFn> =
-            Arc::new(move |token: Option<&str>| crate::exporter::page(&c, token));
+        let page: Arc<flopwatch_transport::metrics_http::PageFn> = Arc::new(
+            move |scrape: &flopwatch_transport::metrics_http::Scrape<'_>| {
+                crate::exporter::page(&c, scrape)
+            },
+        );
         let mut stop = stop_rx.clone();
         tokio::spawn(flopwatch_transport::metrics_http::serve_with(
             l,

@@ -39,6 +39,9 @@ pub struct Settings {
     pub cluster: crate::cluster::ClusterSettings,
     /// `/metrics` also carries dcgm-exporter's families (`[exporter]`).
     pub dcgm_compat: bool,
+    /// Per-GPU families are on `/metrics` while a scrape's GPUs are at
+    /// most this many (`[exporter] max_gpus`).
+    pub exporter_max_gpus: usize,
     /// The Prometheus API's limits and turns (`[prometheus_api]`).
     pub prometheus_api: flopwatch_config::PrometheusApiConfig,
 }
@@ -71,6 +74,7 @@ impl Settings {
             remote_write: c.remote_write.clone(),
             limits: LimitTable::from_config(c),
             dcgm_compat: c.exporter.dcgm_compat,
+            exporter_max_gpus: c.exporter.max_gpus,
             prometheus_api: c.prometheus_api.clone(),
         }
     }

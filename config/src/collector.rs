@@ -82,7 +82,7 @@ pub struct CollectorConfig {
 }
 
 /// `[exporter]`: the collector's `/metrics` page.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ExporterConfig {
     /// Also export dcgm-exporter's `DCGM_FI_*` families, names, units and
@@ -91,6 +91,21 @@ pub struct ExporterConfig {
     /// TLS on `metrics_listen` (certificate and key; client certificates
     /// are not asked for). Unset: plain HTTP.
     pub tls: Option<ServerTls>,
+    /// Per-GPU and per-device families are on the page while a scrape's
+    /// tenants hold at most this many GPUs; beyond, the page keeps node,
+    /// job, tenant and health families (a scrape asks for the rest with
+    /// `gpus=all`, or narrows itself with `tenant=`).
+    pub max_gpus: usize,
+}
+
+impl Default for ExporterConfig {
+    fn default() -> Self {
+        Self {
+            dcgm_compat: false,
+            tls: None,
+            max_gpus: 1000,
+        }
+    }
 }
 
 /// `[prometheus_api]`: Prometheus's HTTP query API (`/api/v1/query`,
@@ -211,6 +226,15 @@ pub struct StorageConfig {
     /// still in flight land in the head first.
     #[serde(with = "humantime_serde")]
     pub seal_delay: Duration,
+    /// Hours are sealed GPU by GPU over this span after `seal_delay`, each
+    /// GPU at its own fixed phase, so no single pass seals the whole fleet.
+    #[serde(with = "humantime_serde")]
+    pub seal_spread: Duration,
+    /// A GPU's newest head blocks are folded into one compressed block
+    /// once the oldest is this old (each GPU at its own phase within it),
+    /// so the head stays small while its hour is open. `0s`: off.
+    #[serde(with = "humantime_serde")]
+    pub fold_after: Duration,
     /// Opt-in lossy storage: metric name → resolution (a power of ten,
     /// e.g. `0.001` or `1`). At compaction the metric's values (and window
     /// peaks) are rounded to a multiple of it, like VictoriaMetrics'
@@ -224,6 +248,8 @@ impl Default for StorageConfig {
         Self {
             compaction_interval: Duration::from_secs(60),
             seal_delay: Duration::from_secs(300),
+            seal_spread: Duration::from_secs(1200),
+            fold_after: Duration::from_secs(300),
             precision: BTreeMap::new(),
         }
     }

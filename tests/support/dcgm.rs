@@ -101,7 +101,11 @@ pub async fn serve(page: Arc<Mutex<String>>) -> String {
 /// The collector's `/metrics` samples of `family` (anonymous scrape):
 /// (the sample's name and labels, value).
 pub fn scrape(c: &Arc<Collector>, family: &str) -> Vec<(String, f64)> {
-    let page = flopwatch_collector::metrics_page(c, None).unwrap_or_default();
+    let scrape = flopwatch_transport::metrics_http::Scrape {
+        token: None,
+        params: &[],
+    };
+    let page = flopwatch_collector::metrics_page(c, &scrape).unwrap_or_default();
     page.lines()
         .filter(|l| l.starts_with(family) && l[family.len()..].starts_with('{'))
         .filter_map(|l| {

@@ -137,13 +137,34 @@ pub async fn serve_with_probes(
     probes: Option<Arc<dyn Probes>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let page: Arc<PageFn> = Arc::new(move |_: Option<&str>| Some(render(&registry)));
+    let page: Arc<PageFn> = Arc::new(move |_: &Scrape<'_>| Some(render(&registry)));
     serve_page(listener, None, page, probes, shutdown).await
 }
 
-/// Renders the page (OpenMetrics text) for a scrape presenting a bearer
-/// token, or `None` to refuse it (401).
-pub type PageFn = dyn Fn(Option<&str>) -> Option<String> + Send + Sync;
+/// What a scrape presented and asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct Scrape<'a> {
+    /// Its bearer token (`Some("")` for an `authorization` header that
+    /// holds none).
+    pub token: Option<&'a str>,
+    /// The URL's query parameters, decoded, in order (e.g. Prometheus'
+    /// `params` of a scrape job).
+    pub params: &'a [(String, String)],
+}
+
+impl Scrape<'_> {
+    /// The values of parameter `name`.
+    pub fn param<'s>(&'s self, name: &'s str) -> impl Iterator<Item = &'s str> + 's {
+        self.params
+            .iter()
+            .filter(move |(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Renders the page (OpenMetrics text) for a scrape, or `None` to refuse
+/// it (401).
+pub type PageFn = dyn Fn(&Scrape<'_>) -> Option<String> + Send + Sync;
 
 /// The bearer token of an `authorization` header value: `Some("")` for a
 /// header that is there but is no bearer token, so that a malformed
@@ -185,33 +206,43 @@ async fn serve_page(
     let mut app = axum::Router::new()
         .route(
             "/metrics",
-            get(move |headers: axum::http::HeaderMap| {
-                let page = page.clone();
-                async move {
-                    let openmetrics = headers
-                        .get(axum::http::header::ACCEPT)
-                        .and_then(|v| v.to_str().ok())
-                        .is_some_and(|a| a.contains("application/openmetrics-text"));
-                    let token = bearer(&headers);
-                    let Some(text) = page(token.as_deref()) else {
-                        return (
-                            StatusCode::UNAUTHORIZED,
-                            [(WWW_AUTHENTICATE, "Bearer")],
-                            "missing or invalid credentials\n",
-                        )
-                            .into_response();
-                    };
-                    if openmetrics {
-                        ([(CONTENT_TYPE, CONTENT_TYPE_OPENMETRICS)], text).into_response()
-                    } else {
-                        (
-                            [(CONTENT_TYPE, CONTENT_TYPE_TEXT)],
-                            to_prometheus_text(&text),
-                        )
-                            .into_response()
+            get(
+                move |headers: axum::http::HeaderMap, query: axum::extract::RawQuery| {
+                    let page = page.clone();
+                    async move {
+                        let params: Vec<(String, String)> = query
+                            .0
+                            .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+                            .unwrap_or_default();
+                        let openmetrics = headers
+                            .get(axum::http::header::ACCEPT)
+                            .and_then(|v| v.to_str().ok())
+                            .is_some_and(|a| a.contains("application/openmetrics-text"));
+                        let token = bearer(&headers);
+                        let scrape = Scrape {
+                            token: token.as_deref(),
+                            params: &params,
+                        };
+                        let Some(text) = page(&scrape) else {
+                            return (
+                                StatusCode::UNAUTHORIZED,
+                                [(WWW_AUTHENTICATE, "Bearer")],
+                                "missing or invalid credentials\n",
+                            )
+                                .into_response();
+                        };
+                        if openmetrics {
+                            ([(CONTENT_TYPE, CONTENT_TYPE_OPENMETRICS)], text).into_response()
+                        } else {
+                            (
+                                [(CONTENT_TYPE, CONTENT_TYPE_TEXT)],
+                                to_prometheus_text(&text),
+                            )
+                                .into_response()
+                        }
                     }
-                }
-            }),
+                },
+            ),
         )
         .route(
             "/",

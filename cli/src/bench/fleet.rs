@@ -38,9 +38,10 @@
 //! its store, every sample of `--verify-agents` agents: lost = produced −
 //! stored (and produced − acknowledged over all agents).
 //!
-//! The collector's `/metrics` is not scraped: with one page listing every
-//! GPU of the fleet, a scrape of 80,000 GPUs would be the largest load of
-//! the run.
+//! The collector's `/metrics` is not scraped during the steady state;
+//! `--scrape` scrapes it once after, as served by default (bounded: no
+//! per-GPU families past `[exporter] max_gpus`) and with `gpus=all` (every
+//! GPU), measuring the page and the collector's memory.
 
 use super::backpressure::{field, lines, memory, mib, ms, spawn, wait_for};
 use anyhow::{bail, Context};
@@ -92,6 +93,11 @@ pub struct FleetArgs {
     /// Agents whose every stored sample is counted after the run (0: all).
     #[arg(long, default_value_t = 500)]
     verify_agents: usize,
+    /// After the steady state, scrape the collector's `/metrics` once as
+    /// served by default and once with `gpus=all`: page size, time, and
+    /// the collector's RSS before, at its peak during, and after.
+    #[arg(long)]
+    scrape: bool,
     /// Working directory (collector store, agent spools, logs); default:
     /// a temporary one, removed after.
     #[arg(long)]
@@ -105,6 +111,42 @@ pub struct FleetArgs {
     /// The number of this process' first agent (agents process).
     #[arg(long, hide = true, default_value_t = 0)]
     first: usize,
+    /// Sample time runs this many times faster than the wall clock
+    /// (agents process of `bench soak`; see [`Warp`]).
+    #[arg(long, hide = true, default_value_t = 1.0)]
+    warp: f64,
+    /// The wall clock's unix ms at which sample time starts (with
+    /// `--warp`).
+    #[arg(long, hide = true)]
+    epoch_ms: Option<i64>,
+    /// Sample time at `--epoch-ms` (default: the same instant).
+    #[arg(long, hide = true)]
+    origin_ms: Option<i64>,
+}
+
+/// Sample time that starts at `origin_ms` when the wall clock reads
+/// `epoch_ms` and runs `warp` times faster than it: how `bench soak`
+/// compresses hours into minutes, the collector and every agent process
+/// reading the same time.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Warp {
+    pub(super) epoch_ms: i64,
+    pub(super) origin_ms: i64,
+    pub(super) warp: f64,
+}
+
+impl Clock for Warp {
+    fn now_ms(&self) -> i64 {
+        let wall = SystemClock.now_ms();
+        self.origin_ms + ((wall - self.epoch_ms) as f64 * self.warp) as i64
+    }
+}
+
+impl Warp {
+    /// The wall-clock time that `ms` of sample time take.
+    pub(super) fn wall(&self, ms: i64) -> Duration {
+        Duration::from_millis((ms.max(0) as f64 / self.warp) as u64)
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -177,6 +219,7 @@ async fn feed(
     produced: Arc<Produced>,
     mine: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    clock: Warp,
 ) {
     let flush_ms = 1_000;
     let interval_ms = interval.as_millis() as i64;
@@ -194,7 +237,7 @@ async fn feed(
         seed ^= seed << 17;
         (seed % span.max(1) as u64) as i64
     };
-    let start = SystemClock.now_ms();
+    let start = clock.now_ms();
     let mut next_sample = start + draw(interval_ms);
     let mut last_cut = start;
     let mut k = 0u64;
@@ -207,7 +250,7 @@ async fn feed(
         mine.fetch_add(n, Ordering::Relaxed);
     };
     loop {
-        let now = SystemClock.now_ms();
+        let now = clock.now_ms();
         if stop.load(Ordering::Relaxed) {
             if !batcher.is_empty() {
                 cut(&mut batcher, now);
@@ -227,8 +270,10 @@ async fn feed(
             last_cut = now;
         }
         let due = batcher.due_at(last_cut, flush_ms).min(next_sample);
-        let wait = (due - SystemClock.now_ms()).clamp(10, 1_000);
-        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+        let wait = clock
+            .wall(due - clock.now_ms())
+            .clamp(Duration::from_millis(10), Duration::from_millis(1_000));
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -273,6 +318,12 @@ async fn agents(a: FleetArgs) -> anyhow::Result<()> {
     let metrics = a.metrics.min(CATALOG.len());
     let produced = Arc::new(Produced::default());
     let stop = Arc::new(AtomicBool::new(false));
+    let epoch_ms = a.epoch_ms.unwrap_or_else(|| SystemClock.now_ms());
+    let clock = Warp {
+        epoch_ms,
+        origin_ms: a.origin_ms.unwrap_or(epoch_ms),
+        warp: a.warp.max(1e-3),
+    };
     let mut fleet = Vec::new();
     let started = Instant::now();
     for i in 0..a.agents {
@@ -320,7 +371,7 @@ async fn agents(a: FleetArgs) -> anyhow::Result<()> {
                 o.clone(),
                 state,
             ));
-            feed(node_id, inventory, metrics, interval, o, p, m, s).await;
+            feed(node_id, inventory, metrics, interval, o, p, m, s, clock).await;
         });
         fleet.push((node, outbox, watch, mine));
     }
@@ -396,8 +447,72 @@ fn free_port() -> anyhow::Result<u16> {
     bail!("no free loopback port below 32000")
 }
 
+/// A free loopback port after `port` (below the ephemeral range too).
+fn free_port_above(port: u16) -> anyhow::Result<u16> {
+    for p in port + 1..32_000 {
+        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
+            return Ok(p);
+        }
+    }
+    bail!("no free loopback port above {port}")
+}
+
+/// Scrapes `/metrics{query}` of the collector `pid` serving on `port`
+/// once over plain HTTP/1.1, sampling its RSS every 10 ms meanwhile, and
+/// prints the page's size, the time and the RSS before, at its peak and
+/// after.
+fn scrape(pid: u32, port: u16, query: &str) -> anyhow::Result<()> {
+    use std::io::Read;
+    let before = memory(pid).map_or(0, |m| m.0);
+    let done = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(before));
+    let sampler = {
+        let (done, peak) = (done.clone(), peak.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                if let Some((rss, _, _)) = memory(pid) {
+                    peak.fetch_max(rss, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    let started = Instant::now();
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    write!(
+        conn,
+        "GET /metrics{query} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut page = Vec::new();
+    conn.read_to_end(&mut page)?;
+    let took = started.elapsed();
+    done.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    std::thread::sleep(Duration::from_secs(2));
+    let after = memory(pid).map_or(0, |m| m.0);
+    let text = String::from_utf8_lossy(&page);
+    let series = text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with("HTTP/"))
+        .count();
+    let omitted = text
+        .lines()
+        .find_map(|l| l.strip_prefix("flopwatch_exporter_gpus_omitted"))
+        .and_then(|v| v.trim_start_matches("{}").trim().parse::<f64>().ok())
+        .map_or_else(|| "-".to_string(), |v| format!("{v:.0}"));
+    println!(
+        "scrape /metrics{query}: {:.2} MB, about {series} lines, {:.0} ms; GPUs omitted {omitted}; collector VmRSS {:.1} MiB before, {:.1} MiB at its peak during, {:.1} MiB 2 s after",
+        page.len() as f64 / 1e6,
+        took.as_secs_f64() * 1000.0,
+        mib(before),
+        mib(peak.load(Ordering::Relaxed)),
+        mib(after),
+    );
+    Ok(())
+}
+
 /// `utime + stime` of `pid`, seconds.
-fn cpu_seconds(pid: u32) -> Option<f64> {
+pub(super) fn cpu_seconds(pid: u32) -> Option<f64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = s.rsplit_once(") ")?.1;
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -473,14 +588,79 @@ fn last_status(l: &Lines) -> String {
 /// The load generator's processes: each child, its directory and its
 /// output.
 #[derive(Default)]
-struct Generators {
+pub(super) struct Generators {
     procs: Vec<(Child, PathBuf, Lines)>,
 }
 
+/// The fleet a load generator runs.
+pub(super) struct Load {
+    pub(super) agents: usize,
+    pub(super) gpus: usize,
+    pub(super) metrics: usize,
+    /// Each series' interval (sample time).
+    pub(super) interval: String,
+    /// Agents start spread over this long (wall time).
+    pub(super) ramp: String,
+}
+
 impl Generators {
+    /// Starts `load`'s agents against `url`, in as many processes as the
+    /// open-files limit asks for (each agent holds about two files: its
+    /// connection and its spool), each with `extra` arguments.
+    pub(super) fn start(
+        root: &Path,
+        url: &str,
+        load: &Load,
+        extra: &[String],
+    ) -> anyhow::Result<Self> {
+        let n = load.agents;
+        let nofile = raise_nofile(n as u64 * 3 + 1024);
+        let per_process = (nofile.saturating_sub(256) / 2) as usize;
+        if per_process == 0 {
+            bail!(
+                "the open-files limit ({nofile}) leaves no room for agents (raise it: ulimit -n)"
+            );
+        }
+        let processes = n.div_ceil(per_process).max(1);
+        let mut gen = Generators::default();
+        for j in 0..processes {
+            let (first, end) = (n * j / processes, n * (j + 1) / processes);
+            let dir = root.join("agents").join(format!("p{j}"));
+            std::fs::create_dir_all(&dir)?;
+            let mut args: Vec<String> = vec![
+                "--dir".into(),
+                dir.display().to_string(),
+                "--collector".into(),
+                url.into(),
+                "--agents".into(),
+                (end - first).to_string(),
+                "--first".into(),
+                first.to_string(),
+                "--gpus".into(),
+                load.gpus.to_string(),
+                "--metrics".into(),
+                load.metrics.to_string(),
+                "--interval".into(),
+                load.interval.clone(),
+                "--ramp".into(),
+                load.ramp.clone(),
+            ];
+            args.extend_from_slice(extra);
+            let mut child = spawn(
+                "fleet",
+                "agents",
+                &args,
+                &root.join(format!("agents-{j}.log")),
+            )?;
+            let out = lines(&mut child);
+            gen.procs.push((child, dir, out));
+        }
+        Ok(gen)
+    }
+
     /// One status line for all processes: their last ones' counts summed
     /// (the latency histograms bucket by bucket).
-    fn status(&self) -> String {
+    pub(super) fn status(&self) -> String {
         Self::combine(self.procs.iter().map(|(_, _, l)| last_status(l)))
     }
 
@@ -517,8 +697,34 @@ impl Generators {
         out + " hist=" + &h.join(",")
     }
 
+    /// What each agent produced (`produced.tsv` of every process, written
+    /// once it drained).
+    pub(super) fn produced(&self) -> anyhow::Result<Vec<(String, u64)>> {
+        let mut produced = String::new();
+        for (_, dir, _) in &self.procs {
+            let tsv = dir.join("produced.tsv");
+            produced += &std::fs::read_to_string(&tsv)
+                .with_context(|| format!("reading {}", tsv.display()))?;
+        }
+        Ok(produced
+            .lines()
+            .filter_map(|l| {
+                let (node, n) = l.split_once('\t')?;
+                Some((node.to_string(), n.parse().ok()?))
+            })
+            .collect())
+    }
+
+    /// Kills every process.
+    pub(super) fn kill(&mut self) {
+        for (child, _, _) in &mut self.procs {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// CPU seconds of all processes.
-    fn cpu_seconds(&self) -> f64 {
+    pub(super) fn cpu_seconds(&self) -> f64 {
         self.procs
             .iter()
             .filter_map(|(c, _, _)| cpu_seconds(c.id()))
@@ -527,7 +733,7 @@ impl Generators {
 
     /// Stops the sources and waits until every process has drained: the
     /// final status of all, combined.
-    fn drain(&self, limit: Duration) -> anyhow::Result<String> {
+    pub(super) fn drain(&self, limit: Duration) -> anyhow::Result<String> {
         for (_, dir, _) in &self.procs {
             std::fs::write(dir.join("stop"), b"")?;
         }
@@ -540,7 +746,7 @@ impl Generators {
 }
 
 /// The latency histogram of a status line.
-fn hist(line: &str) -> Vec<u64> {
+pub(super) fn hist(line: &str) -> Vec<u64> {
     let mut h = vec![0u64; BUCKETS];
     let list = line
         .split_whitespace()
@@ -558,7 +764,7 @@ fn hist(line: &str) -> Vec<u64> {
     h
 }
 
-fn fmt_ms(d: Option<Duration>) -> String {
+pub(super) fn fmt_ms(d: Option<Duration>) -> String {
     d.map(|d| format!("{:.1} ms", d.as_secs_f64() * 1000.0))
         .unwrap_or_else(|| "-".into())
 }
@@ -584,21 +790,15 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&root)?;
     let _ = std::fs::remove_file(root.join("stop"));
     let n = a.agents;
-    // Each agent holds about two files (its connection and its spool):
-    // the load generator runs as as many processes as the open-files
-    // limit asks for.
-    let nofile = raise_nofile(n as u64 * 3 + 1024);
-    let per_process = (nofile.saturating_sub(256) / 2) as usize;
-    if per_process == 0 {
-        bail!("the open-files limit ({nofile}) leaves no room for agents (raise it: ulimit -n)");
-    }
-    let processes = n.div_ceil(per_process).max(1);
+    // Before the collector starts, so that it inherits the limit too.
+    raise_nofile(n as u64 * 3 + 1024);
     let port = free_port()?;
+    let metrics_port = free_port_above(port)?;
     let config = root.join("collector.toml");
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\
+            "listen = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\ndata_dir = \"{}\"\n\
              anonymous_tenant = \"default\"\nplaintext = true\nmax_agents = {}\n{}",
             root.join("collector").display(),
             n + 16,
@@ -611,38 +811,24 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
     let mut col = start_collector(&config, &log)?;
     std::thread::sleep(Duration::from_millis(500));
     let (rss0, _, threads0) = memory(col.child.id()).context("reading /proc/PID/status")?;
-    let mut gen = Generators::default();
-    for j in 0..processes {
-        let (first, end) = (n * j / processes, n * (j + 1) / processes);
-        let dir = root.join("agents").join(format!("p{j}"));
-        std::fs::create_dir_all(&dir)?;
-        let mut child = spawn(
-            "fleet",
-            "agents",
-            &[
-                "--dir".into(),
-                dir.display().to_string(),
-                "--collector".into(),
-                format!("http://127.0.0.1:{port}"),
-                "--agents".into(),
-                (end - first).to_string(),
-                "--first".into(),
-                first.to_string(),
-                "--gpus".into(),
-                a.gpus.to_string(),
-                "--metrics".into(),
-                a.metrics.to_string(),
-                "--interval".into(),
-                a.interval.clone(),
-                "--ramp".into(),
-                a.ramp.clone(),
-            ],
-            &root.join(format!("agents-{j}.log")),
-        )?;
-        let out = lines(&mut child);
-        gen.procs.push((child, dir, out));
-    }
-    let result = run_phases(&a, &root, &config, &log, &mut col, rss0, threads0, &gen);
+    let load = Load {
+        agents: n,
+        gpus: a.gpus,
+        metrics: a.metrics,
+        interval: a.interval.clone(),
+        ramp: a.ramp.clone(),
+    };
+    let gen = Generators::start(&root, &format!("http://127.0.0.1:{port}"), &load, &[])?;
+    let mut gen = gen;
+    let result =
+        run_phases(&a, &root, &config, &log, &mut col, rss0, threads0, &gen).and_then(|steady| {
+            if a.scrape {
+                for query in ["", "?gpus=all"] {
+                    scrape(col.child.id(), metrics_port, query)?;
+                }
+            }
+            Ok(steady)
+        });
     let outcome = finish(&a, &root, &mut col, &mut gen, result);
     // A temporary root goes whatever happened: a failed run of 10,000
     // agents leaves gigabytes of spools and store behind.
@@ -666,10 +852,7 @@ fn finish(
     let n = a.agents;
     // Whatever happened: stop the agents' sources and let them drain.
     let drained = gen.drain(Duration::from_secs(240));
-    for (child, _, _) in &mut gen.procs {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    gen.kill();
     let _ = Command::new("kill")
         .args(["-TERM", &col.child.id().to_string()])
         .status();
@@ -695,7 +878,7 @@ fn finish(
 
 /// Counts, in the stopped collector's store, every sample of `k` agents
 /// spread over the fleet (all when `k` is 0), against what each produced.
-fn verify(
+pub(super) fn verify(
     root: &Path,
     gen: &Generators,
     gpus: usize,
@@ -703,22 +886,21 @@ fn verify(
     k: usize,
 ) -> anyhow::Result<(usize, u64, u64)> {
     use flopwatch_collector::store::{rocks::RocksEngine, Store};
-    let mut produced = String::new();
-    for (_, dir, _) in &gen.procs {
-        let tsv = dir.join("produced.tsv");
-        produced +=
-            &std::fs::read_to_string(&tsv).with_context(|| format!("reading {}", tsv.display()))?;
-    }
-    let rows: Vec<(String, u64)> = produced
-        .lines()
-        .filter_map(|l| {
-            let (node, n) = l.split_once('\t')?;
-            Some((node.to_string(), n.parse().ok()?))
-        })
-        .collect();
     let dir = root.join("collector");
     let engine = RocksEngine::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
     let store = Store::new(Arc::new(engine), false);
+    count_stored(&store, &gen.produced()?, gpus, metrics, k)
+}
+
+/// [`verify`] over an open store: `(agents checked, samples they
+/// produced, samples of theirs stored)`.
+pub(super) fn count_stored(
+    store: &flopwatch_collector::store::Store,
+    rows: &[(String, u64)],
+    gpus: usize,
+    metrics: usize,
+    k: usize,
+) -> anyhow::Result<(usize, u64, u64)> {
     let step = if k == 0 || k >= rows.len() {
         1
     } else {

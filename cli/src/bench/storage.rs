@@ -18,7 +18,12 @@
 //!    into TSDB blocks by `promtool tsdb create-blocks-from openmetrics`
 //!    (blocks up to 24 h, its most compact setting), the output directory
 //!    measured.
-//! 4. Query: one GPU with `--query-days` of OFU at 100 ms, compacted; the
+//! 4. VictoriaMetrics (`--victoria-metrics`, Debian's `victoria-metrics`):
+//!    the identical samples imported into a real single-node
+//!    VictoriaMetrics, flushed and force-merged, every value exported back
+//!    and compared bit for bit (any difference is printed), its data
+//!    directory measured.
+//! 5. Query: one GPU with `--query-days` of OFU at 100 ms, compacted; the
 //!    Query service's OFU of the GPU and of its job over the whole range
 //!    at a 1 h step, timed over gRPC. `bench ingest --peer prometheus`
 //!    runs the same with the identical samples in Prometheus and times
@@ -75,6 +80,10 @@ pub struct StorageArgs {
     /// promtool binary.
     #[arg(long, default_value = "promtool")]
     promtool: String,
+    /// VictoriaMetrics binary (Debian package `victoria-metrics`), the
+    /// second peer; `none` leaves it out.
+    #[arg(long, default_value = "victoria-metrics")]
+    victoria_metrics: String,
     /// Also measure opt-in lossy storage: `METRIC=RESOLUTION` (a power of
     /// ten, as `[storage.precision]` takes it), repeatable. Prometheus then
     /// gets the values as flopwatch stores them.
@@ -434,6 +443,86 @@ fn prometheus_bytes(s: &Samples, work: &Path, name: &str, promtool: &str) -> any
     Ok(dir_bytes(&out))
 }
 
+/// VictoriaMetrics' bytes for `s`: the same samples imported into a real
+/// single-node VictoriaMetrics (Prometheus text with millisecond
+/// timestamps), flushed and force-merged, every series then exported and
+/// compared value for value; returns the size of its data directory and
+/// the samples that did not come back equal (missing, extra or changed).
+async fn victoria_bytes(
+    s: &Samples,
+    work: &Path,
+    name: &str,
+    binary: &str,
+) -> anyhow::Result<(u64, u64)> {
+    use std::fmt::Write as _;
+    let dir = work.join(format!("{name}-victoria"));
+    let _ = std::fs::remove_dir_all(&dir);
+    // Retention in days: the samples are hours old.
+    let vm = super::victoria::Victoria::start(binary, &dir, 3650).await?;
+    let http = reqwest::Client::new();
+    let mut text = String::new();
+    for ((gpu, m), pts) in s {
+        for &(ts, v, _) in pts {
+            let _ = writeln!(text, "{m}{{gpu=\"{gpu}\"}} {v:?} {ts}");
+            if text.len() > 16 << 20 {
+                vm.import(&http, std::mem::take(&mut text)).await?;
+            }
+        }
+    }
+    if !text.is_empty() {
+        vm.import(&http, text).await?;
+    }
+    vm.settle(&http).await?;
+    // Every series back, compared with what was sent.
+    let body = http
+        .get(format!("{}/api/v1/export", vm.url()))
+        .query(&[("match[]", "{__name__!=\"\"}")])
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
+    let mut back: BTreeMap<(String, String), Vec<(i64, f64)>> = BTreeMap::new();
+    for line in body.lines().filter(|l| !l.trim().is_empty()) {
+        let j: serde_json::Value = serde_json::from_str(line).context("victoria-metrics export")?;
+        let metric = j["metric"]["__name__"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let gpu = j["metric"]["gpu"].as_str().unwrap_or_default().to_string();
+        let ts = j["timestamps"].as_array().cloned().unwrap_or_default();
+        let vs = j["values"].as_array().cloned().unwrap_or_default();
+        let e = back.entry((gpu, metric)).or_default();
+        for (t, v) in ts.iter().zip(&vs) {
+            e.push((
+                t.as_i64().unwrap_or(i64::MIN),
+                v.as_f64().unwrap_or(f64::NAN),
+            ));
+        }
+    }
+    let mut unequal = 0u64;
+    let mut seen = 0usize;
+    for ((gpu, m), pts) in s {
+        let mut sent: Vec<(i64, f64)> = pts.iter().map(|&(t, v, _)| (t, v)).collect();
+        sent.sort_by_key(|p| p.0);
+        let mut got = back
+            .get(&(gpu.clone(), m.to_string()))
+            .cloned()
+            .unwrap_or_default();
+        got.sort_by_key(|p| p.0);
+        seen += usize::from(!got.is_empty());
+        unequal += sent.len().abs_diff(got.len()) as u64;
+        unequal += sent
+            .iter()
+            .zip(&got)
+            .filter(|(a, b)| a.0 != b.0 || a.1.to_bits() != b.1.to_bits())
+            .count() as u64;
+    }
+    unequal += back.len().saturating_sub(seen) as u64;
+    drop(vm);
+    Ok((dir_bytes(&dir.join("data")), unequal))
+}
+
 /// One GPU's OFU samples of the hour starting at `h` (100 ms apart, the
 /// first 100 ms in), from the generator state `x`.
 fn query_hour(h: i64, x: &mut u64) -> Vec<OfuSample> {
@@ -751,8 +840,8 @@ pub async fn run(a: StorageArgs) -> anyhow::Result<()> {
         a.gpus,
         a.hours
     );
-    println!("| sampling | samples | flopwatch bytes | B/sample | Prometheus bytes | B/sample | Prometheus / flopwatch | ingest |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| sampling | samples | flopwatch bytes | B/sample | Prometheus bytes | B/sample | Prometheus / flopwatch | VictoriaMetrics bytes | B/sample | VictoriaMetrics / flopwatch | ingest |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let decimals: BTreeMap<String, i32> = a
         .precision
         .iter()
@@ -784,10 +873,24 @@ pub async fn run(a: StorageArgs) -> anyhow::Result<()> {
             if acked != n {
                 bail!("{name}: {acked} samples acknowledged of {n} sent");
             }
-            // Prometheus gets the values as flopwatch stores them.
+            // The peers get the values as flopwatch stores them.
             let prom = prometheus_bytes(&stored, &work, tag, &a.promtool)?;
+            let victoria = if a.victoria_metrics == "none" {
+                "| - | - | - ".to_string()
+            } else {
+                let (vm, unequal) =
+                    victoria_bytes(&stored, &work, tag, &a.victoria_metrics).await?;
+                if unequal > 0 {
+                    println!("  VictoriaMetrics gave back {unequal} samples unequal to those sent");
+                }
+                format!(
+                    "| {vm} | {:.3} | {:.2}× ",
+                    vm as f64 / n as f64,
+                    vm as f64 / ours as f64
+                )
+            };
             println!(
-                "| {name}, {kind} | {n} | {ours} | {:.3} | {prom} | {:.3} | {:.2}× | {:.0} samples/s |",
+                "| {name}, {kind} | {n} | {ours} | {:.3} | {prom} | {:.3} | {:.2}× {victoria}| {:.0} samples/s |",
                 ours as f64 / n as f64,
                 prom as f64 / n as f64,
                 prom as f64 / ours as f64,

@@ -95,6 +95,22 @@ impl Victoria {
         Ok(())
     }
 
+    /// Rows VictoriaMetrics has inserted (`vm_rows_inserted_total`, every
+    /// ingestion type).
+    pub async fn rows_inserted(&self, http: &reqwest::Client) -> anyhow::Result<u64> {
+        let page = http
+            .get(format!("{}/metrics", self.url()))
+            .send()
+            .await?
+            .text()
+            .await?;
+        Ok(page
+            .lines()
+            .filter(|l| l.starts_with("vm_rows_inserted_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64)
+    }
+
     fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();

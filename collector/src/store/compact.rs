@@ -19,10 +19,13 @@
 //! and is skipped while nothing in the head can be sealed yet (the store's
 //! `head_low`).
 //!
-//! [`Store::expire`] deletes, per tenant, every chunk, head block and
-//! rollup of hours wholly before the tenant's retention cutoff with range
-//! deletes, then compacts the ranges so the space is reclaimed. Reads are
-//! clamped to the cutoff meanwhile, so expired samples are never returned.
+//! Retention: RocksDB drops every chunk, head block and rollup of hours
+//! wholly before its tenant's cutoff whenever it rewrites the file holding
+//! it (a compaction filter, [`super::Engine::expire_by_compaction`]), so no
+//! pass walks the series; on an engine without one, [`Store::expire`]
+//! deletes them per series with range deletes and compacts the ranges.
+//! Reads are clamped to the cutoff meanwhile, so expired samples are never
+//! returned.
 
 use super::gpu_block;
 use super::hours::{window_of, MINUTE_MS, WINDOW_MS};
@@ -135,6 +138,20 @@ impl Store {
         seal_delay_ms: i64,
         deadline: Option<std::time::Instant>,
     ) -> Result<CompactionReport, StoreError> {
+        let stop = move || deadline.is_some_and(|d| std::time::Instant::now() >= d);
+        self.compact_until(now_ms, seal_delay_ms, &stop)
+    }
+
+    /// [`Store::compact`], stopping between two series-hours once `stop`
+    /// says so. Each GPU's hour is sealed `seal_delay_ms` plus the GPU's
+    /// phase within the seal spread after it ends ([`super::fold`]).
+    pub(super) fn compact_until(
+        &self,
+        now_ms: i64,
+        seal_delay_ms: i64,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<CompactionReport, StoreError> {
+        // The earliest any series is sealed: before the phases.
         let sealed_before = window_of(now_ms.saturating_sub(seal_delay_ms));
         let mut report = CompactionReport::default();
         let seen = self.head_low.swap(i64::MAX, Ordering::SeqCst);
@@ -143,35 +160,43 @@ impl Store {
             // by it, belongs to a sealed hour: a walk over every series of
             // the head would find nothing.
             self.head_low.fetch_min(seen, Ordering::SeqCst);
+            if seen == i64::MAX {
+                self.head_left.store(i64::MAX, Ordering::SeqCst);
+            }
+            self.whole_passes.fetch_add(1, Ordering::SeqCst);
             return Ok(report);
         }
         let mut unsealed = i64::MAX;
-        let whole = self.pass(sealed_before, deadline, &mut report, &mut unsealed);
+        let due = |prefix: &[u8]| self.sealed_before(prefix, now_ms, seal_delay_ms);
+        let whole = self.pass(&due, stop, &mut report, &mut unsealed);
         // What this pass left for later: the hours it passed over, and,
         // when it did not finish, whatever it was asked to look at.
         self.head_low.fetch_min(unsealed, Ordering::SeqCst);
-        if !matches!(whole, Ok(true)) {
+        if matches!(whole, Ok(true)) {
+            self.head_left.store(unsealed, Ordering::SeqCst);
+            self.whole_passes.fetch_add(1, Ordering::SeqCst);
+        } else {
             self.head_low.fetch_min(seen, Ordering::SeqCst);
         }
         whole.map(|_| report)
     }
 
     /// One walk over the head, compacting every sealed series-hour; false
-    /// when `deadline` stopped it. `unsealed` gets the earliest hour of
+    /// when `stop` stopped it. `unsealed` gets the earliest hour of
     /// the series it passed over. A series-hour that cannot be compacted
     /// (corrupt, too large) is logged and left, and not counted there: it
     /// is tried again by the next pass that runs, not made to run passes.
     fn pass(
         &self,
-        sealed_before: i64,
-        deadline: Option<std::time::Instant>,
+        sealed_before: &dyn Fn(&[u8]) -> i64,
+        stop: &dyn Fn() -> bool,
         report: &mut CompactionReport,
         unsealed: &mut i64,
     ) -> Result<bool, StoreError> {
         let mut cursor: Vec<u8> = Vec::new();
         let end = vec![0xff; 8];
         loop {
-            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            if stop() {
                 return Ok(false);
             }
             let group = self.next_group(&mut cursor, &end, sealed_before, unsealed)?;
@@ -197,7 +222,7 @@ impl Store {
         &self,
         cursor: &mut Vec<u8>,
         end: &[u8],
-        sealed_before: i64,
+        sealed_before: &dyn Fn(&[u8]) -> i64,
         unsealed: &mut i64,
     ) -> Result<Option<Group>, StoreError> {
         loop {
@@ -215,7 +240,7 @@ impl Store {
                 let w = window_of(ts);
                 match &mut group {
                     None => {
-                        if w >= sealed_before {
+                        if w >= sealed_before(&k[..plen]) {
                             // This series' later blocks are later still.
                             *unsealed = (*unsealed).min(w);
                             return Step::Seek(upper(&k[..plen]));
@@ -369,6 +394,7 @@ impl Store {
             chunks += 1;
             samples += p.samples;
         }
+        let raw_samples = samples;
         if !ofu.is_empty() {
             let ts = (before.as_ref(), after.as_ref());
             let Some(p) =
@@ -383,6 +409,8 @@ impl Store {
             ops.push(Op::Delete(Cf::Head, k.clone()));
         }
         self.engine.apply(ops, false)?;
+        self.sealed_raw
+            .fetch_add(raw_samples as u64, Ordering::Relaxed);
         report.chunks += chunks;
         report.blocks += g.blocks.len() as u64;
         report.samples += samples as u64;
@@ -738,14 +766,23 @@ impl Store {
         Ok(ops)
     }
 
-    /// Deletes every tenant's data of hours wholly before its retention
-    /// cutoff and reclaims the space. Without a retention policy, nothing.
+    /// Deletes every tenant's events before its retention cutoff and, on
+    /// an engine that does not drop expired keys as it compacts
+    /// ([`super::Engine::expire_by_compaction`]), its data of hours wholly
+    /// before the cutoff, reclaiming the space. Without a retention
+    /// policy, nothing.
     pub fn expire(&self) -> Result<CompactionReport, StoreError> {
         let mut report = CompactionReport::default();
         let Some(retention) = self.retention.clone() else {
             return Ok(report);
         };
-        for cf in [Cf::Raw, Cf::Ofu, Cf::Head, Cf::Rollup] {
+        // An engine that drops expired keys as it compacts needs no walk.
+        let walked: &[Cf] = if self.expired_in_engine {
+            &[]
+        } else {
+            &[Cf::Raw, Cf::Ofu, Cf::Head, Cf::Rollup]
+        };
+        for &cf in walked {
             // One walk per family, a seek per series; the range deletes
             // are applied a batch at a time, between walks.
             let mut cursor: Vec<u8> = Vec::new();

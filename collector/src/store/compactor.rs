@@ -19,6 +19,7 @@ use super::handoff::{jobs_thread, HandOff, Job, Writer};
 use super::hours::WINDOW_MS;
 use super::{CompactionReport, Store, StoreError};
 use flopwatch_proto::clock::Clock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -72,9 +73,11 @@ async fn run<T: Send + 'static>(
     rx.await.ok()
 }
 
-/// Runs compaction on the store's schedule ([`Store::with_compaction`])
-/// and retention every hour, until `stop` turns true; then one last
-/// compaction pass, so hours sealed by then leave the head before the
+/// Runs folding and compaction on the store's schedule
+/// ([`Store::with_compaction`], [`Store::with_spread`]) and retention
+/// every hour, until `stop` turns true, which also interrupts a running
+/// pass between two GPU-hours; then one last compaction pass (at most
+/// 10 s), so hours sealed by then leave the head before the
 /// store is closed (and flushed) rather than at the next start. Failures
 /// are logged and retried on the next round.
 pub async fn run_compactor(
@@ -95,6 +98,9 @@ pub async fn run_compactor(
         None => store,
     };
     let mut last_expiry = i64::MIN;
+    // Set when a stop arrives during a pass: the pass ends between two
+    // GPU-hours (each one write, so nothing is left half done).
+    let cancel = Arc::new(AtomicBool::new(false));
     loop {
         let stopping = tokio::select! {
             _ = tokio::time::sleep(every) => false,
@@ -117,26 +123,51 @@ pub async fn run_compactor(
         let now = clock.now_ms();
         let expire = now.saturating_sub(last_expiry) >= WINDOW_MS;
         let s = store.clone();
-        let r = run(worker.as_ref(), move || {
+        let halt = cancel.clone();
+        let pass = run(worker.as_ref(), move || {
+            let halted = || halt.load(Ordering::SeqCst);
             let started = Instant::now();
-            let mut r: CompactionReport = s.compact(now, seal_ms)?;
-            let compacted = started.elapsed();
-            if expire {
+            let folded = s.fold(now, &halted)?;
+            let fold_time = started.elapsed();
+            let mut r: CompactionReport = s.compact_until(now, seal_ms, &halted)?;
+            let compacted = started.elapsed() - fold_time;
+            if expire && !halted() {
                 r.expired_ranges = s.expire()?.expired_ranges;
             }
-            Ok::<_, StoreError>((r, compacted, started.elapsed() - compacted))
-        })
-        .await;
+            let expired = started.elapsed() - fold_time - compacted;
+            Ok::<_, StoreError>((folded, r, fold_time, compacted, expired))
+        });
+        tokio::pin!(pass);
+        let done = tokio::select! {
+            r = &mut pass => Some(r),
+            _ = stop.wait_for(|s| *s) => None,
+        };
+        let r = match done {
+            Some(r) => r,
+            None => {
+                // Interrupt the pass; the loop then makes the bounded last
+                // one.
+                cancel.store(true, Ordering::SeqCst);
+                pass.await
+            }
+        };
         match r {
-            Some(Ok((r, compacted, expired))) => {
+            Some(Ok((folded, r, fold_time, compacted, expired))) => {
                 if expire {
                     last_expiry = now;
                 }
                 // A pass that holds a core for seconds is worth a line.
-                if compacted + expired >= Duration::from_secs(1) {
-                    tracing::info!(?r, ?compacted, ?expired, "compaction pass");
-                } else if r.chunks > 0 || r.expired_ranges > 0 {
-                    tracing::debug!(?r, ?compacted, ?expired, "compaction");
+                if fold_time + compacted + expired >= Duration::from_secs(1) {
+                    tracing::info!(
+                        ?folded,
+                        ?r,
+                        ?fold_time,
+                        ?compacted,
+                        ?expired,
+                        "compaction pass"
+                    );
+                } else if r.chunks > 0 || r.expired_ranges > 0 || folded.folded > 0 {
+                    tracing::debug!(?folded, ?r, ?fold_time, ?compacted, ?expired, "compaction");
                 }
             }
             Some(Err(e)) => tracing::warn!(error = %e, "compaction failed"),

@@ -612,7 +612,13 @@ fn retention_hides_then_deletes_expired_hours_per_tenant() {
         assert_eq!(n, 0, "{name}");
         let raw_keys = count(&*e, Cf::Raw);
         let r = store.expire().unwrap();
-        assert!(r.expired_ranges > 0, "{name}");
+        // RocksDB drops the expired keys as it rewrites their files (its
+        // compaction filter); the memory engine has them deleted.
+        assert_eq!(store.expired_in_engine, name == "rocksdb");
+        assert_eq!(r.expired_ranges > 0, !store.expired_in_engine, "{name}");
+        for cf in [Cf::Raw, Cf::Ofu, Cf::Head, Cf::Rollup] {
+            e.compact_range(cf, &[], &[0xff; 8]).unwrap();
+        }
         // long keeps hours 1..=3 (hour 1 is only partly expired), short
         // keeps hour 3: 4 of the 8 raw chunks remain.
         assert_eq!(raw_keys, 8, "{name}");

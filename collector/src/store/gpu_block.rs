@@ -17,7 +17,7 @@
 //! are read and compacted as before.
 //!
 //! ```text
-//! u8 version (1)
+//! u8 version (1; 2: a folded bundle, see `fold.rs`)
 //! u32 raw blocks:  (u8 len, metric name, u32 len, raw block) each
 //! u32 OFU blocks:  (u32 len, OFU block value) each
 //! ```
@@ -26,8 +26,17 @@
 use super::scan::{scan_series, BlockVisitor};
 use super::{corrupt, Cf, StoreError, View};
 
-/// The bundle format written.
+/// The bundle format a commit writes.
 const VERSION: u8 = 1;
+
+/// The same format, marking a bundle folded from others (`fold.rs`): its
+/// blocks are encoded as sealed chunks are.
+const FOLDED: u8 = 2;
+
+/// Whether the bundle `v` was folded from others.
+pub(super) fn is_folded(v: &[u8]) -> bool {
+    v.first() == Some(&FOLDED)
+}
 
 /// Which blocks of a bundle a reader wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,8 +69,17 @@ pub(super) struct Writer {
 impl Writer {
     /// An empty bundle.
     pub(super) fn new() -> Self {
+        Self::with_version(VERSION)
+    }
+
+    /// An empty folded bundle.
+    pub(super) fn folded() -> Self {
+        Self::with_version(FOLDED)
+    }
+
+    fn with_version(version: u8) -> Self {
         let mut raw = Vec::with_capacity(256);
-        raw.push(VERSION);
+        raw.push(version);
         raw.extend_from_slice(&[0; 4]);
         Self {
             raw,
@@ -134,7 +152,7 @@ impl<'v> Cursor<'v> {
 /// Decodes a bundle (a malformed one is a corruption error of `head`).
 pub(super) fn decode(v: &[u8]) -> Result<GpuBlock<'_>, StoreError> {
     let mut c = Cursor { v, pos: 0 };
-    if c.take(1)?[0] != VERSION {
+    if !matches!(c.take(1)?[0], VERSION | FOLDED) {
         return Err(corrupt(Cf::Head, "GPU block version"));
     }
     let mut out = GpuBlock::default();
@@ -272,8 +290,10 @@ mod tests {
         longer.push(0);
         assert!(decode(&longer).is_err());
         let mut other = v.clone();
-        other[0] = 2;
+        other[0] = 3;
         assert!(decode(&other).is_err(), "unknown version");
+        other[0] = FOLDED;
+        assert!(decode(&other).is_ok() && is_folded(&other));
     }
 
     proptest! {

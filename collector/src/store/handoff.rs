@@ -118,6 +118,10 @@ impl Engine for HandOff {
         self.inner.compact_fully(cf, max_bytes)
     }
 
+    fn expire_by_compaction(&self, expired: std::sync::Arc<super::Expiry>) -> bool {
+        self.inner.expire_by_compaction(expired)
+    }
+
     fn family_bytes(&self, cf: Cf) -> u64 {
         self.inner.family_bytes(cf)
     }

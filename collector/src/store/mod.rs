@@ -23,6 +23,7 @@
 
 mod compact;
 mod compactor;
+mod fold;
 mod gpu_block;
 mod handoff;
 mod hours;
@@ -48,6 +49,7 @@ mod scan;
 
 pub use compact::CompactionReport;
 pub use compactor::run_compactor;
+pub use fold::FoldReport;
 pub use hours::{MINUTE_MS, WINDOW_MS};
 pub use job_hours::{JobHour, IDLE_TENSOR_ACTIVE};
 pub use lasts::MinuteLast;
@@ -161,6 +163,10 @@ pub enum StoreError {
 /// One write: a put into a column family.
 pub type Put = (Cf, Vec<u8>, Vec<u8>);
 
+/// Whether retention has expired a key of a family (see
+/// [`Engine::expire_by_compaction`]).
+pub type Expiry = dyn Fn(Cf, &[u8]) -> bool + Send + Sync;
+
 /// An ordered key-value engine with column families.
 pub trait Engine: Send + Sync + 'static {
     /// Applies every put atomically and durably (through the WAL; fsynced
@@ -193,6 +199,17 @@ pub trait Engine: Send + Sync + 'static {
         let _ = max_bytes;
         self.compact_range(cf, &[], &[0xff; 800])?;
         Ok(true)
+    }
+
+    /// Hands retention to the engine: from now on it drops every key of
+    /// the `raw`, `ofu`, `head` and `rollup` families for which `expired`
+    /// says so whenever it rewrites the file holding it (RocksDB's
+    /// compaction filter), so no pass has to walk the series to delete
+    /// them. False (the default) when the engine cannot: the store then
+    /// deletes expired keys itself ([`Store::expire`]).
+    fn expire_by_compaction(&self, expired: std::sync::Arc<Expiry>) -> bool {
+        let _ = expired;
+        false
     }
 
     /// Bytes of `cf`'s files on disk (0 for an engine without files).

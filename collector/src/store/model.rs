@@ -39,6 +39,31 @@ pub struct Store {
     pub(super) index: Arc<super::index::SeriesIndex>,
     /// Remote write's journal ([`super::journal`]).
     pub(super) journal: Arc<super::journal::Journal>,
+    /// When GPUs are folded and sealed ([`Spread`]).
+    pub(super) spread: Spread,
+    /// GPUs with head bundles not folded yet ([`super::fold`]).
+    pub(super) fold_queue: Arc<super::fold::FoldQueue>,
+    /// The earliest hour the last whole compaction pass left in the head
+    /// (`i64::MAX`: none; `i64::MIN`: no whole pass yet).
+    pub(super) head_left: Arc<AtomicI64>,
+    /// Raw samples written into sealed chunks since the store was opened.
+    pub(super) sealed_raw: Arc<std::sync::atomic::AtomicU64>,
+    /// Whole compaction passes completed since the store was opened.
+    pub(super) whole_passes: Arc<std::sync::atomic::AtomicU64>,
+    /// The engine drops expired keys in its own compactions
+    /// ([`Engine::expire_by_compaction`]).
+    pub(super) expired_in_engine: bool,
+}
+
+/// When a GPU's head is folded and its hours sealed (see
+/// [`super::fold`]); both off (0) unless configured.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Spread {
+    /// Hours are sealed GPU by GPU over this span after the seal delay, ms.
+    pub(super) seal_spread_ms: i64,
+    /// A GPU's unfolded bundles are folded once the oldest is this old
+    /// (plus its phase within it), ms; 0: never.
+    pub(super) fold_after_ms: i64,
 }
 
 /// `e` · tenant · ts · kind · job · gpu: time-ordered within a tenant.
@@ -103,7 +128,64 @@ impl Store {
             head_low: Arc::new(AtomicI64::new(i64::MIN)),
             index: Arc::default(),
             journal: Arc::default(),
+            spread: Spread::default(),
+            fold_queue: Arc::default(),
+            head_left: Arc::new(AtomicI64::new(i64::MIN)),
+            sealed_raw: Arc::default(),
+            expired_in_engine: false,
+            whole_passes: Arc::default(),
         }
+    }
+
+    /// Seals hours GPU by GPU over `seal_spread` after the seal delay, and
+    /// folds a GPU's newest head bundles once the oldest is `fold_after`
+    /// old (zero: never); see [`super::fold`].
+    pub fn with_spread(
+        mut self,
+        seal_spread: std::time::Duration,
+        fold_after: std::time::Duration,
+    ) -> Self {
+        let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        self.spread = Spread {
+            seal_spread_ms: ms(seal_spread),
+            fold_after_ms: ms(fold_after),
+        };
+        self
+    }
+
+    /// How far sealing is behind its schedule at `now_ms`: how long ago
+    /// the earliest hour the last whole pass left in the head was due
+    /// (its end, the seal delay and the whole seal spread), 0 when none
+    /// is overdue.
+    pub fn compaction_lag_ms(&self, now_ms: i64) -> i64 {
+        let left = self.head_left.load(Ordering::SeqCst);
+        if left == i64::MAX || left == i64::MIN {
+            // Nothing left, or no whole pass yet to tell.
+            return 0;
+        }
+        let seal_delay = i64::try_from(self.schedule.1.as_millis()).unwrap_or(i64::MAX);
+        let due = left
+            .saturating_add(WINDOW_MS)
+            .saturating_add(seal_delay)
+            .saturating_add(self.spread.seal_spread_ms);
+        now_ms.saturating_sub(due).max(0)
+    }
+
+    /// Raw samples written into sealed chunks since the store was opened
+    /// (a chunk rewritten for late data counts all its samples again).
+    pub fn sealed_raw_samples(&self) -> u64 {
+        self.sealed_raw.load(Ordering::Relaxed)
+    }
+
+    /// Compaction passes that walked the whole head since the store was
+    /// opened (a pass skipped for having nothing to seal counts too).
+    pub fn whole_passes(&self) -> u64 {
+        self.whole_passes.load(Ordering::SeqCst)
+    }
+
+    /// GPUs whose newest head bundles wait to be folded.
+    pub fn fold_backlog(&self) -> usize {
+        self.fold_queue.len()
     }
 
     /// Head blocks of the hour starting at `window` (or later) were
@@ -112,6 +194,13 @@ impl Store {
     /// call either saw the blocks or leaves them to the next pass.
     pub(super) fn head_written(&self, window: i64) {
         self.head_low.fetch_min(window, Ordering::SeqCst);
+    }
+
+    /// Bundles were written: their GPUs are folded once due.
+    fn fold_written(&self, written: &[(Vec<u8>, i64)]) {
+        for (prefix, ts) in written {
+            self.fold_queue.note(prefix, *ts);
+        }
     }
 
     /// Rounds values at compaction as `precision` says (opt-in lossy
@@ -132,9 +221,21 @@ impl Store {
         self
     }
 
-    /// Applies `retention`: reads never return older samples and
-    /// [`Store::expire`] deletes them.
+    /// Applies `retention`: reads never return older samples, and the
+    /// engine drops them as it compacts its files (RocksDB's compaction
+    /// filter), or, on an engine that cannot, [`Store::expire`] deletes
+    /// them.
     pub fn with_retention(mut self, retention: Retention) -> Self {
+        let r = retention.clone();
+        let expired = move |cf: Cf, key: &[u8]| {
+            // Chunks and blocks are keyed by their last sample, rollups by
+            // their hour: both wholly expired below the cutoff's hour.
+            let Some((plen, tenant)) = keys::series_prefix(cf, key) else {
+                return false;
+            };
+            keys::key_ts(key, plen).is_some_and(|ts| ts < window_of(r.cutoff(tenant)))
+        };
+        self.expired_in_engine = self.engine.expire_by_compaction(Arc::new(expired));
         self.retention = Some(retention);
         self
     }
@@ -190,10 +291,15 @@ impl Store {
         let mut puts: Vec<Put> = Vec::with_capacity(bundles.len() + set.gpus.len() + 4);
         // The earliest hour of the head blocks written.
         let mut low = i64::MAX;
+        // Each GPU's earliest bundle, for folding.
+        let mut written: Vec<(Vec<u8>, i64)> = Vec::new();
         for ((gpu, window), (last, bundle)) in bundles {
             low = low.min(window);
             // `tenant · gpu`, the prefix a GPU's OFU chunks have too.
             let prefix = keys::kind_prefix(keys::KIND_GPU, &keys::ofu_prefix(tenant, gpu));
+            if self.spread.fold_after_ms > 0 && written.last().is_none_or(|(p, _)| *p != prefix) {
+                written.push((prefix.clone(), last));
+            }
             puts.push((
                 Cf::Head,
                 keys::block_key(&prefix, last, set.seq),
@@ -242,6 +348,7 @@ impl Store {
             sort_puts(&mut puts);
             self.engine.write(puts, self.sync)?;
             self.head_written(low);
+            self.fold_written(&written);
             self.index.observe(tenant, set);
             return Ok(());
         };
@@ -264,6 +371,7 @@ impl Store {
         // Limbo blocks reach the head when settled (`Store::settle`).
         if set.limbo.is_none() {
             self.head_written(low);
+            self.fold_written(&written);
         }
         self.index.observe(tenant, set);
         Ok(())

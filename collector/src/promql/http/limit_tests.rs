@@ -114,7 +114,11 @@ async fn instant(url: &str, q: &str) -> (u16, String) {
 /// The value of `name{labels}` on the collector's `/metrics` page (0 when
 /// absent).
 fn metric(c: &Arc<Collector>, line_start: &str) -> f64 {
-    let page = crate::exporter::page(c, Some("provider")).unwrap();
+    let scrape = flopwatch_transport::metrics_http::Scrape {
+        token: Some("provider"),
+        params: &[],
+    };
+    let page = crate::exporter::page(c, &scrape).unwrap();
     page.lines()
         .find(|l| l.starts_with(line_start))
         .and_then(|l| l.rsplit(' ').next())
