@@ -8,7 +8,8 @@
 //! block compression; the rollups and the metadata (plain fixed-width
 //! records) are compressed with zstd (the only codec built in), and the
 //! head (a batch's small blocks under their metrics' names) with zstd's
-//! fastest level.
+//! fastest level. RocksDB's compactions run at the lowest CPU and I/O
+//! priority, its flushes at ingest's.
 
 use super::{Cf, Engine, Expiry, Op, Step, StoreError, View};
 use rocksdb::{
@@ -140,11 +141,29 @@ fn family_options(cf: Cf, expiry: &ExpirySlot) -> Options {
     o
 }
 
+/// Runs RocksDB's compactions (its low-priority pool) at the lowest CPU
+/// and I/O priority: they rewrite files in the background and must not
+/// take a core from the commits that acknowledge batches. Flushes (the
+/// high-priority pool) keep ingest's priority, so memtables still reach
+/// the disk when ingest keeps every core busy. Process-wide (RocksDB's
+/// default environment), and done once.
+fn lower_compaction_priority() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| match rocksdb::Env::new() {
+        Ok(mut env) => {
+            env.lower_thread_pool_cpu_priority();
+            env.lower_thread_pool_io_priority();
+        }
+        Err(e) => tracing::warn!(error = %e, "RocksDB compactions keep ingest's priority"),
+    });
+}
+
 impl RocksEngine {
     /// Opens (creating if needed) the database in `path`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         std::fs::create_dir_all(path)
             .map_err(|e| StoreError::Engine(format!("{}: {e}", path.display())))?;
+        lower_compaction_priority();
         let expiry = ExpirySlot::default();
         let cfs = Cf::ALL
             .iter()
