@@ -310,14 +310,7 @@ impl Live {
             .read()
             .map(|m| m.values().filter_map(|g| current(g, now_ms)).collect())
             .unwrap_or_default();
-        v.sort_by(|a, b| {
-            (&a.tenant, &a.hostname, a.index, &a.uuid).cmp(&(
-                &b.tenant,
-                &b.hostname,
-                b.index,
-                &b.uuid,
-            ))
-        });
+        sort_gpus(&mut v);
         v
     }
 
@@ -365,14 +358,7 @@ impl Live {
                     .collect()
             })
             .unwrap_or_default();
-        v.sort_by(|a, b| {
-            (&a.tenant, &a.hostname, a.index, &a.uuid).cmp(&(
-                &b.tenant,
-                &b.hostname,
-                b.index,
-                &b.uuid,
-            ))
-        });
+        sort_gpus(&mut v);
         v
     }
 
@@ -496,6 +482,13 @@ pub fn batch_gpus(b: &BatchView<'_>, now_ms: i64) -> Vec<GpuLive> {
 /// its agent has not reported it for [`STALE_MS`]. Until then a GPU with
 /// nothing current is still listed (its last-sample time is how alerts
 /// see it stopped), without values.
+/// Orders GPUs by tenant, hostname, index and UUID.
+fn sort_gpus(v: &mut [GpuLive]) {
+    v.sort_by(|a, b| {
+        (&a.tenant, &a.hostname, a.index, &a.uuid).cmp(&(&b.tenant, &b.hostname, b.index, &b.uuid))
+    });
+}
+
 fn current(g: &GpuLive, now_ms: i64) -> Option<GpuLive> {
     if now_ms - g.seen_ms > STALE_MS {
         return None;

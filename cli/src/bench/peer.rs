@@ -203,17 +203,12 @@ fn version(prometheus: &str) -> anyhow::Result<String> {
 
 /// The samples Prometheus' head has appended (`/metrics`).
 async fn appended(http: &reqwest::Client, prom: &LocalPrometheus) -> anyhow::Result<u64> {
-    let page = http
-        .get(format!("{}/metrics", prom.url()))
-        .send()
-        .await?
-        .text()
-        .await?;
-    Ok(page
-        .lines()
-        .filter(|l| l.starts_with("prometheus_tsdb_head_samples_appended_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64)
+    super::victoria::metric_sum(
+        http,
+        &prom.url(),
+        "prometheus_tsdb_head_samples_appended_total",
+    )
+    .await
 }
 
 /// How far, in sample time, a request slot may run ahead of the slowest

@@ -98,17 +98,7 @@ impl Victoria {
     /// Rows VictoriaMetrics has inserted (`vm_rows_inserted_total`, every
     /// ingestion type).
     pub async fn rows_inserted(&self, http: &reqwest::Client) -> anyhow::Result<u64> {
-        let page = http
-            .get(format!("{}/metrics", self.url()))
-            .send()
-            .await?
-            .text()
-            .await?;
-        Ok(page
-            .lines()
-            .filter(|l| l.starts_with("vm_rows_inserted_total"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64)
+        metric_sum(http, &self.url(), "vm_rows_inserted_total").await
     }
 
     fn log_tail(&self) -> String {
@@ -123,4 +113,24 @@ impl Drop for Victoria {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The sum of every series of the family `name` on the `/metrics` page of
+/// the server at `url` (a peer's own count of what it stored).
+pub(super) async fn metric_sum(
+    http: &reqwest::Client,
+    url: &str,
+    name: &str,
+) -> anyhow::Result<u64> {
+    let page = http
+        .get(format!("{url}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    Ok(page
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64)
 }
