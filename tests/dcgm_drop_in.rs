@@ -12,19 +12,20 @@
 //! dcgm-exporter page whose XID field already holds 48.
 
 use flopwatch_agent::source::sim::SimSource;
-use flopwatch_collector::prometheus_peer::{LocalPrometheus, PrometheusOptions};
 use flopwatch_collector::Auth;
 use flopwatch_config::{CollectorConfig, ExporterConfig};
 use flopwatch_proto::clock::Clock;
+use flopwatch_proto::clock::Deadline;
 use flopwatch_sim::FleetPlan;
 use flopwatch_tests::dcgm::{self, PageGpu};
 use flopwatch_tests::procs::free_port;
 use flopwatch_tests::prom::tool;
+use flopwatch_tests::prometheus_peer::{LocalPrometheus, PrometheusOptions};
 use flopwatch_tests::TestCollector;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The panels' queries of dcgm-exporter's Grafana dashboard (12239), with
 /// its variables `$instance` (`label_values(DCGM_FI_DEV_GPU_TEMP,
@@ -251,7 +252,7 @@ async fn dashboard_and_recording_rules_work_on_the_compat_page() {
     let http = reqwest::Client::new();
 
     // Until every node's GPUs are scraped and every rule has a result.
-    let deadline = Instant::now() + Duration::from_secs(90);
+    let deadline = Deadline::after(Duration::from_secs(90));
     loop {
         let mut missing = Vec::new();
         let temps = query(&http, &prom, "DCGM_FI_DEV_GPU_TEMP").await;
@@ -275,10 +276,7 @@ async fn dashboard_and_recording_rules_work_on_the_compat_page() {
         if missing.is_empty() {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "Prometheus never got: {missing:?}"
-        );
+        assert!(!deadline.passed(), "Prometheus never got: {missing:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 

@@ -1001,31 +1001,31 @@ mod operator {
     use serde::{Deserialize, Serialize};
     use std::collections::BTreeMap;
 
-    pub const API_VERSION: &str = "monitoring.coreos.com/v1";
+    pub(crate) const API_VERSION: &str = "monitoring.coreos.com/v1";
 
     #[derive(Debug, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, rename_all = "camelCase")]
-    pub struct Object<S> {
+    pub(crate) struct Object<S> {
         pub api_version: String,
         pub kind: String,
         pub metadata: ObjectMeta,
         pub spec: S,
     }
 
-    pub type PodMonitor = Object<PodMonitorSpec>;
-    pub type ServiceMonitor = Object<ServiceMonitorSpec>;
-    pub type PrometheusRule = Object<PrometheusRuleSpec>;
+    pub(crate) type PodMonitor = Object<PodMonitorSpec>;
+    pub(crate) type ServiceMonitor = Object<ServiceMonitorSpec>;
+    pub(crate) type PrometheusRule = Object<PrometheusRuleSpec>;
 
     #[derive(Debug, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, rename_all = "camelCase")]
-    pub struct PodMonitorSpec {
+    pub(crate) struct PodMonitorSpec {
         pub selector: LabelSelector,
         pub pod_metrics_endpoints: Vec<Endpoint>,
     }
 
     #[derive(Debug, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, rename_all = "camelCase")]
-    pub struct ServiceMonitorSpec {
+    pub(crate) struct ServiceMonitorSpec {
         pub selector: LabelSelector,
         pub endpoints: Vec<Endpoint>,
     }
@@ -1033,7 +1033,7 @@ mod operator {
     /// A PodMonitor's podMetricsEndpoint or a ServiceMonitor's endpoint.
     #[derive(Debug, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, rename_all = "camelCase")]
-    pub struct Endpoint {
+    pub(crate) struct Endpoint {
         pub port: String,
         pub path: String,
         pub interval: Option<String>,
@@ -1044,7 +1044,7 @@ mod operator {
 
     #[derive(Debug, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, rename_all = "camelCase")]
-    pub struct Relabeling {
+    pub(crate) struct Relabeling {
         #[serde(default)]
         pub source_labels: Vec<String>,
         pub target_label: Option<String>,
@@ -1055,20 +1055,20 @@ mod operator {
 
     #[derive(Debug, Deserialize, Serialize)]
     #[serde(deny_unknown_fields)]
-    pub struct PrometheusRuleSpec {
+    pub(crate) struct PrometheusRuleSpec {
         pub groups: Vec<RuleGroup>,
     }
 
     #[derive(Debug, Deserialize, Serialize)]
     #[serde(deny_unknown_fields)]
-    pub struct RuleGroup {
+    pub(crate) struct RuleGroup {
         pub name: String,
         pub rules: Vec<Rule>,
     }
 
     #[derive(Debug, Deserialize, Serialize)]
     #[serde(deny_unknown_fields)]
-    pub struct Rule {
+    pub(crate) struct Rule {
         pub alert: Option<String>,
         pub record: Option<String>,
         pub expr: String,

@@ -147,6 +147,7 @@ async fn two_sim_agents_ofu_matches_ground_truth_and_survives_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nvml_source_on_the_fake_library_feeds_ofu() {
+    let _driver = flopwatch_tests::fake_nvml().await;
     let lib = flopwatch_fake_nvml::library_path().expect("fake libnvidia-ml built");
     let start = SystemClock.now_ms();
     flopwatch_fake_nvml::control::configure(&format!(

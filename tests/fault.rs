@@ -8,12 +8,13 @@
 //!
 //! Figures from these tests are in docs/RELIABILITY.md.
 
+use flopwatch_proto::clock::{Deadline, Stopwatch};
 use flopwatch_proto::v1;
 use flopwatch_tests::procs::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The tests here start many processes and watch timings of seconds: they
 /// run one at a time.
@@ -79,7 +80,7 @@ fn killing_collectors_again_and_again_loses_and_duplicates_nothing() {
         .collect();
     let running: Vec<RunningAgent> = agents.iter().map(start_agent).collect();
     let target = 1_050_000.0;
-    let started = Instant::now();
+    let started = Stopwatch::start();
     let mut kills = 0;
     let mut victim = 0;
     let mut limbo = LimboLog::default();
@@ -170,7 +171,7 @@ fn killing_collectors_again_and_again_loses_and_duplicates_nothing() {
         .flatten()
         .map(collector_metrics)
         .collect();
-    let settling = Instant::now();
+    let settling = Stopwatch::start();
     let limbo_left = || -> Option<f64> {
         metrics
             .iter()
@@ -337,7 +338,7 @@ fn full_outage_with_an_agent_killed_leaves_no_gap_beyond_the_batch_in_progress()
         c.kill9();
     }
     let outage = outage();
-    let down = Instant::now();
+    let down = Stopwatch::start();
     std::thread::sleep(outage / 2);
     // kill -9 agent 0 in the middle of the outage, restart it 2 s later.
     let spooled_before = std::fs::read_dir(&agents[0].spool).unwrap().count();
@@ -353,8 +354,8 @@ fn full_outage_with_an_agent_killed_leaves_no_gap_beyond_the_batch_in_progress()
         .map(|(i, c)| start_collector(c, i))
         .collect();
     // Backlogs drain at up to 50 batches/s; give them time, then stop.
-    let until = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < until {
+    let until = Deadline::after(Duration::from_secs(60));
+    while !until.passed() {
         std::thread::sleep(Duration::from_secs(1));
         let left: f64 = running
             .iter()
@@ -554,13 +555,13 @@ fn full_data_volume_answers_retryably_acks_nothing_and_recovers() {
     let acked_at_error = scrape(&agent.metrics, "flopwatch_agent_acked_batches_total");
     // The collector answers UNAVAILABLE ("retry"), acks nothing more, and
     // its watchdog stops it with a failure status for the service manager.
-    let until = Instant::now() + Duration::from_secs(60);
+    let until = Deadline::after(Duration::from_secs(60));
     let status = loop {
         if let Ok(Some(st)) = collector.child.try_wait() {
             break st;
         }
         assert!(
-            Instant::now() < until,
+            !until.passed(),
             "collector still running:\n{}",
             collector.log()
         );
@@ -581,10 +582,10 @@ fn full_data_volume_answers_retryably_acks_nothing_and_recovers() {
     volume.resize("256m");
     drop(collector);
     let collector = start_collector(&specs[0], 0);
-    let until = Instant::now() + Duration::from_secs(60);
+    let until = Deadline::after(Duration::from_secs(60));
     while scrape(&agent.metrics, "flopwatch_agent_outbox_batches") > 2.0 {
         assert!(
-            Instant::now() < until,
+            !until.passed(),
             "backlog does not drain:\n{}",
             agent.proc.log()
         );
@@ -680,13 +681,9 @@ fn corrupt_and_truncated_spool_records_are_set_aside_and_counted() {
 
     let collector = start_collector(&specs[0], 0);
     let a = start_agent(&spec);
-    let until = Instant::now() + Duration::from_secs(30);
+    let until = Deadline::after(Duration::from_secs(30));
     while scrape(&a.metrics, "flopwatch_agent_acked_batches_total") < 10.0 {
-        assert!(
-            Instant::now() < until,
-            "agent does not deliver:\n{}",
-            a.proc.log()
-        );
+        assert!(!until.passed(), "agent does not deliver:\n{}", a.proc.log());
         std::thread::sleep(Duration::from_millis(200));
     }
     let bad = scrape(&a.metrics, "flopwatch_agent_spool_bad_records_total");

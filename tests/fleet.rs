@@ -1,4 +1,4 @@
-//! `flopwatch bench fleet`, small: 50 agents over the real delivery path
+//! `flopwatch-bench fleet`, small: 50 agents over the real delivery path
 //! on a real collector process, every stream connected, samples stored,
 //! nothing lost (produced = acknowledged = counted in the store).
 
@@ -17,10 +17,9 @@ fn fifty_agents_connect_store_and_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("fleet");
     let root = root.to_string_lossy();
-    let mut p = Proc::spawn(
+    let mut p = Proc::spawn_bench(
         "bench-fleet",
         &[
-            "bench",
             "fleet",
             "--agents",
             "50",
@@ -63,7 +62,7 @@ fn fifty_agents_connect_store_and_lose_nothing() {
     let _ = p.child.wait();
 }
 
-/// `flopwatch bench soak`, small and fast: 20 agents on a clock 120 times
+/// `flopwatch-bench soak`, small and fast: 20 agents on a clock 120 times
 /// the wall clock for an hour of sample time starting 40 minutes into an
 /// hour, so the run folds every GPU's head and seals the first hour GPU by
 /// GPU; nothing is lost and the store holds every sample produced.
@@ -72,10 +71,9 @@ fn a_warped_hour_folds_and_seals_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("soak");
     let root = root.to_string_lossy();
-    let mut p = Proc::spawn(
+    let mut p = Proc::spawn_bench(
         "bench-soak",
         &[
-            "bench",
             "soak",
             "--agents",
             "20",

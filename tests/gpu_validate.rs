@@ -7,9 +7,9 @@
 //! windows, queries and parsing line up with the phases. Also: the script
 //! refuses the real mode where there is no `nvidia-smi`.
 
+use flopwatch_proto::clock::Stopwatch;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::Instant;
 
 /// The phases of the load with `--precisions bf16`, in the report's order
 /// (deploy/gpu/load.py).
@@ -97,7 +97,7 @@ fn dry_run_reports_every_phase_with_ofu_that_follows_the_load() {
         .expect("the fake libnvidia-ml is built (cargo build -p flopwatch-fake-nvml)");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("dry-run.md");
-    let t0 = Instant::now();
+    let t0 = Stopwatch::start();
     let o = run(
         &[
             "--dry-run",

@@ -4,13 +4,13 @@
 //! - hadolint finds nothing in the Dockerfile;
 //! - the agent target is the agent-only build, the default target the full
 //!   one, and both run as an unprivileged user;
-//! - the images the README and the Dockerfile say to build are the images
+//! - the images docs/DEPLOY.md and the Dockerfile say to build are the images
 //!   the Kubernetes manifests run, at this version: the agent DaemonSet the
 //!   `agent` target, the collector StatefulSet the default one.
 //!
 //! Building and running the images needs a Docker daemon and the base
 //! images (`rust`, `debian`) from Docker Hub: `images_build_and_run` is
-//! ignored by default (`cargo test --workspace --test image -- --ignored`).
+//! ignored by default (`cargo test -p flopwatch-tests --test all image:: -- --ignored`).
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -231,10 +231,10 @@ fn manifest_image(file: &str, kind: &str) -> String {
 #[test]
 fn manifests_run_the_images_the_dockerfile_and_readme_build() {
     let from_dockerfile = build_commands(&dockerfile());
-    let from_readme = build_commands(&read(&root().join("README.md")));
+    let from_readme = build_commands(&read(&root().join("docs/DEPLOY.md")));
     assert_eq!(
         from_readme, from_dockerfile,
-        "README and Dockerfile disagree"
+        "docs/DEPLOY.md and Dockerfile disagree"
     );
     let version = env!("CARGO_PKG_VERSION");
     let agent = from_dockerfile.get("agent").expect("an agent build");

@@ -4,12 +4,13 @@
 //! copy, and a peer that never answers leaves the batch kept after the
 //! limbo timeout.
 
+use flopwatch_proto::clock::Deadline;
 use flopwatch_proto::v1::{
     self, agent_message, collector_message, ingest_client::IngestClient, AgentMessage,
 };
 use flopwatch_tests::procs::*;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -110,13 +111,13 @@ async fn stored(url: &str, local_only: bool) -> Vec<i64> {
 /// Waits until `cond` holds for the value of `name` on `/metrics` at
 /// `addr`, at most `limit`.
 fn wait_metric(addr: &str, name: &str, limit: Duration, cond: impl Fn(f64) -> bool) -> f64 {
-    let until = Instant::now() + limit;
+    let until = Deadline::after(limit);
     loop {
         if let Some(v) = scrape_opt(addr, name).filter(|v| cond(*v)) {
             return v;
         }
         assert!(
-            Instant::now() < until,
+            !until.passed(),
             "{name} at {addr}: {:?} after {limit:?}",
             scrape_opt(addr, name)
         );

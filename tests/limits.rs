@@ -11,6 +11,7 @@ use flopwatch_collector::store::{Cf, Engine, Op, Store, StoreError, View};
 use flopwatch_collector::{digest, Auth};
 use flopwatch_collector::{Collector, Settings};
 use flopwatch_config::{CollectorConfig, LimitsOverride, SpecTable, TenantConfig};
+use flopwatch_proto::clock::Stopwatch;
 use flopwatch_proto::clock::{Clock, SystemClock};
 use flopwatch_proto::model::NodeIdentity;
 use flopwatch_proto::v1::{self, collector_message};
@@ -545,7 +546,7 @@ async fn a_batch_without_a_commit_slot_in_time_is_deferred_not_left_waiting() {
     let stalled = engine.gate.write().unwrap();
     a.send(batch(1, "GPU-a")).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let asked = std::time::Instant::now();
+    let asked = Stopwatch::start();
     b.send(batch(1, "GPU-b")).await;
     b.send(batch(2, "GPU-b")).await;
     let (r1, r2) = (b.next().await.unwrap(), b.next().await.unwrap());

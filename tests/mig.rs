@@ -277,6 +277,7 @@ async fn an_instance_created_while_the_agent_runs_is_picked_up() {
 /// counted once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nvml_mig_instances_and_a_reconfiguration_reach_the_collector() {
+    let _driver = flopwatch_tests::fake_nvml().await;
     use flopwatch_agent::source::nvml::NvmlSource;
     use flopwatch_agent::source::GpuSource;
     use flopwatch_fake_nvml::config::FakeConfig;

@@ -10,21 +10,22 @@ use flopwatch_agent::AdaptiveSampler;
 use flopwatch_agent::SpoolOptions;
 use flopwatch_agent::TokioClock;
 use flopwatch_agent::{AgentOptions, DeliveryOptions};
-use flopwatch_collector::prometheus_peer::{LocalPrometheus, PrometheusOptions};
 use flopwatch_collector::Auth;
 use flopwatch_config::{CollectorConfig, ExporterConfig, RemoteWriteConfig, SamplingConfig};
 use flopwatch_proto::clock::Clock;
+use flopwatch_proto::clock::Deadline;
 use flopwatch_proto::model::NodeIdentity;
 use flopwatch_proto::v1::ofu_request;
 use flopwatch_sim::FleetPlan;
 use flopwatch_tests::procs::free_port;
 use flopwatch_tests::prom::tool;
+use flopwatch_tests::prometheus_peer::{LocalPrometheus, PrometheusOptions};
 use flopwatch_tests::TestCollector;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn host_port(url: &str) -> String {
     url.trim_start_matches("http://")
@@ -203,7 +204,7 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
     // agent's per-metric intervals scraped, and the four GPUs' OFU written
     // remotely (remote-written series carry no `instance` label).
     let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(90);
+    let deadline = Deadline::after(Duration::from_secs(90));
     let checks = [
         "up{job=\"flopwatch-collector\"} == 1",
         "up{job=\"flopwatch-agent\"} == 1",
@@ -225,7 +226,7 @@ async fn prometheus_scrapes_both_pages_and_receives_remote_write() {
         if ok {
             break;
         }
-        assert!(Instant::now() < deadline, "Prometheus never saw everything");
+        assert!(!deadline.passed(), "Prometheus never saw everything");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     // Let a few more batches arrive, then compare.
@@ -567,7 +568,7 @@ async fn prometheus_receives_remote_write_over_tls_with_basic_auth() {
 
     // Both GPUs' OFU arrive, written remotely (no `instance` label: this
     // Prometheus scrapes nothing).
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Deadline::after(Duration::from_secs(60));
     let series = loop {
         let s = prom
             .query("flopwatch_ofu_ratio{hostname=\"node-tls\"}")
@@ -576,7 +577,7 @@ async fn prometheus_receives_remote_write_over_tls_with_basic_auth() {
             break s;
         }
         assert!(
-            Instant::now() < deadline,
+            !deadline.passed(),
             "no OFU over TLS; collector /metrics failures: 4xx {} connection {}",
             scraped(
                 &collector,
@@ -620,10 +621,10 @@ async fn a_wrong_password_is_a_4xx_counted_and_not_retried() {
     let prom = SecurePrometheus::start(dir.path()).await;
     let (collector, agent) = tls_collector(dir.path(), &prom, "wrong password").await;
     let refused = "flopwatch_remote_write_failures_total{reason=\"4xx\"}";
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Deadline::after(Duration::from_secs(60));
     while scraped(&collector, refused).await < 3.0 {
         assert!(
-            Instant::now() < deadline,
+            !deadline.passed(),
             "no 4xx counted on /metrics; connection failures: {}",
             scraped(
                 &collector,
@@ -636,9 +637,9 @@ async fn a_wrong_password_is_a_4xx_counted_and_not_retried() {
     agent.stop().await;
     // The last batches' samples reach the queue and are refused too.
     let queue = collector.collector.remote.clone().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Deadline::after(Duration::from_secs(10));
     while queue.pending() > 0 {
-        assert!(Instant::now() < deadline, "refused samples stay queued");
+        assert!(!deadline.passed(), "refused samples stay queued");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -682,7 +683,7 @@ async fn a_wrong_password_is_a_4xx_counted_and_not_retried() {
     collector.stop().await;
 }
 
-/// `flopwatch bench ingest --peer prometheus,victoria-metrics`, small and
+/// `flopwatch-bench ingest --peer prometheus,victoria-metrics`, small and
 /// short: the three systems accepted samples (each peer's own count of
 /// what it stored equal to what it answered 2xx for), and each ratio
 /// printed is the quotient of the two rates printed (within their
@@ -691,9 +692,8 @@ async fn a_wrong_password_is_a_4xx_counted_and_not_retried() {
 fn bench_ingest_against_prometheus_prints_both_rates_and_their_ratio() {
     tool("prometheus");
     tool("victoria-metrics");
-    let out = Command::new(flopwatch_tests::flopwatch_bin())
+    let out = Command::new(flopwatch_tests::bench_bin())
         .args([
-            "bench",
             "ingest",
             "--peer",
             "prometheus,victoria-metrics",

@@ -20,6 +20,7 @@
 use flopwatch_collector::{digest, Auth};
 use flopwatch_config::{CollectorConfig, TenantConfig};
 use flopwatch_proto::clock::{Clock, SystemClock};
+use flopwatch_proto::clock::{Deadline, Stopwatch};
 use flopwatch_proto::v1::{self, collector_message};
 use flopwatch_tests::prom::{openmetrics_blocks, Prometheus};
 use flopwatch_tests::promql::{canon_json, differ, Canon};
@@ -27,7 +28,7 @@ use flopwatch_tests::raw::RawAgent;
 use flopwatch_tests::TestCollector;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const STEP: i64 = 5_000;
 const SAMPLES: i64 = 1_440;
@@ -538,7 +539,7 @@ async fn ask(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compliance_queries_answer_as_prometheus_does() {
-    let started = Instant::now();
+    let started = Stopwatch::start();
     let dir = tempfile::tempdir().unwrap();
     let now = SystemClock.now_ms();
     let t0 = now.div_euclid(3_600_000) * 3_600_000 - 3 * 3_600_000;
@@ -724,14 +725,14 @@ async fn compliance_queries_answer_as_prometheus_does() {
     openmetrics_blocks(&om_file, &tsdb);
     let prom = Prometheus::serve(&tsdb, dir.path());
     let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Deadline::after(Duration::from_secs(30));
     while !http
         .get(format!("{}/-/ready", prom.url))
         .send()
         .await
         .is_ok_and(|r| r.status().is_success())
     {
-        assert!(Instant::now() < deadline, "prometheus not ready");
+        assert!(!deadline.passed(), "prometheus not ready");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 

@@ -15,6 +15,7 @@
 use flopwatch_collector::promql::Engine;
 use flopwatch_collector::Scope;
 use flopwatch_proto::clock::{Clock, SystemClock};
+use flopwatch_proto::clock::{Deadline, Stopwatch};
 use flopwatch_proto::v1::{self, collector_message};
 use flopwatch_tests::prom::{openmetrics_blocks, Prometheus};
 use flopwatch_tests::promql::{canon_json, canon_value, differ};
@@ -22,7 +23,7 @@ use flopwatch_tests::raw::{self, RawAgent};
 use flopwatch_tests::TestCollector;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const HOUR: i64 = 3_600_000;
 const DAY: i64 = 24 * HOUR;
@@ -181,7 +182,7 @@ const QUERIES: &[&str] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promql_answers_as_prometheus_does() {
-    let started = Instant::now();
+    let started = Stopwatch::start();
     let dir = tempfile::tempdir().unwrap();
     let now = SystemClock.now_ms();
     let base = now.div_euclid(HOUR) * HOUR - 31 * DAY;
@@ -322,7 +323,7 @@ async fn promql_answers_as_prometheus_does() {
     openmetrics_blocks(&om_file, &tsdb);
     let prom = Prometheus::serve(&tsdb, dir.path());
     let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Deadline::after(Duration::from_secs(30));
     loop {
         let ready = http
             .get(format!("{}/-/ready", prom.url))
@@ -332,7 +333,7 @@ async fn promql_answers_as_prometheus_does() {
         if ready {
             break;
         }
-        assert!(Instant::now() < deadline, "prometheus not ready");
+        assert!(!deadline.passed(), "prometheus not ready");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 

@@ -5,6 +5,7 @@
 
 use flopwatch_collector::{digest, Auth};
 use flopwatch_config::{CollectorConfig, QueryToken, TenantConfig};
+use flopwatch_proto::clock::Deadline;
 use flopwatch_proto::clock::{Clock, SystemClock};
 use flopwatch_proto::v1::{
     self, agent_message, collector_message, ingest_client::IngestClient, AgentMessage,
@@ -278,7 +279,7 @@ async fn streams_past_max_agents_are_refused_until_one_ends() {
     // The first agent goes away: its slot frees and the next one is served.
     drop(first_tx);
     drop(first);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = Deadline::after(std::time::Duration::from_secs(10));
     loop {
         let (_tx, third) = open(&mut client, "n3").await;
         match third {
@@ -291,7 +292,7 @@ async fn streams_past_max_agents_are_refused_until_one_ends() {
                 break;
             }
             Err(e) if e.code() == Code::ResourceExhausted => {
-                assert!(std::time::Instant::now() < deadline, "slot never freed");
+                assert!(!deadline.passed(), "slot never freed");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
             Err(e) => panic!("{e}"),

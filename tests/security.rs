@@ -14,6 +14,7 @@ use flopwatch_collector::{digest, Auth};
 use flopwatch_config::{
     AgentToken, ClientTls, CollectorConfig, QueryToken, ServerTls, SpecTable, TenantConfig,
 };
+use flopwatch_proto::clock::Deadline;
 use flopwatch_proto::clock::{Clock, SystemClock};
 use flopwatch_proto::v1::{
     self, cluster_client::ClusterClient, collector_message, ofu_request, query_client::QueryClient,
@@ -1246,14 +1247,14 @@ fn binaries_speak_tls_and_a_reload_revokes_a_token() {
         ])
     };
     // The agent's node shows up through TLS.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let deadline = Deadline::after(std::time::Duration::from_secs(30));
     loop {
         let out = nodes("acme-reader-1", &url);
         if out.status.success() && String::from_utf8_lossy(&out.stdout).contains("tls-node") {
             break;
         }
         assert!(
-            std::time::Instant::now() < deadline,
+            !deadline.passed(),
             "no node over TLS: {}",
             String::from_utf8_lossy(&out.stderr)
         );
@@ -1276,7 +1277,7 @@ fn binaries_speak_tls_and_a_reload_revokes_a_token() {
     // Remove reader 1, SIGHUP: refused from now on; reader 2 still reads.
     write_config(&["acme-reader-2"]);
     c.signal("HUP");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = Deadline::after(std::time::Duration::from_secs(10));
     loop {
         let out = nodes("acme-reader-1", &url);
         if !out.status.success() {
@@ -1287,10 +1288,7 @@ fn binaries_speak_tls_and_a_reload_revokes_a_token() {
             );
             break;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "reader 1 still reads after SIGHUP"
-        );
+        assert!(!deadline.passed(), "reader 1 still reads after SIGHUP");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let out = nodes("acme-reader-2", &url);

@@ -194,6 +194,7 @@ async fn nvml_process_utilisation_apportions_a_shared_gpu() {
         )
         .unwrap();
     }
+    let _driver = flopwatch_tests::fake_nvml().await;
     let lib = flopwatch_fake_nvml::library_path().expect("fake libnvidia-ml built");
     let clock = Arc::new(TokioClock::new());
     let start = clock.now_ms();

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 /// Exponential backoff with full jitter. See the module docs.
 #[derive(Debug)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     first: Duration,
     cap: Duration,
     ceiling: Duration,
@@ -22,7 +22,7 @@ impl Backoff {
     /// Ceilings from `first`, doubling up to `cap`; `seed` seeds the draws
     /// (agents seed it with their own identity and the time, so no two
     /// draw alike).
-    pub fn new(first: Duration, cap: Duration, seed: u64) -> Self {
+    pub(crate) fn new(first: Duration, cap: Duration, seed: u64) -> Self {
         Self {
             first,
             cap: cap.max(first),
@@ -33,7 +33,7 @@ impl Backoff {
 
     /// The wait before the next round: uniform in `[0, ceiling]`; the
     /// ceiling then doubles (at most to the cap).
-    pub fn next_wait(&mut self) -> Duration {
+    pub(crate) fn next_wait(&mut self) -> Duration {
         let ms = u64::try_from(self.ceiling.as_millis()).unwrap_or(u64::MAX);
         let wait = Duration::from_millis(self.rng.random_range(0..=ms));
         self.ceiling = (self.ceiling * 2).min(self.cap);
@@ -41,13 +41,13 @@ impl Backoff {
     }
 
     /// Back to the first ceiling (a stream was welcomed).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.ceiling = self.first;
     }
 }
 
 /// A seed that differs between agents and between runs of one agent.
-pub fn seed_for(id: &str) -> u64 {
+pub(crate) fn seed_for(id: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     id.hash(&mut h);

@@ -12,7 +12,7 @@
 //! at most the shortest such interval, capped at [`MAX_BATCH_AGE`]: the
 //! points of one interval leave together, one batch per interval instead
 //! of one per second holding almost nothing, and the collector commits
-//! that many fewer writes (`flopwatch bench fleet`). With nothing held,
+//! that many fewer writes (`flopwatch-bench fleet`). With nothing held,
 //! an empty batch (the agent's intervals and backlog, and its sign of
 //! life) goes every [`MAX_BATCH_AGE`]. A change snaps the sampler back,
 //! its points carry short windows, and the flush interval's cadence
@@ -26,7 +26,7 @@ use std::time::Duration;
 /// Longest a batch is held while its samples come slowly: bounds what a
 /// kill -9 of an agent without a spool loses, and how late a backed-off
 /// agent's samples reach the collector.
-pub const MAX_BATCH_AGE: Duration = Duration::from_secs(10);
+pub(crate) const MAX_BATCH_AGE: Duration = Duration::from_secs(10);
 
 /// One (GPU, metric) series: its place in the capture order, and how many
 /// points it took since the last cut.

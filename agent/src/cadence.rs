@@ -35,7 +35,7 @@ use std::time::Duration;
 /// temperature, reserved framebuffer (fixed by the driver), and the
 /// encoder's and decoder's use (the driver's own averages over its
 /// sampling period).
-pub fn is_slow(metric: &str) -> bool {
+pub(crate) fn is_slow(metric: &str) -> bool {
     matches!(
         metric,
         m::NVLINK_LINKS_ACTIVE
@@ -54,7 +54,7 @@ pub fn is_slow(metric: &str) -> bool {
 
 /// Decides, capture by capture, whether the slow metrics are read.
 #[derive(Debug, Clone)]
-pub struct SlowReads {
+pub(crate) struct SlowReads {
     period_ms: i64,
     /// When they were last read, unix ms.
     last_ms: Option<i64>,
@@ -69,7 +69,7 @@ pub struct SlowReads {
 impl SlowReads {
     /// Slow metrics once every `period`; a period no longer than the
     /// capture interval reads them at every capture.
-    pub fn new(period: Duration) -> Self {
+    pub(crate) fn new(period: Duration) -> Self {
         Self {
             period_ms: i64::try_from(period.as_millis()).unwrap_or(i64::MAX),
             last_ms: None,
@@ -83,7 +83,7 @@ impl SlowReads {
     /// energy counter under a sampler that holds sends back
     /// ([`crate::Sampler::holds_back`]), whose sends at a job's start and
     /// end then carry the counter's value there.
-    pub fn exempting(mut self, metrics: &[&str]) -> Self {
+    pub(crate) fn exempting(mut self, metrics: &[&str]) -> Self {
         self.set &= !ReadPlan::set_of(metrics.iter().copied());
         self
     }
@@ -91,7 +91,7 @@ impl SlowReads {
     /// `plan` for the capture at `now_ms` over `devices` series owners
     /// (GPUs, then node devices): the slow metrics are left out unless this
     /// is the first capture of a period.
-    pub fn plan(&mut self, plan: ReadPlan, now_ms: i64, devices: usize) -> ReadPlan {
+    pub(crate) fn plan(&mut self, plan: ReadPlan, now_ms: i64, devices: usize) -> ReadPlan {
         if self.period_ms <= 0 {
             return plan;
         }

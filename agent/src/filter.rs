@@ -14,7 +14,7 @@ use std::collections::HashSet;
 
 /// The agent's metric filter. See the module docs.
 #[derive(Debug, Clone, Default)]
-pub struct MetricFilter {
+pub(crate) struct MetricFilter {
     /// The agent's own list (all metrics when `None`).
     config: Option<HashSet<String>>,
     /// The collector policy's list (all metrics when empty).
@@ -25,7 +25,7 @@ pub struct MetricFilter {
 
 impl MetricFilter {
     /// Keeps `config` (every metric when `None`).
-    pub fn new(config: Option<HashSet<String>>) -> Self {
+    pub(crate) fn new(config: Option<HashSet<String>>) -> Self {
         Self {
             config,
             ..Self::default()
@@ -35,7 +35,7 @@ impl MetricFilter {
     /// The collector's policy names `metrics` (empty: no restriction). A
     /// new list forgets what the old one dropped, so its metrics are read
     /// again.
-    pub fn set_policy(&mut self, metrics: &[String]) {
+    pub(crate) fn set_policy(&mut self, metrics: &[String]) {
         if self.policy != metrics {
             self.policy = metrics.to_vec();
             self.dropped = ReadPlan::all();
@@ -43,14 +43,14 @@ impl MetricFilter {
     }
 
     /// Whether `metric` is kept.
-    pub fn keeps(&self, metric: &str) -> bool {
+    pub(crate) fn keeps(&self, metric: &str) -> bool {
         OFU_INPUTS.contains(&metric)
             || (self.config.as_ref().is_none_or(|c| c.contains(metric))
                 && (self.policy.is_empty() || self.policy.iter().any(|m| m == metric)))
     }
 
     /// Removes the readings that are not kept from `capture`.
-    pub fn apply(&mut self, capture: &mut Capture) {
+    pub(crate) fn apply(&mut self, capture: &mut Capture) {
         if self.config.is_none() && self.policy.is_empty() {
             return;
         }
@@ -69,7 +69,7 @@ impl MetricFilter {
     }
 
     /// `plan` without the readings this filter drops.
-    pub fn plan(&self, plan: ReadPlan) -> ReadPlan {
+    pub(crate) fn plan(&self, plan: ReadPlan) -> ReadPlan {
         plan.also_skipping(&self.dropped)
     }
 }

@@ -20,17 +20,18 @@
 //! least the probe's floor makes the agent not ready until a capture reads
 //! again ([`crate::outage`] tells the log).
 
+use flopwatch_proto::clock::Stopwatch;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Capture intervals without a returned capture before the loop counts as
 /// stuck.
-pub const STALL_CAPTURES: u32 = 20;
+pub(crate) const STALL_CAPTURES: u32 = 20;
 
 /// Failed captures in a row (over at least the probe's floor) after which
 /// the agent is not ready.
-pub const NOT_READY_FAILURES: u64 = 3;
+pub(crate) const NOT_READY_FAILURES: u64 = 3;
 
 /// Why the source does not answer: what `/readyz` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +49,7 @@ pub struct SourceProblem {
 /// The sampling loop's progress, written by the loop, read by the probes.
 #[derive(Debug)]
 pub struct Health {
-    start: Instant,
+    start: Stopwatch,
     /// When the last capture returned (or the loop started), ms after
     /// `start`.
     last_progress_ms: AtomicU64,
@@ -67,7 +68,7 @@ pub struct Health {
 impl Default for Health {
     fn default() -> Self {
         Self {
-            start: Instant::now(),
+            start: Stopwatch::start(),
             last_progress_ms: AtomicU64::new(0),
             interval_ms: AtomicU64::new(0),
             read: AtomicBool::new(false),

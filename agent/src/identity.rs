@@ -11,7 +11,7 @@ fn read_trimmed(path: &str) -> Option<String> {
 }
 
 /// The hostname (`/proc/sys/kernel/hostname`), or "localhost".
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     read_trimmed("/proc/sys/kernel/hostname").unwrap_or_else(|| "localhost".into())
 }
 

@@ -1,7 +1,7 @@
 //! Acknowledgement latency as the agent sees it: from a batch put on the
 //! wire to its ack. A fixed log-scale histogram of atomic counters (four
 //! buckets per doubling, 100 µs to about 28 min), cheap enough to record
-//! every ack, and summable across agents (`flopwatch bench fleet` merges
+//! every ack, and summable across agents (`flopwatch-bench fleet` merges
 //! thousands).
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -26,9 +26,9 @@ use std::time::UNIX_EPOCH;
 use tracing::warn;
 
 /// The directory is scanned at most this often, ms.
-pub const SCAN_INTERVAL_MS: i64 = 5_000;
+pub(crate) const SCAN_INTERVAL_MS: i64 = 5_000;
 /// Reports held for the next batch at most; the oldest go first.
-pub const MAX_PENDING: usize = 256;
+pub(crate) const MAX_PENDING: usize = 256;
 /// Largest report file read, bytes.
 const MAX_FILE_BYTES: u64 = 64 * 1024;
 
@@ -48,7 +48,7 @@ struct ReportFile {
 
 /// Why a report file was not used.
 #[derive(Debug, thiserror::Error)]
-pub enum MfuFileError {
+pub(crate) enum MfuFileError {
     /// Reading failed.
     #[error("{file}: {source}")]
     Io {
@@ -69,7 +69,11 @@ pub enum MfuFileError {
 
 /// Parses one report file's text; `mtime_ms` stands in for a missing
 /// `timestamp_ms`.
-pub fn parse_report(text: &str, file: &Path, mtime_ms: i64) -> Result<MfuReport, MfuFileError> {
+pub(crate) fn parse_report(
+    text: &str,
+    file: &Path,
+    mtime_ms: i64,
+) -> Result<MfuReport, MfuFileError> {
     let bad = |message: String| MfuFileError::Parse {
         file: file.display().to_string(),
         message,
@@ -92,7 +96,7 @@ pub fn parse_report(text: &str, file: &Path, mtime_ms: i64) -> Result<MfuReport,
 
 /// Collects reports between batches.
 #[derive(Debug, Default)]
-pub struct MfuInbox {
+pub(crate) struct MfuInbox {
     dir: Option<PathBuf>,
     /// File → content last seen (forwarded or refused).
     seen: HashMap<PathBuf, String>,
@@ -104,7 +108,7 @@ pub struct MfuInbox {
 
 impl MfuInbox {
     /// Reads `dir` when set.
-    pub fn new(dir: Option<PathBuf>) -> Self {
+    pub(crate) fn new(dir: Option<PathBuf>) -> Self {
         Self {
             dir,
             ..Self::default()
@@ -112,7 +116,7 @@ impl MfuInbox {
     }
 
     /// Adds reports (a source's own).
-    pub fn push(&mut self, reports: impl IntoIterator<Item = MfuReport>) {
+    pub(crate) fn push(&mut self, reports: impl IntoIterator<Item = MfuReport>) {
         self.pending.extend(reports);
         if self.pending.len() > MAX_PENDING {
             let excess = self.pending.len() - MAX_PENDING;
@@ -122,7 +126,7 @@ impl MfuInbox {
 
     /// Scans the directory if it is due at `now_ms` (blocking file IO: call
     /// from a blocking context).
-    pub fn scan(&mut self, now_ms: i64) {
+    pub(crate) fn scan(&mut self, now_ms: i64) {
         let Some(dir) = self.dir.clone() else {
             return;
         };
@@ -169,12 +173,12 @@ impl MfuInbox {
     }
 
     /// Whether reports wait for the next batch.
-    pub fn has_reports(&self) -> bool {
+    pub(crate) fn has_reports(&self) -> bool {
         !self.pending.is_empty()
     }
 
     /// The reports gathered since the last call.
-    pub fn take(&mut self) -> Vec<MfuReport> {
+    pub(crate) fn take(&mut self) -> Vec<MfuReport> {
         std::mem::take(&mut self.pending)
     }
 }

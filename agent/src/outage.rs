@@ -17,14 +17,14 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 /// How often a source that keeps failing is mentioned again.
-pub const REMIND_EVERY: Duration = Duration::from_secs(60);
+pub(crate) const REMIND_EVERY: Duration = Duration::from_secs(60);
 
 /// Longest error text kept for the probes and the reminders.
 const MAX_ERROR_CHARS: usize = 512;
 
 /// What the caller should say.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Said {
+pub(crate) enum Said {
     /// Nothing new.
     Nothing,
     /// The source just went from answering (or never tried) to failing.
@@ -61,14 +61,14 @@ struct Failing {
 
 /// Answering or failing, with what has been said. See the module docs.
 #[derive(Debug, Clone)]
-pub struct Outage {
+pub(crate) struct Outage {
     remind_every_ms: i64,
     failing: Option<Failing>,
 }
 
 impl Outage {
     /// Reminders at most every `remind_every`.
-    pub fn new(remind_every: Duration) -> Self {
+    pub(crate) fn new(remind_every: Duration) -> Self {
         Self {
             remind_every_ms: i64::try_from(remind_every.as_millis()).unwrap_or(i64::MAX),
             failing: None,
@@ -76,7 +76,7 @@ impl Outage {
     }
 
     /// A failure at `now_ms`.
-    pub fn failed(&mut self, now_ms: i64, error: &dyn std::fmt::Display) -> Said {
+    pub(crate) fn failed(&mut self, now_ms: i64, error: &dyn std::fmt::Display) -> Said {
         let error = bounded(error);
         match &mut self.failing {
             None => {
@@ -105,7 +105,7 @@ impl Outage {
     }
 
     /// A success at `now_ms`.
-    pub fn succeeded(&mut self, now_ms: i64) -> Said {
+    pub(crate) fn succeeded(&mut self, now_ms: i64) -> Said {
         match self.failing.take() {
             None => Said::Nothing,
             Some(f) => Said::Recovered {
@@ -116,20 +116,20 @@ impl Outage {
     }
 
     /// Failures in a row (0 while answering).
-    pub fn failures(&self) -> u64 {
+    pub(crate) fn failures(&self) -> u64 {
         self.failing.as_ref().map_or(0, |f| f.failures)
     }
 
     /// Time from the first failure in a row to `now_ms` (zero while
     /// answering).
-    pub fn failing_for(&self, now_ms: i64) -> Duration {
+    pub(crate) fn failing_for(&self, now_ms: i64) -> Duration {
         self.failing.as_ref().map_or(Duration::ZERO, |f| {
             Duration::from_millis(ms_between(f.since_ms, now_ms))
         })
     }
 
     /// The latest error, while failing.
-    pub fn error(&self) -> Option<&str> {
+    pub(crate) fn error(&self) -> Option<&str> {
         self.failing.as_ref().map(|f| f.error.as_str())
     }
 }
@@ -149,7 +149,7 @@ fn bounded(error: &dyn std::fmt::Display) -> String {
 
 /// What a [`Watch`] watches: the words of its log lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Watched {
+pub(crate) enum Watched {
     /// Attempts to open the source.
     Open,
     /// Captures of an open source.
@@ -158,7 +158,7 @@ pub enum Watched {
 
 /// An [`Outage`] that logs its transitions and keeps the probes told.
 #[derive(Debug)]
-pub struct Watch {
+pub(crate) struct Watch {
     outage: Outage,
     watched: Watched,
     health: std::sync::Arc<Health>,
@@ -166,7 +166,11 @@ pub struct Watch {
 
 impl Watch {
     /// Watches `watched`, reminding every `remind_every`, telling `health`.
-    pub fn new(watched: Watched, remind_every: Duration, health: std::sync::Arc<Health>) -> Self {
+    pub(crate) fn new(
+        watched: Watched,
+        remind_every: Duration,
+        health: std::sync::Arc<Health>,
+    ) -> Self {
         Self {
             outage: Outage::new(remind_every),
             watched,
@@ -175,7 +179,7 @@ impl Watch {
     }
 
     /// A failure at `now_ms`.
-    pub fn failed(&mut self, now_ms: i64, error: &dyn std::fmt::Display) {
+    pub(crate) fn failed(&mut self, now_ms: i64, error: &dyn std::fmt::Display) {
         let said = self.outage.failed(now_ms, error);
         let failures = self.outage.failures();
         let for_ms = u64::try_from(self.outage.failing_for(now_ms).as_millis()).unwrap_or(u64::MAX);
@@ -188,7 +192,7 @@ impl Watch {
     }
 
     /// A success at `now_ms`.
-    pub fn succeeded(&mut self, now_ms: i64) {
+    pub(crate) fn succeeded(&mut self, now_ms: i64) {
         let said = self.outage.succeeded(now_ms);
         if said != Said::Nothing {
             self.health.source_answers();

@@ -8,7 +8,7 @@
 
 /// FNV-1a over the bytes, then a splitmix64 finalizer: stable across
 /// versions, platforms and processes (unlike std's `DefaultHasher`).
-pub fn weight(node_id: &str, collector: &str) -> u64 {
+pub(crate) fn weight(node_id: &str, collector: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in node_id
         .as_bytes()

@@ -55,7 +55,7 @@ const RELEARN_UNCHANGED: u32 = 2;
 
 /// What an observation changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Learned {
+pub(crate) enum Learned {
     /// Nothing.
     Nothing,
     /// The period is known: capture every `poll_ms`.
@@ -88,7 +88,7 @@ enum State {
 
 /// The page's refresh period, learned from capture hashes and times.
 #[derive(Debug, Clone)]
-pub struct RefreshEstimate {
+pub(crate) struct RefreshEstimate {
     min_ms: i64,
     max_ms: i64,
     last: Option<u64>,
@@ -103,7 +103,7 @@ fn ms(d: Duration) -> i64 {
 
 impl RefreshEstimate {
     /// Periods within `[min, max]`; `min` is also the learning interval.
-    pub fn new(min: Duration, max: Duration) -> Self {
+    pub(crate) fn new(min: Duration, max: Duration) -> Self {
         let min_ms = ms(min).max(1);
         Self {
             min_ms,
@@ -116,7 +116,7 @@ impl RefreshEstimate {
     }
 
     /// The capture interval now.
-    pub fn poll(&self) -> Duration {
+    pub(crate) fn poll(&self) -> Duration {
         let ms = match self.state {
             State::Learning { .. } => self.min_ms,
             State::Locked { period_ms, .. } => self.poll_for(period_ms),
@@ -129,7 +129,7 @@ impl RefreshEstimate {
     }
 
     /// A capture at `ts_ms` whose readings hash to `hash`.
-    pub fn observe(&mut self, ts_ms: i64, hash: u64) -> Learned {
+    pub(crate) fn observe(&mut self, ts_ms: i64, hash: u64) -> Learned {
         let changed = match self.last.replace(hash) {
             None => {
                 // The baseline: no change can be seen yet.
@@ -206,7 +206,7 @@ impl RefreshEstimate {
 }
 
 /// The hash of the GPU readings (captures `0..gpus`) of `capture`.
-pub fn readings_hash(capture: &Capture, gpus: usize) -> u64 {
+pub(crate) fn readings_hash(capture: &Capture, gpus: usize) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for g in capture.gpus.iter().filter(|g| g.gpu < gpus) {
         g.gpu.hash(&mut h);

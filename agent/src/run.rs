@@ -14,7 +14,7 @@ use crate::health::Health;
 use crate::opening::{OpenSource, RetryOptions, SamplerFor, StartError};
 use crate::outbox::Outbox;
 use crate::sampler::Sampler;
-pub use crate::sampling::AgentStats;
+pub(crate) use crate::sampling::AgentStats;
 use crate::sampling::{LoopOptions, Pacing, Sampling};
 use crate::source::GpuSource;
 use flopwatch_proto::clock::Clock;

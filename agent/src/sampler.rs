@@ -14,7 +14,7 @@
 //! and reads everything stays correct: the sampler then only saves samples.
 
 use crate::capture::Capture;
-pub use crate::capture::{PlanCarry, ReadPlan};
+pub(crate) use crate::capture::{PlanCarry, ReadPlan};
 use std::time::Duration;
 
 /// Decides the schedule and what is kept.

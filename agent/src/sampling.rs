@@ -22,6 +22,10 @@
 //!   (a batch a second, its acknowledgement). A capture that hangs in the
 //!   driver blocks this thread alone.
 
+// `Pace` is this loop's injected monotonic clock: its real impl reads
+// `Instant`, tests drive the loop on made-up time through it.
+#![allow(clippy::disallowed_types)]
+
 use crate::attribution::Attribution;
 use crate::batcher::Batcher;
 use crate::cadence::SlowReads;

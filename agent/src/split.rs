@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 /// Splits `batch` into batches of at most `max_bytes` encoded bytes where
 /// the data allows (a single sample larger than the limit stays whole and
 /// is refused by the collector). `max_bytes` of 0 means no limit.
-pub fn split(batch: v1::Batch, max_bytes: usize) -> Vec<v1::Batch> {
+pub(crate) fn split(batch: v1::Batch, max_bytes: usize) -> Vec<v1::Batch> {
     if max_bytes == 0 || batch.encoded_len() <= max_bytes {
         return vec![batch];
     }

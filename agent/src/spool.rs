@@ -102,7 +102,7 @@ pub struct Spool {
 }
 
 /// CRC-32 (IEEE 802.3, reflected), as used by zlib and PNG.
-pub fn crc32(data: &[u8]) -> u32 {
+pub(crate) fn crc32(data: &[u8]) -> u32 {
     const TABLE: [u32; 256] = {
         let mut t = [0u32; 256];
         let mut i = 0;
@@ -130,7 +130,7 @@ pub fn crc32(data: &[u8]) -> u32 {
 }
 
 /// One framed record.
-pub fn frame(batch: &v1::Batch) -> Vec<u8> {
+pub(crate) fn frame(batch: &v1::Batch) -> Vec<u8> {
     let payload = batch.encode_to_vec();
     let mut out = Vec::with_capacity(HEADER + payload.len());
     out.extend_from_slice(MAGIC);

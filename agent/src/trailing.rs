@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 
 /// Reads of the trailing window; see the module docs.
 #[derive(Debug, Clone, Default)]
-pub struct Trailing {
+pub(crate) struct Trailing {
     /// (time, value), oldest first.
     reads: VecDeque<(i64, f64)>,
     /// The reads that are not below a later one, decreasing: the first is
@@ -26,7 +26,7 @@ pub struct Trailing {
 impl Trailing {
     /// Adds the read `v` at `now` and lets go of those at or before
     /// `now - window_ms`.
-    pub fn push(&mut self, now: i64, v: f64, window_ms: i64) {
+    pub(crate) fn push(&mut self, now: i64, v: f64, window_ms: i64) {
         self.reads.push_back((now, v));
         if let Some((lo, n)) = &mut self.above {
             *n += usize::from(v >= *lo);
@@ -53,27 +53,27 @@ impl Trailing {
     }
 
     /// The highest read held; `f64::MIN` when none is.
-    pub fn peak(&self) -> f64 {
+    pub(crate) fn peak(&self) -> f64 {
         self.peaks.front().map_or(f64::MIN, |p| p.1)
     }
 
     /// Reads held.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.reads.len()
     }
 
     /// Whether no read is held.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.reads.is_empty()
     }
 
     /// Reads held, oldest first.
-    pub fn iter(&self) -> impl Iterator<Item = &(i64, f64)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &(i64, f64)> {
         self.reads.iter()
     }
 
     /// How many reads held are at or above `lo`.
-    pub fn count_at_least(&mut self, lo: f64) -> usize {
+    pub(crate) fn count_at_least(&mut self, lo: f64) -> usize {
         match self.above {
             Some((l, n)) if l.to_bits() == lo.to_bits() => n,
             _ => {

@@ -20,7 +20,7 @@ use tonic::Status;
 
 /// An `AgentMessage` as the agent sends it.
 #[derive(Debug, Clone)]
-pub enum Outgoing {
+pub(crate) enum Outgoing {
     /// `AgentMessage.hello` (field 1).
     Hello(Box<v1::Hello>),
     /// `AgentMessage.batch` (field 2), shared with the outbox.
@@ -30,7 +30,7 @@ pub enum Outgoing {
 impl Outgoing {
     /// The protobuf encoding of the `AgentMessage` with this one field of
     /// its `msg` set.
-    pub fn encode(&self, buf: &mut impl BufMut) -> Result<(), prost::EncodeError> {
+    pub(crate) fn encode(&self, buf: &mut impl BufMut) -> Result<(), prost::EncodeError> {
         match self {
             Self::Hello(h) => field(1, h.as_ref(), buf),
             Self::Batch(b) => field(2, b.as_ref(), buf),
@@ -47,7 +47,7 @@ fn field(tag: u32, m: &impl Message, buf: &mut impl BufMut) -> Result<(), prost:
 
 /// Opens `Ingest/Stream` on `channel` as the generated client does, with
 /// [`OutgoingCodec`]; answers up to `max_decoding` bytes.
-pub async fn open(
+pub(crate) async fn open(
     channel: tonic::transport::Channel,
     request: tonic::Request<impl futures::Stream<Item = Outgoing> + Send + 'static>,
     max_decoding: usize,
@@ -69,11 +69,11 @@ pub async fn open(
 
 /// The ingest stream's codec: [`Outgoing`] out, `CollectorMessage` in.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct OutgoingCodec;
+pub(crate) struct OutgoingCodec;
 
 /// Writes an [`Outgoing`] into tonic's frame buffer.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct OutgoingEncoder;
+pub(crate) struct OutgoingEncoder;
 
 impl Encoder for OutgoingEncoder {
     type Item = Outgoing;

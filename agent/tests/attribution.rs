@@ -899,8 +899,18 @@ fn options_follow_the_config_file() {
 
 /// The NVML source against the fake driver: its compute processes (PID
 /// 10000 + GPU index on busy GPUs) map through the fixture `/proc`.
-#[tokio::test]
-async fn nvml_processes_map_through_the_proc_tree() {
+#[test]
+fn nvml_processes_map_through_the_proc_tree() {
+    // The one fake library of the process, held for the whole test.
+    let _driver = crate::fake::hold();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(nvml_processes_map());
+}
+
+async fn nvml_processes_map() {
     use flopwatch_agent::source::nvml::NvmlSource;
     use flopwatch_fake_nvml::{control, library_path};
     let path = library_path().expect("the fake NVML library is built next to this test");

@@ -9,10 +9,11 @@ use axum::Router;
 use flopwatch_agent::source::dcgm::DcgmExporterSource;
 use flopwatch_agent::source::{self, Capture, GpuSource, SourceError};
 use flopwatch_config::{AgentConfig, SourceKind};
+use flopwatch_proto::clock::Stopwatch;
 use flopwatch_proto::metrics as m;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const UUID0: &str = "GPU-5d4f6a0e-2c3b-8f61-07a4-1e9c2b6d3f70";
 const UUID1: &str = "GPU-a83c1f92-6b7e-4d05-9c18-3f2e7d6a1b44";
@@ -564,7 +565,7 @@ fn a_hung_exporter_times_out() {
     // Accepted by the kernel, never answered.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/metrics", listener.local_addr().unwrap());
-    let started = Instant::now();
+    let started = Stopwatch::start();
     let e = DcgmExporterSource::open_with_timeout(&url, Duration::from_millis(300))
         .expect_err("no answer")
         .to_string();

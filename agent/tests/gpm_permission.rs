@@ -4,19 +4,19 @@
 //! zeros), one warning names the fix, and the agent's `/metrics` shows
 //! which GPUs are refused.
 //!
-//! Both tests share the one library this process loads: they hold `DRIVER`.
+//! They share the one library this process loads with the other NVML
+//! tests: each holds it ([`crate::fake::hold`]).
 
 use flopwatch_agent::source::nvml::{NvmlSource, GPM_DENIED_HELP};
 use flopwatch_agent::source::{Capture, GpuSource};
 use flopwatch_agent::{Agent, AgentOptions, FixedSampler, TokioClock};
 use flopwatch_fake_nvml::{control, library_path};
+use flopwatch_proto::clock::Deadline;
 use flopwatch_proto::metrics as m;
 use flopwatch_proto::model::NodeIdentity;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
-
-static DRIVER: Mutex<()> = Mutex::new(());
+use std::time::Duration;
 
 const T0: i64 = 1_700_000_000_000;
 
@@ -70,7 +70,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
 
 #[test]
 fn refused_gpm_leaves_the_rest_and_is_said_once() {
-    let _guard = DRIVER.lock().unwrap_or_else(PoisonError::into_inner);
+    let _guard = crate::fake::hold();
     let path = library_path().expect("the fake NVML library is built next to this test");
     let t1 = T0 + 10_000;
     control::set_time_ms(t1).unwrap();
@@ -152,7 +152,7 @@ fn gauge(page: &str, family: &str, uuid: &str) -> Option<f64> {
 #[test]
 fn metrics_show_which_gpus_are_refused() {
     // The library is held for the whole runtime, not across its awaits.
-    let _guard = DRIVER.lock().unwrap_or_else(PoisonError::into_inner);
+    let _guard = crate::fake::hold();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -185,11 +185,11 @@ async fn refused_gpus_on_metrics() {
     let family = "flopwatch_agent_gpm_permission_denied";
     // Polled until a capture is in; the bound only keeps a broken build
     // from hanging the run.
-    let give_up = Instant::now() + Duration::from_secs(120);
+    let give_up = Deadline::after(Duration::from_secs(120));
     let page = loop {
         let mut page = String::new();
         prometheus_client::encoding::text::encode(&mut page, &registry).unwrap();
-        if agent.stats.captures.load(Ordering::Relaxed) > 0 || Instant::now() > give_up {
+        if agent.stats.captures.load(Ordering::Relaxed) > 0 || give_up.passed() {
             break page;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -234,7 +234,7 @@ fn serve_page(body: String) -> String {
 #[test]
 fn a_dcgm_exporter_stands_in_for_refused_gpm() {
     use flopwatch_agent::source::gpm_fallback::GpmFallback;
-    let _guard = DRIVER.lock().unwrap_or_else(PoisonError::into_inner);
+    let _guard = crate::fake::hold();
     let path = library_path().expect("the fake NVML library is built next to this test");
     let t1 = T0 + 10_000;
     control::set_time_ms(t1).unwrap();

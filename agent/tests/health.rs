@@ -10,9 +10,10 @@ use flopwatch_agent::FixedSampler;
 use flopwatch_agent::TokioClock;
 use flopwatch_agent::{Agent, AgentOptions, Pacing};
 use flopwatch_fake_nvml::{control, library_path};
+use flopwatch_proto::clock::Deadline;
 use flopwatch_proto::model::NodeIdentity;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Status code of `GET http://addr/path`.
 async fn status(addr: std::net::SocketAddr, path: &str) -> u16 {
@@ -31,13 +32,13 @@ async fn status(addr: std::net::SocketAddr, path: &str) -> u16 {
 /// Polls `path` until it answers `want`; `Err` with the last answer if it
 /// never does.
 async fn until(addr: std::net::SocketAddr, path: &str, want: u16) -> Result<(), String> {
-    let give_up = Instant::now() + Duration::from_secs(120);
+    let give_up = Deadline::after(Duration::from_secs(120));
     loop {
         let got = status(addr, path).await;
         if got == want {
             return Ok(());
         }
-        if Instant::now() > give_up {
+        if give_up.passed() {
             return Err(format!("{path} stayed {got}, not {want}"));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -46,10 +47,17 @@ async fn until(addr: std::net::SocketAddr, path: &str, want: u16) -> Result<(), 
 
 /// Both pacings: a capture hung in the driver holds the blocking pool's
 /// thread or the sampling thread, never the runtime that serves the probes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hanging_nvml_call_fails_liveness_until_the_driver_answers() {
+#[test]
+fn a_hanging_nvml_call_fails_liveness_until_the_driver_answers() {
+    // The one fake library of the process, held for the whole test.
+    let _driver = crate::fake::hold();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     for pacing in [Pacing::Runtime, Pacing::Thread] {
-        hang_and_recover(pacing).await;
+        rt.block_on(hang_and_recover(pacing));
     }
 }
 

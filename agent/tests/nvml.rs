@@ -13,7 +13,7 @@ use flopwatch_proto::metrics as m;
 use flopwatch_sim::{FleetPlan, SimModel};
 use std::path::Path;
 
-mod fake;
+use crate::fake;
 use fake::{driver, value, T0};
 
 #[test]

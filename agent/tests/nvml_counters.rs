@@ -16,7 +16,7 @@ use flopwatch_fake_nvml::control;
 use flopwatch_fake_nvml::derived;
 use flopwatch_proto::metrics as m;
 
-mod fake;
+use crate::fake;
 use fake::{capture_at, driver, truth, value, T0};
 
 /// What the fake's `nvmlDeviceGetMemoryInfo_v2` reserves.

@@ -15,7 +15,7 @@ use flopwatch_fake_nvml::control::{self, ControlError};
 use flopwatch_proto::metrics as m;
 use flopwatch_proto::model::{GpuInfo, Mig, MigInstance};
 
-mod fake;
+use crate::fake;
 use fake::{capture_at, driver, truth, value, T0};
 
 /// Two MIG cards and a whole GPU.

@@ -39,9 +39,10 @@ const GPM: [&str; 12] = [
     m::PCIE_RX_BYTES_S,
 ];
 
-// One test per process keeps the one fake library to itself.
 #[test]
 fn skipped_fields_are_not_read_and_a_skipped_gpm_sample_widens_the_window() {
+    // The one fake library of the process, held for the whole test.
+    let _driver = crate::fake::hold();
     let path = library_path().expect("the fake NVML library is built next to this test");
     let t1 = T0 + 20_000;
     control::set_time_ms(t1).unwrap();

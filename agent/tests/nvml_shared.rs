@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::MutexGuard;
 
-mod fake;
+use crate::fake;
 use fake::T0;
 
 /// GPUs of the fake node.

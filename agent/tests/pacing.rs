@@ -9,11 +9,12 @@
 
 use flopwatch_agent::source::{Capture, GpuCapture, GpuSource, Reading, SourceError};
 use flopwatch_agent::{Agent, AgentOptions, FixedSampler, Pacing, TokioClock};
+use flopwatch_proto::clock::Deadline;
 use flopwatch_proto::model::{GpuInfo, NodeIdentity};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One GPU; its third capture waits for the gate to open.
 struct Gated {
@@ -52,9 +53,9 @@ impl GpuSource for Gated {
 
 /// Polls until `f` holds; panics after 30 s.
 async fn until(what: &str, f: impl Fn() -> bool) {
-    let give_up = Instant::now() + Duration::from_secs(30);
+    let give_up = Deadline::after(Duration::from_secs(30));
     while !f() {
-        assert!(Instant::now() < give_up, "timed out waiting: {what}");
+        assert!(!give_up.passed(), "timed out waiting: {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

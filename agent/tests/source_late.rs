@@ -20,10 +20,11 @@ use flopwatch_agent::{
     RetryOptions, SamplerFor, StartError, TokioClock,
 };
 use flopwatch_config::{AgentConfig, SourceKind};
+use flopwatch_proto::clock::{Deadline, Stopwatch};
 use flopwatch_proto::model::NodeIdentity;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const UUID0: &str = "GPU-5d4f6a0e-2c3b-8f61-07a4-1e9c2b6d3f70";
 const UUID1: &str = "GPU-a83c1f92-6b7e-4d05-9c18-3f2e7d6a1b44";
@@ -102,7 +103,7 @@ struct Shared {
 struct Exporter {
     shared: Arc<Shared>,
     port: u16,
-    started: Instant,
+    started: Stopwatch,
 }
 
 impl Exporter {
@@ -118,7 +119,7 @@ impl Exporter {
         Self {
             shared,
             port,
-            started: Instant::now(),
+            started: Stopwatch::start(),
         }
     }
 
@@ -146,7 +147,9 @@ impl Exporter {
     }
 }
 
-async fn metrics(State((shared, started)): State<(Arc<Shared>, Instant)>) -> (StatusCode, String) {
+async fn metrics(
+    State((shared, started)): State<(Arc<Shared>, Stopwatch)>,
+) -> (StatusCode, String) {
     shared.requests.fetch_add(1, Ordering::SeqCst);
     match shared.status.load(Ordering::SeqCst) {
         200 => {
@@ -183,13 +186,13 @@ async fn until(
     path: &str,
     want: impl Fn(u16, &str) -> bool,
 ) -> Result<(u16, String), (u16, String)> {
-    let give_up = Instant::now() + Duration::from_secs(60);
+    let give_up = Deadline::after(Duration::from_secs(60));
     loop {
         let (status, body) = get_page(addr, path).await;
         if want(status, &body) {
             return Ok((status, body));
         }
-        if Instant::now() > give_up {
+        if give_up.passed() {
             return Err((status, body));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -367,7 +370,7 @@ async fn an_agent_waiting_for_its_source_stops_at_once() {
     )
     .expect("started, waiting");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let asked = Instant::now();
+    let asked = Stopwatch::start();
     agent.stop().await;
     assert!(
         asked.elapsed() < Duration::from_secs(3),

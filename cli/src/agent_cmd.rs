@@ -25,7 +25,7 @@ const HEALTH_STALL_FLOOR: Duration = Duration::from_secs(10);
 
 /// Arguments of `agent`.
 #[derive(clap::Args)]
-pub struct AgentArgs {
+pub(crate) struct AgentArgs {
     /// Configuration file (see config/agent.toml); default:
     /// /etc/flopwatch/agent.toml.
     #[arg(long, env = "FLOPWATCH_CONFIG")]
@@ -41,7 +41,7 @@ pub struct AgentArgs {
     metrics_listen: Option<String>,
 }
 
-pub async fn run(mut args: AgentArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(mut args: AgentArgs) -> anyhow::Result<()> {
     let config = crate::shared::config_path(
         args.config.take(),
         std::path::Path::new(crate::shared::DEFAULT_CONFIG_DIR),

@@ -17,7 +17,7 @@
 //! and freed, later large buffers come from the heap arenas, where freed
 //! space is kept rather than returned: the collector's resident memory
 //! then grows with time even when what it holds does not. Measured with
-//! `flopwatch bench backpressure` (200 streams open throughout, RocksDB's
+//! `flopwatch-bench backpressure` (200 streams open throughout, RocksDB's
 //! own memory cycling between 5 and 84 MiB): with glibc's defaults the
 //! rest of the resident memory went from 106 to 173 MiB in 86 s; with a
 //! fixed threshold (64 KiB or 1 MiB) and 2 arenas it stayed between 66
@@ -27,7 +27,7 @@
 
 /// Applies the settings; call first thing in `main`, before any thread
 /// starts.
-pub fn tune() {
+pub(crate) fn tune() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         let set = |env: &str, param: libc::c_int, value: libc::c_int| {

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 /// Arguments of `check-config`.
 #[derive(clap::Args)]
-pub struct CheckConfigArgs {
+pub(crate) struct CheckConfigArgs {
     /// Config files to check.
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
@@ -26,14 +26,14 @@ pub struct CheckConfigArgs {
 
 /// Which config a file is.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Agent,
     Collector,
 }
 
 /// Some file failed; each failure was printed already.
 #[derive(Debug)]
-pub struct Failed;
+pub(crate) struct Failed;
 
 impl std::fmt::Display for Failed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -43,7 +43,7 @@ impl std::fmt::Display for Failed {
 
 impl std::error::Error for Failed {}
 
-pub fn run(a: &CheckConfigArgs) -> anyhow::Result<()> {
+pub(crate) fn run(a: &CheckConfigArgs) -> anyhow::Result<()> {
     let mut failed = false;
     for f in &a.files {
         match check(f, a.kind) {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 /// Arguments of `collector`.
 #[derive(clap::Args)]
-pub struct CollectorArgs {
+pub(crate) struct CollectorArgs {
     /// Configuration file (see config/collector.toml); default:
     /// /etc/flopwatch/collector.toml.
     #[arg(long, env = "FLOPWATCH_CONFIG")]
@@ -26,7 +26,7 @@ pub struct CollectorArgs {
     metrics_listen: Option<std::net::SocketAddr>,
 }
 
-pub async fn run(mut args: CollectorArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(mut args: CollectorArgs) -> anyhow::Result<()> {
     let config = crate::shared::config_path(
         args.config.take(),
         std::path::Path::new(crate::shared::DEFAULT_CONFIG_DIR),

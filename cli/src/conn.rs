@@ -6,14 +6,13 @@ use flopwatch_config::ClientTls;
 use flopwatch_proto::v1::query_client::QueryClient;
 use flopwatch_transport::channel::TlsClient;
 use std::path::PathBuf;
-use std::time::Duration;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 /// Connection flags of a client command.
 #[derive(clap::Args, Clone, Debug)]
-pub struct ConnArgs {
+pub(crate) struct ConnArgs {
     /// Collector URL: http://HOST:PORT, or https://HOST:PORT for a collector
     /// serving TLS.
     #[arg(
@@ -57,11 +56,11 @@ pub struct ConnArgs {
 
 /// Sends `authorization: Bearer <token>` on every call.
 #[derive(Clone)]
-pub struct Bearer(Option<MetadataValue<Ascii>>);
+pub(crate) struct Bearer(Option<MetadataValue<Ascii>>);
 
 impl Bearer {
     /// For `token` (none: no header).
-    pub fn new(token: Option<&str>) -> anyhow::Result<Self> {
+    pub(crate) fn new(token: Option<&str>) -> anyhow::Result<Self> {
         let header = token
             .map(|t| MetadataValue::try_from(format!("Bearer {t}")))
             .transpose()
@@ -80,12 +79,13 @@ impl tonic::service::Interceptor for Bearer {
 }
 
 /// A Query client with its bearer token.
-pub type Client = QueryClient<InterceptedService<Channel, Bearer>>;
+pub(crate) type Client = QueryClient<InterceptedService<Channel, Bearer>>;
 
 impl ConnArgs {
     /// Flags for a plaintext collector at `url` without credentials (the
     /// demo).
-    pub fn plain(url: &str) -> Self {
+    #[cfg(all(feature = "agent", feature = "collector"))]
+    pub(crate) fn plain(url: &str) -> Self {
         ConnArgs {
             collector: url.to_string(),
             token: None,
@@ -125,7 +125,7 @@ impl ConnArgs {
     }
 
     /// A client connected now.
-    pub async fn connect(&self) -> anyhow::Result<Client> {
+    pub(crate) async fn connect(&self) -> anyhow::Result<Client> {
         let url = &self.collector;
         // A missing token file is told before a collector that is not there.
         let bearer = Bearer::new(self.token()?.as_deref())?;
@@ -140,7 +140,8 @@ impl ConnArgs {
 
     /// A client that connects on first use and reconnects by itself, every
     /// call bounded by `timeout`.
-    pub fn lazy(&self, timeout: Duration) -> anyhow::Result<Client> {
+    #[cfg(feature = "tui")]
+    pub(crate) fn lazy(&self, timeout: std::time::Duration) -> anyhow::Result<Client> {
         let endpoint = self
             .tls()?
             .endpoint(&self.collector)?
@@ -154,7 +155,7 @@ impl ConnArgs {
 }
 
 /// A failed call's gRPC status as an error: its code and message.
-pub fn status(s: tonic::Status) -> anyhow::Error {
+pub(crate) fn status(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{}: {}", s.code(), s.message())
 }
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 /// Arguments of `demo`.
 #[derive(clap::Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Simulated nodes.
     #[arg(long, default_value_t = 4)]
     nodes: usize,
@@ -153,7 +153,7 @@ fn render(sections: &[(&str, &[Row])]) -> String {
         .unwrap_or_default()
 }
 
-pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(a: DemoArgs) -> anyhow::Result<()> {
     if a.nodes == 0 || a.gpus == 0 || a.gpus > 64 {
         anyhow::bail!("--nodes must be positive and --gpus between 1 and 64");
     }

@@ -74,14 +74,14 @@ const MODEL: &str = "NVIDIA H100 80GB HBM3";
 
 /// Where the replayed trace starts, unix ms: a whole hour, so the 1- and
 /// 10-min windows of the query grid start with the trace.
-pub const T0_MS: i64 = 1_800_000_000_000;
+pub(crate) const T0_MS: i64 = 1_800_000_000_000;
 
 /// The grid windows scored, ms.
 const WINDOWS: [i64; 2] = [60_000, 600_000];
 
 /// Arguments of `flopwatch eval-sampling`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct EvalArgs {
+pub(crate) struct EvalArgs {
     /// Ground-truth trace, long-form CSV `timestamp_ms,gpu,metric,value`.
     #[arg(long)]
     pub trace: PathBuf,
@@ -101,7 +101,7 @@ pub struct EvalArgs {
 
 /// Scores of one run.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
-pub struct RunReport {
+pub(crate) struct RunReport {
     /// Send interval, ms (0 for the adaptive run).
     pub interval_ms: u64,
     /// Readings read.
@@ -132,7 +132,7 @@ pub struct RunReport {
 
 /// The evaluation's result.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct EvalReport {
+pub(crate) struct EvalReport {
     /// Trace file.
     pub trace: String,
     /// Minimum interval, ms.
@@ -160,7 +160,7 @@ type Key = (usize, &'static str);
 type Series = BTreeMap<Key, Vec<Sent>>;
 
 /// Runs the evaluation and prints a table (or JSON) to stdout.
-pub fn run(args: &EvalArgs) -> anyhow::Result<EvalReport> {
+pub(crate) fn run(args: &EvalArgs) -> anyhow::Result<EvalReport> {
     let file = args.trace.display().to_string();
     let text = std::fs::read_to_string(&args.trace).with_context(|| file.clone())?;
     let cfg = SamplingConfig {
@@ -183,7 +183,7 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<EvalReport> {
 /// Evaluates trace text; `file` names it in errors. Runs the pipeline
 /// three times (see the module docs); blocking: each run has its own
 /// paused-time runtime.
-pub fn evaluate(
+pub(crate) fn evaluate(
     text: &str,
     file: &str,
     cfg: &SamplingConfig,
@@ -516,7 +516,7 @@ async fn pipeline_in(
 }
 
 /// A human-readable table of a report.
-pub fn table(r: &EvalReport) -> String {
+pub(crate) fn table(r: &EvalReport) -> String {
     let mut s = format!(
         "{} (min interval {} ms): reduction {:.1}x\n{:<18} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8}\n",
         r.trace, r.min_interval_ms, r.reduction, "run", "interval", "reads", "samples", "changes", "p50 s", "p99 s",
@@ -550,7 +550,7 @@ pub fn table(r: &EvalReport) -> String {
 
 /// What the plot shows (GPU 0).
 #[derive(Debug, Default)]
-pub struct PlotData {
+pub(crate) struct PlotData {
     trace: Vec<(f64, f64)>,
     sent: Vec<(f64, f64)>,
     interval: Vec<(f64, f64)>,

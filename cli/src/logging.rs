@@ -2,20 +2,18 @@
 //! tracing filter), `FLOPWATCH_LOG_FORMAT` picks `text` (the default) or
 //! `json` (one object per line, for log shippers).
 
-use anyhow::Context;
-use std::path::Path;
 use tracing_subscriber::EnvFilter;
 
 /// The form of log lines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     Text,
     Json,
 }
 
 impl Format {
     /// `FLOPWATCH_LOG_FORMAT`'s value; unset or empty is `text`.
-    pub fn parse(value: Option<&str>) -> anyhow::Result<Self> {
+    pub(crate) fn parse(value: Option<&str>) -> anyhow::Result<Self> {
         match value.map(str::trim) {
             None | Some("") | Some("text") => Ok(Format::Text),
             Some("json") => Ok(Format::Json),
@@ -35,7 +33,7 @@ fn filter(default: &str) -> EnvFilter {
 }
 
 /// Logs to stderr at `default` level unless `FLOPWATCH_LOG` says otherwise.
-pub fn to_stderr(default: &str) -> anyhow::Result<()> {
+pub(crate) fn to_stderr(default: &str) -> anyhow::Result<()> {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter(default))
         .with_writer(std::io::stderr);
@@ -48,7 +46,9 @@ pub fn to_stderr(default: &str) -> anyhow::Result<()> {
 
 /// Logs to `file` (appended, no colour codes), for commands whose stdout
 /// is a live view that stray lines on the terminal would tear.
-pub fn to_file(default: &str, file: &Path) -> anyhow::Result<()> {
+#[cfg(all(feature = "agent", feature = "collector"))]
+pub(crate) fn to_file(default: &str, file: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
     let f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

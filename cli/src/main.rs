@@ -14,35 +14,24 @@
 //! Exit status: 0 on success, 1 when a command fails, 2 for a usage error
 //! (an unknown flag or a malformed value, reported by the flag parser).
 //!
-//! Each role is a Cargo feature (`agent`, `collector`, `select`, `tui`,
-//! `bench`; all on by default), so a node can run a `flopwatch` built with
+//! Each role is a Cargo feature (`agent`, `collector`, `select`, `tui`; all
+//! on by default), so a node can run a `flopwatch` built with
 //! `--no-default-features --features agent`: the agent and `query`, without
 //! RocksDB, the collector, the selector or the terminal view.
-
-// A build with some roles left out leaves some shared helpers unused.
-#![cfg_attr(
-    not(all(
-        feature = "agent",
-        feature = "collector",
-        feature = "select",
-        feature = "tui",
-        feature = "bench"
-    )),
-    allow(dead_code, unused_imports)
-)]
+//! `eval-sampling` is behind `eval` (off by default: it replays a trace on
+//! tokio's test clock). Benchmarks and load generators are another binary,
+//! `flopwatch-bench` (tests/bench).
 
 #[cfg(feature = "agent")]
 mod agent_cmd;
 mod alloc;
-#[cfg(feature = "bench")]
-mod bench;
 mod check_config;
 #[cfg(feature = "collector")]
 mod collector_cmd;
 mod conn;
 #[cfg(all(feature = "agent", feature = "collector"))]
 mod demo;
-#[cfg(all(feature = "agent", feature = "collector"))]
+#[cfg(feature = "eval")]
 mod eval;
 mod logging;
 mod query_cmd;
@@ -93,11 +82,8 @@ enum Command {
     #[cfg(feature = "select")]
     Select(select_args::SelectArgs),
     /// Compare adaptive with fixed-interval sampling on a trace (Moneo §2.3).
-    #[cfg(all(feature = "agent", feature = "collector"))]
+    #[cfg(feature = "eval")]
     EvalSampling(eval::EvalArgs),
-    /// Measure the collector (see docs/BENCHMARKS.md).
-    #[cfg(feature = "bench")]
-    Bench(bench::BenchArgs),
     /// Tile-quantization overhead of a GEMM and the corrected OFU (OFU paper eq. 2-4, 8).
     #[cfg(feature = "collector")]
     Tile(tile_cmd::TileArgs),
@@ -168,11 +154,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             logging::to_stderr("warn")?;
             run_select(a)
         }
-        #[cfg(feature = "bench")]
-        Command::Bench(a) => {
-            logging::to_stderr("warn")?;
-            runtime()?.block_on(bench::run(a))
-        }
         #[cfg(feature = "collector")]
         Command::Tile(a) => tile_cmd::run(a),
         #[cfg(feature = "tui")]
@@ -181,7 +162,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             logging::to_stderr("error")?;
             runtime()?.block_on(top::run(a))
         }
-        #[cfg(all(feature = "agent", feature = "collector"))]
+        #[cfg(feature = "eval")]
         Command::EvalSampling(a) => {
             logging::to_stderr("warn")?;
             // Each run has its own paused-time runtime.

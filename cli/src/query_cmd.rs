@@ -8,7 +8,7 @@ use serde_json::json;
 
 /// Arguments of `query`.
 #[derive(clap::Args)]
-pub struct QueryArgs {
+pub(crate) struct QueryArgs {
     #[command(subcommand)]
     what: What,
     #[command(flatten)]
@@ -131,7 +131,7 @@ impl Range {
     }
 }
 
-pub async fn run(args: QueryArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: QueryArgs) -> anyhow::Result<()> {
     let mut c = args.conn.connect().await?;
     let now = flopwatch_proto::clock::Clock::now_ms(&flopwatch_proto::clock::SystemClock);
     match args.what {

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 const JOB_EVENTS: usize = 50;
 
 /// One job's figures over the queried range.
-pub struct JobSummary {
+pub(crate) struct JobSummary {
     pub entry: v1::JobEntry,
     pub ofu: v1::OfuSummary,
     pub points: Vec<v1::OfuPoint>,
@@ -25,7 +25,7 @@ impl JobSummary {
         self.events.iter().filter(|e| e.kind == kind).count()
     }
 
-    pub fn json(&self, with_series: bool) -> Value {
+    pub(crate) fn json(&self, with_series: bool) -> Value {
         let s = &self.ofu;
         let mut v = json!({
             "job_id": self.entry.job_id,
@@ -69,7 +69,7 @@ impl JobSummary {
 
 /// Fetches `job`'s figures over `[start_ms, now)`; `step_ms` 0 leaves the
 /// series out.
-pub async fn summarize<I: tonic::service::Interceptor>(
+pub(crate) async fn summarize<I: tonic::service::Interceptor>(
     c: &mut v1::query_client::QueryClient<
         tonic::service::interceptor::InterceptedService<tonic::transport::Channel, I>,
     >,
@@ -120,7 +120,7 @@ fn pct(x: f64) -> String {
 }
 
 /// The `query jobs` table.
-pub fn print_jobs(jobs: &[JobSummary]) {
+pub(crate) fn print_jobs(jobs: &[JobSummary]) {
     jobs_table(jobs).print();
 }
 
@@ -175,7 +175,7 @@ fn jobs_table(jobs: &[JobSummary]) -> Table {
 }
 
 /// The `query job JOB` report.
-pub fn print_job(j: &JobSummary, now_ms: i64) {
+pub(crate) fn print_job(j: &JobSummary, now_ms: i64) {
     let s = &j.ofu;
     println!(
         "job {}  tenant {}  {} GPUs on {}",

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// Arguments of `report`.
 #[derive(clap::Args)]
-pub struct ReportArgs {
+pub(crate) struct ReportArgs {
     /// How far back, e.g. 1h, 30d.
     #[arg(long, default_value = "1h")]
     since: String,
@@ -49,7 +49,7 @@ pub struct ReportArgs {
 
 /// What one row of a report adds up.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum By {
+pub(crate) enum By {
     /// A job of a tenant.
     Job,
     Tenant,
@@ -64,7 +64,7 @@ pub enum By {
 /// A rate card: prices per GPU-hour by model, and per kWh.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RateCard {
+pub(crate) struct RateCard {
     /// Currency label printed with costs (informational).
     #[serde(default)]
     pub currency: String,
@@ -79,7 +79,7 @@ pub struct RateCard {
 
 impl RateCard {
     /// Reads a rate card; errors name the file (and the key, from TOML).
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
+    pub(crate) fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
         let card: RateCard =
             toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
@@ -95,7 +95,7 @@ impl RateCard {
     }
 
     /// The price of a GPU-hour of `model` (`None`: no key matches).
-    pub fn gpu_hour(&self, model: &str) -> Option<f64> {
+    pub(crate) fn gpu_hour(&self, model: &str) -> Option<f64> {
         let model = model.to_lowercase();
         self.gpu_hour
             .iter()
@@ -107,7 +107,7 @@ impl RateCard {
 
 /// One row of a report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Row {
+pub(crate) struct Row {
     /// The row's key (`tenant/job`, `tenant/namespace`, the node, …).
     pub key: String,
     /// GPUs with a holding in the row.
@@ -135,7 +135,7 @@ pub struct Row {
 }
 
 /// The rows of `entries` grouped `by`, sorted by key.
-pub fn rows(entries: &[v1::LedgerEntry], by: By, rates: Option<&RateCard>) -> Vec<Row> {
+pub(crate) fn rows(entries: &[v1::LedgerEntry], by: By, rates: Option<&RateCard>) -> Vec<Row> {
     #[derive(Default)]
     struct Acc {
         gpus: std::collections::BTreeSet<String>,
@@ -197,7 +197,7 @@ pub fn rows(entries: &[v1::LedgerEntry], by: By, rates: Option<&RateCard>) -> Ve
         .collect()
 }
 
-pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: ReportArgs) -> anyhow::Result<()> {
     let rates = args.rate_card.as_deref().map(RateCard::load).transpose()?;
     let now = flopwatch_proto::clock::Clock::now_ms(&flopwatch_proto::clock::SystemClock);
     let (start_ms, end_ms) = args.range.resolve(&args.since, now)?;

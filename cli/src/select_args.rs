@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 /// `flopwatch select` arguments.
 #[derive(Debug, Clone, clap::Args)]
-pub struct SelectArgs {
+pub(crate) struct SelectArgs {
     /// Long-form CSV file(s) with header `workload,metric,timestamp_ms,value`.
     #[arg(long, value_name = "FILE", num_args = 1.., required_unless_present = "store", conflicts_with = "store")]
     pub input: Vec<PathBuf>,
@@ -59,7 +59,7 @@ pub struct SelectArgs {
 
 impl SelectArgs {
     /// The pipeline options these arguments ask for (validated).
-    pub fn options(&self) -> Result<SelectOptions, SelectError> {
+    pub(crate) fn options(&self) -> Result<SelectOptions, SelectError> {
         let opts = SelectOptions {
             variance_threshold: self.variance_threshold,
             distance_threshold: self.distance_threshold,
@@ -75,7 +75,7 @@ impl SelectArgs {
 
 impl SelectArgs {
     /// What to write.
-    pub fn outputs(&self) -> Outputs {
+    pub(crate) fn outputs(&self) -> Outputs {
         Outputs {
             output: self.output.clone(),
             report: self.report.clone(),
@@ -84,7 +84,7 @@ impl SelectArgs {
     }
 
     /// The CSV run (`--input`).
-    pub fn csv_run(&self) -> Result<CsvRun, SelectError> {
+    pub(crate) fn csv_run(&self) -> Result<CsvRun, SelectError> {
         Ok(CsvRun {
             inputs: self.input.clone(),
             options: self.options()?,

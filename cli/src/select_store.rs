@@ -16,7 +16,7 @@ use flopwatch_selector::Row;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub fn run(args: &SelectArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: &SelectArgs) -> anyhow::Result<()> {
     let dir = args.store.as_ref().context("--store is required")?;
     let now = SystemClock.now_ms();
     let since = match &args.since {

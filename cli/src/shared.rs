@@ -5,17 +5,17 @@ use anyhow::Context;
 use std::path::PathBuf;
 
 /// The directory relative paths of a config file are resolved against.
-pub fn config_dir(config: &std::path::Path) -> PathBuf {
+pub(crate) fn config_dir(config: &std::path::Path) -> PathBuf {
     config.parent().map(|p| p.to_path_buf()).unwrap_or_default()
 }
 
 /// Where `flopwatch agent` and `flopwatch collector` look for their
 /// config file when `--config` is not given.
-pub const DEFAULT_CONFIG_DIR: &str = "/etc/flopwatch";
+pub(crate) const DEFAULT_CONFIG_DIR: &str = "/etc/flopwatch";
 
 /// The config file to load: `explicit` (--config or FLOPWATCH_CONFIG), else
 /// `DEFAULT_CONFIG_DIR/<role>.toml` if it exists.
-pub fn config_path(
+pub(crate) fn config_path(
     explicit: Option<PathBuf>,
     default_dir: &std::path::Path,
     role: &str,
@@ -35,7 +35,7 @@ pub fn config_path(
 }
 
 /// Reads the metric set a `metrics_file` names (`metrics = [...]`).
-pub fn read_metric_set(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+pub(crate) fn read_metric_set(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
     #[derive(serde::Deserialize)]
     struct Set {
         metrics: Vec<String>,
@@ -50,27 +50,7 @@ pub fn read_metric_set(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
     Ok(set.metrics)
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-}
+pub(crate) use flopwatch_transport::shutdown_signal;
 
 #[cfg(test)]
 mod tests {

@@ -3,7 +3,7 @@
 //! overflow any fixed width and shift every column after them).
 
 /// A bar of `width` cells for a fraction 0..=1.
-pub fn bar(frac: f64, width: usize) -> String {
+pub(crate) fn bar(frac: f64, width: usize) -> String {
     let f = if frac.is_finite() {
         frac.clamp(0.0, 1.0)
     } else {
@@ -23,7 +23,7 @@ pub fn bar(frac: f64, width: usize) -> String {
 
 /// How a column's cells sit in its width.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Align {
+pub(crate) enum Align {
     /// Text: names, ids.
     Left,
     /// Numbers.
@@ -31,7 +31,7 @@ pub enum Align {
 }
 
 /// A table with a header row; columns are separated by two spaces.
-pub struct Table {
+pub(crate) struct Table {
     header: Vec<String>,
     align: Vec<Align>,
     rows: Vec<Vec<String>>,
@@ -39,7 +39,7 @@ pub struct Table {
 
 impl Table {
     /// A table with these column headers and alignments.
-    pub fn new(columns: &[(&str, Align)]) -> Self {
+    pub(crate) fn new(columns: &[(&str, Align)]) -> Self {
         Table {
             header: columns.iter().map(|(h, _)| h.to_string()).collect(),
             align: columns.iter().map(|(_, a)| *a).collect(),
@@ -48,14 +48,14 @@ impl Table {
     }
 
     /// Adds a row; missing cells are empty, extra cells are dropped.
-    pub fn row(&mut self, mut cells: Vec<String>) {
+    pub(crate) fn row(&mut self, mut cells: Vec<String>) {
         cells.resize(self.header.len(), String::new());
         self.rows.push(cells);
     }
 
     /// The table as lines, each ending in a newline, without trailing
     /// spaces.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let width = |s: &str| s.chars().count();
         let mut widths: Vec<usize> = self.header.iter().map(|h| width(h)).collect();
         for r in &self.rows {
@@ -89,7 +89,7 @@ impl Table {
     }
 
     /// Prints the table to stdout.
-    pub fn print(&self) {
+    pub(crate) fn print(&self) {
         print!("{}", self.render());
     }
 }

@@ -4,7 +4,7 @@ use flopwatch_collector::{adjusted_ofu, quantize, TileShape};
 
 /// Arguments of `tile`.
 #[derive(clap::Args)]
-pub struct TileArgs {
+pub(crate) struct TileArgs {
     /// Rows of A and C.
     m: u64,
     /// Columns of B and C.
@@ -25,7 +25,7 @@ pub struct TileArgs {
     ofu: Option<String>,
 }
 
-pub fn run(a: TileArgs) -> anyhow::Result<()> {
+pub(crate) fn run(a: TileArgs) -> anyhow::Result<()> {
     let shape = match (&a.kernel, &a.tile) {
         (Some(k), _) => TileShape::from_kernel(k)?,
         (None, Some(t)) => TileShape::parse(t, a.cluster.as_deref())?,

@@ -37,7 +37,7 @@ const ONCE_WIDTH: u16 = 120;
 
 /// Arguments of `top`.
 #[derive(clap::Args)]
-pub struct TopArgs {
+pub(crate) struct TopArgs {
     #[command(flatten)]
     conn: crate::conn::ConnArgs,
     /// Time between refreshes, e.g. 2s.
@@ -55,7 +55,7 @@ fn now_ms() -> i64 {
     flopwatch_proto::clock::Clock::now_ms(&flopwatch_proto::clock::SystemClock)
 }
 
-pub async fn run(args: TopArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: TopArgs) -> anyhow::Result<()> {
     let refresh_ms = parse_ms(&args.refresh).context("--refresh")?;
     let since_ms = parse_ms(&args.since).context("--since")?;
     anyhow::ensure!(refresh_ms > 0, "--refresh must be more than 0");

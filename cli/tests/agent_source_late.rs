@@ -8,11 +8,12 @@
 //! (bound, then released) before the agent starts, so the agent first
 //! meets refused connections.
 
+use flopwatch_proto::clock::{Deadline, Stopwatch};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Kills the child when dropped, so a failing test leaves no process.
 struct Proc(Child);
@@ -123,10 +124,10 @@ fn until(
     limit: Duration,
     want: impl Fn(u16, &str) -> bool,
 ) -> (u16, String) {
-    let give_up = Instant::now() + limit;
+    let give_up = Deadline::after(limit);
     loop {
         let got = get(port, path).unwrap_or((0, String::new()));
-        if want(got.0, &got.1) || Instant::now() > give_up {
+        if want(got.0, &got.1) || give_up.passed() {
             return got;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -184,7 +185,7 @@ fn sigterm_stops_an_agent_waiting_for_its_exporter() {
         .status()
         .unwrap();
     assert!(killed.success());
-    let asked = Instant::now();
+    let asked = Stopwatch::start();
     while asked.elapsed() < Duration::from_secs(5) {
         if let Some(code) = agent.0.try_wait().unwrap() {
             assert!(code.success(), "{code}");

@@ -3,10 +3,11 @@
 //! SIGKILL and restarted over the same data dir still has every acked
 //! sample.
 
+use flopwatch_proto::clock::{Deadline, Stopwatch};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_flopwatch")
@@ -112,7 +113,7 @@ fn signal(p: &Proc, sig: i32) {
 }
 
 fn wait_exit(p: &mut Proc, limit: Duration) -> bool {
-    let t = Instant::now();
+    let t = Stopwatch::start();
     while t.elapsed() < limit {
         if let Ok(Some(_)) = p.0.try_wait() {
             return true;
@@ -216,13 +217,13 @@ fn job_queries_and_an_mfu_file_through_the_agent() {
     std::fs::write(&tmp, r#"{"job_id": "gemm-bench", "mfu": 0.99}"#).unwrap();
     std::fs::rename(&tmp, mfu_dir.join("gemm-bench.json")).unwrap();
     // The agent scans every 5 s; windows close two windows late.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Deadline::after(Duration::from_secs(20));
     let flagged = loop {
         let ev = query(&url, &["events", "--kind", "mfu_mismatch", "--since", "1h"]);
         if let Some(e) = ev.as_array().and_then(|a| a.first()).cloned() {
             break e;
         }
-        assert!(Instant::now() < deadline, "no mfu_mismatch event");
+        assert!(!deadline.passed(), "no mfu_mismatch event");
         std::thread::sleep(Duration::from_millis(500));
     };
     assert_eq!(flagged["job_id"], "gemm-bench");

@@ -2,10 +2,11 @@
 //! simulated agents (separate processes from the example configs), and
 //! against a collector that is not there.
 
+use flopwatch_proto::clock::{Deadline, Stopwatch};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_flopwatch")
@@ -93,7 +94,7 @@ fn top_once_shows_the_fleet_of_a_live_collector() {
     let _a = start_sim_agent(&url, "top-node-a", 0);
     let _b = start_sim_agent(&url, "top-node-b", 1);
 
-    let deadline = Instant::now() + Duration::from_secs(25);
+    let deadline = Deadline::after(Duration::from_secs(25));
     let text = loop {
         let out = top_once(&url);
         let text = String::from_utf8_lossy(&out.stdout).to_string();
@@ -105,10 +106,7 @@ fn top_once_shows_the_fleet_of_a_live_collector() {
         if has_gpu_figure(&text, "top-node-a") && has_gpu_figure(&text, "top-node-b") {
             break text;
         }
-        assert!(
-            Instant::now() < deadline,
-            "no OFU for both nodes in time:\n{text}"
-        );
+        assert!(!deadline.passed(), "no OFU for both nodes in time:\n{text}");
         std::thread::sleep(Duration::from_millis(500));
     };
     assert!(text.contains(&url), "{text}");
@@ -124,7 +122,7 @@ fn top_once_shows_the_fleet_of_a_live_collector() {
 
 #[test]
 fn top_once_names_an_unreachable_collector_and_fails() {
-    let started = Instant::now();
+    let started = Stopwatch::start();
     let out = top_once("http://127.0.0.1:1");
     assert!(!out.status.success());
     assert!(

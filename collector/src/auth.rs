@@ -303,7 +303,7 @@ impl Auth {
 }
 
 /// The bearer token of a request's metadata, if any.
-pub fn bearer(md: &tonic::metadata::MetadataMap) -> Option<String> {
+pub(crate) fn bearer(md: &tonic::metadata::MetadataMap) -> Option<String> {
     let v = md.get("authorization")?.to_str().ok()?;
     let t = v
         .strip_prefix("Bearer ")
@@ -315,7 +315,7 @@ pub fn bearer(md: &tonic::metadata::MetadataMap) -> Option<String> {
 /// characters, `{node}` one or more characters that become the node id
 /// the agent must use. `None`: no match; `Some(node)`: a match, binding
 /// the node when the pattern has `{node}`.
-pub fn match_name(pattern: &str, name: &str) -> Option<Option<String>> {
+pub(crate) fn match_name(pattern: &str, name: &str) -> Option<Option<String>> {
     match pattern.split_once("{node}") {
         Some((pre, post)) => {
             let node = name.strip_prefix(pre)?.strip_suffix(post)?;
@@ -327,7 +327,7 @@ pub fn match_name(pattern: &str, name: &str) -> Option<Option<String>> {
 
 /// `*` matches any run of characters (none included); everything else
 /// matches itself.
-pub fn glob(pattern: &str, s: &str) -> bool {
+pub(crate) fn glob(pattern: &str, s: &str) -> bool {
     let (p, s) = (pattern.as_bytes(), s.as_bytes());
     let (mut pi, mut si) = (0, 0);
     let mut star: Option<(usize, usize)> = None;

@@ -31,10 +31,11 @@
 //! Events are stored with the batch that raised them, logged, counted on
 //! `/metrics` and listed by the `ListEvents` query.
 
+pub(crate) use crate::store::EventRecord;
 use crate::store::OfuSample;
 use flopwatch_config::AnalysisConfig;
 use flopwatch_proto::stats::quantile;
-use serde::{Deserialize, Serialize};
+
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 
@@ -78,33 +79,6 @@ impl Default for AnalysisSettings {
     fn default() -> Self {
         Self::from_config(&AnalysisConfig::default())
     }
-}
-
-/// A stored event.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EventRecord {
-    /// `regression`, `straggler`, or an agent's kind (`xid`, `ecc_dbe`, …).
-    pub kind: String,
-    /// When, unix ms (the end of the window for derived events).
-    pub ts_ms: i64,
-    /// Job, when known.
-    #[serde(default)]
-    pub job_id: String,
-    /// GPU, when the event is about one.
-    #[serde(default)]
-    pub gpu_uuid: String,
-    /// Node, when known.
-    #[serde(default)]
-    pub node_id: String,
-    /// The observed value (window OFU, GPU tensor activity, XID code).
-    #[serde(default)]
-    pub value: f64,
-    /// What it is compared with (baseline OFU, job median).
-    #[serde(default)]
-    pub baseline: f64,
-    /// Human-readable detail.
-    #[serde(default)]
-    pub detail: String,
 }
 
 /// Events raised so far, per tenant.

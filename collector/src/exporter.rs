@@ -109,7 +109,7 @@ pub fn page(collector: &Arc<Collector>, scrape: &Scrape<'_>) -> Option<String> {
 
 /// Whether a page lists per-GPU and per-device families.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum GpuFamilies {
+pub(crate) enum GpuFamilies {
     /// While the scrape's tenants hold at most `[exporter] max_gpus` GPUs
     /// (the default).
     #[default]
@@ -123,7 +123,7 @@ pub enum GpuFamilies {
 /// What a scrape asked for with its URL's parameters, within what its
 /// token may read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Selection {
+pub(crate) struct Selection {
     /// `tenant=` (repeatable): only these tenants; none: every tenant the
     /// token may read.
     pub tenants: Vec<String>,
@@ -134,7 +134,7 @@ pub struct Selection {
 impl Selection {
     /// From a scrape's parameters (unknown ones and values are ignored,
     /// as Prometheus' own `/federate` does).
-    pub fn of(scrape: &Scrape<'_>) -> Self {
+    pub(crate) fn of(scrape: &Scrape<'_>) -> Self {
         let gpus = match scrape.param("gpus").last() {
             Some("all") => GpuFamilies::All,
             Some("none") => GpuFamilies::Omit,
@@ -149,7 +149,11 @@ impl Selection {
 
 /// The registry of one scrape: the series `scope` may read (none but the
 /// collector's health when `None`), as `selection` narrows them.
-pub fn registry(collector: Arc<Collector>, scope: Option<Scope>, selection: Selection) -> Registry {
+pub(crate) fn registry(
+    collector: Arc<Collector>,
+    scope: Option<Scope>,
+    selection: Selection,
+) -> Registry {
     let mut r = Registry::default();
     r.register_collector(Box::new(Exporter {
         c: collector,

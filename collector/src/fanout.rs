@@ -28,15 +28,15 @@ use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 use tracing::warn;
 
-pub use crate::peering::{peer_channels, LOCAL};
+pub(crate) use crate::peering::{peer_channels, LOCAL};
 /// Response metadata: how many peers did not answer.
-pub const PARTIAL: &str = "x-flopwatch-partial";
+pub(crate) const PARTIAL: &str = "x-flopwatch-partial";
 /// How long a peer gets to answer.
-pub const PEER_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The Query service of a clustered collector.
 #[derive(Clone)]
-pub struct FanoutQuery {
+pub(crate) struct FanoutQuery {
     local: QueryService,
     peers: Vec<(String, Channel)>,
 }
@@ -44,7 +44,7 @@ pub struct FanoutQuery {
 impl FanoutQuery {
     /// Answers with `local` and the collectors at `peers` (query URLs).
     /// `tls` is used for `https://` peers.
-    pub fn new(
+    pub(crate) fn new(
         local: QueryService,
         peers: &[String],
         tls: &TlsClient,
@@ -56,7 +56,7 @@ impl FanoutQuery {
     }
 
     /// As a tonic server.
-    pub fn server(self) -> v1::query_server::QueryServer<Self> {
+    pub(crate) fn server(self) -> v1::query_server::QueryServer<Self> {
         v1::query_server::QueryServer::new(self).max_decoding_message_size(16 << 20)
     }
 }
@@ -129,7 +129,7 @@ fn respond<R>(r: R, failed: usize) -> Response<R> {
 }
 
 /// Merges series of one GPU metric: time order, one point per timestamp.
-pub fn merge_series(parts: Vec<v1::Series>, limit: usize) -> Option<v1::Series> {
+pub(crate) fn merge_series(parts: Vec<v1::Series>, limit: usize) -> Option<v1::Series> {
     let mut first: Option<v1::Series> = None;
     let mut points: BTreeMap<i64, (f64, Option<f64>, Option<u32>)> = BTreeMap::new();
     for s in parts {
@@ -164,7 +164,7 @@ pub fn merge_series(parts: Vec<v1::Series>, limit: usize) -> Option<v1::Series> 
 }
 
 /// Combines OFU answers (see the module docs for what is exact).
-pub fn merge_ofu(parts: Vec<v1::OfuResponse>) -> v1::OfuResponse {
+pub(crate) fn merge_ofu(parts: Vec<v1::OfuResponse>) -> v1::OfuResponse {
     let summaries: Vec<v1::OfuSummary> = parts.iter().filter_map(|p| p.summary).collect();
     let total: u64 = summaries.iter().map(|s| s.samples).sum();
     let summary = if summaries.is_empty() {

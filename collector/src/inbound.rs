@@ -30,11 +30,11 @@ const PREFIX: usize = 5;
 
 /// The response encoder's starting buffer (it grows when a message needs
 /// more, and each encoded message is handed to HTTP/2 as its own bytes).
-pub const ENCODE_BUFFER: usize = 256;
+pub(crate) const ENCODE_BUFFER: usize = 256;
 
 /// Cuts gRPC length-prefixed messages out of a request body's DATA frames.
 #[derive(Debug)]
-pub struct Framer {
+pub(crate) struct Framer {
     /// Whole frames not yet cut, and the bytes of a message split across
     /// frames; both empty (and holding no memory) between messages.
     frames: VecDeque<Bytes>,
@@ -48,7 +48,7 @@ pub struct Framer {
 
 impl Framer {
     /// A framer refusing messages over `max` bytes.
-    pub fn new(max: usize) -> Self {
+    pub(crate) fn new(max: usize) -> Self {
         Self {
             frames: VecDeque::new(),
             held: 0,
@@ -58,7 +58,7 @@ impl Framer {
     }
 
     /// Adds a DATA frame's bytes.
-    pub fn push(&mut self, data: Bytes) {
+    pub(crate) fn push(&mut self, data: Bytes) {
         if !data.is_empty() {
             self.held += data.len();
             self.frames.push_back(data);
@@ -66,19 +66,19 @@ impl Framer {
     }
 
     /// Whether bytes of an unfinished message are held.
-    pub fn is_partial(&self) -> bool {
+    pub(crate) fn is_partial(&self) -> bool {
         self.held > 0 || self.want.is_some()
     }
 
     /// Bytes of memory held beyond the framer itself.
     #[cfg(test)]
-    pub fn held_capacity(&self) -> usize {
+    pub(crate) fn held_capacity(&self) -> usize {
         self.frames.capacity() * std::mem::size_of::<Bytes>() + self.held
     }
 
     /// The next whole message's bytes, `None` until one is complete, or the
     /// status that ends the stream (an oversize or compressed message).
-    pub fn next_message(&mut self) -> Result<Option<Bytes>, Status> {
+    pub(crate) fn next_message(&mut self) -> Result<Option<Bytes>, Status> {
         let len = match self.want {
             Some(len) => len,
             None => {
@@ -156,7 +156,7 @@ impl Framer {
 }
 
 /// A request body as a stream of decoded messages.
-pub struct Messages<M, B> {
+pub(crate) struct Messages<M, B> {
     body: B,
     framer: Framer,
     ended: bool,
@@ -165,7 +165,7 @@ pub struct Messages<M, B> {
 
 impl<M, B> Messages<M, B> {
     /// Decodes `body`, refusing messages over `max` bytes.
-    pub fn new(body: B, max: usize) -> Self {
+    pub(crate) fn new(body: B, max: usize) -> Self {
         Self {
             body,
             framer: Framer::new(max),
@@ -230,7 +230,7 @@ where
 
 /// The response to a streaming call: the service's messages encoded by
 /// tonic's encoder with a small buffer, then the trailers.
-pub fn streaming_response<M, S>(
+pub(crate) fn streaming_response<M, S>(
     response: Result<tonic::Response<S>, Status>,
 ) -> http::Response<tonic::body::Body>
 where
@@ -266,7 +266,7 @@ where
 
 /// The request's messages, refusing a `grpc-encoding` other than identity
 /// with UNIMPLEMENTED, as tonic does with no compression enabled.
-pub fn streaming_request<M>(
+pub(crate) fn streaming_request<M>(
     request: http::Request<tonic::body::Body>,
     max: usize,
 ) -> Result<tonic::Request<Messages<M, tonic::body::Body>>, Status> {
@@ -292,7 +292,7 @@ pub fn streaming_request<M>(
 }
 
 /// The answer to a path the service does not have.
-pub fn unimplemented() -> http::Response<tonic::body::Body> {
+pub(crate) fn unimplemented() -> http::Response<tonic::body::Body> {
     let mut response = http::Response::new(tonic::body::Body::default());
     response.headers_mut().insert(
         tonic::Status::GRPC_STATUS,

@@ -26,6 +26,7 @@ use crate::state::Collector;
 use crate::store::{AgentKey, CommitSet, GpuRecord, JobRecord, NodeRecord, OfuSample};
 use crate::validate::{validate, Reason, Rules};
 use crate::CollectorError;
+use flopwatch_proto::clock::Stopwatch;
 use flopwatch_proto::metrics as m;
 use flopwatch_proto::model::{Batch, Hello, SeriesBatch};
 use flopwatch_proto::v1::{self, agent_message, collector_message, AgentMessage, CollectorMessage};
@@ -52,7 +53,7 @@ pub const SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The delay a `busy` deferral asks for, before a jitter of up to as much
 /// again (so deferred agents do not come back together).
-pub const BUSY_RETRY_MS: u64 = 1000;
+pub(crate) const BUSY_RETRY_MS: u64 = 1000;
 
 /// Why a batch was deferred (refused unconsumed, with a delay).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +82,7 @@ impl Defer {
 
 /// The tonic service.
 #[derive(Clone)]
-pub struct IngestService {
+pub(crate) struct IngestService {
     collector: Arc<Collector>,
     shutdown: tokio::sync::watch::Receiver<bool>,
     /// One permit per agent stream (`max_agents`).
@@ -93,7 +94,10 @@ impl IngestService {
     /// the batch it is committing, acks it, and ends with UNAVAILABLE so
     /// agents move on (a graceful server shutdown would otherwise wait for
     /// agents' never-ending streams).
-    pub fn new(collector: Arc<Collector>, shutdown: tokio::sync::watch::Receiver<bool>) -> Self {
+    pub(crate) fn new(
+        collector: Arc<Collector>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
         let slots = Arc::new(tokio::sync::Semaphore::new(
             collector.settings.max_agents.max(1) as usize,
         ));
@@ -108,7 +112,7 @@ impl IngestService {
     /// oversize batches get a Reject rather than a broken stream. The
     /// stream's wire is [`crate::inbound`]'s: no buffer is held between
     /// an agent's batches.
-    pub fn server(self) -> IngestRoute {
+    pub(crate) fn server(self) -> IngestRoute {
         let limit = self.collector.settings.max_batch_bytes as usize;
         IngestRoute {
             service: self,
@@ -263,7 +267,7 @@ struct Session {
 /// The Ingest service at the HTTP level: `/flopwatch.v1.Ingest/Stream`
 /// read by [`crate::inbound`], everything else UNIMPLEMENTED.
 #[derive(Clone)]
-pub struct IngestRoute {
+pub(crate) struct IngestRoute {
     service: IngestService,
     max_message: usize,
 }
@@ -506,7 +510,7 @@ impl Session {
         let store = self.c.store.clone();
         let tenant = self.tenant.clone();
         let seq = set.seq;
-        let started = std::time::Instant::now();
+        let started = Stopwatch::start();
         let set = tokio::task::spawn_blocking(move || store.commit(&tenant, &set).map(|()| set))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
@@ -527,7 +531,7 @@ impl Session {
         wire: v1::Batch,
         agent: &mpsc::Sender<Result<CollectorMessage, Status>>,
     ) -> Result<CollectorMessage, Status> {
-        let arrived = std::time::Instant::now();
+        let arrived = Stopwatch::start();
         self.reauthorize()?;
         let seq = wire.seq;
         let size = wire.encoded_len();

@@ -11,7 +11,7 @@ type Lock = Arc<tokio::sync::Mutex<()>>;
 
 /// A set of keyed locks.
 #[derive(Default)]
-pub struct KeyLocks {
+pub(crate) struct KeyLocks {
     locks: Mutex<HashMap<String, Lock>>,
 }
 
@@ -25,7 +25,7 @@ pub struct Held<'a> {
 impl KeyLocks {
     /// Locks every key of `keys`, in sorted order (so two callers never
     /// hold one key each while waiting for the other's).
-    pub async fn lock(&self, mut keys: Vec<String>) -> Held<'_> {
+    pub(crate) async fn lock(&self, mut keys: Vec<String>) -> Held<'_> {
         keys.sort_unstable();
         keys.dedup();
         let mut held = Held {

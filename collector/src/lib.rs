@@ -30,8 +30,6 @@ mod parallel;
 mod peer_cert;
 mod peering;
 mod priority;
-#[cfg(feature = "prometheus-peer")]
-pub mod prometheus_peer;
 pub mod promql;
 mod query;
 mod remote_write;
@@ -47,7 +45,7 @@ mod tls;
 mod validate;
 
 pub use auth::{digest, Auth, Scope};
-pub use cluster::other_peers;
+pub use cluster::settings::other_peers;
 pub use codec::Block;
 pub use error::CollectorError;
 pub use exporter::page as metrics_page;

@@ -25,14 +25,14 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Batches and Hellos validated and committed at once over all tenants.
-pub const COMMITS: usize = 32;
+pub(crate) const COMMITS: usize = 32;
 
 /// A series counts as active this long after its last sample.
-pub const SERIES_ACTIVE_MS: i64 = 3_600_000;
+pub(crate) const SERIES_ACTIVE_MS: i64 = 3_600_000;
 
 /// How often a stream tells the tenant's shared set that a series it
 /// already counted is still sending ([`StreamSeries`]).
-pub const SERIES_REFRESH_MS: i64 = 60_000;
+pub(crate) const SERIES_REFRESH_MS: i64 = 60_000;
 
 /// Each tenant's limits.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

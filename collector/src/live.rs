@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::RwLock;
 
 /// Agents not heard from for this long are not exported, ms.
-pub const STALE_MS: i64 = crate::staleness::STALE_MAX_MS;
+pub(crate) const STALE_MS: i64 = crate::staleness::STALE_MAX_MS;
 
 /// When a counter was last received and how long it stays current.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -469,7 +469,7 @@ fn fold(gpus: &mut HashMap<(String, String), GpuLive>, b: &BatchView<'_>, now_ms
 /// The GPUs of batch `b` as the batch alone tells them (their values in
 /// it, nothing earlier), in the batch's order: what remote write forwards
 /// for the batch.
-pub fn batch_gpus(b: &BatchView<'_>, now_ms: i64) -> Vec<GpuLive> {
+pub(crate) fn batch_gpus(b: &BatchView<'_>, now_ms: i64) -> Vec<GpuLive> {
     let mut m = HashMap::new();
     fold(&mut m, b, now_ms);
     b.gpus
@@ -506,7 +506,7 @@ fn current(g: &GpuLive, now_ms: i64) -> Option<GpuLive> {
 /// Mean OFU of groups of GPUs (a node, a job): every GPU weighs the same,
 /// as in OFU eq. 11 over equal windows.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct GroupOfu {
+pub(crate) struct GroupOfu {
     /// Mean OFU.
     pub ofu: f64,
     /// GPUs with an OFU value.
@@ -518,7 +518,7 @@ pub struct GroupOfu {
 /// card's capacity (1 for a whole GPU, less for a MIG instance;
 /// docs/MIG.md). `key` may give a GPU several groups, each with the OFU it
 /// counts there (a shared GPU's jobs: their apportioned parts).
-pub fn group_ofu<K: Ord + Clone>(
+pub(crate) fn group_ofu<K: Ord + Clone>(
     gpus: &[GpuLive],
     key: impl Fn(&GpuLive) -> Vec<(K, f64)>,
     share: impl Fn(&GpuLive) -> f64,
@@ -544,7 +544,7 @@ pub fn group_ofu<K: Ord + Clone>(
 
 /// The job groups of a GPU with its OFU there: its one job with the whole
 /// OFU, or each job sharing it with its apportioned part (OFU × share).
-pub fn job_parts(g: &GpuLive) -> Vec<(String, f64)> {
+pub(crate) fn job_parts(g: &GpuLive) -> Vec<(String, f64)> {
     let Some(ofu) = g.ofu else {
         return Vec::new();
     };

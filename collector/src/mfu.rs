@@ -19,11 +19,11 @@ use flopwatch_proto::model::MfuReport;
 
 /// Highest MFU a report may carry: above 1 is already a sign of miscounted
 /// FLOPs and worth flagging, but 10× the peak is garbage.
-pub const MAX_REPORTED_MFU: f64 = 10.0;
+pub(crate) const MAX_REPORTED_MFU: f64 = 10.0;
 
 /// Why a report cannot be used.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum MfuError {
+pub(crate) enum MfuError {
     /// No job id.
     #[error("MFU report without job_id")]
     NoJob,
@@ -56,7 +56,7 @@ pub enum MfuError {
 /// The MFU a report stands for, fraction of peak: its per-precision rates
 /// against the effective peak (eq. 12) of `spec` when it has them, else its
 /// own `mfu`.
-pub fn reported_mfu(r: &MfuReport, spec: Option<&GpuSpec>) -> Result<f64, MfuError> {
+pub(crate) fn reported_mfu(r: &MfuReport, spec: Option<&GpuSpec>) -> Result<f64, MfuError> {
     if r.job_id.is_empty() {
         return Err(MfuError::NoJob);
     }

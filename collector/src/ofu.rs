@@ -179,7 +179,7 @@ impl Mean {
 
 /// OFU percentiles (over GPUs, over time) rank by the one definition the
 /// agent shares: nearest rank.
-pub use flopwatch_proto::stats::quantile;
+pub(crate) use flopwatch_proto::stats::quantile;
 
 #[cfg(test)]
 mod tests {

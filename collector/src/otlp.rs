@@ -32,8 +32,8 @@
 
 // Used by the sender from the next change.
 
-use crate::remote_write::STALE_NAN;
 use crate::remote_write_v2::{meta_for, metric_name, Meta, Sample};
+use crate::staleness::STALE_NAN;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::metrics::v1::{

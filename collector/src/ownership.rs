@@ -22,7 +22,11 @@ use crate::CollectorError;
 use flopwatch_proto::model::Hello;
 
 /// Checks that `id` may register `hello`'s node and GPUs.
-pub async fn check(c: &Collector, id: &AgentIdentity, hello: &Hello) -> Result<(), CollectorError> {
+pub(crate) async fn check(
+    c: &Collector,
+    id: &AgentIdentity,
+    hello: &Hello,
+) -> Result<(), CollectorError> {
     let node_id = &hello.node.node_id;
     if !id.nodes.allows(node_id) {
         return Err(AuthError::Denied.into());

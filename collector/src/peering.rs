@@ -9,12 +9,12 @@ use std::time::Duration;
 use tonic::transport::Channel;
 
 /// Request metadata: answer from this collector's data only.
-pub const LOCAL: &str = "x-flopwatch-local";
+pub(crate) const LOCAL: &str = "x-flopwatch-local";
 
 /// One lazily connected channel per peer URL: the query fan-out and the
 /// limbo reconciler ([`crate::cluster`]) reach peers the same way.
 /// `tls` is used for `https://` peers.
-pub fn peer_channels(
+pub(crate) fn peer_channels(
     peers: &[String],
     tls: &TlsClient,
 ) -> Result<Vec<(String, Channel)>, crate::CollectorError> {

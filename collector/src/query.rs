@@ -12,24 +12,24 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 /// Most buckets one OFU query may return.
-pub const MAX_POINTS: i64 = 20_000;
+pub(crate) const MAX_POINTS: i64 = 20_000;
 /// Default range of a query without `start_ms`: the last 10 minutes.
-pub const DEFAULT_RANGE_MS: i64 = 600_000;
+pub(crate) const DEFAULT_RANGE_MS: i64 = 600_000;
 
 /// The tonic service.
 #[derive(Clone)]
-pub struct QueryService {
+pub(crate) struct QueryService {
     c: Arc<Collector>,
 }
 
 impl QueryService {
     /// Serves `collector`.
-    pub fn new(c: Arc<Collector>) -> Self {
+    pub(crate) fn new(c: Arc<Collector>) -> Self {
         Self { c }
     }
 
     /// As a tonic server.
-    pub fn server(self) -> v1::query_server::QueryServer<Self> {
+    pub(crate) fn server(self) -> v1::query_server::QueryServer<Self> {
         v1::query_server::QueryServer::new(self)
     }
 

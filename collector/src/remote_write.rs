@@ -54,13 +54,13 @@ mod queue;
 mod sender;
 
 pub use endpoint::{Endpoint, SendError};
-pub use queue::RemoteQueue;
-pub use sender::run;
+pub(crate) use queue::RemoteQueue;
+pub(crate) use sender::run;
 
 /// How long after a restart a series the previous run left open waits for
 /// its agent to continue it before it gets its staleness marker (agents
 /// reconnect well within it).
-pub const RESTORE_GRACE_MS: i64 = 60_000;
+pub(crate) const RESTORE_GRACE_MS: i64 = 60_000;
 
 use prost::Message;
 
@@ -183,8 +183,7 @@ struct Point {
     value: f64,
 }
 
-/// Prometheus' staleness marker: a NaN no computation produces.
-pub const STALE_NAN: u64 = 0x7ff0_0000_0000_0002;
+pub(crate) use crate::staleness::STALE_NAN;
 
 /// A series' labels: `base` (empty values left out, as the specification
 /// asks) and its name, sorted.
@@ -207,7 +206,7 @@ fn labels(name: &str, base: &[(String, String)]) -> Vec<Label> {
 
 /// A `WriteRequest` as it goes on the wire: protobuf, then snappy's block
 /// format (remote-write 1.0). One encoder for the collector's sender and
-/// for `flopwatch bench ingest --peer prometheus`.
+/// for `flopwatch-bench ingest --peer prometheus`.
 pub fn encode_request(req: &WriteRequest) -> Result<Vec<u8>, snap::Error> {
     snap::raw::Encoder::new().compress_vec(&req.encode_to_vec())
 }

@@ -12,10 +12,10 @@ use crate::live::{DeviceLive, GpuLive};
 use flopwatch_proto::metrics::{Aggregation, MetricDef};
 
 /// A series' labels, in order.
-pub type Labels = Vec<(String, String)>;
+pub(crate) type Labels = Vec<(String, String)>;
 
 /// The labels of one GPU's series.
-pub fn gpu_labels(g: &GpuLive) -> Labels {
+pub(crate) fn gpu_labels(g: &GpuLive) -> Labels {
     let mut l: Labels = vec![
         ("gpu".into(), g.index.to_string()),
         ("UUID".into(), g.uuid.clone()),
@@ -35,7 +35,7 @@ pub fn gpu_labels(g: &GpuLive) -> Labels {
 
 /// Appends a GPU's job labels (`job_id`, `pod`, `namespace`, `container`,
 /// `hpc_job`, in that order, as given), leaving out the empty ones.
-pub fn push_job_labels(l: &mut Labels, values: [&String; 5]) {
+pub(crate) fn push_job_labels(l: &mut Labels, values: [&String; 5]) {
     for (k, v) in ["job_id", "pod", "namespace", "container", "hpc_job"]
         .into_iter()
         .zip(values)
@@ -47,7 +47,7 @@ pub fn push_job_labels(l: &mut Labels, values: [&String; 5]) {
 }
 
 /// The labels of one node device's series.
-pub fn device_labels(d: &DeviceLive) -> Labels {
+pub(crate) fn device_labels(d: &DeviceLive) -> Labels {
     vec![
         ("kind".into(), d.kind.clone()),
         ("device".into(), d.name.clone()),
@@ -60,7 +60,7 @@ pub fn device_labels(d: &DeviceLive) -> Labels {
 
 /// Where a catalog metric's series lives: on a GPU or on a node device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum On {
+pub(crate) enum On {
     /// A GPU: `flopwatch_gpu_…`.
     Gpu,
     /// A node device (InfiniBand port, NUMA node, host): `flopwatch_device_…`.
@@ -71,7 +71,7 @@ pub enum On {
 /// Prometheus base units, so that each family has one unit and `sum()`
 /// over it means something.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Family {
+pub(crate) struct Family {
     /// The catalog name (`power_w`).
     pub metric: &'static str,
     /// The family name without its unit (`flopwatch_gpu_power`); with the
@@ -89,7 +89,7 @@ pub struct Family {
 
 impl Family {
     /// The family name: stem and unit (`flopwatch_gpu_energy_joules`).
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         match self.unit {
             Some(u) => format!("{}_{u}", self.stem),
             None => self.stem.clone(),
@@ -98,7 +98,7 @@ impl Family {
 
     /// The name its samples carry: [`Family::name`], plus `_total` for a
     /// counter (as remote write and PromQL see it).
-    pub fn sample_name(&self) -> String {
+    pub(crate) fn sample_name(&self) -> String {
         if self.counter {
             format!("{}_total", self.name())
         } else {
@@ -125,7 +125,7 @@ const UNITS: &[(&str, Option<&str>, f64, &str)] = &[
 
 /// The family of a catalog metric on `on`; `None` for a unit the table
 /// above does not know (caught by its test, never at run time).
-pub fn family(def: &MetricDef, on: On) -> Option<Family> {
+pub(crate) fn family(def: &MetricDef, on: On) -> Option<Family> {
     let &(_, unit, scale, suffix) = UNITS.iter().find(|u| u.0 == def.unit)?;
     let counter = def.aggregation == Aggregation::Counter;
     let mut stem = def.name.strip_suffix("_total").unwrap_or(def.name);
@@ -149,7 +149,7 @@ pub fn family(def: &MetricDef, on: On) -> Option<Family> {
 }
 
 /// The family of the catalog metric named `metric`, if it is one.
-pub fn family_of(metric: &str, on: On) -> Option<Family> {
+pub(crate) fn family_of(metric: &str, on: On) -> Option<Family> {
     family(flopwatch_proto::metrics::lookup(metric)?, on)
 }
 

@@ -21,7 +21,7 @@ use tokio_stream::StreamExt;
 /// because with a slow disk every open stream can hold this much
 /// (docs/RELIABILITY.md): an agent's 8 batches in flight fit below it
 /// unless its batches are over 128 KiB. A 256 KiB window cut the
-/// throughput of 8,000-sample batches (`flopwatch bench tenants`).
+/// throughput of 8,000-sample batches (`flopwatch-bench tenants`).
 pub const STREAM_WINDOW: u32 = 1024 * 1024;
 
 /// HTTP/2 receive window of one connection (all its streams together;

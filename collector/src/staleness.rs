@@ -18,16 +18,20 @@
 //! Prometheus' staleness markers, written when a scraped series vanishes,
 //! end a series.
 
+/// Prometheus' staleness marker (the value remote write and OTLP send to
+/// end a series): a NaN no computation produces.
+pub(crate) const STALE_NAN: u64 = 0x7ff0_0000_0000_0002;
+
 /// Windows a series may miss before it is stale.
-pub const STALE_INTERVALS: i64 = 3;
+pub(crate) const STALE_INTERVALS: i64 = 3;
 /// Added to those windows, ms.
-pub const STALE_GRACE_MS: i64 = 10_000;
+pub(crate) const STALE_GRACE_MS: i64 = 10_000;
 /// The longest a sample stays current (Prometheus' default lookback), ms.
-pub const STALE_MAX_MS: i64 = 5 * 60 * 1000;
+pub(crate) const STALE_MAX_MS: i64 = 5 * 60 * 1000;
 
 /// How long after its sample a series with windows of `window_ms` stays
 /// current; `None` or 0 (window unknown): [`STALE_MAX_MS`].
-pub fn stale_after_ms(window_ms: Option<u32>) -> i64 {
+pub(crate) fn stale_after_ms(window_ms: Option<u32>) -> i64 {
     match window_ms {
         Some(w) if w > 0 => (STALE_INTERVALS * i64::from(w) + STALE_GRACE_MS).min(STALE_MAX_MS),
         _ => STALE_MAX_MS,

@@ -36,7 +36,7 @@ pub struct Settings {
     /// Per-tenant ingest limits.
     pub limits: LimitTable,
     /// Peers and limbo settlement ([`crate::cluster`]).
-    pub cluster: crate::cluster::ClusterSettings,
+    pub cluster: crate::cluster::settings::ClusterSettings,
     /// `/metrics` also carries dcgm-exporter's families (`[exporter]`).
     pub dcgm_compat: bool,
     /// Per-GPU families are on `/metrics` while a scrape's GPUs are at
@@ -56,7 +56,7 @@ impl Settings {
             c.collector_id.clone()
         };
         Self {
-            cluster: crate::cluster::ClusterSettings::from_config(c, &collector_id),
+            cluster: crate::cluster::settings::ClusterSettings::from_config(c, &collector_id),
             collector_id,
             max_future_ms: ms(c.max_future),
             retention_ms: ms(c.retention),
@@ -81,7 +81,7 @@ impl Settings {
 }
 
 /// The machine's hostname, or "localhost".
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .ok()
@@ -117,7 +117,7 @@ pub struct Collector {
     /// Points waiting for remote write, when configured.
     pub remote: Option<Arc<RemoteQueue>>,
     /// Limbo and peer counters ([`crate::cluster`]).
-    pub cluster: Arc<crate::cluster::ClusterStats>,
+    pub cluster: Arc<crate::cluster::settings::ClusterStats>,
     gpus: RwLock<HashMap<(String, String), GpuRecord>>,
     /// (GPU UUID, model) pairs already warned about as missing from the
     /// spec table ([`Collector::warn_if_unspecified`]).

@@ -11,7 +11,7 @@ use flopwatch_proto::model::Batch;
 use std::collections::{BTreeMap, HashSet};
 
 /// Longest identifier (GPU UUID, metric, job id) accepted, bytes.
-pub const MAX_ID_LEN: usize = 128;
+pub(crate) const MAX_ID_LEN: usize = 128;
 
 /// Why a sample was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -82,7 +82,7 @@ pub struct Rules<'a> {
 }
 
 /// Drops invalid samples from `batch` in place; returns counts by reason.
-pub fn validate(batch: &mut Batch, rules: &Rules<'_>) -> BTreeMap<Reason, u64> {
+pub(crate) fn validate(batch: &mut Batch, rules: &Rules<'_>) -> BTreeMap<Reason, u64> {
     let mut rejected: BTreeMap<Reason, u64> = BTreeMap::new();
     let drop_all = |n: usize, r: Reason, rejected: &mut BTreeMap<Reason, u64>| {
         if n > 0 {

@@ -166,7 +166,7 @@ impl Limits {
 
 /// Checks a certificate-name pattern: `*` matches any run of characters,
 /// `{node}` (at most once) matches the node id the agent must announce.
-pub fn check_name_pattern(key: &str, p: &str) -> Result<(), ConfigError> {
+pub(crate) fn check_name_pattern(key: &str, p: &str) -> Result<(), ConfigError> {
     if p.is_empty() {
         return Err(ConfigError::invalid(key, "must not be empty"));
     }

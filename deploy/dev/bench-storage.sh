@@ -14,7 +14,7 @@ hours="${2:-3}"
 # The workspace build: the feature set every other build uses, so RocksDB's
 # C++ is compiled once.
 cargo build --quiet --release --workspace --all-targets
-bin="${CARGO_TARGET_DIR:-target}/release/flopwatch"
+bench="${CARGO_TARGET_DIR:-target}/release/flopwatch-bench"
 
 echo "## machine"
 echo "$(nproc) cores,$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(free -g | awk '/Mem/{print $2}') GiB RAM, $(uname -sr)"
@@ -24,6 +24,6 @@ echo "## storage"
 # Lossless (the default), then at a declared precision ([storage.precision]):
 # power to 1 W, tensor and DRAM activity to 0.001, the averaged SM clock to
 # 1 MHz; Prometheus gets the values as flopwatch stores them in each case.
-"$bin" bench storage --gpus "$gpus" --hours "$hours" --query-days 30 \
+"$bench" storage --gpus "$gpus" --hours "$hours" --query-days 30 \
   --precision power_w=1 --precision tensor_active=0.001 \
   --precision dram_active=0.001 --precision sm_clock_avg_mhz=1

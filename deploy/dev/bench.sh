@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces the figures of docs/BENCHMARKS.md on this machine:
-#   1. collector durable ingest rate (flopwatch bench ingest);
+#   1. collector durable ingest rate (flopwatch-bench ingest);
 #   2. agent RSS and CPU, 8 GPUs × every metric at 100 ms, with the sim
 #      source and with the NVML source on the fake libnvidia-ml, on the
 #      agent-only build a node runs; the fake library's own CPU time (the
@@ -23,6 +23,7 @@ if [ -z "${COLLECTOR_BIN:-}" ]; then
   cargo build --quiet --release --bin flopwatch -p flopwatch-cli
 fi
 cargo build --quiet --release -p flopwatch-fake-nvml
+[ -n "${AGENT_ONLY:-}" ] || cargo build --quiet --release -p flopwatch-bench
 bin="${COLLECTOR_BIN:-$target/flopwatch}"
 agent_bin="${CARGO_TARGET_DIR:-target}/agent/flopwatch"
 work="$(mktemp -d)"
@@ -33,7 +34,7 @@ echo "$(nproc) cores,$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(fre
 echo
 if [ -z "${AGENT_ONLY:-}" ]; then
   echo "## collector ingest"
-  "$bin" bench ingest --duration 20s --data-dir "$work/ingest"
+  "$target/flopwatch-bench" ingest --duration 20s --data-dir "$work/ingest"
   du -sh "$work/ingest" | awk '{print "data dir after the run: " $1}'
   rm -rf "$work/ingest"
   echo

@@ -6,8 +6,10 @@ cd "$(dirname "$0")/../.."
 cargo fmt --all -- --check
 # Lints: any clippy warning fails the run, in the full build and in the
 # agent-only one below.
-cargo clippy --workspace --all-targets -- -D warnings
-cargo test --workspace --all-targets "$@"
+# `eval` (flopwatch eval-sampling) is off in the shipped build; its code
+# is linted and tested here.
+cargo clippy --workspace --all-targets --features flopwatch-cli/eval -- -D warnings
+cargo test --workspace --all-targets --features flopwatch-cli/eval "$@"
 # The agent-only build (what a node runs) compiles, and carries no RocksDB,
 # collector, selector or terminal view.
 cargo build -p flopwatch-cli --no-default-features --features agent
@@ -16,10 +18,17 @@ if cargo tree -p flopwatch-cli --no-default-features --features agent -e normal 
     echo "error: the agent-only build (flopwatch-cli --no-default-features --features agent) depends on rocksdb" >&2
     exit 1
 fi
+# The shipped binary (default features) carries no benchmark and no
+# tokio test clock: benchmarks are `flopwatch-bench`, eval-sampling is
+# behind `eval`.
+if cargo tree -p flopwatch-cli -e normal,features -i tokio | grep -q test-util; then
+    echo "error: the default flopwatch build enables tokio's test-util" >&2
+    exit 1
+fi
 # That build wrote its binary to target/debug/flopwatch: put the full one
 # back for the demo and later test runs (nothing to compile).
-cargo build --workspace --all-targets
+cargo build --workspace --all-targets --features flopwatch-cli/eval
 # The API docs build without a warning (a broken link fails the run; links
 # from public docs to private items are how the modules document each
 # other, and are allowed).
-RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" cargo doc --workspace --no-deps
+RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" cargo doc --workspace --no-deps --features flopwatch-cli/eval

@@ -48,3 +48,69 @@ impl Clock for ManualClock {
         self.0.load(Ordering::SeqCst)
     }
 }
+
+/// How long some work took, on the monotonic clock: for reports, metrics
+/// and tests' measurements, never to decide what time it is (that is a
+/// [`Clock`]'s job).
+// With `Deadline`, the one place outside tokio's clock that reads the
+// monotonic clock.
+#[allow(clippy::disallowed_types)]
+#[derive(Debug, Clone, Copy)]
+pub struct Stopwatch(std::time::Instant);
+
+impl Stopwatch {
+    /// Starts now.
+    #[allow(clippy::disallowed_types)]
+    pub fn start() -> Self {
+        Self(std::time::Instant::now())
+    }
+
+    /// Time since the start.
+    pub fn elapsed(&self) -> std::time::Duration {
+        self.0.elapsed()
+    }
+}
+
+/// A moment on the monotonic clock after which bounded work gives up (a
+/// shutdown pass, a wait for a process to come up).
+#[allow(clippy::disallowed_types)]
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline(std::time::Instant);
+
+impl Deadline {
+    /// `d` from now.
+    #[allow(clippy::disallowed_types)]
+    pub fn after(d: std::time::Duration) -> Self {
+        Self(std::time::Instant::now() + d)
+    }
+
+    /// The deadline has passed.
+    #[allow(clippy::disallowed_types)]
+    pub fn passed(&self) -> bool {
+        std::time::Instant::now() >= self.0
+    }
+
+    /// Time left (zero once passed).
+    #[allow(clippy::disallowed_types)]
+    pub fn remaining(&self) -> std::time::Duration {
+        self.0.saturating_duration_since(std::time::Instant::now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_deadline_passes_and_a_stopwatch_counts() {
+        let w = Stopwatch::start();
+        let d = Deadline::after(Duration::from_millis(20));
+        assert!(!d.passed());
+        assert!(d.remaining() > Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(25));
+        assert!(d.passed());
+        assert_eq!(d.remaining(), Duration::ZERO);
+        assert!(w.elapsed() >= Duration::from_millis(25));
+    }
+}

@@ -5,6 +5,9 @@
 //! With `SCALE_FULL=1` the largest size is also run through the row-iterator
 //! entry (`select`) and end to end through a CSV file (`run_csv`, report included).
 
+// A benchmark example: it times real work on the real clock.
+#![allow(clippy::disallowed_types)]
+
 use std::io::Write;
 use std::time::Instant;
 

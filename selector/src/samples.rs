@@ -61,7 +61,7 @@ impl Series {
 
     /// A series "exists" in a workload when it has two distinct timestamps:
     /// one sample carries neither a sampling step nor a variance.
-    pub fn is_present(&self) -> bool {
+    pub(crate) fn is_present(&self) -> bool {
         self.ts.len() >= 2
     }
 }

@@ -1,6 +1,6 @@
 //! Selection on synthetic data whose answer is known.
 
-mod common;
+use crate::common;
 
 use common::*;
 use flopwatch_selector::{select, Interpolation, ProgressBar, Row, SelectOptions, Selection};

@@ -1,6 +1,6 @@
 //! End to end through CSV files: selected.toml, report directory, JSON.
 
-mod common;
+use crate::common;
 
 use common::*;
 use flopwatch_selector::{run_csv, summary_json, CsvRun, Outputs, SelectOptions};

@@ -1,10 +1,13 @@
-//! Helpers for end-to-end tests: an in-process collector on an ephemeral
-//! loopback port, simulated agents, and query clients.
+//! The harness of the end-to-end tests and of `flopwatch-bench`: an
+//! in-process collector on an ephemeral loopback port, simulated agents,
+//! query clients, and real peers (Prometheus, promtool) started as
+//! processes.
 
 pub mod dcgm;
 pub mod pki;
 pub mod procs;
 pub mod prom;
+pub mod prometheus_peer;
 pub mod promql;
 pub mod raw;
 
@@ -146,22 +149,40 @@ pub fn repo_root() -> std::path::PathBuf {
     .join("..")
 }
 
+/// The fake `libnvidia-ml.so` is loaded once per process and configured
+/// for the whole process: a test that configures it holds this guard for
+/// its whole run, so the test binary's NVML tests take turns.
+pub async fn fake_nvml() -> tokio::sync::MutexGuard<'static, ()> {
+    static DRIVER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    DRIVER.lock().await
+}
+
 /// The `flopwatch` binary next to the test executable (built by
 /// `cargo build --workspace --all-targets`), or `FLOPWATCH_BIN`.
 pub fn flopwatch_bin() -> std::path::PathBuf {
-    if let Ok(p) = std::env::var("FLOPWATCH_BIN") {
+    built_bin("flopwatch", "FLOPWATCH_BIN")
+}
+
+/// The `flopwatch-bench` binary (benchmarks and load generators) next to
+/// the test executable, or `FLOPWATCH_BENCH_BIN`.
+pub fn bench_bin() -> std::path::PathBuf {
+    built_bin("flopwatch-bench", "FLOPWATCH_BENCH_BIN")
+}
+
+fn built_bin(name: &str, env: &str) -> std::path::PathBuf {
+    if let Ok(p) = std::env::var(env) {
         return p.into();
     }
     let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/NAME-HASH → target/<profile>/flopwatch
+    // target/<profile>/deps/NAME-HASH → target/<profile>/NAME
     let p = exe
         .parent()
         .and_then(Path::parent)
-        .map(|d| d.join("flopwatch"))
+        .map(|d| d.join(name))
         .expect("target directory");
     assert!(
         p.exists(),
-        "{} is missing: build it with `cargo build --workspace --all-targets` (or set FLOPWATCH_BIN)",
+        "{} is missing: build it with `cargo build --workspace --all-targets` (or set {env})",
         p.display()
     );
     p

@@ -7,6 +7,7 @@
 //! (built by `cargo test --workspace` or `cargo build --workspace
 //! --all-targets`), or the path in `FLOPWATCH_BIN`.
 
+use flopwatch_proto::clock::Deadline;
 use flopwatch_proto::metrics::CATALOG;
 use flopwatch_proto::v1::{self, query_client::QueryClient};
 use std::collections::BTreeMap;
@@ -14,7 +15,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tonic::transport::Channel;
 
 // ---------------------------------------------------------------------------
@@ -76,8 +77,18 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// `flopwatch ARGS`.
     pub fn spawn(name: &str, args: &[&str]) -> Self {
-        let mut child = Command::new(bin())
+        Self::spawn_exe(&bin(), name, args)
+    }
+
+    /// `flopwatch-bench ARGS`.
+    pub fn spawn_bench(name: &str, args: &[&str]) -> Self {
+        Self::spawn_exe(&crate::bench_bin(), name, args)
+    }
+
+    fn spawn_exe(exe: &Path, name: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(exe)
             .args(args)
             .env("FLOPWATCH_LOG", "info")
             .env("NO_COLOR", "1")
@@ -100,7 +111,7 @@ impl Proc {
 
     /// The first output line containing `pat`, waiting up to `limit`.
     pub fn wait_line(&mut self, pat: &str, limit: Duration) -> String {
-        let until = Instant::now() + limit;
+        let until = Deadline::after(limit);
         loop {
             for l in [&self.out, &self.err] {
                 if let Some(x) = l.lock().unwrap().iter().find(|x| x.contains(pat)) {
@@ -115,7 +126,7 @@ impl Proc {
                 );
             }
             assert!(
-                Instant::now() < until,
+                !until.passed(),
                 "{}: no `{pat}` within {limit:?}:\n{}",
                 self.name,
                 self.log()
@@ -150,12 +161,12 @@ impl Proc {
             .arg("-TERM")
             .arg(self.child.id().to_string())
             .status();
-        let until = Instant::now() + limit;
+        let until = Deadline::after(limit);
         loop {
             if let Ok(Some(st)) = self.child.try_wait() {
                 return st;
             }
-            if Instant::now() > until {
+            if until.passed() {
                 let _ = self.child.kill();
                 panic!(
                     "{} did not stop within {limit:?} of SIGTERM:\n{}",
@@ -273,7 +284,7 @@ pub fn start_collector(c: &CollectorSpec, i: usize) -> Proc {
             &format!("collector-{i}"),
             &["collector", "--config", &config],
         );
-        let until = Instant::now() + Duration::from_secs(30);
+        let until = Deadline::after(Duration::from_secs(30));
         loop {
             if p.out
                 .lock()
@@ -286,11 +297,7 @@ pub fn start_collector(c: &CollectorSpec, i: usize) -> Proc {
             if let Ok(Some(_)) = p.child.try_wait() {
                 break;
             }
-            assert!(
-                Instant::now() < until,
-                "collector-{i} did not start:\n{}",
-                p.log()
-            );
+            assert!(!until.passed(), "collector-{i} did not start:\n{}", p.log());
             std::thread::sleep(Duration::from_millis(50));
         }
         if attempt == 19 {
@@ -419,12 +426,12 @@ pub fn stop_agent(mut a: RunningAgent) -> (u64, u64, u64) {
 // Counting what is stored.
 
 pub async fn query(url: &str) -> QueryClient<Channel> {
-    let until = Instant::now() + Duration::from_secs(30);
+    let until = Deadline::after(Duration::from_secs(30));
     loop {
         match QueryClient::connect(url.to_string()).await {
             Ok(c) => return c.max_decoding_message_size(256 << 20),
             Err(e) => {
-                assert!(Instant::now() < until, "{url}: {e}");
+                assert!(!until.passed(), "{url}: {e}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 /// `name` (`prometheus`, `promtool`) on the PATH, or a panic saying how to
 /// install it.
 pub fn tool(name: &str) -> String {
-    flopwatch_collector::prometheus_peer::find_tool(name).unwrap_or_else(|e| panic!("{e}"))
+    crate::prometheus_peer::find_tool(name).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `promtool tsdb create-blocks-from openmetrics` of `om` into `out`.

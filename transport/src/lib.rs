@@ -14,5 +14,7 @@
 pub mod channel;
 pub mod metrics_http;
 pub mod process;
+pub mod signal;
 
 pub use channel::{ChannelError, TlsClient, TlsFileError};
+pub use signal::shutdown_signal;

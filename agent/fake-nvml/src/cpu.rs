@@ -9,6 +9,9 @@
 //! are the library's work too (a real driver does neither), so they are
 //! counted in the total. Without `cpu_report` nothing is timed.
 
+// A fake driver times its own CPU cost on the real clock.
+#![allow(clippy::disallowed_types)]
+
 use crate::config::{FakeConfig, ENV_VAR};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -101,7 +101,7 @@ fn fill(dst: &mut [c_char], s: &str) {
 
 /// `nvmlInit_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlInit_v2() -> Ret {
+pub(crate) unsafe extern "C" fn nvmlInit_v2() -> Ret {
     run(|| match state::init() {
         SUCCESS => Ok(()),
         code => Err(code),
@@ -110,7 +110,7 @@ pub unsafe extern "C" fn nvmlInit_v2() -> Ret {
 
 /// `nvmlInitWithFlags`: flags (no GPUs / no attach) change nothing here.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
     run(|| match state::init() {
         SUCCESS => Ok(()),
         code => Err(code),
@@ -119,7 +119,7 @@ pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
 
 /// `nvmlShutdown`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlShutdown() -> Ret {
+pub(crate) unsafe extern "C" fn nvmlShutdown() -> Ret {
     run(|| match state::shutdown() {
         SUCCESS => Ok(()),
         code => Err(code),
@@ -128,7 +128,7 @@ pub unsafe extern "C" fn nvmlShutdown() -> Ret {
 
 /// `nvmlErrorString`: a static string, never freed by the caller.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlErrorString(result: Ret) -> *const c_char {
+pub(crate) unsafe extern "C" fn nvmlErrorString(result: Ret) -> *const c_char {
     let s: &'static CStr = match result {
         sys::nvmlReturn_enum_NVML_SUCCESS => c"Success",
         sys::nvmlReturn_enum_NVML_ERROR_UNINITIALIZED => c"Uninitialized",
@@ -146,7 +146,10 @@ pub unsafe extern "C" fn nvmlErrorString(result: Ret) -> *const c_char {
 
 /// `nvmlSystemGetDriverVersion`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> Ret {
     run(|| {
         let v = state::with(|f| Ok(f.config.driver.clone()))?;
         // SAFETY: the caller's buffer holds `length` bytes (module contract).
@@ -156,7 +159,10 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length
 
 /// `nvmlSystemGetNVMLVersion`: "12." + the driver version, like real NVML.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlSystemGetNVMLVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> Ret {
     run(|| {
         let v = state::with(|f| Ok(format!("12.{}", f.config.driver)))?;
         // SAFETY: the caller's buffer holds `length` bytes (module contract).
@@ -166,7 +172,7 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: 
 
 /// `nvmlDeviceGetCount_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
     run(|| {
         let n = state::with(|f| Ok(f.model.gpu_count() as c_uint))?;
         // SAFETY: out-pointer per the module contract.
@@ -176,7 +182,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
 
 /// `nvmlDeviceGetHandleByIndex_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut sys::nvmlDevice_t,
 ) -> Ret {
@@ -189,7 +195,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
 
 /// `nvmlDeviceGetName`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetName(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetName(
     device: sys::nvmlDevice_t,
     name: *mut c_char,
     length: c_uint,
@@ -211,7 +217,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
 
 /// `nvmlDeviceGetUUID`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetUUID(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetUUID(
     device: sys::nvmlDevice_t,
     uuid: *mut c_char,
     length: c_uint,
@@ -230,7 +236,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
 
 /// `nvmlDeviceGetPciInfo_v3`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     device: sys::nvmlDevice_t,
     pci: *mut sys::nvmlPciInfo_t,
 ) -> Ret {
@@ -255,7 +261,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
 /// `nvmlDeviceGetAttributes_v2`: an H100 SXM's SM count and slices, or a
 /// MIG device's from its profile ([`crate::mig::PROFILES`]).
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
     device: sys::nvmlDevice_t,
     attributes: *mut sys::nvmlDeviceAttributes_t,
 ) -> Ret {
@@ -285,7 +291,7 @@ pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
 
 /// `nvmlDeviceGetClockInfo`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetClockInfo(
     device: sys::nvmlDevice_t,
     kind: sys::nvmlClockType_t,
     clock: *mut c_uint,
@@ -299,7 +305,7 @@ pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
 
 /// `nvmlDeviceGetMaxClockInfo`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
     device: sys::nvmlDevice_t,
     kind: sys::nvmlClockType_t,
     clock: *mut c_uint,
@@ -313,7 +319,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
 
 /// `nvmlDeviceGetPowerUsage`, mW.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     device: sys::nvmlDevice_t,
     power: *mut c_uint,
 ) -> Ret {
@@ -326,7 +332,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
 
 /// `nvmlDeviceGetTemperature`: only the GPU die sensor exists.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetTemperature(
     device: sys::nvmlDevice_t,
     sensor: sys::nvmlTemperatureSensors_t,
     temp: *mut c_uint,
@@ -343,7 +349,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
 
 /// `nvmlDeviceGetMemoryInfo_v2`: checks the struct version like the driver.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: sys::nvmlDevice_t,
     memory: *mut sys::nvmlMemory_v2_t,
 ) -> Ret {
@@ -372,7 +378,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 
 /// `nvmlDeviceGetMemoryInfo` (v1): reserved memory counts as used.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: sys::nvmlDevice_t,
     memory: *mut sys::nvmlMemory_t,
 ) -> Ret {
@@ -390,7 +396,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
 
 /// `nvmlDeviceGetUtilizationRates`, percent.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: sys::nvmlDevice_t,
     utilization: *mut sys::nvmlUtilization_t,
 ) -> Ret {
@@ -406,7 +412,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
 /// fills at most `*sampleCount` of them, oldest first, and sets the count
 /// written. No new samples: `NVML_ERROR_NOT_FOUND`, as the driver says.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetSamples(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetSamples(
     device: sys::nvmlDevice_t,
     kind: sys::nvmlSamplingType_t,
     last_seen_us: c_ulonglong,
@@ -447,7 +453,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSamples(
 
 /// `nvmlDeviceGetCurrentClocksThrottleReasons`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
     device: sys::nvmlDevice_t,
     reasons: *mut c_ulonglong,
 ) -> Ret {
@@ -460,7 +466,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
 
 /// `nvmlDeviceGetCurrentClocksEventReasons`: the newer name of the above.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
     device: sys::nvmlDevice_t,
     reasons: *mut c_ulonglong,
 ) -> Ret {
@@ -473,7 +479,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
 
 /// `nvmlDeviceGetTotalEccErrors`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
     device: sys::nvmlDevice_t,
     error_type: sys::nvmlMemoryErrorType_t,
     counter: sys::nvmlEccCounterType_t,
@@ -488,7 +494,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
 
 /// `nvmlDeviceGetTotalEnergyConsumption`, mJ.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
     device: sys::nvmlDevice_t,
     energy: *mut c_ulonglong,
 ) -> Ret {
@@ -501,7 +507,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
 
 /// `nvmlGpmQueryDeviceSupport`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
+pub(crate) unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
     device: sys::nvmlDevice_t,
     support: *mut sys::nvmlGpmSupport_t,
 ) -> Ret {
@@ -526,7 +532,7 @@ pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
 
 /// `nvmlGpmSampleAlloc`: device-independent, so it works without GPM too.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut sys::nvmlGpmSample_t) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut sys::nvmlGpmSample_t) -> Ret {
     run(|| {
         if sample.is_null() {
             return Err(INVALID);
@@ -539,13 +545,13 @@ pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut sys::nvmlGpmSample_t) -
 
 /// `nvmlGpmSampleFree`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlGpmSampleFree(sample: sys::nvmlGpmSample_t) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlGpmSampleFree(sample: sys::nvmlGpmSample_t) -> Ret {
     run(|| state::with(|f| f.gpm_free(sample.addr())))
 }
 
 /// `nvmlGpmSampleGet`: stamps the sample with the device and the time.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlGpmSampleGet(
+pub(crate) unsafe extern "C" fn nvmlGpmSampleGet(
     device: sys::nvmlDevice_t,
     sample: sys::nvmlGpmSample_t,
 ) -> Ret {
@@ -555,7 +561,7 @@ pub unsafe extern "C" fn nvmlGpmSampleGet(
 /// `nvmlGpmMigSampleGet`: stamps the sample with the card, the GPU
 /// instance and the time (`NOT_FOUND` for an instance the card lacks).
 #[no_mangle]
-pub unsafe extern "C" fn nvmlGpmMigSampleGet(
+pub(crate) unsafe extern "C" fn nvmlGpmMigSampleGet(
     device: sys::nvmlDevice_t,
     gpu_instance_id: c_uint,
     sample: sys::nvmlGpmSample_t,
@@ -570,7 +576,7 @@ pub unsafe extern "C" fn nvmlGpmMigSampleGet(
 /// `nvmlGpmMetricsGet`: each requested metric over the two samples' window,
 /// with its own return code (unknown metrics: `NVML_ERROR_NOT_SUPPORTED`).
 #[no_mangle]
-pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut sys::nvmlGpmMetricsGet_t) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut sys::nvmlGpmMetricsGet_t) -> Ret {
     run(|| {
         if request.is_null() {
             return Err(INVALID);
@@ -640,7 +646,7 @@ fn metric_info(id: c_uint) -> (&'static CStr, &'static CStr, &'static CStr) {
 /// `NVML_SUCCESS` with a count of 0. Otherwise fills the array and sets the
 /// count written.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     device: sys::nvmlDevice_t,
     info_count: *mut c_uint,
     infos: *mut sys::nvmlProcessInfo_t,
@@ -685,7 +691,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
 /// when not even one tick fits. No samples: `NVML_ERROR_NOT_FOUND`
 /// ([`crate::share`]).
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     device: sys::nvmlDevice_t,
     utilization: *mut sys::nvmlProcessUtilizationSample_t,
     process_samples_count: *mut c_uint,
@@ -739,7 +745,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
 /// `mig=1` nor named by `mig_layout` / `mig_reconfig`), else its mode now
 /// (current and pending alike: a change takes effect at once).
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetMigMode(
     device: sys::nvmlDevice_t,
     current: *mut c_uint,
     pending: *mut c_uint,
@@ -759,7 +765,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
 
 /// `nvmlDeviceGetMaxMigDeviceCount`: 7 on a card in MIG mode, else 0.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     device: sys::nvmlDevice_t,
     count: *mut c_uint,
 ) -> Ret {
@@ -773,7 +779,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
 /// `nvmlDeviceGetMigDeviceHandleByIndex`: the card's `index`-th MIG device
 /// now (`NOT_FOUND` past the last one).
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     device: sys::nvmlDevice_t,
     index: c_uint,
     mig_device: *mut sys::nvmlDevice_t,
@@ -787,7 +793,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
 
 /// `nvmlDeviceIsMigDeviceHandle`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+pub(crate) unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
     device: sys::nvmlDevice_t,
     is_mig: *mut c_uint,
 ) -> Ret {
@@ -800,7 +806,7 @@ pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
 
 /// `nvmlDeviceGetDeviceHandleFromMigDeviceHandle`: the MIG device's card.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
     mig_device: sys::nvmlDevice_t,
     device: *mut sys::nvmlDevice_t,
 ) -> Ret {
@@ -817,7 +823,7 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
 /// `nvmlDeviceGetGpuInstanceId`: a MIG device's GPU instance id
 /// (`NOT_SUPPORTED` on a card).
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
     device: sys::nvmlDevice_t,
     id: *mut c_uint,
 ) -> Ret {
@@ -834,7 +840,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
 /// `nvmlDeviceGetComputeInstanceId`: a MIG device's compute instance id
 /// (`NOT_SUPPORTED` on a card).
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     device: sys::nvmlDevice_t,
     id: *mut c_uint,
 ) -> Ret {
@@ -850,7 +856,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
 
 /// `nvmlDeviceGetSupportedEventTypes`: XID and ECC events, unless `events=0`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: sys::nvmlDevice_t,
     event_types: *mut c_ulonglong,
 ) -> Ret {
@@ -863,7 +869,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
 
 /// `nvmlEventSetCreate`: an opaque handle, looked up, never dereferenced.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut sys::nvmlEventSet_t) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlEventSetCreate(set: *mut sys::nvmlEventSet_t) -> Ret {
     run(|| {
         if set.is_null() {
             return Err(INVALID);
@@ -877,7 +883,7 @@ pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut sys::nvmlEventSet_t) -> Re
 
 /// `nvmlDeviceRegisterEvents`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+pub(crate) unsafe extern "C" fn nvmlDeviceRegisterEvents(
     device: sys::nvmlDevice_t,
     event_types: c_ulonglong,
     set: sys::nvmlEventSet_t,
@@ -891,7 +897,7 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
 
 /// `nvmlEventSetWait_v2`: never sleeps; no event is `NVML_ERROR_TIMEOUT`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlEventSetWait_v2(
+pub(crate) unsafe extern "C" fn nvmlEventSetWait_v2(
     set: sys::nvmlEventSet_t,
     data: *mut sys::nvmlEventData_t,
     _timeout_ms: c_uint,
@@ -919,7 +925,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
 
 /// `nvmlEventSetFree`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlEventSetFree(set: sys::nvmlEventSet_t) -> Ret {
+pub(crate) unsafe extern "C" fn nvmlEventSetFree(set: sys::nvmlEventSet_t) -> Ret {
     run(|| state::with(|f| f.event_set_free(set.addr())))
 }
 
@@ -927,7 +933,7 @@ pub unsafe extern "C" fn nvmlEventSetFree(set: sys::nvmlEventSet_t) -> Ret {
 /// `FLOPWATCH_FAKE_NVML` syntax). Returns 0, or -1 for a null, non-UTF-8
 /// or invalid spec.
 #[no_mangle]
-pub unsafe extern "C" fn flopwatchFakeNvmlConfigure(spec: *const c_char) -> c_int {
+pub(crate) unsafe extern "C" fn flopwatchFakeNvmlConfigure(spec: *const c_char) -> c_int {
     catch_unwind(|| {
         if spec.is_null() {
             return -1;
@@ -945,7 +951,7 @@ pub unsafe extern "C" fn flopwatchFakeNvmlConfigure(spec: *const c_char) -> c_in
 /// Test hook: freezes the fake clock at `ms` (unix ms); 0 returns to the
 /// wall clock.
 #[no_mangle]
-pub unsafe extern "C" fn flopwatchFakeNvmlSetTimeMs(ms: i64) {
+pub(crate) unsafe extern "C" fn flopwatchFakeNvmlSetTimeMs(ms: i64) {
     state::set_time_ms(ms);
 }
 
@@ -958,7 +964,7 @@ pub unsafe extern "C" fn flopwatchFakeNvmlSetTimeMs(ms: i64) {
 /// sensor (`memory_temp=0`), answer `NOT_SUPPORTED` in their own
 /// `nvmlReturn`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetFieldValues(
     device: sys::nvmlDevice_t,
     values_count: c_int,
     values: *mut sys::nvmlFieldValue_t,
@@ -1022,7 +1028,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
 
 /// `nvmlDeviceGetPcieThroughput`, KiB/s.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
     device: sys::nvmlDevice_t,
     counter: sys::nvmlPcieUtilCounter_t,
     value: *mut c_uint,
@@ -1036,7 +1042,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
 
 /// `nvmlDeviceGetPcieReplayCounter`: no replays on the simulated link.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
     device: sys::nvmlDevice_t,
     value: *mut c_uint,
 ) -> Ret {
@@ -1049,7 +1055,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
 
 /// `nvmlDeviceGetNvLinkState`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetNvLinkState(
     device: sys::nvmlDevice_t,
     link: c_uint,
     is_active: *mut sys::nvmlEnableState_t,
@@ -1068,7 +1074,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
 
 /// `nvmlDeviceGetNvLinkErrorCounter`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
     device: sys::nvmlDevice_t,
     link: c_uint,
     counter: sys::nvmlNvLinkErrorCounter_t,
@@ -1083,7 +1089,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
 
 /// `nvmlDeviceGetEncoderUtilization`, percent, and its sampling period (µs).
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetEncoderUtilization(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetEncoderUtilization(
     device: sys::nvmlDevice_t,
     utilization: *mut c_uint,
     sampling_period_us: *mut c_uint,
@@ -1094,7 +1100,7 @@ pub unsafe extern "C" fn nvmlDeviceGetEncoderUtilization(
 
 /// `nvmlDeviceGetDecoderUtilization`, percent, and its sampling period (µs).
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetDecoderUtilization(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetDecoderUtilization(
     device: sys::nvmlDevice_t,
     utilization: *mut c_uint,
     sampling_period_us: *mut c_uint,
@@ -1128,7 +1134,7 @@ unsafe fn video_util(
 
 /// `nvmlDeviceGetRemappedRows`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
+pub(crate) unsafe extern "C" fn nvmlDeviceGetRemappedRows(
     device: sys::nvmlDevice_t,
     corr_rows: *mut c_uint,
     unc_rows: *mut c_uint,

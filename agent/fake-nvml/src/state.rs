@@ -249,7 +249,7 @@ pub(crate) struct Fake {
 
 impl Fake {
     /// The node `config` describes; the driver "loads" at `now_ms`.
-    pub fn new(config: FakeConfig, now_ms: i64) -> Self {
+    pub(crate) fn new(config: FakeConfig, now_ms: i64) -> Self {
         let fleet = FleetPlan::new(config.nodes, config.gpus, config.regress_after_ms);
         let start = config.start_ms.unwrap_or(now_ms);
         let mut model = SimModel::new(&fleet, config.node, start, config.seed);
@@ -289,7 +289,7 @@ impl Fake {
 
     /// GPU 0 takes the schedule file's steps, when it changed (unix ms in
     /// the file, ms after the fleet start in the workload).
-    pub fn follow_schedule(&mut self) {
+    pub(crate) fn follow_schedule(&mut self) {
         let Some(steps) = self.schedule.as_mut().and_then(Schedule::refresh) else {
             return;
         };
@@ -300,7 +300,7 @@ impl Fake {
     }
 
     /// The opaque handle of GPU `gpu`.
-    pub fn handle_of(&self, gpu: usize) -> Result<usize, Ret> {
+    pub(crate) fn handle_of(&self, gpu: usize) -> Result<usize, Ret> {
         if gpu < self.model.gpu_count() {
             Ok(DEVICE_TAG + gpu)
         } else {
@@ -310,7 +310,7 @@ impl Fake {
 
     /// The card a handle names. A live MIG device is `NOT_SUPPORTED`: the
     /// calls that take one resolve it with [`Fake::device`].
-    pub fn gpu(&self, handle: usize, now: i64) -> Result<usize, Ret> {
+    pub(crate) fn gpu(&self, handle: usize, now: i64) -> Result<usize, Ret> {
         match self.device(handle, now)? {
             Dev::Card(g) => Ok(g),
             Dev::Mig(..) => Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
@@ -319,7 +319,7 @@ impl Fake {
 
     /// The card or MIG device a handle names at `now`; a MIG device whose
     /// instance no longer exists is an invalid handle.
-    pub fn device(&self, handle: usize, now: i64) -> Result<Dev, Ret> {
+    pub(crate) fn device(&self, handle: usize, now: i64) -> Result<Dev, Ret> {
         let invalid = sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
         if let Some(g) = handle.checked_sub(DEVICE_TAG) {
             if g < self.model.gpu_count() {
@@ -339,7 +339,7 @@ impl Fake {
 
     /// `nvmlDeviceGetMigDeviceHandleByIndex`: the `index`-th instance of
     /// card `gpu` now; `NOT_FOUND` past the last.
-    pub fn mig_handle(&self, gpu: usize, index: u32, now: i64) -> Result<usize, Ret> {
+    pub(crate) fn mig_handle(&self, gpu: usize, index: u32, now: i64) -> Result<usize, Ret> {
         if index >= MAX_INSTANCES {
             return Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
         }
@@ -354,7 +354,7 @@ impl Fake {
     }
 
     /// `nvmlDeviceGetMaxMigDeviceCount`: 7 in MIG mode, 0 otherwise.
-    pub fn max_mig_devices(&self, gpu: usize, now: i64) -> u32 {
+    pub(crate) fn max_mig_devices(&self, gpu: usize, now: i64) -> u32 {
         if self.mig.layout_at(gpu, now).is_on() {
             MAX_INSTANCES
         } else {
@@ -364,7 +364,7 @@ impl Fake {
 
     /// `nvmlDeviceGetMigMode`: enabled per the card's layout now, or
     /// `NOT_SUPPORTED` on a card without MIG.
-    pub fn mig_mode(&self, gpu: usize, now: i64) -> Result<u32, Ret> {
+    pub(crate) fn mig_mode(&self, gpu: usize, now: i64) -> Result<u32, Ret> {
         if !self.mig.supported(gpu) {
             return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
         }
@@ -377,17 +377,17 @@ impl Fake {
 
     /// Card `gpu`'s state at `now`: the simulator's GPU, or in MIG mode
     /// the mix of its instances ([`MigNode::card_tick`]).
-    pub fn state_at(&self, gpu: usize, now: i64) -> GpuState {
+    pub(crate) fn state_at(&self, gpu: usize, now: i64) -> GpuState {
         self.mig.card_state_at(&self.model, gpu, now)
     }
 
     /// Card `gpu`'s exact means over `[from, to)`, MIG mode included.
-    pub fn window(&self, gpu: usize, from: i64, to: i64) -> WindowMean {
+    pub(crate) fn window(&self, gpu: usize, from: i64, to: i64) -> WindowMean {
         self.mig.card_window(&self.model, gpu, from, to)
     }
 
     /// PCI identity: an HGX-like layout, one bus per GPU.
-    pub fn pci(&self, gpu: usize) -> Pci {
+    pub(crate) fn pci(&self, gpu: usize) -> Pci {
         let bus = 0x18 + gpu as u32;
         Pci {
             bus,
@@ -400,7 +400,12 @@ impl Fake {
     }
 
     /// `nvmlDeviceGetClockInfo`: the clock right now.
-    pub fn clock(&self, gpu: usize, clock: sys::nvmlClockType_t, now: i64) -> Result<u32, Ret> {
+    pub(crate) fn clock(
+        &self,
+        gpu: usize,
+        clock: sys::nvmlClockType_t,
+        now: i64,
+    ) -> Result<u32, Ret> {
         let s = self.state_at(gpu, now);
         match clock {
             sys::nvmlClockType_enum_NVML_CLOCK_GRAPHICS | sys::nvmlClockType_enum_NVML_CLOCK_SM => {
@@ -413,7 +418,7 @@ impl Fake {
     }
 
     /// `nvmlDeviceGetMaxClockInfo`.
-    pub fn max_clock(&self, clock: sys::nvmlClockType_t) -> Result<u32, Ret> {
+    pub(crate) fn max_clock(&self, clock: sys::nvmlClockType_t) -> Result<u32, Ret> {
         let m = &self.model.model;
         match clock {
             sys::nvmlClockType_enum_NVML_CLOCK_GRAPHICS
@@ -425,18 +430,18 @@ impl Fake {
     }
 
     /// `nvmlDeviceGetPowerUsage`, milliwatts.
-    pub fn power_mw(&self, gpu: usize, now: i64) -> u32 {
+    pub(crate) fn power_mw(&self, gpu: usize, now: i64) -> u32 {
         (self.state_at(gpu, now).power_w.max(0.0) * 1000.0).round() as u32
     }
 
     /// `nvmlDeviceGetTemperature` (GPU sensor), °C.
-    pub fn temperature(&self, gpu: usize, now: i64) -> u32 {
+    pub(crate) fn temperature(&self, gpu: usize, now: i64) -> u32 {
         self.state_at(gpu, now).temp_c.max(0.0).round() as u32
     }
 
     /// `NVML_FI_DEV_MEMORY_TEMP`, °C ([`derived::memory_temp_c`]);
     /// `NOT_SUPPORTED` with `memory_temp=0` (a GDDR card).
-    pub fn memory_temp(&self, gpu: usize, now: i64) -> Result<u32, Ret> {
+    pub(crate) fn memory_temp(&self, gpu: usize, now: i64) -> Result<u32, Ret> {
         if !self.config.memory_temp {
             return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
         }
@@ -446,7 +451,7 @@ impl Fake {
     /// `nvmlDeviceGetEncoderUtilization` / `nvmlDeviceGetDecoderUtilization`:
     /// (percent, sampling period µs) as configured (`enc_util`,
     /// `dec_util`).
-    pub fn video_util(&self, encoder: bool) -> (u32, u32) {
+    pub(crate) fn video_util(&self, encoder: bool) -> (u32, u32) {
         let pct = if encoder {
             self.config.enc_util
         } else {
@@ -457,7 +462,7 @@ impl Fake {
 
     /// `nvmlDeviceGetRemappedRows`: the GPU's `remapped_rows` entry (the
     /// last one given for it), or no remapping at all.
-    pub fn remapped_rows(&self, gpu: usize) -> RemapSpec {
+    pub(crate) fn remapped_rows(&self, gpu: usize) -> RemapSpec {
         self.config
             .remapped_rows
             .iter()
@@ -471,7 +476,7 @@ impl Fake {
     }
 
     /// `nvmlDeviceGetMemoryInfo_v2`: (total, reserved, free, used) bytes.
-    pub fn memory(&self, gpu: usize, now: i64) -> (u64, u64, u64, u64) {
+    pub(crate) fn memory(&self, gpu: usize, now: i64) -> (u64, u64, u64, u64) {
         let total = self.model.model.memory_total_bytes;
         let usable = total - RESERVED_BYTES;
         let used = (self.state_at(gpu, now).mem_used_bytes.max(0.0) as u64).min(usable);
@@ -481,7 +486,7 @@ impl Fake {
     /// `nvmlDeviceGetUtilizationRates`: percent over the last second, like
     /// the driver's own sample period.
     /// A card in MIG mode answers `NOT_SUPPORTED`, as the driver does.
-    pub fn utilization(&self, gpu: usize, now: i64) -> Result<(u32, u32), Ret> {
+    pub(crate) fn utilization(&self, gpu: usize, now: i64) -> Result<(u32, u32), Ret> {
         if self.mig.layout_at(gpu, now).is_on() {
             return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
         }
@@ -492,7 +497,7 @@ impl Fake {
 
     /// `nvmlDeviceGetCurrentClocksThrottleReasons`: idle, or power-capped
     /// under heavy tensor load (which is what pulls the clock to ~1352 MHz).
-    pub fn throttle_reasons(&self, gpu: usize, now: i64) -> u64 {
+    pub(crate) fn throttle_reasons(&self, gpu: usize, now: i64) -> u64 {
         let s = self.state_at(gpu, now);
         if s.sm_active == 0.0 && s.tensor_active == 0.0 {
             u64::from(sys::nvmlClocksEventReasonGpuIdle)
@@ -504,7 +509,7 @@ impl Fake {
     }
 
     /// `nvmlDeviceGetTotalEccErrors`: a healthy GPU, always zero.
-    pub fn ecc_errors(
+    pub(crate) fn ecc_errors(
         &self,
         error_type: sys::nvmlMemoryErrorType_t,
         counter: sys::nvmlEccCounterType_t,
@@ -524,7 +529,7 @@ impl Fake {
     /// `nvmlDeviceGetTotalEnergyConsumption`: mJ since the driver loaded,
     /// the integral of the simulated power. Monotonic even if the fake clock
     /// is moved back.
-    pub fn energy_mj(&mut self, gpu: usize, now: i64) -> u64 {
+    pub(crate) fn energy_mj(&mut self, gpu: usize, now: i64) -> u64 {
         let meter = self.energy[gpu];
         if now > meter.t_ms {
             let from = meter.t_ms.max(now - ENERGY_EXACT_MS);
@@ -541,7 +546,7 @@ impl Fake {
     /// KiB since the driver loaded, summed over the active links: the
     /// integral of the simulated NVLink throughput. `None` when no link is
     /// up.
-    pub fn nvlink_kib(&mut self, gpu: usize, now: i64) -> Option<(u64, u64)> {
+    pub(crate) fn nvlink_kib(&mut self, gpu: usize, now: i64) -> Option<(u64, u64)> {
         let (t, tx, rx) = self.nvlink[gpu];
         if now > t {
             let from = t.max(now - ENERGY_EXACT_MS);
@@ -558,7 +563,7 @@ impl Fake {
     }
 
     /// `nvmlDeviceGetNvLinkState`: links below `nvlinks` are active.
-    pub fn nvlink_active(&self, link: u32) -> Result<bool, Ret> {
+    pub(crate) fn nvlink_active(&self, link: u32) -> Result<bool, Ret> {
         if link >= crate::config::MAX_NVLINKS {
             return Err(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
         }
@@ -567,7 +572,7 @@ impl Fake {
 
     /// `nvmlDeviceGetNvLinkErrorCounter`: `nvlink_replays` replay errors
     /// on every active link, no other errors.
-    pub fn nvlink_errors(
+    pub(crate) fn nvlink_errors(
         &self,
         link: u32,
         counter: sys::nvmlNvLinkErrorCounter_t,
@@ -584,7 +589,7 @@ impl Fake {
 
     /// `nvmlDeviceGetPcieThroughput`: KiB/s over the last 20 ms, as the
     /// driver samples it.
-    pub fn pcie_kib_s(
+    pub(crate) fn pcie_kib_s(
         &self,
         gpu: usize,
         counter: sys::nvmlPcieUtilCounter_t,
@@ -603,7 +608,7 @@ impl Fake {
     /// (µs) at the tick's end, newer than `last_seen_us`, at most the newest
     /// `ring` of them, oldest first. `NVML_ERROR_NOT_FOUND` when there are
     /// none, as the real driver reports.
-    pub fn samples(
+    pub(crate) fn samples(
         &self,
         gpu: usize,
         kind: sys::nvmlSamplingType_t,
@@ -645,7 +650,7 @@ impl Fake {
     }
 
     /// GPU `gpu`'s time-slicing (`share`, the last entry for it), if any.
-    pub fn shared(&self, gpu: usize) -> Option<&ShareSpec> {
+    pub(crate) fn shared(&self, gpu: usize) -> Option<&ShareSpec> {
         self.config.share.iter().rev().find(|sh| sh.gpu == gpu)
     }
 
@@ -654,7 +659,7 @@ impl Fake {
     /// otherwise a GPU that runs a job in the plan has one process, PID
     /// `PID_BASE + gpu`, holding the GPU's used memory, and an idle GPU
     /// has none. (pid, used bytes).
-    pub fn processes(&self, gpu: usize, now: i64) -> Vec<(u32, u64)> {
+    pub(crate) fn processes(&self, gpu: usize, now: i64) -> Vec<(u32, u64)> {
         if let Some(sh) = self.shared(gpu) {
             let used = self.memory(gpu, now).3;
             let total = u64::from(sh.total_percent().max(1));
@@ -679,7 +684,7 @@ impl Fake {
     /// ([`share::sample_sm_util`]). `NVML_ERROR_NOT_FOUND` when there is
     /// none (a GPU that is not shared has none); `NOT_SUPPORTED` on a card
     /// in MIG mode, as nvml.h says.
-    pub fn process_samples(
+    pub(crate) fn process_samples(
         &self,
         gpu: usize,
         last_seen_us: u64,
@@ -705,7 +710,7 @@ impl Fake {
     }
 
     /// `nvmlDeviceGetSupportedEventTypes`.
-    pub fn supported_events(&self) -> Result<u64, Ret> {
+    pub(crate) fn supported_events(&self) -> Result<u64, Ret> {
         if self.config.events {
             Ok(SUPPORTED_EVENTS)
         } else {
@@ -714,7 +719,7 @@ impl Fake {
     }
 
     /// `nvmlEventSetCreate`.
-    pub fn event_set_create(&mut self, now: i64) -> Result<usize, Ret> {
+    pub(crate) fn event_set_create(&mut self, now: i64) -> Result<usize, Ret> {
         if self.event_sets.len() >= MAX_EVENT_SETS {
             return Err(sys::nvmlReturn_enum_NVML_ERROR_MEMORY);
         }
@@ -732,7 +737,7 @@ impl Fake {
     }
 
     /// `nvmlEventSetFree`.
-    pub fn event_set_free(&mut self, handle: usize) -> Result<(), Ret> {
+    pub(crate) fn event_set_free(&mut self, handle: usize) -> Result<(), Ret> {
         self.event_sets
             .remove(&handle)
             .map(|_| ())
@@ -741,7 +746,12 @@ impl Fake {
 
     /// `nvmlDeviceRegisterEvents`: unsupported bits are `NOT_SUPPORTED`,
     /// like the driver.
-    pub fn register_events(&mut self, gpu: usize, types: u64, handle: usize) -> Result<(), Ret> {
+    pub(crate) fn register_events(
+        &mut self,
+        gpu: usize,
+        types: u64,
+        handle: usize,
+    ) -> Result<(), Ret> {
         let supported = self.supported_events()?;
         if types & !supported != 0 {
             return Err(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
@@ -758,7 +768,7 @@ impl Fake {
     /// the fleet start) has passed on the fake clock, on a GPU registered
     /// for XIDs, and not older than the set; then delivers the oldest
     /// queued event, or `NVML_ERROR_TIMEOUT` at once (the fake never sleeps).
-    pub fn event_wait(&mut self, handle: usize, now: i64) -> Result<EventOut, Ret> {
+    pub(crate) fn event_wait(&mut self, handle: usize, now: i64) -> Result<EventOut, Ret> {
         let start = self.model.start_ms;
         let xid_type = u64::from(sys::nvmlEventTypeXidCriticalError);
         let set = self
@@ -799,7 +809,7 @@ impl Fake {
     }
 
     /// `nvmlGpmSampleAlloc`.
-    pub fn gpm_alloc(&mut self) -> Result<usize, Ret> {
+    pub(crate) fn gpm_alloc(&mut self) -> Result<usize, Ret> {
         if self.samples.len() >= MAX_LIVE_SAMPLES {
             return Err(sys::nvmlReturn_enum_NVML_ERROR_MEMORY);
         }
@@ -814,7 +824,7 @@ impl Fake {
     }
 
     /// `nvmlGpmSampleFree`.
-    pub fn gpm_free(&mut self, handle: usize) -> Result<(), Ret> {
+    pub(crate) fn gpm_free(&mut self, handle: usize) -> Result<(), Ret> {
         self.samples
             .remove(&handle)
             .map(|_| ())
@@ -835,13 +845,13 @@ impl Fake {
     }
 
     /// `nvmlGpmSampleGet`: stamps the sample with (GPU, now).
-    pub fn gpm_take(&mut self, gpu: usize, handle: usize, now: i64) -> Result<(), Ret> {
+    pub(crate) fn gpm_take(&mut self, gpu: usize, handle: usize, now: i64) -> Result<(), Ret> {
         self.stamp(handle, gpu, None, now)
     }
 
     /// `nvmlGpmMigSampleGet`: stamps the sample with (card, GPU instance,
     /// now); `NOT_FOUND` when the card has no such instance now.
-    pub fn gpm_take_mig(
+    pub(crate) fn gpm_take_mig(
         &mut self,
         gpu: usize,
         gpu_instance: u32,
@@ -876,7 +886,7 @@ impl Fake {
     }
 
     /// The exact window two samples bracket (`nvmlGpmMetricsGet`).
-    pub fn gpm_window(&self, first: usize, second: usize) -> Result<WindowMean, Ret> {
+    pub(crate) fn gpm_window(&self, first: usize, second: usize) -> Result<WindowMean, Ret> {
         self.gpm_allowed()?;
         let stamp = |h| match self.samples.get(&h) {
             Some(Some(s)) => Ok(*s),

@@ -97,7 +97,7 @@ pub(super) type ScanError = (&'static str, NvmlError);
 
 impl MigCard {
     /// A card whose MIG mode is `mode`, with nothing listed yet.
-    pub fn new(mode: bool) -> Self {
+    pub(super) fn new(mode: bool) -> Self {
         Self {
             mode,
             listed: false,
@@ -108,7 +108,7 @@ impl MigCard {
     }
 
     /// Whether the devices are due to be read again at `now_ms`.
-    pub fn due(&self, now_ms: i64) -> bool {
+    pub(super) fn due(&self, now_ms: i64) -> bool {
         self.rescan
             || self
                 .scanned_ms
@@ -121,7 +121,7 @@ impl MigCard {
     /// new instances are appended, gone ones kept. `now_ms` is `None` at
     /// open (the first capture reads again). An error leaves the listing
     /// as it was, except that a card without MIG enumeration lists none.
-    pub fn refresh(
+    pub(super) fn refresh(
         &mut self,
         nvml: &'static Nvml,
         card: &Device<'static>,

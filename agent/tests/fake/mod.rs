@@ -1,7 +1,7 @@
 //! The fake `libnvidia-ml.so` as the NVML tests drive it: one library per
 //! test process, taken by one test at a time ([`driver`]), its clock set
 //! by the test, and the simulated truth it answers from ([`truth`]).
-//! Each test binary uses what it needs of it.
+//! Every test that loads the library holds it ([`hold`], [`driver`]).
 #![allow(dead_code)]
 
 use flopwatch_agent::source::nvml::NvmlSource;
@@ -17,16 +17,16 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 static DRIVER: Mutex<()> = Mutex::new(());
 
 /// Fleet start used by every test.
-pub const T0: i64 = 1_700_000_000_000;
+pub(crate) const T0: i64 = 1_700_000_000_000;
 
 /// Takes the library for one test, as it is.
-pub fn hold() -> MutexGuard<'static, ()> {
+pub(crate) fn hold() -> MutexGuard<'static, ()> {
     DRIVER.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Takes the library for one test, configured with `spec` and its clock
 /// frozen at `now`; returns its path.
-pub fn driver(spec: &str, now: i64) -> (MutexGuard<'static, ()>, PathBuf) {
+pub(crate) fn driver(spec: &str, now: i64) -> (MutexGuard<'static, ()>, PathBuf) {
     let guard = hold();
     let path = library_path().expect("the fake NVML library is built next to this test");
     control::set_time_ms(now).unwrap();
@@ -36,7 +36,7 @@ pub fn driver(spec: &str, now: i64) -> (MutexGuard<'static, ()>, PathBuf) {
 
 /// What the fake answers with for `spec`: the simulated node and its MIG
 /// layouts.
-pub fn truth(spec: &str) -> (SimModel, MigNode) {
+pub(crate) fn truth(spec: &str) -> (SimModel, MigNode) {
     let c = FakeConfig::parse(&format!("start_ms={T0},{spec}")).unwrap();
     let fleet = FleetPlan::new(c.nodes, c.gpus, c.regress_after_ms);
     (
@@ -46,13 +46,13 @@ pub fn truth(spec: &str) -> (SimModel, MigNode) {
 }
 
 /// Moves the library's clock to `t` and captures then.
-pub fn capture_at(source: &mut NvmlSource, t: i64) -> Capture {
+pub(crate) fn capture_at(source: &mut NvmlSource, t: i64) -> Capture {
     control::set_time_ms(t).unwrap();
     source.capture(t).unwrap()
 }
 
 /// The value of `metric` of inventory GPU `gpu` in `c`.
-pub fn value(c: &Capture, gpu: usize, metric: &str) -> Option<f64> {
+pub(crate) fn value(c: &Capture, gpu: usize, metric: &str) -> Option<f64> {
     c.gpus
         .iter()
         .find(|g| g.gpu == gpu)?

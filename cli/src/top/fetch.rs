@@ -12,7 +12,7 @@ use futures::future::join_all;
 use std::time::Duration;
 
 /// Most nodes, jobs and GPUs whose OFU one refresh asks for, each.
-pub const MAX_PER_KIND: usize = 64;
+pub(super) const MAX_PER_KIND: usize = 64;
 /// A step wider than any window: the answer is one bucket, whose point
 /// carries the window's tensor activity and SM clock beside the summary.
 const ONE_BUCKET_MS: i64 = 86_400_000;
@@ -20,14 +20,14 @@ const ONE_BUCKET_MS: i64 = 86_400_000;
 const SPARK_POINTS: i64 = 120;
 
 /// The collector's Query service.
-pub struct Source {
+pub(super) struct Source {
     url: String,
     client: crate::conn::Client,
 }
 
 /// What to ask for, at which time (time is passed in, not read here).
 #[derive(Debug, Clone, Copy)]
-pub struct Ask {
+pub(super) struct Ask {
     /// Now, unix ms.
     pub now_ms: i64,
     /// The "now" window of the summaries, ms.
@@ -45,7 +45,7 @@ enum Key {
 impl Source {
     /// A channel that connects on first use and reconnects by itself after
     /// the collector comes back. Fails only on a malformed URL or token.
-    pub fn new(conn: &crate::conn::ConnArgs, timeout: Duration) -> anyhow::Result<Self> {
+    pub(super) fn new(conn: &crate::conn::ConnArgs, timeout: Duration) -> anyhow::Result<Self> {
         Ok(Self {
             url: conn.collector.clone(),
             client: conn.lazy(timeout)?,
@@ -83,7 +83,7 @@ impl Source {
     /// Every answer one frame needs; an error names the collector when the
     /// lists cannot be had. A failed per-scope call only leaves its row
     /// without a figure.
-    pub async fn fetch(&self, ask: Ask) -> Result<Responses, String> {
+    pub(super) async fn fetch(&self, ask: Ask) -> Result<Responses, String> {
         let list = v1::ListRequest {
             since_ms: ask.now_ms - ask.since_ms,
         };

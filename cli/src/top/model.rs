@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 /// OFU of one scope over a range (OFU eq. 1 per sample, averaged as eq. 11).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Ofu {
+pub(super) struct Ofu {
     /// Mean OFU, 0..1.
     pub mean: f64,
     /// 10th percentile of the per-GPU means (a job's stragglers).
@@ -29,7 +29,7 @@ pub struct Ofu {
 
 impl Ofu {
     /// The summary of an answer; `None` when the range held no sample.
-    pub fn from_response(r: &v1::OfuResponse) -> Option<Self> {
+    pub(super) fn from_response(r: &v1::OfuResponse) -> Option<Self> {
         let s = r.summary.as_ref()?;
         if s.samples == 0 {
             return None;
@@ -61,7 +61,7 @@ impl Ofu {
 
 /// One node.
 #[derive(Debug, Clone, PartialEq)]
-pub struct NodeRow {
+pub(super) struct NodeRow {
     pub node_id: String,
     pub gpus: u32,
     pub last_seen_ms: i64,
@@ -72,7 +72,7 @@ pub struct NodeRow {
 
 /// One job.
 #[derive(Debug, Clone, PartialEq)]
-pub struct JobRow {
+pub(super) struct JobRow {
     pub job_id: String,
     pub gpus: usize,
     pub nodes: usize,
@@ -84,7 +84,7 @@ pub struct JobRow {
 
 /// One GPU.
 #[derive(Debug, Clone, PartialEq)]
-pub struct GpuRow {
+pub(super) struct GpuRow {
     pub node_id: String,
     pub index: u32,
     pub uuid: String,
@@ -99,7 +99,7 @@ pub struct GpuRow {
 
 /// The raw answers of one refresh.
 #[derive(Debug, Default)]
-pub struct Responses {
+pub(super) struct Responses {
     pub nodes: Vec<v1::NodeEntry>,
     pub gpus: Vec<v1::GpuEntry>,
     pub jobs: Vec<v1::JobEntry>,
@@ -117,7 +117,7 @@ pub struct Responses {
 
 /// Everything one frame shows.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Snapshot {
+pub(super) struct Snapshot {
     /// Collector URL.
     pub collector: String,
     /// When the answers were asked for, unix ms; 0 before the first.
@@ -143,7 +143,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Nothing yet: before the first answer.
-    pub fn empty(collector: &str, window_ms: i64, since_ms: i64) -> Self {
+    pub(super) fn empty(collector: &str, window_ms: i64, since_ms: i64) -> Self {
         Self {
             collector: collector.to_string(),
             window_ms,
@@ -153,7 +153,7 @@ impl Snapshot {
     }
 
     /// The rows of one refresh taken at `taken_ms`.
-    pub fn build(
+    pub(super) fn build(
         collector: &str,
         taken_ms: i64,
         window_ms: i64,
@@ -242,7 +242,7 @@ fn settled(points: &[v1::OfuPoint]) -> Vec<f64> {
 
 /// Row order.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Sort {
+pub(super) enum Sort {
     /// Highest OFU first.
     #[default]
     OfuDesc,
@@ -254,7 +254,7 @@ pub enum Sort {
 
 impl Sort {
     /// The next order (`s`).
-    pub fn next(self) -> Self {
+    pub(super) fn next(self) -> Self {
         match self {
             Sort::OfuDesc => Sort::OfuAsc,
             Sort::OfuAsc => Sort::Name,
@@ -263,7 +263,7 @@ impl Sort {
     }
 
     /// For the footer and titles.
-    pub fn label(self) -> &'static str {
+    pub(super) fn label(self) -> &'static str {
         match self {
             Sort::OfuDesc => "OFU desc",
             Sort::OfuAsc => "OFU asc",
@@ -294,14 +294,14 @@ impl Sort {
 
 /// What the user chose: scroll position and order.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ViewState {
+pub(super) struct ViewState {
     /// First GPU row shown.
     pub scroll: usize,
     pub sort: Sort,
 }
 
 /// GPU rows in `sort` order.
-pub fn sorted_gpus(s: &Snapshot, sort: Sort) -> Vec<&GpuRow> {
+pub(super) fn sorted_gpus(s: &Snapshot, sort: Sort) -> Vec<&GpuRow> {
     let mut v: Vec<&GpuRow> = s.gpus.iter().collect();
     v.sort_by(|a, b| {
         sort.cmp(
@@ -314,14 +314,14 @@ pub fn sorted_gpus(s: &Snapshot, sort: Sort) -> Vec<&GpuRow> {
 }
 
 /// Job rows in `sort` order.
-pub fn sorted_jobs(s: &Snapshot, sort: Sort) -> Vec<&JobRow> {
+pub(super) fn sorted_jobs(s: &Snapshot, sort: Sort) -> Vec<&JobRow> {
     let mut v: Vec<&JobRow> = s.jobs.iter().collect();
     v.sort_by(|a, b| sort.cmp(a.ofu.as_ref(), b.ofu.as_ref(), a.job_id.cmp(&b.job_id)));
     v
 }
 
 /// Node rows in `sort` order.
-pub fn sorted_nodes(s: &Snapshot, sort: Sort) -> Vec<&NodeRow> {
+pub(super) fn sorted_nodes(s: &Snapshot, sort: Sort) -> Vec<&NodeRow> {
     let mut v: Vec<&NodeRow> = s.nodes.iter().collect();
     v.sort_by(|a, b| sort.cmp(a.ofu.as_ref(), b.ofu.as_ref(), a.node_id.cmp(&b.node_id)));
     v

@@ -30,12 +30,12 @@ fn ofu_cell(bar: usize) -> u16 {
 }
 
 /// A fraction as a percent with one decimal: 0.4123 → "41.2%".
-pub fn pct(f: f64) -> String {
+pub(super) fn pct(f: f64) -> String {
     format!("{:.1}%", f * 100.0)
 }
 
 /// Bar colour of an OFU value.
-pub fn ofu_color(f: f64) -> Color {
+pub(super) fn ofu_color(f: f64) -> Color {
     if f < 0.2 {
         Color::Red
     } else if f < 0.5 {
@@ -84,7 +84,7 @@ fn gpu_need(s: &Snapshot) -> u16 {
 }
 
 /// Rows a frame needs to show every row of `s` (for `--once`).
-pub fn height_for(s: &Snapshot) -> u16 {
+pub(super) fn height_for(s: &Snapshot) -> u16 {
     HEADER + SPARK + FOOTER + mid_need(s) + gpu_need(s)
 }
 
@@ -108,12 +108,12 @@ fn areas(area: Rect, s: &Snapshot) -> [Rect; 5] {
 }
 
 /// GPU rows visible in a frame of `area` (for scrolling).
-pub fn gpu_rows_visible(area: Rect, s: &Snapshot) -> usize {
+pub(super) fn gpu_rows_visible(area: Rect, s: &Snapshot) -> usize {
     areas(area, s)[3].height.saturating_sub(TABLE_CHROME) as usize
 }
 
 /// Draws one frame.
-pub fn render(frame: &mut Frame, s: &Snapshot, view: &ViewState) {
+pub(super) fn render(frame: &mut Frame, s: &Snapshot, view: &ViewState) {
     let [header, spark, middle, gpus, footer] = areas(frame.area(), s);
     render_header(frame, header, s);
     render_sparkline(frame, spark, s);
@@ -355,7 +355,7 @@ fn render_gpus(frame: &mut Frame, area: Rect, s: &Snapshot, view: &ViewState) {
 }
 
 /// The text of a buffer, one line per row, trailing blanks trimmed.
-pub fn buffer_text(buf: &Buffer) -> String {
+pub(super) fn buffer_text(buf: &Buffer) -> String {
     let a = buf.area;
     let mut out = String::new();
     for y in a.top()..a.bottom() {

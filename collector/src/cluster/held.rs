@@ -16,19 +16,19 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `flopwatch.v1.Cluster`: answers peers' questions from this store.
 #[derive(Clone)]
-pub struct ClusterService {
+pub(crate) struct ClusterService {
     c: Arc<Collector>,
     store_id: u64,
 }
 
 impl ClusterService {
     /// Serves `c`'s store, whose id is `store_id`.
-    pub fn new(c: Arc<Collector>, store_id: u64) -> Self {
+    pub(crate) fn new(c: Arc<Collector>, store_id: u64) -> Self {
         Self { c, store_id }
     }
 
     /// As a tonic server.
-    pub fn server(self) -> cluster_server::ClusterServer<Self> {
+    pub(crate) fn server(self) -> cluster_server::ClusterServer<Self> {
         cluster_server::ClusterServer::new(self)
     }
 }
@@ -94,7 +94,7 @@ pub(super) fn agent_key(r: &BatchRef) -> AgentKey {
 
 /// Another collector, as the reconciler asks it.
 #[tonic::async_trait]
-pub trait Peer: Send + Sync {
+pub(crate) trait Peer: Send + Sync {
     /// For logs.
     fn name(&self) -> &str;
     /// The peer's store id and, per batch (at most [`MAX_HELD_BATCHES`]),
@@ -103,7 +103,7 @@ pub trait Peer: Send + Sync {
 }
 
 /// A peer over gRPC, on the channel the query fan-out uses.
-pub struct GrpcPeer {
+pub(crate) struct GrpcPeer {
     url: String,
     channel: Channel,
     token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
@@ -111,7 +111,7 @@ pub struct GrpcPeer {
 
 impl GrpcPeer {
     /// Every peer of `settings`, `https://` ones through `tls`.
-    pub fn all(
+    pub(crate) fn all(
         settings: &super::ClusterSettings,
         tls: &flopwatch_transport::channel::TlsClient,
     ) -> Result<Vec<Box<dyn Peer>>, CollectorError> {

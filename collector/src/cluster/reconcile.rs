@@ -13,7 +13,7 @@ const PASS_LIMIT: usize = 4096;
 
 /// What one pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PassReport {
+pub(super) struct PassReport {
     /// Batches in limbo when the pass began.
     pub in_limbo: usize,
     /// Dropped: a peer holds them.
@@ -27,7 +27,7 @@ pub struct PassReport {
 }
 
 /// Settles the store's limbo against its peers.
-pub struct Reconciler {
+pub(super) struct Reconciler {
     store: Store,
     store_id: u64,
     peers: Vec<Box<dyn Peer>>,
@@ -37,7 +37,7 @@ pub struct Reconciler {
 
 impl Reconciler {
     /// For `store` (of id `store_id`) and its `peers`.
-    pub fn new(
+    pub(super) fn new(
         store: Store,
         store_id: u64,
         peers: Vec<Box<dyn Peer>>,
@@ -55,7 +55,7 @@ impl Reconciler {
 
     /// One pass at `now_ms`: asks every peer about every batch in limbo
     /// (up to [`PASS_LIMIT`]) and settles what can be settled.
-    pub async fn pass(&self, now_ms: i64) -> Result<PassReport, StoreError> {
+    pub(super) async fn pass(&self, now_ms: i64) -> Result<PassReport, StoreError> {
         let store = self.store.clone();
         let (batches, total) = blocking(move || store.limbo(PASS_LIMIT)).await?;
         self.stats
@@ -168,7 +168,7 @@ async fn blocking<T: Send + 'static>(
 
 /// Runs a pass every `reconcile_interval` until `stop` turns true; `tls`
 /// reaches `https://` peers.
-pub async fn run(
+pub(crate) async fn run(
     collector: Arc<Collector>,
     store_id: u64,
     tls: flopwatch_transport::channel::TlsClient,

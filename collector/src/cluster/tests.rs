@@ -9,6 +9,7 @@ use crate::store::{AgentKey, Store};
 use crate::store::{CommitSet, OfuSample};
 use flopwatch_proto::cluster::BatchRef;
 use flopwatch_proto::model::{Point, SeriesBatch};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 const NOW: i64 = 1_700_000_000_000;

@@ -146,11 +146,11 @@ const FIELDS: &[Field] = &[
 ];
 
 /// The XID family's name.
-pub const XID_FAMILY: &str = "DCGM_FI_DEV_XID_ERRORS";
+pub(super) const XID_FAMILY: &str = "DCGM_FI_DEV_XID_ERRORS";
 
 /// What the GPU's record (its agent's description) gives the page.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Identity {
+pub(super) struct Identity {
     /// PCI bus id.
     pub pci_bus_id: String,
     /// Driver version.
@@ -164,7 +164,7 @@ pub struct Identity {
 
 impl Identity {
     /// From the GPU's stored record.
-    pub fn of(r: &GpuRecord) -> Self {
+    pub(super) fn of(r: &GpuRecord) -> Self {
         Self {
             pci_bus_id: r.pci_bus_id.clone(),
             driver_version: r.driver_version.clone(),
@@ -183,7 +183,7 @@ fn mig_instance(r: &GpuRecord) -> Option<(String, String, u32)> {
 
 /// One GPU of the page: its live values and its identity.
 #[derive(Debug, Clone, Copy)]
-pub struct Gpu<'a> {
+pub(super) struct Gpu<'a> {
     /// Live values.
     pub live: &'a GpuLive,
     /// Its record's labels and memory.
@@ -191,7 +191,7 @@ pub struct Gpu<'a> {
 }
 
 /// dcgm-exporter's labels for a GPU (without the XID family's).
-pub fn labels(g: &Gpu<'_>) -> Labels {
+pub(super) fn labels(g: &Gpu<'_>) -> Labels {
     let live = g.live;
     let uuid = g.id.mig.as_ref().map_or(&live.uuid, |(card, _, _)| card);
     let mut l: Labels = vec![
@@ -235,7 +235,7 @@ pub fn labels(g: &Gpu<'_>) -> Labels {
 
 /// What dcgm-exporter's XID messages say, in short (`err_msg`); codes not
 /// listed are "Unknown Error".
-pub fn xid_text(code: i64) -> &'static str {
+pub(super) fn xid_text(code: i64) -> &'static str {
     match code {
         0 => "No Error",
         13 => "Graphics engine exception",
@@ -315,7 +315,7 @@ fn family(
 /// Writes the `DCGM_FI_*` families of `gpus` (the metrics `shown` lets
 /// through) and the last XID of each (`xids`: the XID events by tenant
 /// and GPU UUID).
-pub fn encode(
+pub(super) fn encode(
     enc: &mut DescriptorEncoder,
     gpus: &[Gpu<'_>],
     xids: &BTreeMap<(String, String), Xid>,

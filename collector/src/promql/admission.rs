@@ -217,6 +217,7 @@ pub async fn run<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flopwatch_proto::clock::Deadline;
 
     #[tokio::test]
     async fn a_tenant_waits_for_its_own_turns_only() {
@@ -261,11 +262,11 @@ mod tests {
         stopped_rx.recv_timeout(Duration::from_secs(5)).unwrap();
         // The thread drops its turn right after it stops (with no queue, a
         // turn asked a moment before that is refused as busy).
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let deadline = Deadline::after(Duration::from_secs(5));
         loop {
             match a.turn("t", Duration::from_secs(5)).await {
                 Ok(_) => break,
-                Err(Refused::Busy) if std::time::Instant::now() < deadline => {
+                Err(Refused::Busy) if !deadline.passed() => {
                     tokio::time::sleep(Duration::from_millis(5)).await
                 }
                 Err(e) => panic!("the turn was never given back: {e:?}"),

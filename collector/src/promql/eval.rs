@@ -82,11 +82,11 @@ pub(super) fn unsupported(what: impl std::fmt::Display) -> QueryError {
 }
 
 impl Evaluator<'_> {
-    pub fn t(&self, i: usize) -> i64 {
+    pub(super) fn t(&self, i: usize) -> i64 {
         self.start + i as i64 * self.step
     }
 
-    pub fn end(&self) -> i64 {
+    pub(super) fn end(&self) -> i64 {
         self.t(self.n.saturating_sub(1))
     }
 
@@ -111,13 +111,13 @@ impl Evaluator<'_> {
     }
 
     /// The time an `@` modifier names, in ms.
-    pub fn at_ms(&self, at: &Option<AtModifier>) -> Option<i64> {
+    pub(super) fn at_ms(&self, at: &Option<AtModifier>) -> Option<i64> {
         super::syntax::at_ms(at, (self.query_start, self.query_end))
     }
 
     /// `e`'s value at every step. Each node checks the query's budget
     /// (canceled?) and counts the points it computes.
-    pub fn eval(&self, e: &Expr) -> Result<Val, QueryError> {
+    pub(super) fn eval(&self, e: &Expr) -> Result<Val, QueryError> {
         self.model.budget.check()?;
         let v = match e {
             Expr::NumberLiteral(x) => Val::Scalar(vec![x.val; self.n]),
@@ -145,7 +145,7 @@ impl Evaluator<'_> {
 
     /// `e` as a scalar at every step (a function's or aggregation's
     /// number parameter).
-    pub fn scalar_arg(&self, e: &Expr, what: &str) -> Result<Vec<f64>, QueryError> {
+    pub(super) fn scalar_arg(&self, e: &Expr, what: &str) -> Result<Vec<f64>, QueryError> {
         match self.eval(e)? {
             Val::Scalar(v) => Ok(v),
             _ => Err(QueryError::BadData(format!(
@@ -155,7 +155,7 @@ impl Evaluator<'_> {
     }
 
     /// `e` as an instant vector.
-    pub fn vector_arg(&self, e: &Expr, what: &str) -> Result<Vec<StepSeries>, QueryError> {
+    pub(super) fn vector_arg(&self, e: &Expr, what: &str) -> Result<Vec<StepSeries>, QueryError> {
         match self.eval(e)? {
             Val::Vector(v) => Ok(v),
             _ => Err(QueryError::BadData(format!(
@@ -165,7 +165,7 @@ impl Evaluator<'_> {
     }
 
     /// `e` as a string.
-    pub fn string_arg(&self, e: &Expr, what: &str) -> Result<String, QueryError> {
+    pub(super) fn string_arg(&self, e: &Expr, what: &str) -> Result<String, QueryError> {
         match unwrap_parens(e) {
             Expr::StringLiteral(s) => Ok(s.val.clone()),
             _ => Err(QueryError::BadData(format!(
@@ -232,7 +232,7 @@ pub(super) struct Collect {
 }
 
 impl Collect {
-    pub fn new(n: usize) -> Self {
+    pub(super) fn new(n: usize) -> Self {
         Self {
             n,
             index: HashMap::new(),
@@ -241,7 +241,7 @@ impl Collect {
     }
 
     /// The series for `labels`' position.
-    pub fn slot(&mut self, labels: Labels) -> usize {
+    pub(super) fn slot(&mut self, labels: Labels) -> usize {
         let n = self.n;
         let out = &mut self.out;
         *self.index.entry(labels).or_insert_with_key(|l| {
@@ -254,7 +254,7 @@ impl Collect {
     }
 
     /// Sets the value of series `slot` at step `i`; an error if it has one.
-    pub fn set(&mut self, slot: usize, i: usize, v: f64) -> Result<(), QueryError> {
+    pub(super) fn set(&mut self, slot: usize, i: usize, v: f64) -> Result<(), QueryError> {
         let cell = &mut self.out[slot].vals[i];
         if cell.is_some() {
             return Err(same_labelset());
@@ -263,7 +263,7 @@ impl Collect {
         Ok(())
     }
 
-    pub fn finish(self) -> Vec<StepSeries> {
+    pub(super) fn finish(self) -> Vec<StepSeries> {
         self.out
     }
 }

@@ -35,7 +35,7 @@ pub(super) enum RangeFn {
 }
 
 impl RangeFn {
-    pub fn of(name: &str) -> Option<Self> {
+    pub(super) fn of(name: &str) -> Option<Self> {
         Some(match name {
             "avg_over_time" => Self::Avg,
             "min_over_time" => Self::Min,
@@ -62,12 +62,12 @@ impl RangeFn {
     }
 
     /// Where the range argument is among the function's arguments.
-    pub fn range_arg(self) -> usize {
+    pub(super) fn range_arg(self) -> usize {
         usize::from(self == Self::Quantile)
     }
 
     /// Whether the function keeps `__name__` (2.42: `last_over_time` only).
-    pub fn keeps_name(self) -> bool {
+    pub(super) fn keeps_name(self) -> bool {
         self == Self::Last
     }
 
@@ -75,7 +75,7 @@ impl RangeFn {
     /// order) ending at `t − offset`, evaluated at `t`; `range_ms` and
     /// `offset_ms` are the window's; `p` are the other (scalar) arguments
     /// at this step.
-    pub fn apply(
+    pub(super) fn apply(
         self,
         w: &[(i64, f64)],
         t: i64,
@@ -205,7 +205,7 @@ pub(super) struct WindowAcc {
 
 impl WindowAcc {
     /// Adds `count` samples with sum `sum`, minimum `min` and maximum `max`.
-    pub fn add(&mut self, count: u64, sum: f64, min: f64, max: f64) {
+    pub(super) fn add(&mut self, count: u64, sum: f64, min: f64, max: f64) {
         if count == 0 {
             return;
         }
@@ -225,7 +225,7 @@ impl WindowAcc {
     }
 
     /// `f`'s value (`None` for an empty window; `f` one of the five).
-    pub fn value(&self, f: RangeFn) -> Option<f64> {
+    pub(super) fn value(&self, f: RangeFn) -> Option<f64> {
         (self.count > 0).then(|| match f {
             RangeFn::Avg => self.sum / self.count as f64,
             RangeFn::Sum => self.sum,

@@ -148,7 +148,7 @@ pub(super) struct Model<'a> {
 impl Model<'_> {
     /// The samples of `s` with `from ≤ t ≤ to`, in time order, in the
     /// family's unit.
-    pub fn samples(&self, s: &SeriesRef, from: i64, to: i64) -> Result<Points, QueryError> {
+    pub(super) fn samples(&self, s: &SeriesRef, from: i64, to: i64) -> Result<Points, QueryError> {
         Ok(super::points::points(&self.timeline(s, from, to)?))
     }
 
@@ -160,7 +160,12 @@ impl Model<'_> {
     }
 
     /// [`Model::samples`], each with the last instant it is current.
-    pub fn timeline(&self, s: &SeriesRef, from: i64, to: i64) -> Result<Timeline, QueryError> {
+    pub(super) fn timeline(
+        &self,
+        s: &SeriesRef,
+        from: i64,
+        to: i64,
+    ) -> Result<Timeline, QueryError> {
         self.budget.check()?;
         match &s.source {
             Source::Across { members, op } => {
@@ -315,7 +320,7 @@ impl Model<'_> {
     /// (ascending): the newest at or before `t` while it is current
     /// ([`super::points`]), read from the samples in `[from, to]`; for a
     /// derived series, its value at `t` itself ([`derived::at_times`]).
-    pub fn at_times(
+    pub(super) fn at_times(
         &self,
         s: &SeriesRef,
         times: &[i64],
@@ -451,7 +456,7 @@ impl Model<'_> {
     /// cannot answer: another column (the rollups keep min and max of OFU
     /// only), or a bucket rolled up before the store kept unweighted sums
     /// and first samples.
-    pub fn ofu_buckets(
+    pub(super) fn ofu_buckets(
         &self,
         s: &SeriesRef,
         from: i64,
@@ -519,7 +524,12 @@ impl Model<'_> {
     }
 
     /// Whether `s` has a sample in `[from, to]`.
-    pub fn has_samples(&self, s: &SeriesRef, from: i64, to: i64) -> Result<bool, QueryError> {
+    pub(super) fn has_samples(
+        &self,
+        s: &SeriesRef,
+        from: i64,
+        to: i64,
+    ) -> Result<bool, QueryError> {
         self.budget.check()?;
         match &s.source {
             Source::Across { members: parts, .. } | Source::Union(parts) => {
@@ -593,7 +603,7 @@ pub(super) enum Piece {
 }
 
 impl Piece {
-    pub fn ts(&self) -> i64 {
+    pub(super) fn ts(&self) -> i64 {
         match *self {
             Self::Sample(ts, _) | Self::Bucket { ts, .. } => ts,
         }

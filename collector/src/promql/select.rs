@@ -173,7 +173,7 @@ impl Model<'_> {
     /// Every series whose labels satisfy `m` (no samples read): this
     /// collector's and, in a cluster, the peers' ([`super::peers`]), then
     /// the derived node and job series over both.
-    pub fn select(&self, m: &[Matcher]) -> Result<Vec<SeriesRef>, QueryError> {
+    pub(super) fn select(&self, m: &[Matcher]) -> Result<Vec<SeriesRef>, QueryError> {
         let mut out = self.select_base(m)?;
         if !self.base_only {
             self.select_derived(m, &mut out)?;

@@ -50,19 +50,26 @@ pub(super) struct OpenSeries {
 impl OpenSeries {
     /// Series open.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.slots.len() - self.free.len()
     }
 
     /// The series of `gpu` named `name`.
-    pub fn get(&self, gpu: &str, name: &str) -> Option<&Sent> {
+    pub(super) fn get(&self, gpu: &str, name: &str) -> Option<&Sent> {
         let i = *self.index.get(gpu)?.get(name)?;
         self.slots[i].as_ref()
     }
 
     /// A point of `gpu`'s series `name` with `labels` at `ts`, current
     /// until `until`.
-    pub fn note(&mut self, gpu: &str, name: &str, labels: &[Label], ts: i64, until: i64) -> Noted {
+    pub(super) fn note(
+        &mut self,
+        gpu: &str,
+        name: &str,
+        labels: &[Label],
+        ts: i64,
+        until: i64,
+    ) -> Noted {
         if let Some(&i) = self.index.get(gpu).and_then(|m| m.get(name)) {
             self.until[i] = until;
             if let Some(s) = self.slots[i].as_mut() {
@@ -88,7 +95,7 @@ impl OpenSeries {
     }
 
     /// Adds `s` (a series not open), current until `until`.
-    pub fn insert(&mut self, s: Sent, until: i64) {
+    pub(super) fn insert(&mut self, s: Sent, until: i64) {
         let i = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -107,7 +114,7 @@ impl OpenSeries {
 
     /// Removes and returns every series stale at `now_ms` (its deadline
     /// before it).
-    pub fn expire(&mut self, now_ms: i64) -> Vec<Sent> {
+    pub(super) fn expire(&mut self, now_ms: i64) -> Vec<Sent> {
         let mut out = Vec::new();
         for i in 0..self.until.len() {
             if self.until[i] >= now_ms {

@@ -31,7 +31,7 @@ use std::sync::Mutex;
 
 /// What a batch sends of one series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fidelity {
+pub(super) enum Fidelity {
     /// One point: the batch's mean (a counter's newest value).
     Mean,
     /// The mean, and the batch's maximum (`<name>_max`) and sample count

@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// Sends the journal until `shutdown` flips.
-pub async fn run(
+pub(crate) async fn run(
     cfg: RemoteWriteConfig,
     queue: Arc<RemoteQueue>,
     stats: Arc<Stats>,
@@ -299,7 +299,7 @@ mod tests {
     use crate::stats::Failure;
     use crate::store::memory::MemEngine;
     use crate::store::{CommitSet, Store};
-    use flopwatch_proto::clock::SystemClock;
+    use flopwatch_proto::clock::{Stopwatch, SystemClock};
     use prost::Message;
 
     /// `n` points of GPU `gpu`'s OFU at 1 s, 2 s, …, committed as a batch
@@ -486,7 +486,7 @@ mod tests {
         for g in 0..8 {
             commit(&q, &format!("GPU-{g}"), 3, now);
         }
-        let started = std::time::Instant::now();
+        let started = Stopwatch::start();
         run_until(&cfg, &q, &stats, || q.pending() == 0).await;
         let took = started.elapsed();
         assert_eq!(Stats::get(&stats.remote_write_samples), 24);

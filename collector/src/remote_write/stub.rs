@@ -5,6 +5,7 @@ use super::queue::RemoteQueue;
 use super::Endpoint;
 use crate::stats::Stats;
 use flopwatch_config::RemoteWriteConfig;
+use flopwatch_proto::clock::Deadline;
 use flopwatch_proto::clock::SystemClock;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -50,7 +51,7 @@ pub(super) async fn read_request(c: &mut tokio::net::TcpStream) -> Option<Reques
 }
 
 impl Stub {
-    pub async fn start(script: Vec<(u16, &'static str)>) -> Stub {
+    pub(super) async fn start(script: Vec<(u16, &'static str)>) -> Stub {
         use tokio::io::AsyncWriteExt;
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/api/v1/write", l.local_addr().unwrap());
@@ -89,7 +90,7 @@ impl Stub {
         Stub { url, seen }
     }
 
-    pub fn requests(&self) -> Vec<Request> {
+    pub(super) fn requests(&self) -> Vec<Request> {
         self.seen.lock().unwrap().clone()
     }
 }
@@ -107,9 +108,9 @@ pub(super) fn fast(url: &str) -> RemoteWriteConfig {
 }
 
 pub(super) async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = Deadline::after(Duration::from_secs(10));
     while !done() {
-        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        assert!(!deadline.passed(), "never: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

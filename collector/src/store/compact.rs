@@ -136,9 +136,9 @@ impl Store {
         &self,
         now_ms: i64,
         seal_delay_ms: i64,
-        deadline: Option<std::time::Instant>,
+        deadline: Option<flopwatch_proto::clock::Deadline>,
     ) -> Result<CompactionReport, StoreError> {
-        let stop = move || deadline.is_some_and(|d| std::time::Instant::now() >= d);
+        let stop = move || deadline.is_some_and(|d| d.passed());
         self.compact_until(now_ms, seal_delay_ms, &stop)
     }
 

@@ -19,9 +19,10 @@ use super::handoff::{jobs_thread, HandOff, Job, Writer};
 use super::hours::WINDOW_MS;
 use super::{CompactionReport, Store, StoreError};
 use flopwatch_proto::clock::Clock;
+use flopwatch_proto::clock::{Deadline, Stopwatch};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Longest the compaction pass at shutdown runs.
 const SHUTDOWN_PASS: Duration = Duration::from_secs(10);
@@ -110,7 +111,7 @@ pub async fn run_compactor(
             let now = clock.now_ms();
             let s = store.clone();
             // Bounded, so a backlog cannot hold up the shutdown.
-            let deadline = Instant::now() + SHUTDOWN_PASS;
+            let deadline = Deadline::after(SHUTDOWN_PASS);
             let pass = move || s.compact_within(now, seal_ms, Some(deadline));
             match run(worker.as_ref(), pass).await {
                 Some(Ok(r)) if r.chunks > 0 => tracing::info!(?r, "compaction at shutdown"),
@@ -126,7 +127,7 @@ pub async fn run_compactor(
         let halt = cancel.clone();
         let pass = run(worker.as_ref(), move || {
             let halted = || halt.load(Ordering::SeqCst);
-            let started = Instant::now();
+            let started = Stopwatch::start();
             let folded = s.fold(now, &halted)?;
             let fold_time = started.elapsed();
             let mut r: CompactionReport = s.compact_until(now, seal_ms, &halted)?;

@@ -7,7 +7,7 @@
 //! the group ends when every member has inserted its part. A low-priority
 //! thread that is preempted there (on two busy cores a nice +10 thread
 //! waits tens of milliseconds to run again) holds up every commit queued
-//! behind it. Measured with `flopwatch bench fleet --agents 10000` across an
+//! behind it. Measured with `flopwatch-bench fleet --agents 10000` across an
 //! hour's seal: while the pass ran, the agents' ack p99 went from 15 ms to
 //! 0.3–2.3 s (docs/BENCHMARKS.md, fleet).
 //!

@@ -7,7 +7,7 @@ pub const WINDOW_MS: i64 = 3_600_000;
 pub const MINUTE_MS: i64 = 60_000;
 
 /// Start of the hour holding `ts`.
-pub fn window_of(ts: i64) -> i64 {
+pub(super) fn window_of(ts: i64) -> i64 {
     ts.div_euclid(WINDOW_MS) * WINDOW_MS
 }
 

@@ -87,7 +87,7 @@ impl JobHour {
 }
 
 /// A GPU-hour's record: its jobs' figures.
-pub fn encode(jobs: &[(&str, JobHour)]) -> Vec<u8> {
+pub(super) fn encode(jobs: &[(&str, JobHour)]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + jobs.len() * 64);
     out.extend_from_slice(&(jobs.len() as u32).to_le_bytes());
     for (job, h) in jobs {
@@ -106,7 +106,7 @@ pub fn encode(jobs: &[(&str, JobHour)]) -> Vec<u8> {
 
 /// `job`'s figures in a record: `Some(None)` where the job has none,
 /// `None` for a malformed record.
-pub fn decode_job(b: &[u8], job: &str) -> Option<Option<JobHour>> {
+pub(super) fn decode_job(b: &[u8], job: &str) -> Option<Option<JobHour>> {
     let mut pos = 0usize;
     let mut take = |n: usize| -> Option<&[u8]> {
         let s = b.get(pos..pos.checked_add(n)?)?;

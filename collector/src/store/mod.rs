@@ -58,8 +58,8 @@ pub use membership::SeqRanges;
 pub use model::Store;
 pub use precision::{round_decimals, Precision};
 pub use records::{
-    AgentKey, CommitSet, DeviceRecord, GpuRecord, JobRecord, NodeRecord, OfuPiece, OfuSample,
-    StoredSeries,
+    AgentKey, CommitSet, DeviceRecord, EventRecord, GpuRecord, JobRecord, NodeRecord, OfuPiece,
+    OfuSample, StoredSeries,
 };
 pub use retention::Retention;
 

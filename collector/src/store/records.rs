@@ -2,7 +2,6 @@
 //! seen, OFU samples, what one acknowledged batch writes, and what reads
 //! give back.
 
-use crate::events::EventRecord;
 use crate::ofu::Mean;
 use flopwatch_proto::model::{GpuInfo, Mig, MigInstance, Point, SeriesBatch};
 use serde::{Deserialize, Serialize};
@@ -287,6 +286,33 @@ pub enum OfuPiece {
     /// A sealed minute's last sample, and its sample on the minute's
     /// start, if any ([`crate::store::Store::ofu_lasts`]).
     Last(super::MinuteLast),
+}
+
+/// A stored event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    /// `regression`, `straggler`, or an agent's kind (`xid`, `ecc_dbe`, …).
+    pub kind: String,
+    /// When, unix ms (the end of the window for derived events).
+    pub ts_ms: i64,
+    /// Job, when known.
+    #[serde(default)]
+    pub job_id: String,
+    /// GPU, when the event is about one.
+    #[serde(default)]
+    pub gpu_uuid: String,
+    /// Node, when known.
+    #[serde(default)]
+    pub node_id: String,
+    /// The observed value (window OFU, GPU tensor activity, XID code).
+    #[serde(default)]
+    pub value: f64,
+    /// What it is compared with (baseline OFU, job median).
+    #[serde(default)]
+    pub baseline: f64,
+    /// Human-readable detail.
+    #[serde(default)]
+    pub detail: String,
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ const FORMAT2: u64 = 1 << 63 | 2;
 
 /// One bucket's aggregate: its samples' [`Mean`] and its first sample.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Bucket {
+pub(super) struct Bucket {
     pub mean: Mean,
     /// Time and OFU of the bucket's earliest sample (`None`: no samples,
     /// or a format 1 record).

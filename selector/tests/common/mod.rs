@@ -4,13 +4,13 @@
 use flopwatch_selector::Row;
 
 /// Deterministic xorshift noise in [-1, 1).
-pub struct Noise(u64);
+pub(crate) struct Noise(u64);
 
 impl Noise {
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Noise(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
-    pub fn next(&mut self) -> f64 {
+    pub(crate) fn next(&mut self) -> f64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -19,7 +19,7 @@ impl Noise {
 }
 
 /// A smooth random walk (moving-average of a random walk), deterministic.
-pub fn walk(seed: u64, n: usize) -> Vec<f64> {
+pub(crate) fn walk(seed: u64, n: usize) -> Vec<f64> {
     let mut noise = Noise::new(seed);
     let mut x = 0.0;
     let raw: Vec<f64> = (0..n)
@@ -36,11 +36,11 @@ pub fn walk(seed: u64, n: usize) -> Vec<f64> {
         .collect()
 }
 
-pub const POINTS: usize = 2000;
-pub const STEP: i64 = 100;
+pub(crate) const POINTS: usize = 2000;
+pub(crate) const STEP: i64 = 100;
 
 /// Push `values` (one per 100 ms from `t0`) as rows.
-pub fn push(rows: &mut Vec<Row>, workload: &str, metric: &str, t0: i64, values: &[f64]) {
+pub(crate) fn push(rows: &mut Vec<Row>, workload: &str, metric: &str, t0: i64, values: &[f64]) {
     for (k, &value) in values.iter().enumerate() {
         rows.push(Row {
             workload: workload.to_owned(),
@@ -58,7 +58,7 @@ pub fn push(rows: &mut Vec<Row>, workload: &str, metric: &str, t0: i64, values: 
 /// - group: `other`, `other_w1_only` (copy, recorded only in w1);
 /// - alone: `base_very_noisy` (25 % noise), `split_a`/`split_b` (equal in
 ///   w1, different in w2), `sometimes_flat` (constant in w1, varies in w2).
-pub fn known_truth_rows() -> Vec<Row> {
+pub(crate) fn known_truth_rows() -> Vec<Row> {
     let mut rows = Vec::new();
     for (wi, (w, t0)) in [("w1", 0i64), ("w2", 1_000_000)].into_iter().enumerate() {
         let seed = wi as u64 * 100;
@@ -124,7 +124,7 @@ pub fn known_truth_rows() -> Vec<Row> {
     rows
 }
 
-pub fn expected_groups() -> Vec<Vec<&'static str>> {
+pub(crate) fn expected_groups() -> Vec<Vec<&'static str>> {
     vec![
         vec![
             "base",
@@ -141,12 +141,12 @@ pub fn expected_groups() -> Vec<Vec<&'static str>> {
     ]
 }
 
-pub fn expected_dropped() -> Vec<&'static str> {
+pub(crate) fn expected_dropped() -> Vec<&'static str> {
     vec!["clock_jitter", "const_a", "const_zero"]
 }
 
 /// Write rows as a CSV file.
-pub fn write_csv(path: &std::path::Path, rows: &[Row]) {
+pub(crate) fn write_csv(path: &std::path::Path, rows: &[Row]) {
     use std::fmt::Write;
     let mut s = String::from("workload,metric,timestamp_ms,value\n");
     for r in rows {

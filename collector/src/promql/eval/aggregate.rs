@@ -111,7 +111,7 @@ pub(in crate::promql) fn is_label_name(name: &str) -> bool {
 }
 
 impl Evaluator<'_> {
-    pub fn aggregate(&self, a: &AggregateExpr) -> Result<Val, QueryError> {
+    pub(crate) fn aggregate(&self, a: &AggregateExpr) -> Result<Val, QueryError> {
         let op = a.op.to_string();
         let op = op.as_str();
         if !matches!(

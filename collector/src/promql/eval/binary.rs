@@ -87,7 +87,7 @@ impl Op {
 
     /// The value and whether it is kept (a comparison's truth), with `x`
     /// on the left (Prometheus's `vectorElemBinop`).
-    pub fn apply(self, x: f64, y: f64) -> (f64, bool) {
+    pub(super) fn apply(self, x: f64, y: f64) -> (f64, bool) {
         match self {
             Self::Add => (x + y, true),
             Self::Sub => (x - y, true),
@@ -145,7 +145,7 @@ fn set_label(l: &mut Labels, name: &str, v: &str) {
 }
 
 impl Evaluator<'_> {
-    pub fn binary(&self, b: &BinaryExpr) -> Result<Val, QueryError> {
+    pub(crate) fn binary(&self, b: &BinaryExpr) -> Result<Val, QueryError> {
         let name = b.op.to_string();
         let op = Op::of(&name)
             .ok_or_else(|| QueryError::BadData(format!("unknown binary operator {name}")))?;

@@ -77,7 +77,7 @@ fn absent_labels(e: &Expr) -> Labels {
 }
 
 impl Evaluator<'_> {
-    pub fn call(&self, c: &Call) -> Result<Val, QueryError> {
+    pub(crate) fn call(&self, c: &Call) -> Result<Val, QueryError> {
         let name = c.func.name;
         let args: Vec<&Expr> = c.args.args.iter().map(|a| unwrap_parens(a)).collect();
         if let Some(f) = RangeFn::of(name) {

@@ -17,7 +17,7 @@ use promql_parser::parser::Expr;
 impl Evaluator<'_> {
     /// `f` over `arg` from the rollups, or `None` where they cannot
     /// answer (another function, a subquery, `@`, windows off the grain).
-    pub fn rollup_call(&self, f: RangeFn, arg: &Expr) -> Result<Option<Val>, QueryError> {
+    pub(crate) fn rollup_call(&self, f: RangeFn, arg: &Expr) -> Result<Option<Val>, QueryError> {
         let Expr::MatrixSelector(ms) = arg else {
             return Ok(None);
         };

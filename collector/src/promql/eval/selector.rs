@@ -32,7 +32,7 @@ impl Evaluator<'_> {
     /// Each selected series with its sample (time and value) at every
     /// step: the newest in the lookback window before the step's time
     /// (less `offset`, or at the `@` time).
-    pub fn selector_samples(
+    pub(crate) fn selector_samples(
         &self,
         vs: &VectorSelector,
     ) -> Result<Vec<(SeriesRef, StepSamples)>, QueryError> {
@@ -62,7 +62,7 @@ impl Evaluator<'_> {
         Ok(out)
     }
 
-    pub fn instant_selector(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
+    pub(crate) fn instant_selector(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
         Ok(Val::Vector(
             self.selector_samples(vs)?
                 .into_iter()
@@ -76,7 +76,7 @@ impl Evaluator<'_> {
 
     /// A range argument (a range selector or a subquery, in parentheses or
     /// not) read for every step.
-    pub fn range_input(&self, e: &Expr) -> Result<RangeInput, QueryError> {
+    pub(crate) fn range_input(&self, e: &Expr) -> Result<RangeInput, QueryError> {
         match unwrap_parens(e) {
             Expr::MatrixSelector(ms) => self.matrix(ms),
             Expr::Subquery(sq) => self.subquery(sq),
@@ -88,7 +88,7 @@ impl Evaluator<'_> {
 
     /// A range selector's series and their samples in the windows of all
     /// steps.
-    pub fn matrix(&self, ms: &MatrixSelector) -> Result<RangeInput, QueryError> {
+    pub(crate) fn matrix(&self, ms: &MatrixSelector) -> Result<RangeInput, QueryError> {
         let m = matchers(&ms.vs)?;
         let offset = offset_ms(&ms.vs.offset);
         let range = ms.range.as_millis() as i64;
@@ -113,7 +113,7 @@ impl Evaluator<'_> {
     /// that lie in the windows of every outer step, as Prometheus's
     /// `evalSubquery` does (the first step is the first multiple of the
     /// resolution at or after the first window's start).
-    pub fn subquery(&self, sq: &SubqueryExpr) -> Result<RangeInput, QueryError> {
+    pub(crate) fn subquery(&self, sq: &SubqueryExpr) -> Result<RangeInput, QueryError> {
         let offset = offset_ms(&sq.offset);
         let range = sq.range.as_millis() as i64;
         let step = sq
@@ -180,7 +180,7 @@ impl Evaluator<'_> {
     /// every series of `input`; `f` gets the window, the step's
     /// evaluation time and the step's index. Series without a value at
     /// any step are left out.
-    pub fn over_windows(
+    pub(crate) fn over_windows(
         &self,
         input: &RangeInput,
         mut f: impl FnMut(&[(i64, f64)], i64, usize) -> Option<f64>,
@@ -223,7 +223,7 @@ impl Evaluator<'_> {
     }
 
     /// At each step, whether `input` has any point in the step's window.
-    pub fn any_in_windows(&self, input: &RangeInput) -> Vec<bool> {
+    pub(crate) fn any_in_windows(&self, input: &RangeInput) -> Vec<bool> {
         let mut any = vec![false; self.n];
         for (_, pts) in &input.series {
             for (i, a) in any.iter_mut().enumerate() {

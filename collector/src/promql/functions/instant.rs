@@ -45,7 +45,7 @@ pub(in crate::promql) enum ValueFn {
 }
 
 impl ValueFn {
-    pub fn of(name: &str) -> Option<Self> {
+    pub(crate) fn of(name: &str) -> Option<Self> {
         Some(match name {
             "abs" => Self::Abs,
             "ceil" => Self::Ceil,
@@ -87,7 +87,7 @@ impl ValueFn {
     }
 
     /// Date functions read the time of day when given no argument.
-    pub fn is_date(self) -> bool {
+    pub(crate) fn is_date(self) -> bool {
         matches!(
             self,
             Self::DayOfMonth
@@ -103,7 +103,7 @@ impl ValueFn {
 
     /// `v` through the function; `p` the other arguments at this step
     /// (`round`'s unit, `clamp`'s bounds).
-    pub fn apply(self, v: f64, p: &[f64]) -> f64 {
+    pub(crate) fn apply(self, v: f64, p: &[f64]) -> f64 {
         let arg = |i: usize| p.get(i).copied().unwrap_or(f64::NAN);
         match self {
             Self::Abs => v.abs(),

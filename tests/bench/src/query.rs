@@ -1,4 +1,4 @@
-//! `flopwatch bench query`: PromQL queries through the collector's
+//! `flopwatch-bench query`: PromQL queries through the collector's
 //! Prometheus API against the stores a user would pick instead.
 //!
 //! 1. **Fleet-wide**: `--gpus` GPUs (8 per node, in `--jobs` jobs) × `--hours`
@@ -29,16 +29,17 @@ use flopwatch_collector::store::{
 };
 use flopwatch_config::CollectorConfig;
 use flopwatch_proto::clock::Clock;
+use flopwatch_proto::clock::Stopwatch;
 use flopwatch_proto::model::{Point, SeriesBatch};
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Arguments of `bench query`.
 #[derive(clap::Args)]
-pub struct QueryArgs {
+pub(super) struct QueryArgs {
     /// GPUs of the fleet-wide query.
     #[arg(long, default_value_t = 1000)]
     gpus: usize,
@@ -112,7 +113,7 @@ async fn range_query(
             ("step", secs(step)),
         ];
         form.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
-        let t = Instant::now();
+        let t = Stopwatch::start();
         let r = http
             .post(format!("{url}/api/v1/query_range"))
             .form(&form)
@@ -427,7 +428,7 @@ fn add_month(store: &Store, start: i64, end: i64) -> anyhow::Result<u64> {
     Ok(total)
 }
 
-pub async fn run(a: QueryArgs) -> anyhow::Result<()> {
+pub(super) async fn run(a: QueryArgs) -> anyhow::Result<()> {
     let interval = ms(&a.interval)?;
     let step = ms(&a.step)?;
     if WINDOW_MS % interval != 0 || a.gpus == 0 || a.jobs == 0 {
@@ -463,7 +464,7 @@ async fn measure(a: &QueryArgs, work: &Path, interval: i64, step: i64) -> anyhow
     let http = reqwest::Client::new();
 
     // The fleet, to every store.
-    let built = Instant::now();
+    let built = Stopwatch::start();
     let dir = work.join("flopwatch");
     let om = work.join("fleet.om");
     let mut om_file = prometheus
@@ -524,7 +525,7 @@ async fn measure(a: &QueryArgs, work: &Path, interval: i64, step: i64) -> anyhow
         writeln!(f, "# EOF")?;
         f.flush()?;
         drop(f);
-        let t = Instant::now();
+        let t = Stopwatch::start();
         let tsdb = work.join("prometheus").join("tsdb");
         std::fs::create_dir_all(&tsdb)?;
         peer::promtool_blocks(&a.promtool, &om, &tsdb, "24h")?;
@@ -543,7 +544,7 @@ async fn measure(a: &QueryArgs, work: &Path, interval: i64, step: i64) -> anyhow
         _prom = Some(p);
     }
     if let Some(v) = &vm {
-        let t = Instant::now();
+        let t = Stopwatch::start();
         for f in vm_files.drain(..) {
             v.import(&http, std::fs::read_to_string(&f)?).await?;
             std::fs::remove_file(&f)?;
@@ -616,7 +617,7 @@ async fn measure(a: &QueryArgs, work: &Path, interval: i64, step: i64) -> anyhow
     for (i, &n) in sizes.iter().enumerate() {
         if i > 0 {
             let store = Store::new(Arc::new(RocksEngine::open(&dir)?), false);
-            let t = Instant::now();
+            let t = Stopwatch::start();
             add_records(&store, sizes[i - 1] - 1, n - 1, now)?;
             store.compact(now + 2 * WINDOW_MS, 0)?;
             store.engine().flush()?;
@@ -628,7 +629,7 @@ async fn measure(a: &QueryArgs, work: &Path, interval: i64, step: i64) -> anyhow
         }
         let (_c, srv) = server::Loopback::open(&config(&dir), clock.clone()).await?;
         // The first query loads the index.
-        let t = Instant::now();
+        let t = Stopwatch::start();
         range_query(
             &http,
             &srv.api_url,

@@ -1,4 +1,4 @@
-//! `flopwatch bench soak`: hours of a collector's life in minutes.
+//! `flopwatch-bench soak`: hours of a collector's life in minutes.
 //!
 //! The real collector (RocksDB in a fresh directory, its compactor,
 //! folding, sealing and retention as shipped; the in-process server that
@@ -37,11 +37,11 @@ use flopwatch_config::CollectorConfig;
 use flopwatch_proto::clock::{Clock, SystemClock};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Arguments of `bench soak`.
 #[derive(clap::Args)]
-pub struct SoakArgs {
+pub(super) struct SoakArgs {
     /// Agents (one connection and Ingest stream each).
     #[arg(long, default_value_t = 1000)]
     agents: usize,
@@ -104,7 +104,7 @@ struct Seen {
     lag_max_ms: i64,
 }
 
-pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
+pub(super) async fn run(a: SoakArgs) -> anyhow::Result<()> {
     let tmp = a.dir.is_none();
     let root = a.dir.clone().unwrap_or_else(super::tempdir_path);
     std::fs::create_dir_all(&root)?;
@@ -193,14 +193,14 @@ async fn soak(a: &SoakArgs, root: &std::path::Path) -> anyhow::Result<()> {
         root.display(),
     );
     let start_ms = clock.now_ms();
-    let wall0 = Instant::now();
+    let wall0 = tokio::time::Instant::now();
     let mut seen = Seen::default();
     let mut from = hist(&gen.status());
     let mut next = wall0 + window;
     let mut cpu_from = (cpu_seconds(pid).unwrap_or(0.0), gen.cpu_seconds());
     let run = async {
         while clock.now_ms() - start_ms < span.as_millis() as i64 {
-            tokio::time::sleep_until(next.into()).await;
+            tokio::time::sleep_until(next).await;
             next += window;
             let status = gen.status();
             let h = hist(&status);

@@ -4,11 +4,12 @@
 //! `query_range` calls.
 
 use anyhow::{bail, Context};
-use flopwatch_collector::prometheus_peer::{LocalPrometheus, PrometheusOptions};
 use flopwatch_collector::store::{OfuSample, WINDOW_MS};
+use flopwatch_proto::clock::Stopwatch;
+use flopwatch_tests::prometheus_peer::{LocalPrometheus, PrometheusOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The series flopwatch stores OFU under, as Prometheus gets it.
 pub(super) const OFU_NAME: &str = "flopwatch_ofu_ratio";
@@ -102,7 +103,7 @@ pub(super) struct OfuBlocks<'a> {
 }
 
 impl<'a> OfuBlocks<'a> {
-    pub fn new(peer: &'a QueryPeer, uuid: &str, job: &str) -> anyhow::Result<Self> {
+    pub(super) fn new(peer: &'a QueryPeer, uuid: &str, job: &str) -> anyhow::Result<Self> {
         let _ = std::fs::remove_dir_all(&peer.work);
         std::fs::create_dir_all(&peer.work)?;
         Ok(Self {
@@ -122,7 +123,7 @@ impl<'a> OfuBlocks<'a> {
     }
 
     /// Appends samples (in time order).
-    pub fn add(&mut self, samples: &[OfuSample]) -> anyhow::Result<()> {
+    pub(super) fn add(&mut self, samples: &[OfuSample]) -> anyhow::Result<()> {
         for s in samples {
             let block = s.ts_ms.div_euclid(BLOCK_MS);
             if self.open.as_ref().is_some_and(|(b, _)| *b != block) {
@@ -153,7 +154,7 @@ impl<'a> OfuBlocks<'a> {
     }
 
     /// Seals the last block; Prometheus' TSDB directory and its samples.
-    pub fn finish(mut self) -> anyhow::Result<(PathBuf, u64)> {
+    pub(super) fn finish(mut self) -> anyhow::Result<(PathBuf, u64)> {
         self.seal()?;
         Ok((self.tsdb(), self.samples))
     }
@@ -189,7 +190,7 @@ pub(super) async fn query_range(
     let mut times = Vec::new();
     let mut points = Vec::new();
     for _ in 0..runs {
-        let t = Instant::now();
+        let t = Stopwatch::start();
         let r = http
             .get(format!("{url}/api/v1/query_range"))
             .query(&[

@@ -1,4 +1,4 @@
-//! `flopwatch bench tenants`: does a flooding tenant raise another tenant's
+//! `flopwatch-bench tenants`: does a flooding tenant raise another tenant's
 //! ack latency?
 //!
 //! A collector in-process (RocksDB in a temporary directory, WAL on) with
@@ -16,18 +16,19 @@ use flopwatch_collector::digest;
 use flopwatch_collector::server;
 use flopwatch_config::{CollectorConfig, LimitsOverride, TenantConfig};
 use flopwatch_proto::clock::Clock;
+use flopwatch_proto::clock::Stopwatch;
 use flopwatch_proto::v1::{
     agent_message, collector_message, ingest_client::IngestClient, AgentMessage,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 /// Arguments of `bench tenants`.
 #[derive(clap::Args)]
-pub struct TenantsArgs {
+pub(super) struct TenantsArgs {
     /// Streams of the flooding tenant.
     #[arg(long, default_value_t = 16)]
     flood_streams: usize,
@@ -135,7 +136,7 @@ async fn phase(
     }
     let (tx, mut inbound) = open(&srv.url, "quiet-token", "quiet-node", 8).await?;
     let before = flooded.load(Ordering::Relaxed);
-    let started = Instant::now();
+    let started = Stopwatch::start();
     let mut latencies = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut seq = 0u64;
@@ -143,7 +144,7 @@ async fn phase(
         tick.tick().await;
         seq += 1;
         let b = batch("quiet-node", seq, 8, 20, 10, t0 + seq as i64 * 1000);
-        let sent = Instant::now();
+        let sent = Stopwatch::start();
         tx.send(AgentMessage {
             msg: Some(agent_message::Msg::Batch(b)),
         })
@@ -179,7 +180,7 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
-pub async fn run(a: TenantsArgs) -> anyhow::Result<()> {
+pub(super) async fn run(a: TenantsArgs) -> anyhow::Result<()> {
     let duration = Duration::from_millis(crate::parse_ms(&a.duration)? as u64);
     let n = a.flood_streams;
     let phases = [

@@ -1,4 +1,4 @@
-//! `flopwatch bench ledger`: the ledger (docs/LEDGER.md) of a month of a
+//! `flopwatch-bench ledger`: the ledger (docs/LEDGER.md) of a month of a
 //! fleet, through the shipped path: `--gpus` GPUs (8 per node, one job
 //! per node at a time, each job running `--job-days` and the next
 //! starting on the same GPUs, staggered across nodes; nodes spread over
@@ -19,15 +19,16 @@ use flopwatch_collector::store::{
 };
 use flopwatch_config::CollectorConfig;
 use flopwatch_proto::clock::Clock;
+use flopwatch_proto::clock::Stopwatch;
 use flopwatch_proto::model::{Point, SeriesBatch};
 use flopwatch_proto::v1;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Arguments of `bench ledger`.
 #[derive(clap::Args)]
-pub struct LedgerArgs {
+pub(super) struct LedgerArgs {
     /// GPUs of the fleet (8 per node).
     #[arg(long, default_value_t = 1000)]
     gpus: usize,
@@ -88,7 +89,7 @@ fn ms(s: &str) -> anyhow::Result<i64> {
         .as_millis() as i64)
 }
 
-pub async fn run(a: LedgerArgs) -> anyhow::Result<()> {
+pub(super) async fn run(a: LedgerArgs) -> anyhow::Result<()> {
     let interval = ms(&a.interval)?;
     if WINDOW_MS % interval != 0 || a.gpus == 0 || a.days <= 0 || a.job_days <= 0 {
         bail!("--interval must divide an hour; --gpus, --days and --job-days more than 0");
@@ -118,7 +119,7 @@ async fn measure(a: &LedgerArgs, work: &Path, interval: i64) -> anyhow::Result<(
         job_ms: a.job_days * 24 * WINDOW_MS,
     };
     let dir = work.join("flopwatch");
-    let built = Instant::now();
+    let built = Stopwatch::start();
     let samples = {
         let store = Store::new(Arc::new(RocksEngine::open(&dir)?), false);
         let n = load(&fleet, &store, end)?;
@@ -166,7 +167,7 @@ async fn measure(a: &LedgerArgs, work: &Path, interval: i64) -> anyhow::Result<(
         let mut times = Vec::new();
         let mut last = None;
         for i in 0..=a.runs {
-            let t = Instant::now();
+            let t = Stopwatch::start();
             let mut r = tonic::Request::new(req.clone());
             r.metadata_mut()
                 .insert("authorization", format!("Bearer {PROVIDER}").parse()?);

@@ -1,4 +1,4 @@
-//! `flopwatch bench storage`: bytes per sample on disk against Prometheus,
+//! `flopwatch-bench storage`: bytes per sample on disk against Prometheus,
 //! and the 30-day hourly OFU query.
 //!
 //! 1. Samples: the simulator's traces (`agent/traces/*.csv`, 100 ms, five
@@ -44,6 +44,7 @@ use flopwatch_collector::store::{
 };
 use flopwatch_config::{CollectorConfig, SamplingConfig};
 use flopwatch_proto::clock::Clock;
+use flopwatch_proto::clock::Stopwatch;
 use flopwatch_proto::metrics;
 use flopwatch_proto::model::GpuInfo;
 use flopwatch_proto::v1::{
@@ -54,13 +55,13 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 /// Arguments of `bench storage`.
 #[derive(clap::Args)]
-pub struct StorageArgs {
+pub(super) struct StorageArgs {
     /// Trace files (timestamp_ms,gpu,metric,value); default: every
     /// `agent/traces/*.csv`.
     #[arg(long = "trace")]
@@ -363,7 +364,7 @@ async fn flopwatch_bytes(
     let mut cfg = config(dir);
     cfg.storage.precision = precision.iter().cloned().collect();
     let (collector, srv) = server::Loopback::open(&cfg, clock).await?;
-    let started = Instant::now();
+    let started = Stopwatch::start();
     let mut tasks = Vec::new();
     for (i, (uuid, b)) in sent.batches.iter().enumerate() {
         tasks.push(tokio::spawn(push(
@@ -558,7 +559,7 @@ pub(super) async fn query_bench(
     let start = end - days * 24 * WINDOW_MS;
     let (uuid, job) = ("GPU-query-000", "job-q");
     let _ = std::fs::remove_dir_all(dir);
-    let built = Instant::now();
+    let built = Stopwatch::start();
     let mut total = 0u64;
     let mut blocks = peer
         .map(|p| peer::OfuBlocks::new(p, uuid, job))
@@ -578,7 +579,7 @@ pub(super) async fn query_bench(
             let samples = query_hour(h, &mut x);
             total += samples.len() as u64;
             if let Some(b) = blocks.as_mut() {
-                let t = Instant::now();
+                let t = Stopwatch::start();
                 b.add(&samples)?;
                 peer_s += t.elapsed().as_secs_f64();
             }
@@ -616,7 +617,7 @@ pub(super) async fn query_bench(
     }
     let blocks = match blocks {
         Some(b) => {
-            let t = Instant::now();
+            let t = Stopwatch::start();
             let (tsdb, n) = b.finish()?;
             peer_s += t.elapsed().as_secs_f64();
             if n != total {
@@ -673,11 +674,11 @@ pub(super) async fn query_bench(
     let mut answers = Vec::new();
     for (label, _, scope, _, from, step) in &cases {
         // 50 runs, or at least 5 and then as many as fit 10 s.
-        let began = Instant::now();
+        let began = Stopwatch::start();
         let mut times = Vec::new();
         let mut resp = None;
         while times.len() < 50 && (times.len() < 5 || began.elapsed() < Duration::from_secs(10)) {
-            let t = Instant::now();
+            let t = Stopwatch::start();
             let req = v1::OfuRequest {
                 scope: Some((*scope).clone()),
                 start_ms: *from,
@@ -808,7 +809,7 @@ fn agreement(ours: impl Iterator<Item = (i64, f64)>, theirs: &[(i64, f64)]) -> (
 }
 
 /// Runs the storage benchmark.
-pub async fn run(a: StorageArgs) -> anyhow::Result<()> {
+pub(super) async fn run(a: StorageArgs) -> anyhow::Result<()> {
     let mut traces = a.traces.clone();
     if traces.is_empty() {
         for e in std::fs::read_dir("agent/traces")

@@ -1,4 +1,4 @@
-//! `flopwatch bench ingest --peer prometheus,victoria-metrics`: flopwatch
+//! `flopwatch-bench ingest --peer prometheus,victoria-metrics`: flopwatch
 //! against a real Prometheus (Debian's 2.42) and a real single-node
 //! VictoriaMetrics (Debian's 1.79), each started here on a loopback port,
 //! on the same machine, in the same run. VictoriaMetrics is fed exactly as
@@ -45,18 +45,19 @@
 use super::prom_query::{free_port, start, QueryPeer};
 use super::{gpu_uuid, sample, Accepted, IngestArgs};
 use anyhow::{bail, Context};
-use flopwatch_collector::prometheus_peer::{find_tool, LocalPrometheus, PrometheusOptions};
 use flopwatch_collector::prompb::{Label, Sample, TimeSeries, WriteRequest};
 use flopwatch_collector::RemoteWriteEndpoint;
 use flopwatch_config::RemoteWriteConfig;
+use flopwatch_proto::clock::Stopwatch;
 use flopwatch_proto::metrics::CATALOG;
+use flopwatch_tests::prometheus_peer::{find_tool, LocalPrometheus, PrometheusOptions};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A system measured beside flopwatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Peer {
+pub(super) enum Peer {
     /// Prometheus (`prometheus` and `promtool` on PATH, Debian package).
     Prometheus,
     /// A single-node VictoriaMetrics (`victoria-metrics` on PATH, Debian
@@ -351,7 +352,7 @@ async fn remote_write(a: &IngestArgs, url: &str, t0: i64) -> anyhow::Result<Acce
     let done: Arc<Vec<std::sync::atomic::AtomicUsize>> =
         Arc::new((0..streams * slots).map(|_| Default::default()).collect());
     let lead = (MAX_LEAD_MS / (slots * points) as i64 / 100).max(1) as usize;
-    let started = Instant::now();
+    let started = Stopwatch::start();
     let mut tasks = Vec::new();
     for s in 0..streams {
         // One client (connection pool) per stream, as each agent stream

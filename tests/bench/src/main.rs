@@ -1,6 +1,10 @@
-//! `flopwatch bench ingest`: durable ingest throughput of a collector.
+//! `flopwatch-bench`: flopwatch's benchmarks and load generators, a
+//! binary of their own beside the tests, so the shipped `flopwatch` carries
+//! none of them. Each subcommand drives the real agent, collector and
+//! binaries (docs/BENCHMARKS.md gives each figure with its command).
 //!
-//! Starts a collector in-process (RocksDB under `--data-dir` or a temporary
+//! `ingest` (here): durable ingest throughput of a collector. Starts a
+//! collector in-process (RocksDB under `--data-dir` or a temporary
 //! directory, WAL on), opens `--streams` Ingest streams over loopback gRPC
 //! as agents do, and sends pre-built batches (each `--gpus` × `--metrics`
 //! series of `--points` samples, H100 inventory, realistic values) with
@@ -8,8 +12,7 @@
 //! an ack means durable in RocksDB's WAL. The load generator shares the
 //! machine with the collector, so the figure is conservative.
 //!
-//! `bench storage` (bytes per sample) and `bench backpressure` (the
-//! collector's memory under a slow disk) live in the submodules.
+//! The other benchmarks live in the modules below.
 
 mod backpressure;
 mod fleet;
@@ -28,19 +31,26 @@ use flopwatch_agent::TokioClock;
 use flopwatch_collector::server;
 use flopwatch_config::CollectorConfig;
 use flopwatch_proto::clock::Clock;
+use flopwatch_proto::clock::Stopwatch;
 use flopwatch_proto::metrics::CATALOG;
 use flopwatch_proto::v1::{
     self, agent_message, collector_message, ingest_client::IngestClient, AgentMessage,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-/// Arguments of `bench`.
-#[derive(clap::Args)]
-pub struct BenchArgs {
+/// The collector's allocator, as in the shipped binary's collector build
+/// (cli/src/alloc.rs), so in-process collectors are measured as they run.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// flopwatch's benchmarks and load generators.
+#[derive(clap::Parser)]
+#[command(name = "flopwatch-bench", version, about)]
+struct BenchArgs {
     #[command(subcommand)]
     what: What,
 }
@@ -191,7 +201,52 @@ fn batch(node: &str, seq: u64, gpus: usize, metrics: usize, points: usize, t0: i
     }
 }
 
-pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    let a = <BenchArgs as clap::Parser>::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FLOPWATCH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let done = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(run(a)));
+    match done {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// A duration argument (`20s`, `2h15m`), ms.
+fn parse_ms(s: &str) -> anyhow::Result<i64> {
+    Ok(humantime::parse_duration(s)
+        .map_err(|e| anyhow::anyhow!("`{s}`: {e}"))?
+        .as_millis() as i64)
+}
+
+/// The shipped `flopwatch` binary, for benchmarks that run it as a
+/// process: `FLOPWATCH_BIN`, else the `flopwatch` beside this binary (the
+/// same target directory).
+fn flopwatch_exe() -> anyhow::Result<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("FLOPWATCH_BIN") {
+        return Ok(p.into());
+    }
+    let p = std::env::current_exe()?.with_file_name("flopwatch");
+    anyhow::ensure!(
+        p.is_file(),
+        "{} not found: build it (cargo build -p flopwatch-cli) or set FLOPWATCH_BIN",
+        p.display()
+    );
+    Ok(p)
+}
+
+async fn run(a: BenchArgs) -> anyhow::Result<()> {
     match a.what {
         What::Storage(s) => storage::run(s).await,
         What::Tenants(t) => tenants::run(t).await,
@@ -268,7 +323,7 @@ async fn ingest(a: &IngestArgs, start_ms: i64) -> anyhow::Result<Accepted> {
 
     let acked = Arc::new(AtomicU64::new(0));
     let per_batch = (gpus * metrics * points) as u64;
-    let started = Instant::now();
+    let started = Stopwatch::start();
     let mut tasks = Vec::new();
     for s in 0..streams {
         let url = url.clone();

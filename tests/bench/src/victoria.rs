@@ -6,9 +6,10 @@
 //! `/api/v1/query_range`.
 
 use anyhow::{bail, Context};
+use flopwatch_proto::clock::Deadline;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A running VictoriaMetrics; killed (and reaped) when dropped.
 pub(super) struct Victoria {
@@ -20,7 +21,11 @@ pub(super) struct Victoria {
 impl Victoria {
     /// Starts `binary` with its data under `dir`, keeping `retention_days`,
     /// and waits until it answers `/health`.
-    pub async fn start(binary: &str, dir: &Path, retention_days: i64) -> anyhow::Result<Self> {
+    pub(super) async fn start(
+        binary: &str,
+        dir: &Path,
+        retention_days: i64,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let port = super::prom_query::free_port()?;
         let log = dir.join("victoria-metrics.log");
@@ -42,7 +47,7 @@ impl Victoria {
             })?;
         let mut v = Self { child, log, port };
         let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Deadline::after(Duration::from_secs(60));
         loop {
             if let Ok(Some(status)) = v.child.try_wait() {
                 bail!("victoria-metrics exited ({status}): {}", v.log_tail());
@@ -52,7 +57,7 @@ impl Victoria {
                     return Ok(v);
                 }
             }
-            if Instant::now() > deadline {
+            if deadline.passed() {
                 bail!("victoria-metrics not ready: {}", v.log_tail());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -61,13 +66,13 @@ impl Victoria {
     }
 
     /// `http://127.0.0.1:PORT`.
-    pub fn url(&self) -> String {
+    pub(super) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
     /// Imports `text` (Prometheus' exposition format, one sample per line
     /// with a millisecond timestamp).
-    pub async fn import(&self, http: &reqwest::Client, text: String) -> anyhow::Result<()> {
+    pub(super) async fn import(&self, http: &reqwest::Client, text: String) -> anyhow::Result<()> {
         let r = http
             .post(format!("{}/api/v1/import/prometheus", self.url()))
             .body(text)
@@ -85,7 +90,7 @@ impl Victoria {
 
     /// Makes everything imported searchable and merged, as a store that
     /// has run for a while has it.
-    pub async fn settle(&self, http: &reqwest::Client) -> anyhow::Result<()> {
+    pub(super) async fn settle(&self, http: &reqwest::Client) -> anyhow::Result<()> {
         for path in ["/internal/force_flush", "/internal/force_merge"] {
             let r = http.get(format!("{}{path}", self.url())).send().await?;
             if !r.status().is_success() {
@@ -97,7 +102,7 @@ impl Victoria {
 
     /// Rows VictoriaMetrics has inserted (`vm_rows_inserted_total`, every
     /// ingestion type).
-    pub async fn rows_inserted(&self, http: &reqwest::Client) -> anyhow::Result<u64> {
+    pub(super) async fn rows_inserted(&self, http: &reqwest::Client) -> anyhow::Result<u64> {
         metric_sum(http, &self.url(), "vm_rows_inserted_total").await
     }
 

@@ -1,4 +1,4 @@
-//! `flopwatch bench backpressure`: the collector's memory while agents
+//! `flopwatch-bench backpressure`: the collector's memory while agents
 //! push more than it can store.
 //!
 //! Three processes (this binary each time):
@@ -26,17 +26,18 @@ use flopwatch_collector::store::{rocks::RocksEngine, Retention, Store};
 use flopwatch_collector::{server, Auth, Collector, Settings};
 use flopwatch_config::{CollectorConfig, SpecTable};
 use flopwatch_proto::clock::{Clock, SystemClock};
+use flopwatch_proto::clock::{Deadline, Stopwatch};
 use prost::Message;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Arguments of `bench backpressure`.
 #[derive(clap::Args)]
-pub struct BackpressureArgs {
+pub(super) struct BackpressureArgs {
     /// Simulated agents (one Ingest stream each, all in a second process).
     #[arg(long, default_value_t = 200)]
     agents: usize,
@@ -85,7 +86,7 @@ pub(super) fn ms(s: &str) -> anyhow::Result<Duration> {
     Ok(Duration::from_millis(crate::parse_ms(s)?.max(0) as u64))
 }
 
-pub async fn run(a: BackpressureArgs) -> anyhow::Result<()> {
+pub(super) async fn run(a: BackpressureArgs) -> anyhow::Result<()> {
     match a.role {
         Role::Driver => driver(a).await,
         Role::Collector => collector(a).await,
@@ -125,7 +126,7 @@ async fn collector(a: BackpressureArgs) -> anyhow::Result<()> {
         listener,
         Some(metrics),
         server::Serving::default(),
-        crate::shared::shutdown_signal(),
+        flopwatch_transport::shutdown_signal(),
     )
     .await?;
     Ok(())
@@ -188,7 +189,7 @@ async fn agents(a: BackpressureArgs) -> anyhow::Result<()> {
         });
         fleet.push((outbox, watch));
     }
-    let started = Instant::now();
+    let started = Stopwatch::start();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     while started.elapsed() < duration {
         tick.tick().await;
@@ -241,7 +242,7 @@ pub(super) fn wait_for(
     prefix: &str,
     limit: Duration,
 ) -> anyhow::Result<String> {
-    let until = Instant::now() + limit;
+    let until = Deadline::after(limit);
     loop {
         if let Some(l) = lines
             .lock()
@@ -251,7 +252,7 @@ pub(super) fn wait_for(
         {
             return Ok(l.trim().to_string());
         }
-        if Instant::now() > until {
+        if until.passed() {
             bail!("no `{prefix}` line within {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -326,7 +327,7 @@ pub(super) fn spawn(bench: &str, role: &str, args: &[String], log: &Path) -> any
     let exe = std::env::current_exe()?;
     let err = std::fs::File::create(log)?;
     Command::new(exe)
-        .args(["bench", bench, "--role", role])
+        .args([bench, "--role", role])
         .args(args)
         .env("FLOPWATCH_LOG", "warn")
         .stdin(Stdio::null())
@@ -412,7 +413,7 @@ async fn driver(a: BackpressureArgs) -> anyhow::Result<()> {
         "pending",
         "spool MiB"
     );
-    let started = Instant::now();
+    let started = Stopwatch::start();
     let mut samples: Vec<Sample> = Vec::new();
     let mut printed = 0.0;
     loop {

@@ -1,16 +1,17 @@
 //! A real Prometheus on a loopback port, as the peer flopwatch is checked
 //! and measured against: the end-to-end tests (scrapes, remote write, TLS
 //! and basic auth; tests/prometheus.rs) and the benchmarks that run it in
-//! the same run as flopwatch (`flopwatch bench ingest --peer prometheus`).
+//! the same run as flopwatch (`flopwatch-bench ingest --peer prometheus`).
 //! The server is Debian's `prometheus` package (2.42), installed by
 //! deploy/dev/setup.sh.
 //!
-//! Behind the `prometheus-peer` feature: the collector never starts a
+//! Part of the test and bench harness: the collector never starts a
 //! Prometheus; only the benchmarks and the tests do.
 
+use flopwatch_proto::clock::Deadline;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// `name` when the shell finds it on `PATH` (or `name` is a path to it),
 /// else an error that says how to install it.
@@ -122,7 +123,7 @@ impl LocalPrometheus {
         ready: impl Fn() -> reqwest::RequestBuilder,
         timeout: Duration,
     ) -> Result<(), String> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!("prometheus exited ({status}): {}", self.log_tail()));
@@ -132,7 +133,7 @@ impl LocalPrometheus {
                     return Ok(());
                 }
             }
-            if Instant::now() >= deadline {
+            if deadline.passed() {
                 return Err(format!(
                     "prometheus not ready after {timeout:?}: {}",
                     self.log_tail()

@@ -6,12 +6,15 @@
 //! write every `delay`, in arrival order, then goes to the real engine.
 //! Reads are not slowed.
 
+// The virtual device runs on the real monotonic clock.
+#![allow(clippy::disallowed_types)]
+
 use flopwatch_collector::store::{Cf, Engine, Op, Step, StoreError, View};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Wraps an engine; writes complete at most one per `delay`.
-pub struct SlowEngine {
+pub(super) struct SlowEngine {
     inner: Arc<dyn Engine>,
     delay: Duration,
     /// When the virtual device is free again.
@@ -20,7 +23,7 @@ pub struct SlowEngine {
 
 impl SlowEngine {
     /// `inner`, with writes serialised at one per `delay`.
-    pub fn new(inner: Arc<dyn Engine>, delay: Duration) -> Self {
+    pub(super) fn new(inner: Arc<dyn Engine>, delay: Duration) -> Self {
         Self {
             inner,
             delay,

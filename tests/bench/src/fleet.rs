@@ -1,4 +1,4 @@
-//! `flopwatch bench fleet`: one collector under a fleet of agents, and
+//! `flopwatch-bench fleet`: one collector under a fleet of agents, and
 //! optionally a reconnect storm (the collector killed with SIGKILL and
 //! restarted on its data directory).
 //!
@@ -50,6 +50,7 @@ use flopwatch_agent::latency::{quantile, BUCKETS};
 use flopwatch_agent::{Batcher, Capture, GpuCapture, Outbox, Reading};
 use flopwatch_agent::{Spool, SpoolOptions, SpoolStats};
 use flopwatch_proto::clock::{Clock, SystemClock};
+use flopwatch_proto::clock::{Deadline, Stopwatch};
 use flopwatch_proto::metrics::CATALOG;
 use flopwatch_proto::model::GpuInfo;
 use std::io::Write;
@@ -57,11 +58,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Arguments of `bench fleet`.
 #[derive(clap::Args)]
-pub struct FleetArgs {
+pub(super) struct FleetArgs {
     /// Agents (one connection and Ingest stream each, all in one process).
     #[arg(long, default_value_t = 1000)]
     agents: usize,
@@ -155,7 +156,7 @@ enum Role {
     Agents,
 }
 
-pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
+pub(super) async fn run(a: FleetArgs) -> anyhow::Result<()> {
     match a.role {
         Role::Driver => driver(a).await,
         Role::Agents => agents(a).await,
@@ -325,7 +326,7 @@ async fn agents(a: FleetArgs) -> anyhow::Result<()> {
         warp: a.warp.max(1e-3),
     };
     let mut fleet = Vec::new();
-    let started = Instant::now();
+    let started = tokio::time::Instant::now();
     for i in 0..a.agents {
         let node = format!("fleet-{:05}", a.first + i);
         let spool = Spool::open(
@@ -357,7 +358,7 @@ async fn agents(a: FleetArgs) -> anyhow::Result<()> {
         let url = url.clone();
         let node_id = node.clone();
         tokio::spawn(async move {
-            tokio::time::sleep_until(tokio::time::Instant::from_std(started + at)).await;
+            tokio::time::sleep_until(started + at).await;
             tokio::spawn(client::run(
                 ClientOptions {
                     hello_updates: None,
@@ -418,8 +419,8 @@ async fn agents(a: FleetArgs) -> anyhow::Result<()> {
     }
     stop.store(true, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let until = Instant::now() + Duration::from_secs(180);
-    while status("agents") > 0 && Instant::now() < until {
+    let until = Deadline::after(Duration::from_secs(180));
+    while status("agents") > 0 && !until.passed() {
         tick.tick().await;
     }
     let mut out = String::new();
@@ -477,7 +478,7 @@ fn scrape(pid: u32, port: u16, query: &str) -> anyhow::Result<()> {
             }
         })
     };
-    let started = Instant::now();
+    let started = Stopwatch::start();
     let mut conn = std::net::TcpStream::connect(("127.0.0.1", port))?;
     write!(
         conn,
@@ -534,7 +535,7 @@ fn start_collector(config: &Path, log: &Path) -> anyhow::Result<Collector> {
             .create(true)
             .append(true)
             .open(log)?;
-        let mut child = Command::new(std::env::current_exe()?)
+        let mut child = Command::new(super::flopwatch_exe()?)
             .args(["collector", "--config"])
             .arg(config)
             // Warnings, and the compaction passes long enough to matter.
@@ -545,7 +546,7 @@ fn start_collector(config: &Path, log: &Path) -> anyhow::Result<Collector> {
             .spawn()
             .context("starting the collector")?;
         let out = lines(&mut child);
-        let until = Instant::now() + Duration::from_secs(60);
+        let until = Deadline::after(Duration::from_secs(60));
         loop {
             if out
                 .lock()
@@ -558,7 +559,7 @@ fn start_collector(config: &Path, log: &Path) -> anyhow::Result<Collector> {
             if let Ok(Some(_)) = child.try_wait() {
                 break;
             }
-            if Instant::now() > until {
+            if until.passed() {
                 let _ = child.kill();
                 bail!("the collector did not start; see {}", log.display());
             }
@@ -958,7 +959,7 @@ fn run_phases(
         root.display()
     ));
     // 1. Every agent connected.
-    let t0 = Instant::now();
+    let t0 = Stopwatch::start();
     let limit = ramp + Duration::from_secs(180);
     let all_at = loop {
         std::thread::sleep(Duration::from_millis(250));
@@ -988,7 +989,7 @@ fn run_phases(
     let pid = col.child.id();
     let first = ag.status();
     let (c0, g0) = (cpu_seconds(pid).unwrap_or(0.0), ag.cpu_seconds());
-    let w0 = Instant::now();
+    let w0 = Stopwatch::start();
     let (mut rss_max, mut threads_max, mut min_connected) = (0u64, 0u64, n);
     let mut rss_sum = 0.0;
     let mut samples = 0u32;
@@ -1067,7 +1068,7 @@ fn run_phases(
     }
     // 3. The storm.
     let before = ag.status();
-    let killed = Instant::now();
+    let killed = Stopwatch::start();
     let _ = Command::new("kill")
         .args(["-KILL", &pid.to_string()])
         .status();
