@@ -23,7 +23,7 @@ use crate::limits::{RetryAfter, StreamSeries};
 use crate::live::{BatchOfu, BatchView};
 use crate::ofu::{ofu, Mean};
 use crate::state::Collector;
-use crate::store::{AgentKey, CommitSet, GpuRecord, JobRecord, NodeRecord, OfuSample};
+use crate::store::{AgentKey, CommitSet, Derivation, GpuRecord, JobRecord, NodeRecord, OfuSample};
 use crate::validate::{validate, Reason, Rules};
 use crate::CollectorError;
 use flopwatch_proto::clock::Stopwatch;
@@ -901,6 +901,11 @@ impl Session {
                 .or(point)
                 .map(|c| c.iter().map(|p| (p.ts_ms, p.value)).collect())
                 .unwrap_or_default();
+            let clock = if avg.is_some() {
+                m::SM_CLOCK_AVG_MHZ
+            } else {
+                m::SM_CLOCK_MHZ
+            };
             let samples: Vec<OfuSample> = tpa
                 .iter()
                 .filter_map(|p| {
@@ -939,6 +944,10 @@ impl Session {
                 ));
             }
             self.apportion(gpu, &samples, last_ts, &mut set);
+            // How OFU was derived, kept with the samples for compaction.
+            if let Some(d) = Derivation::new(fmax, clock) {
+                set.derivations.insert(gpu.to_string(), d);
+            }
             set.ofu.push((gpu.to_string(), job, samples));
         }
         self.mfu_reports(batch, &mut set);

@@ -1,7 +1,7 @@
 //! The flopwatch collector.
 //!
 //! Agents stream numbered batches over gRPC ([`ingest`]); each batch is
-//! validated ([`validate`]), its OFU derived ([`ofu`], OFU paper eq. 1 with
+//! validated ([`validate`]), its OFU derived ([`ofu()`], OFU paper eq. 1 with
 //! the tensor-core peak clock of `config/gpus.toml`), and committed with the
 //! agent's acked sequence number in one durable write ([`store`]) before it
 //! is acknowledged. [`query`] answers OFU per GPU, node, job (eq. 11) and
@@ -11,7 +11,7 @@
 
 mod auth;
 mod cluster;
-mod codec;
+use flopwatch_codec as codec;
 mod error;
 mod events;
 mod exporter;
@@ -23,13 +23,12 @@ pub mod ledger;
 mod limits;
 mod live;
 mod mfu;
-mod ofu;
+use flopwatch_proto::ofu;
 mod otlp;
 mod ownership;
 mod parallel;
 mod peer_cert;
 mod peering;
-mod priority;
 pub mod promql;
 mod query;
 mod remote_write;
@@ -39,7 +38,7 @@ pub mod server;
 mod staleness;
 mod state;
 mod stats;
-pub mod store;
+pub use flopwatch_store as store;
 mod tile;
 mod tls;
 mod validate;

@@ -2,10 +2,11 @@
 //! Every call authenticates; a tenant credential sees only its tenant.
 
 use crate::auth::{Credentials, Scope};
-use crate::ofu::{quantile, Mean};
+use crate::ofu::Mean;
 use crate::state::Collector;
 use crate::store::{GpuRecord, OfuPiece};
 use crate::CollectorError;
+use flopwatch_proto::stats::quantile;
 use flopwatch_proto::v1::{self, ofu_request};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;

@@ -10,12 +10,19 @@ cargo fmt --all -- --check
 # is linted and tested here.
 cargo clippy --workspace --all-targets --features flopwatch-cli/eval -- -D warnings
 cargo test --workspace --all-targets --features flopwatch-cli/eval "$@"
-# The agent-only build (what a node runs) compiles, and carries no RocksDB,
-# collector, selector or terminal view.
-cargo build -p flopwatch-cli --no-default-features --features agent
+# The agent-only build (what a node runs) compiles without a warning
+# (checked, not built: a build would rebuild the shared crates with the
+# agent's features and overwrite target/debug/flopwatch), and carries no
+# RocksDB, collector, selector or terminal view.
 cargo clippy -p flopwatch-cli --no-default-features --features agent -- -D warnings
 if cargo tree -p flopwatch-cli --no-default-features --features agent -e normal | grep -q rocksdb; then
     echo "error: the agent-only build (flopwatch-cli --no-default-features --features agent) depends on rocksdb" >&2
+    exit 1
+fi
+# Only the store crate names RocksDB: the collector reaches it through
+# flopwatch-store, never directly.
+if cargo tree -p flopwatch-collector -e normal --depth 1 | grep -q rocksdb; then
+    echo "error: flopwatch-collector depends on rocksdb directly (only flopwatch-store may)" >&2
     exit 1
 fi
 # The shipped binary (default features) carries no benchmark and no
@@ -25,9 +32,6 @@ if cargo tree -p flopwatch-cli -e normal,features -i tokio | grep -q test-util; 
     echo "error: the default flopwatch build enables tokio's test-util" >&2
     exit 1
 fi
-# That build wrote its binary to target/debug/flopwatch: put the full one
-# back for the demo and later test runs (nothing to compile).
-cargo build --workspace --all-targets --features flopwatch-cli/eval
 # The API docs build without a warning (a broken link fails the run; links
 # from public docs to private items are how the modules document each
 # other, and are allowed).

@@ -99,7 +99,7 @@ def peak_tflops(spec, precision):
 
 
 def ofu_eq1(tpa, clk, fmax):
-    """OFU eq. 1 with the collector's clamp (collector/src/ofu.rs)."""
+    """OFU eq. 1 with the collector's clamp (proto/src/ofu.rs)."""
     return min(max(tpa, 0.0), 1.0) * min(max(clk, 0.0), fmax) / fmax
 
 

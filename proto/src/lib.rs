@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod convert;
 pub mod metrics;
 pub mod model;
+pub mod ofu;
 pub mod stats;
 
 /// Generated `flopwatch.v1` messages, clients and servers.

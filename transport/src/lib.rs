@@ -13,6 +13,7 @@
 
 pub mod channel;
 pub mod metrics_http;
+pub mod priority;
 pub mod process;
 pub mod signal;
 

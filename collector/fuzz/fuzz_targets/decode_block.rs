@@ -2,16 +2,12 @@
 //! never panic or allocate without bound; whatever decodes must survive a
 //! re-encode (both the head and the sealed-chunk forms) bit for bit.
 //!
-//! The codec is compiled in directly (it depends only on `thiserror` and
-//! `constriction`), so this target does not build RocksDB.
+//! The codec is its own crate (`flopwatch-codec`, depending only on
+//! `thiserror` and `constriction`), so this target does not build RocksDB.
 
 #![no_main]
 
-#[path = "../../src/codec/mod.rs"]
-#[allow(dead_code)]
-mod codec;
-
-use codec::Block;
+use flopwatch_codec::Block;
 use libfuzzer_sys::fuzz_target;
 
 fn same(a: &Block, b: &Block) -> bool {

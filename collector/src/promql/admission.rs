@@ -179,7 +179,7 @@ fn spawn(f: impl FnOnce() + Send + 'static) -> Result<(), Refused> {
         .name("flopwatch-query".into())
         .stack_size(QUERY_STACK_BYTES)
         .spawn(move || {
-            crate::priority::lower_thread_priority(NICE, "query");
+            flopwatch_transport::priority::lower_thread_priority(NICE, "query");
             f();
         })
         .map(|_| ())

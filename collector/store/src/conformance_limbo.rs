@@ -3,7 +3,7 @@
 use super::memory::MemEngine;
 use super::rocks::RocksEngine;
 use super::*;
-use crate::events::EventRecord;
+use crate::EventRecord;
 use flopwatch_proto::cluster::Holding;
 use flopwatch_proto::model::{Point, SeriesBatch};
 use std::sync::Arc;

@@ -52,7 +52,7 @@ impl Worker {
 
 /// Lowers the compactor thread's CPU priority to [`NICE`].
 fn lower_priority() {
-    crate::priority::lower_thread_priority(NICE, "compactor");
+    flopwatch_transport::priority::lower_thread_priority(NICE, "compactor");
 }
 
 /// Runs `f` on the compactor's thread (on tokio's blocking pool without
@@ -183,8 +183,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_pass_reads_below_ingest_and_writes_at_its_priority() {
-        use crate::store::conformance::gpu_batch;
-        use crate::store::tap::Tap;
+        use crate::conformance::gpu_batch;
+        use crate::tap::Tap;
         let e = Arc::new(Tap::default());
         let store =
             Store::new(e.clone(), false).with_compaction(Duration::from_millis(10), Duration::ZERO);

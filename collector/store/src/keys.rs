@@ -10,9 +10,9 @@
 //! | raw  | `tenant gpu metric last_ts seq`                         | codec block: value [, peak] columns |
 //! | ofu  | `tenant gpu last_ts seq`                                | job id + codec block: ofu, tpa, clock |
 //! | head | `'g' tenant gpu last_ts seq`                             | a batch's blocks of one GPU and hour, bundled (see `gpu_block`) |
-//! | head | `'r' tenant gpu metric last_ts seq` / `'o' tenant gpu last_ts seq` | one series' block of a batch (stores written before bundling) |
 //! | rollup | `'r' tenant gpu metric hour` / `'o' tenant gpu hour`   | hour (and minute) aggregates |
 //! | rollup | `'l' tenant gpu hour`                                   | the hour's minute lasts (see `lasts`) |
+//! | meta | `~format`                                               | the store's format version (u32 BE, see `format`) |
 //! | meta | `'a' tenant agent boot`                                 | acked seq (u64 BE) |
 //! | meta | `'m' tenant agent boot`                                 | held seq ranges (membership) |
 //! | limbo | head / event keys, `'b' tenant agent boot seq`         | a batch another collector may hold (see `limbo`) |
@@ -100,6 +100,8 @@ pub const META_EVENT: u8 = b'e';
 pub const META_HELD: u8 = b'm';
 /// Kind byte of a limbo batch record (in the `limbo` family).
 pub const LIMBO_RECORD: u8 = b'b';
+/// The meta key of the store's format version (see `format`).
+pub const FORMAT: &[u8] = b"~format";
 /// The meta key of this store's id (see `Store::store_id`).
 pub const STORE_ID: &[u8] = b"~store_id";
 

@@ -24,11 +24,11 @@
 use super::gpu_block;
 use super::hours::window_of;
 use super::keys;
-use super::ofu_chunk::{ofu_samples, ofu_value, HourMap, HourRefs};
+use super::ofu_chunk::{ofu_samples, ofu_value, Derivations, HourMap, HourRefs};
 use super::raw::Times;
 use super::raw::{raw_block, raw_points};
 use super::{corrupt, Cf, OfuSample, Op, Store, StoreError};
-use crate::codec::Block;
+use flopwatch_codec::Block;
 use flopwatch_proto::model::Point;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -222,7 +222,7 @@ impl Store {
 /// as a sealed chunk is, each job's OFU likewise.
 fn fold_bundles(bundles: &[Entry]) -> Result<(Vec<u8>, u64), StoreError> {
     let mut raw: BTreeMap<&str, Vec<Point>> = BTreeMap::new();
-    let mut ofu: BTreeMap<String, Vec<OfuSample>> = BTreeMap::new();
+    let mut ofu: BTreeMap<String, (Vec<OfuSample>, Derivations)> = BTreeMap::new();
     let decoded = bundles
         .iter()
         .map(|(_, v)| gpu_block::decode(v))
@@ -233,8 +233,10 @@ fn fold_bundles(bundles: &[Entry]) -> Result<(Vec<u8>, u64), StoreError> {
             raw.entry(metric).or_default().extend(raw_points(&block)?);
         }
         for v in &b.ofu {
-            let (job, s) = ofu_samples(v, &mut NoRefs)?;
-            ofu.entry(job.to_string()).or_default().extend(s);
+            let (job, s, d) = ofu_samples(v, &mut NoRefs)?;
+            let (samples, how) = ofu.entry(job.to_string()).or_default();
+            samples.extend(s);
+            how.add(d);
         }
     }
     let mut samples = 0u64;
@@ -250,10 +252,10 @@ fn fold_bundles(bundles: &[Entry]) -> Result<(Vec<u8>, u64), StoreError> {
             Ok::<_, StoreError>(())
         })?;
     }
-    for (job, mut s) in ofu {
+    for (job, (mut s, how)) in ofu {
         s.sort_by_key(|x| x.ts_ms);
         samples += s.len() as u64;
-        w.ofu(&ofu_value(&job, &s, true, None, None)?);
+        w.ofu(&ofu_value(&job, &s, true, how.common(), false, None)?);
     }
     Ok((w.finish(), samples))
 }
@@ -292,9 +294,9 @@ mod tests {
         assert_eq!(q.len(), 1);
     }
 
-    use crate::store::conformance::gpu_batch;
-    use crate::store::memory::MemEngine;
-    use crate::store::WINDOW_MS;
+    use crate::conformance::gpu_batch;
+    use crate::memory::MemEngine;
+    use crate::WINDOW_MS;
     use std::time::Duration;
 
     const T0: i64 = 1_700_002_800_000 - 1_700_002_800_000 % WINDOW_MS;

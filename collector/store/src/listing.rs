@@ -3,7 +3,7 @@
 //! metric and family, never a scan of the samples).
 
 use super::gpu_block;
-use super::keys::{self, get_str, put_str};
+use super::keys::{get_str, put_str};
 use super::{Cf, Store, StoreError};
 use std::collections::BTreeSet;
 
@@ -17,12 +17,10 @@ impl Store {
         put_str(&mut base, tenant);
         put_str(&mut base, key);
         let mut out = BTreeSet::new();
-        for cf in [Cf::Raw, Cf::Head, Cf::Limbo] {
-            let prefix = if cf == Cf::Raw {
-                base.clone()
-            } else {
-                keys::kind_prefix(keys::KIND_RAW, &base)
-            };
+        // Sealed chunks.
+        {
+            let cf = Cf::Raw;
+            let prefix = base.clone();
             let mut to = prefix.clone();
             to.extend_from_slice(&[0xff; 300]);
             let mut from = prefix.clone();

@@ -7,7 +7,7 @@
 //!   that names a RocksDB type) and [`memory::MemEngine`] implement it, and
 //!   one conformance suite (`conformance` tests below) runs against both.
 //! * [`Store`]: flopwatch's data model on top of any engine: series blocks
-//!   (see [`crate::codec`]), derived OFU blocks, node/GPU/job metadata and
+//!   (see [`flopwatch_codec`]), derived OFU blocks, node/GPU/job metadata and
 //!   per-agent acknowledged sequence numbers, with the key layout of
 //!   [`keys`]. The collector's logic depends only on `Store`.
 //!
@@ -24,6 +24,7 @@
 mod compact;
 mod compactor;
 mod fold;
+mod format;
 mod gpu_block;
 mod handoff;
 mod hours;
@@ -50,6 +51,7 @@ mod scan;
 pub use compact::CompactionReport;
 pub use compactor::run_compactor;
 pub use fold::FoldReport;
+pub use format::FORMAT;
 pub use hours::{MINUTE_MS, WINDOW_MS};
 pub use job_hours::{JobHour, IDLE_TENSOR_ACTIVE};
 pub use lasts::MinuteLast;
@@ -58,8 +60,8 @@ pub use membership::SeqRanges;
 pub use model::Store;
 pub use precision::{round_decimals, Precision};
 pub use records::{
-    AgentKey, CommitSet, DeviceRecord, EventRecord, GpuRecord, JobRecord, NodeRecord, OfuPiece,
-    OfuSample, StoredSeries,
+    AgentKey, CommitSet, Derivation, DeviceRecord, EventRecord, GpuRecord, JobRecord, NodeRecord,
+    OfuPiece, OfuSample, StoredSeries, OFU_CLOCKS,
 };
 pub use retention::Retention;
 
@@ -150,6 +152,10 @@ pub enum StoreError {
     /// The engine failed (I/O, corruption, no space).
     #[error("storage engine: {0}")]
     Engine(String),
+    /// The store's format is not the one this build reads (see
+    /// [`FORMAT`]).
+    #[error("store format: {0}")]
+    Format(String),
     /// Stored bytes could not be decoded.
     #[error("corrupt record in {cf}: {message}")]
     Corrupt {

@@ -15,7 +15,7 @@
 //!
 //! Reads scan `limbo` beside `head` and `meta` under the same snapshot, so
 //! a batch in limbo is in every answer; the compactor never sees it. The
-//! cluster's reconciler ([`crate::cluster`]) then settles each batch with
+//! cluster's reconciler (the collector's cluster reconciler) then settles each batch with
 //! one atomic write: [`Store::settle`] either deletes the limbo copy (a
 //! peer holds the batch) or moves it to `head` and `meta` and adds its
 //! number to the held ranges, which is exactly what a normal commit would
@@ -83,7 +83,7 @@ fn head_window(key: &[u8]) -> Option<i64> {
 /// `meta`.
 fn destination(key: &[u8]) -> Option<Cf> {
     match *key.first()? {
-        keys::KIND_RAW | keys::KIND_OFU | keys::KIND_GPU => Some(Cf::Head),
+        keys::KIND_GPU => Some(Cf::Head),
         keys::META_EVENT => Some(Cf::Meta),
         _ => None,
     }
@@ -284,8 +284,9 @@ mod tests {
         assert_eq!(since, -5);
         assert_eq!(back, keys.iter().map(|k| k.to_vec()).collect::<Vec<_>>());
         assert_eq!(decode_record(&v[..v.len() - 1]), None, "torn key list");
-        assert_eq!(destination(b"rx"), Some(Cf::Head));
-        assert_eq!(destination(b"ox"), Some(Cf::Head));
+        // Per-series head keys are no layout of format 1.
+        assert_eq!(destination(b"rx"), None);
+        assert_eq!(destination(b"ox"), None);
         assert_eq!(destination(b"gx"), Some(Cf::Head));
         assert_eq!(destination(b"ex"), Some(Cf::Meta));
         assert_eq!(destination(b"nx"), None);

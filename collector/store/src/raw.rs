@@ -5,7 +5,7 @@ use super::hours::WINDOW_MS;
 use super::keys::{get_str, put_str};
 use super::scan::scan_series;
 use super::{corrupt, Cf, StoreError, View};
-use crate::codec::Block;
+use flopwatch_codec::Block;
 use flopwatch_proto::metrics as m;
 use flopwatch_proto::model::Point;
 

@@ -43,7 +43,7 @@ const FLAG_WINDOWS: u8 = 1;
 const FLAG_WINDOWS_GAP: u8 = 2;
 /// Upper bound on samples per block, so a hostile header cannot make the
 /// decoder allocate unbounded memory.
-pub(crate) const MAX_BLOCK_SAMPLES: usize = 1 << 20;
+pub const MAX_BLOCK_SAMPLES: usize = 1 << 20;
 
 /// Samples sharing timestamps: one timestamp column, `cols` value columns,
 /// optional window lengths.

@@ -1,72 +1,48 @@
-//! OFU block values: the job id, then a block whose OFU column (and
-//! tensor activity and clock columns) are left out when they can be
-//! recomputed exactly from the GPU's raw series.
+//! OFU block values: the job id, how OFU was derived at ingest (the
+//! tensor clock and the SM clock's raw series, recorded with the head block
+//! and carried through folding to compaction), then a block whose OFU
+//! column (and tensor activity and clock columns) are left out when they
+//! can be recomputed exactly from the GPU's raw series. Compaction checks
+//! the recorded derivation bit for bit; it never searches for one.
 
 use super::gpu_block::{self, Part};
 use super::hours::WINDOW_MS;
-use super::keys::{self, get_str, put_str};
+use super::keys::{get_str, put_str};
 use super::raw::{chunk_times, raw_points, RawReader, Times, TIME_REF};
-use super::records::OfuSample;
+use super::records::{Derivation, OfuSample};
 use super::scan::scan_series;
 use super::{corrupt, Cf, StoreError, View};
-use crate::codec::Block;
+use flopwatch_codec::Block;
 use flopwatch_proto::metrics as m;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Marks an OFU chunk whose OFU column is not stored but recomputed from
-/// tensor activity and SM clock with the tensor clock that follows it
-/// (block versions are 1 and 2, so the byte is unambiguous).
+/// How an OFU block value after the job id is laid out: a mode byte (block
+/// versions are 1 and 2, so it is unambiguous), then the [`Derivation`]
+/// recorded at ingest (tensor clock, f64 LE; clock series, a byte), then the
+/// block. Without a mode byte the block holds OFU, tensor activity and SM
+/// clock, and nothing says how OFU was derived.
+///
+/// The head's form: all three columns, and the derivation.
+const RECORDED_OFU: u8 = 0xd2;
+
+/// A sealed (or folded) chunk whose OFU column is not stored but
+/// recomputed from tensor activity and SM clock with the tensor clock.
 const DERIVED_OFU: u8 = 0xd0;
 
-/// The tensor clock `f` with which every sample's OFU is exactly
-/// `ofu(tensor_active, sm_clock_mhz, f)` (bit for bit), if there is one.
-pub(super) fn derivation_clock(samples: &[OfuSample]) -> Option<f64> {
-    let exact = |f: f64| {
-        samples.iter().all(|s| {
-            crate::ofu::ofu(s.tensor_active, s.sm_clock_mhz, f).to_bits() == s.ofu.to_bits()
-        })
-    };
-    let mut candidates = Vec::new();
-    let usable = |s: &&OfuSample| s.ofu > 0.0 && s.tensor_active > 0.0 && s.tensor_active <= 1.0;
-    // A sample whose clock was below the tensor clock (OFU < TPA) pins it.
-    if let Some(s) = samples
-        .iter()
-        .filter(usable)
-        .find(|s| s.tensor_active - s.ofu > 1e-9)
-    {
-        let f = s.tensor_active * s.sm_clock_mhz / s.ofu;
-        candidates.extend([
-            f.round(),
-            (f * 2.0).round() / 2.0,
-            (f * 10.0).round() / 10.0,
-        ]);
-    } else if samples.iter().any(|s| usable(&s)) {
-        // Every clock at or above the tensor clock: try the smallest.
-        let min = samples
-            .iter()
-            .map(|s| s.sm_clock_mhz)
-            .fold(f64::INFINITY, f64::min);
-        candidates.extend([min.floor(), min]);
-    } else {
-        candidates.push(1.0);
-    }
-    candidates
-        .into_iter()
-        .filter(|f| f.is_finite() && *f > 0.0)
-        .find(|&f| exact(f))
-}
-
-/// Marks an OFU chunk that stores neither OFU nor tensor activity nor SM
-/// clock: OFU is recomputed with the tensor clock that follows, the other
-/// two are read from the GPU's raw series of the same hour (their values at
-/// the chunk's timestamps, checked bit for bit at compaction). The clock
-/// series is [`CLOCKS`]`[i]` for the index byte after the tensor clock.
+/// A sealed chunk that stores neither OFU nor tensor activity nor SM clock:
+/// OFU is recomputed with the tensor clock, the other two are read from the
+/// GPU's raw series of the same hour (`tensor_active` and the derivation's
+/// clock series, their values at the chunk's timestamps, checked bit for bit
+/// at compaction).
 const REF_OFU: u8 = 0xd1;
+
+/// Bytes of a mode byte and a derivation.
+const DERIVATION_BYTES: usize = 10;
 
 /// Raw series an OFU sample's SM clock comes from (ingest prefers the
 /// window average).
-pub(super) const CLOCKS: [&str; 2] = [m::SM_CLOCK_AVG_MHZ, m::SM_CLOCK_MHZ];
+pub(super) const CLOCKS: [&str; 2] = super::records::OFU_CLOCKS;
 
 /// One raw series' values in one hour by timestamp, as bits; `None` where
 /// a timestamp repeats with different values.
@@ -82,15 +58,12 @@ pub(super) fn raw_hour(
 ) -> Result<HourMap, StoreError> {
     let mut raw = ofu_prefix.to_vec();
     put_str(&mut raw, metric);
-    let head = keys::kind_prefix(keys::KIND_RAW, &raw);
     let mut map = HourMap::new();
     let mut reader = RawReader::new(view, &raw);
-    // Chunks, the head's bundles, and one-series head blocks of stores
-    // written before bundling.
+    // Chunks, then the head's bundles.
     for (cf, p, bundled) in [
         (Cf::Raw, &raw, false),
         (Cf::Head, &ofu_prefix.to_vec(), true),
-        (Cf::Head, &head, false),
     ] {
         let mut visit = |hour: i64, v: &[u8]| {
             let b = reader.decode(cf, hour, v)?;
@@ -115,46 +88,67 @@ pub(super) fn raw_hour(
     Ok(map)
 }
 
-/// Which of [`CLOCKS`] (if any) holds, with tensor activity, exactly the
-/// values of every sample.
-pub(super) fn ref_clock(samples: &[OfuSample], tpa: &HourMap, clocks: &[HourMap]) -> Option<u8> {
-    let has = |m: &HourMap, ts: i64, v: f64| m.get(&ts) == Some(&Some(v.to_bits()));
-    if !samples.iter().all(|s| has(tpa, s.ts_ms, s.tensor_active)) {
-        return None;
-    }
-    (0..clocks.len())
-        .find(|&i| {
-            samples
-                .iter()
-                .all(|s| has(&clocks[i], s.ts_ms, s.sm_clock_mhz))
-        })
-        .map(|i| i as u8)
+/// The derivations of the blocks merged into one chunk: the one they
+/// share, or none when a block has none or another (a GPU model or clock
+/// series that changed within the hour).
+#[derive(Debug, Default)]
+pub(super) struct Derivations {
+    seen: bool,
+    common: Option<Derivation>,
 }
 
-/// An OFU block value: job id, then the block. A sealed chunk drops the
-/// OFU column when it can be recomputed exactly ([`DERIVED_OFU`]), and the
-/// tensor activity and clock columns too when `refs` names the raw clock
-/// series that holds them ([`REF_OFU`]).
+impl Derivations {
+    /// One more block's.
+    pub(super) fn add(&mut self, d: Option<Derivation>) {
+        self.common = if self.seen {
+            self.common.filter(|c| Some(*c) == d)
+        } else {
+            d
+        };
+        self.seen = true;
+    }
+
+    /// What every block shares.
+    pub(super) fn common(&self) -> Option<Derivation> {
+        self.common
+    }
+}
+
+/// Whether the raw series `tpa` and `clock` hold exactly every sample's
+/// tensor activity and SM clock.
+pub(super) fn refs_hold(samples: &[OfuSample], tpa: &HourMap, clock: &HourMap) -> bool {
+    let has = |m: &HourMap, ts: i64, v: f64| m.get(&ts) == Some(&Some(v.to_bits()));
+    samples
+        .iter()
+        .all(|s| has(tpa, s.ts_ms, s.tensor_active) && has(clock, s.ts_ms, s.sm_clock_mhz))
+}
+
+/// An OFU block value: job id, then the block. With `derivation` (checked
+/// exact on `samples`) the head form records it beside all three columns
+/// ([`RECORDED_OFU`]); a sealed chunk drops the OFU column
+/// ([`DERIVED_OFU`]), and the tensor activity and clock columns too when
+/// `refs` (the raw series hold them: [`REF_OFU`]).
 /// A sealed chunk whose timestamps and windows are exactly `shared` (the
 /// GPU's [`TIME_REF`] chunk's of the hour) leaves them out.
 pub(super) fn ofu_value(
     job: &str,
     samples: &[OfuSample],
     compact: bool,
-    refs: Option<u8>,
+    derivation: Option<Derivation>,
+    refs: bool,
     shared: Option<&Times>,
 ) -> Result<Vec<u8>, StoreError> {
-    let derived = if compact {
-        derivation_clock(samples)
-    } else {
-        None
-    };
-    let refs = refs.filter(|_| derived.is_some());
+    let derivation = derivation.filter(|d| d.exact(samples));
+    let mode = derivation.map(|_| match (compact, refs) {
+        (false, _) => RECORDED_OFU,
+        (true, false) => DERIVED_OFU,
+        (true, true) => REF_OFU,
+    });
     let mut cols = Vec::with_capacity(3);
-    if derived.is_none() {
+    if !matches!(mode, Some(DERIVED_OFU | REF_OFU)) {
         cols.push(samples.iter().map(|s| s.ofu).collect());
     }
-    if refs.is_none() {
+    if mode != Some(REF_OFU) {
         cols.push(samples.iter().map(|s| s.tensor_active).collect());
         cols.push(samples.iter().map(|s| s.sm_clock_mhz).collect());
     }
@@ -165,12 +159,10 @@ pub(super) fn ofu_value(
     };
     let mut value = Vec::new();
     put_str(&mut value, job);
-    if let Some(f) = derived {
-        value.push(if refs.is_some() { REF_OFU } else { DERIVED_OFU });
-        value.extend_from_slice(&f.to_le_bytes());
-    }
-    if let Some(i) = refs {
-        value.push(i);
+    if let (Some(mode), Some(d)) = (mode, derivation) {
+        value.push(mode);
+        value.extend_from_slice(&d.tensor_clock_mhz.to_le_bytes());
+        value.push(d.clock);
     }
     let shares =
         !block.is_empty() && shared.is_some_and(|(ts, w)| *ts == block.ts && *w == block.windows);
@@ -188,42 +180,55 @@ pub(super) fn ofu_value(
 pub(super) fn ofu_block_start(v: &[u8]) -> Option<usize> {
     let mut pos = 0;
     get_str(v, &mut pos)?;
-    match v.get(pos).copied() {
-        Some(DERIVED_OFU) => pos += 9,
-        Some(REF_OFU) => pos += 10,
-        _ => {}
+    if matches!(v.get(pos), Some(&(RECORDED_OFU | DERIVED_OFU | REF_OFU))) {
+        pos += DERIVATION_BYTES;
     }
     (pos <= v.len()).then_some(pos)
 }
 
-/// Job id and samples of an OFU block value; `resolve` gives a raw series
-/// of the block's hour when the block refers to them.
+/// An OFU block value read back: job id, samples, and how OFU was derived
+/// when that was recorded.
+pub(super) type OfuBlock<'v> = (&'v str, Vec<OfuSample>, Option<Derivation>);
+
+/// Job id, samples and derivation of an OFU block value; `resolve` gives a
+/// raw series of the block's hour when the block refers to them.
 pub(super) fn ofu_samples<'v>(
     v: &'v [u8],
     resolve: &mut dyn HourRefs,
-) -> Result<(&'v str, Vec<OfuSample>), StoreError> {
+) -> Result<OfuBlock<'v>, StoreError> {
     let mut pos = 0;
     let job = get_str(v, &mut pos).ok_or_else(|| corrupt(Cf::Ofu, "job"))?;
-    let mode = v.get(pos).copied();
-    let derived = if mode == Some(DERIVED_OFU) || mode == Some(REF_OFU) {
-        let f: [u8; 8] = v
-            .get(pos + 1..pos + 9)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| corrupt(Cf::Ofu, "tensor clock"))?;
-        pos += 9;
-        Some(f64::from_le_bytes(f))
-    } else {
-        None
+    let mode = v
+        .get(pos)
+        .copied()
+        .filter(|m| matches!(*m, RECORDED_OFU | DERIVED_OFU | REF_OFU));
+    let derivation = match mode {
+        Some(_) => {
+            let f: [u8; 8] = v
+                .get(pos + 1..pos + 9)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| corrupt(Cf::Ofu, "tensor clock"))?;
+            let clock = *v
+                .get(pos + 9)
+                .ok_or_else(|| corrupt(Cf::Ofu, "clock series"))?;
+            pos += DERIVATION_BYTES;
+            let d = Derivation {
+                tensor_clock_mhz: f64::from_le_bytes(f),
+                clock,
+            };
+            d.clock_metric()
+                .ok_or_else(|| corrupt(Cf::Ofu, "clock series"))?;
+            Some(d)
+        }
+        None => None,
     };
-    let refs = if mode == Some(REF_OFU) {
-        let i = *v.get(pos).ok_or_else(|| corrupt(Cf::Ofu, "clock series"))?;
-        pos += 1;
-        let clock = *CLOCKS
-            .get(usize::from(i))
-            .ok_or_else(|| corrupt(Cf::Ofu, "clock series"))?;
-        Some((resolve.raw(m::TENSOR_ACTIVE)?, resolve.raw(clock)?))
-    } else {
-        None
+    let refs = match (mode, derivation.and_then(|d| d.clock_metric())) {
+        (Some(REF_OFU), Some(clock)) => Some((resolve.raw(m::TENSOR_ACTIVE)?, resolve.raw(clock)?)),
+        _ => None,
+    };
+    let derived = match (mode, derivation) {
+        (Some(DERIVED_OFU | REF_OFU), Some(d)) => Some(d.tensor_clock_mhz),
+        _ => None,
     };
     let b = if Block::shares_time(&v[pos..]) {
         let t = resolve.times()?;
@@ -254,7 +259,7 @@ pub(super) fn ofu_samples<'v>(
         samples.push(OfuSample {
             ts_ms: b.ts[i],
             ofu: match derived {
-                Some(f) => crate::ofu::ofu(tpa, clk, f),
+                Some(f) => flopwatch_proto::ofu::ofu(tpa, clk, f),
                 None => b.cols[0][i],
             },
             tensor_active: tpa,
@@ -262,7 +267,7 @@ pub(super) fn ofu_samples<'v>(
             window_ms: b.windows[i],
         });
     }
-    Ok((job, samples))
+    Ok((job, samples, derivation))
 }
 
 /// What [`ofu_samples`] reads besides the block: the GPU's raw series of

@@ -177,10 +177,6 @@ impl Mean {
     }
 }
 
-/// OFU percentiles (over GPUs, over time) rank by the one definition the
-/// agent shares: nearest rank.
-pub(crate) use flopwatch_proto::stats::quantile;
-
 #[cfg(test)]
 mod tests {
     use super::*;

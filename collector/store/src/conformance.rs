@@ -3,7 +3,7 @@
 use super::memory::MemEngine;
 use super::rocks::RocksEngine;
 use super::*;
-use crate::codec::Block;
+use flopwatch_codec::Block;
 use flopwatch_proto::clock::Deadline;
 use flopwatch_proto::model::{Point, SeriesBatch};
 use std::sync::Arc;
@@ -373,6 +373,12 @@ fn compaction_turns_sealed_hours_into_one_chunk_per_series() {
 
 /// Batch `seq` (from 1) of one GPU: 10 points at 100 ms of tensor
 /// activity, the averaged SM clock and power, and the OFU they give.
+/// OFU derived as ingest derives it: f_max 1830 MHz, the averaged clock.
+fn derived(gpu: &str) -> std::collections::HashMap<String, super::Derivation> {
+    let d = super::Derivation::new(1830.0, "sm_clock_avg_mhz").unwrap();
+    [(gpu.to_string(), d)].into_iter().collect()
+}
+
 pub(super) fn gpu_batch(seq: u64, from: i64) -> CommitSet {
     let ts: Vec<i64> = (0..10).map(|i| from + i * 100).collect();
     let value = |t: i64, k: i64| ((t / 100 + k) % 13) as f64;
@@ -404,121 +410,15 @@ pub(super) fn gpu_batch(seq: u64, from: i64) -> CommitSet {
             ts.iter()
                 .map(|&t| OfuSample {
                     ts_ms: t,
-                    ofu: crate::ofu::ofu(tpa(t), clk(t), 1830.0),
+                    ofu: flopwatch_proto::ofu::ofu(tpa(t), clk(t), 1830.0),
                     tensor_active: tpa(t),
                     sm_clock_mhz: clk(t),
                     window_ms: 100,
                 })
                 .collect(),
         )],
+        derivations: derived("GPU-1"),
         ..Default::default()
-    }
-}
-
-/// `set`'s samples as a store written before bundling held them: one head
-/// block per series and batch.
-fn commit_per_series(e: &dyn Engine, tenant: &str, set: &CommitSet) {
-    let mut puts = Vec::new();
-    for s in &set.series {
-        let prefix = keys::kind_prefix(
-            keys::KIND_RAW,
-            &keys::raw_prefix(tenant, &s.gpu_uuid, &s.metric),
-        );
-        let last = s.points.iter().map(|p| p.ts_ms).max().unwrap();
-        let value = super::raw::raw_block(&s.points).encode().unwrap();
-        puts.push((Cf::Head, keys::block_key(&prefix, last, set.seq), value));
-    }
-    for (gpu, job, samples) in &set.ofu {
-        let prefix = keys::kind_prefix(keys::KIND_OFU, &keys::ofu_prefix(tenant, gpu));
-        let last = samples.iter().map(|s| s.ts_ms).max().unwrap();
-        let value =
-            super::ofu_chunk::ofu_value(job.as_deref().unwrap_or(""), samples, false, None, None)
-                .unwrap();
-        puts.push((Cf::Head, keys::block_key(&prefix, last, set.seq), value));
-    }
-    e.write(puts, false).unwrap();
-}
-
-#[test]
-fn one_series_head_blocks_of_older_stores_read_and_compact_as_bundles_do() {
-    let metrics = ["tensor_active", "sm_clock_avg_mhz", "power_w"];
-    let reads = |store: &Store| {
-        let raw: Vec<Vec<Point>> = metrics
-            .iter()
-            .map(|m| {
-                store
-                    .series("t1", "GPU-1", m, 0, i64::MAX, 1 << 20)
-                    .unwrap()
-            })
-            .collect();
-        (
-            raw,
-            ofu_all(store, "t1", None),
-            ofu_all(store, "t1", Some("job-a")),
-        )
-    };
-    let sealed = |e: &dyn Engine| {
-        let mut out = Vec::new();
-        for cf in [Cf::Raw, Cf::Ofu, Cf::Rollup, Cf::Head] {
-            e.scan(cf, &[], &[0xff; 8], &mut |k, v| {
-                out.push((cf, k.to_vec(), v.to_vec()));
-                true
-            })
-            .unwrap();
-        }
-        out
-    };
-    for (name, _, _dir) in engines() {
-        // Bundled, one series per block, and the two mixed in one hour:
-        // 30 batches of hour 0 and 10 of hour 1, then late data for hour 0.
-        let mut runs = Vec::new();
-        for way in ["bundled", "per series", "mixed"] {
-            let (_, e, dir) = engines().into_iter().find(|(n, _, _)| *n == name).unwrap();
-            let put = |seq: u64, from: i64| {
-                let set = gpu_batch(seq, from);
-                if way == "per series" || (way == "mixed" && seq.is_multiple_of(2)) {
-                    commit_per_series(&*e, "t1", &set);
-                } else {
-                    Store::new(e.clone(), false).commit("t1", &set).unwrap();
-                }
-            };
-            for seq in 1..=30 {
-                put(seq, T0 + seq as i64 * 1000);
-            }
-            for seq in 31..=40 {
-                put(seq, T0 + H + seq as i64 * 1000);
-            }
-            // Opened on what an older version wrote: the first pass walks
-            // the whole head.
-            let store = Store::new(e.clone(), false);
-            let before = reads(&store);
-            assert_eq!(before.0[0].len(), 400, "{way}, {name}");
-            assert_eq!(before.1.len(), 400, "{way}, {name}");
-            let r = store.compact(T0 + 2 * H, 0).unwrap();
-            if way != "mixed" {
-                // (Mixed, an hour's chunk is written twice, by each kind.)
-                assert_eq!(r.samples, 4 * 400, "3 raw series and OFU, {way}, {name}");
-            }
-            assert_eq!(count(&*e, Cf::Head), 0, "{way}, {name}");
-            assert_eq!(reads(&store), before, "{way}, {name}");
-            // Late data for hour 0 after it was compacted.
-            put(41, T0 + 500);
-            put(42, T0 + 600_000);
-            let store = Store::new(e.clone(), false);
-            let before = reads(&store);
-            assert_eq!(before.0[0].len(), 420, "{way}, {name}");
-            store.compact(T0 + 2 * H, 0).unwrap();
-            assert_eq!(count(&*e, Cf::Head), 0, "{way}, {name}");
-            assert_eq!(reads(&store), before, "{way}, {name}");
-            runs.push((way, sealed(&*e), before, dir));
-        }
-        for (way, chunks, samples, _) in &runs[1..] {
-            assert_eq!(samples, &runs[0].2, "{way}, {name}");
-            assert!(
-                chunks == &runs[0].1,
-                "{way}: chunks and rollups as bundled, {name}"
-            );
-        }
     }
 }
 
@@ -649,7 +549,7 @@ fn rollups_answer_coarse_queries_with_the_same_totals() {
         }
         store.compact(T0 + 4 * H, 0).unwrap(); // hours 0..=3 sealed, 4 in the head
         let of_job = |job: Option<&str>, start: i64, end: i64, step: Option<i64>| {
-            let (mut total, mut aggs) = (crate::ofu::Mean::default(), 0);
+            let (mut total, mut aggs) = (flopwatch_proto::ofu::Mean::default(), 0);
             store
                 .ofu_pieces("t1", "GPU-1", start, end, job, step, &mut |p| match p {
                     OfuPiece::Sample(x) => {
@@ -713,7 +613,7 @@ fn rollups_answer_coarse_queries_with_the_same_totals() {
 }
 
 /// The hour rollups of every series in the store.
-fn hour_rollups(e: &dyn Engine) -> Vec<crate::ofu::Mean> {
+fn hour_rollups(e: &dyn Engine) -> Vec<flopwatch_proto::ofu::Mean> {
     let mut out = Vec::new();
     e.scan(Cf::Rollup, &[], &[0xff; 8], &mut |_, v| {
         out.push(super::rollup::Rollup::decode(v).unwrap().gpu().hour.mean);
@@ -798,7 +698,7 @@ fn derived_ofu_is_dropped_from_chunks_and_recomputed_exactly() {
                 };
                 OfuSample {
                     ts_ms: T0 + i * 1000,
-                    ofu: crate::ofu::ofu(tpa, clk, 1830.0),
+                    ofu: flopwatch_proto::ofu::ofu(tpa, clk, 1830.0),
                     tensor_active: tpa,
                     sm_clock_mhz: clk,
                     window_ms: 1000,
@@ -808,6 +708,7 @@ fn derived_ofu_is_dropped_from_chunks_and_recomputed_exactly() {
         let set = CommitSet {
             seq: 1,
             ofu: vec![("GPU-1".into(), None, samples.clone())],
+            derivations: derived("GPU-1"),
             ..Default::default()
         };
         store.commit("t1", &set).unwrap();
@@ -828,6 +729,66 @@ fn derived_ofu_is_dropped_from_chunks_and_recomputed_exactly() {
         .unwrap();
         // TPA (≈12 bits), clock (≈7 bits), 1 bit of timestamp; no OFU column.
         assert!(bytes < 3600 * 4, "{bytes} bytes, {name}");
+    }
+}
+
+/// Compaction uses the derivation recorded at ingest, checked, and never
+/// looks for one: OFU without a derivation, or with one that does not
+/// hold, keeps its OFU column and reads back exactly.
+#[test]
+fn ofu_is_derived_only_as_recorded() {
+    for (name, e, _dir) in engines() {
+        let store = Store::new(e.clone(), false);
+        let samples: Vec<OfuSample> = (0..3600)
+            .map(|i| {
+                let tpa = (60_000 + (i * 7919) % 2000) as f64 / 1e5;
+                let clk = 1352.0 + (i % 64) as f64;
+                OfuSample {
+                    ts_ms: T0 + i * 1000,
+                    ofu: flopwatch_proto::ofu::ofu(tpa, clk, 1830.0),
+                    tensor_active: tpa,
+                    sm_clock_mhz: clk,
+                    window_ms: 1000,
+                }
+            })
+            .collect();
+        let wrong = super::Derivation::new(1755.0, "sm_clock_avg_mhz").unwrap();
+        let set = CommitSet {
+            seq: 1,
+            ofu: ["GPU-1", "GPU-2", "GPU-3"]
+                .iter()
+                .map(|g| (g.to_string(), None, samples.clone()))
+                .collect(),
+            derivations: derived("GPU-1")
+                .into_iter()
+                .chain([("GPU-3".to_string(), wrong)])
+                .collect(),
+            ..Default::default()
+        };
+        store.commit("t1", &set).unwrap();
+        store.compact(T0 + 2 * H, 0).unwrap();
+        assert_eq!(count(&*e, Cf::Head), 0, "{name}");
+        let mut bytes = Vec::new();
+        for gpu in ["GPU-1", "GPU-2", "GPU-3"] {
+            let mut got = Vec::new();
+            store
+                .ofu("t1", gpu, 0, i64::MAX, None, &mut |s| got.push(s))
+                .unwrap();
+            assert_eq!(got, samples, "{gpu}, {name}");
+            let prefix = keys::ofu_prefix("t1", gpu);
+            let mut to = prefix.clone();
+            to.extend_from_slice(&[0xff; 16]);
+            let mut n = 0;
+            e.scan(Cf::Ofu, &prefix, &to, &mut |_, v| {
+                n += v.len();
+                true
+            })
+            .unwrap();
+            bytes.push(n);
+        }
+        // The OFU column (≈ 6 bytes a sample) is gone only where recorded.
+        assert!(bytes[0] + 3600 * 4 < bytes[1], "{bytes:?}, {name}");
+        assert!(bytes[0] + 3600 * 4 < bytes[2], "{bytes:?}, {name}");
     }
 }
 
@@ -863,7 +824,7 @@ fn ofu_chunks_refer_to_the_raw_series_they_came_from() {
             let ofu: Vec<OfuSample> = (0..10)
                 .map(|i| OfuSample {
                     ts_ms: ts[i],
-                    ofu: crate::ofu::ofu(tpa[i], clk[i], 1830.0),
+                    ofu: flopwatch_proto::ofu::ofu(tpa[i], clk[i], 1830.0),
                     tensor_active: tpa[i],
                     sm_clock_mhz: clk[i],
                     window_ms: 100,
@@ -878,6 +839,7 @@ fn ofu_chunks_refer_to_the_raw_series_they_came_from() {
                     point("power_w", &clk),
                 ],
                 ofu: vec![("GPU-1".into(), Some("job".into()), ofu)],
+                derivations: derived("GPU-1"),
                 ..Default::default()
             };
             store.commit("t1", &set).unwrap();
@@ -950,7 +912,7 @@ fn precision_rounds_at_compaction_and_ofu_follows() {
         let ofu: Vec<OfuSample> = (0..ts.len())
             .map(|i| OfuSample {
                 ts_ms: ts[i],
-                ofu: crate::ofu::ofu(tpa[i], clk[i], 1830.0),
+                ofu: flopwatch_proto::ofu::ofu(tpa[i], clk[i], 1830.0),
                 tensor_active: tpa[i],
                 sm_clock_mhz: clk[i],
                 window_ms: 100,
@@ -964,6 +926,7 @@ fn precision_rounds_at_compaction_and_ofu_follows() {
                 batch("power_w", &power),
             ],
             ofu: vec![("GPU-1".into(), Some("job".into()), ofu)],
+            derivations: derived("GPU-1"),
             ..Default::default()
         };
         store.commit("t1", &set).unwrap();
@@ -1000,7 +963,11 @@ fn precision_rounds_at_compaction_and_ofu_follows() {
         assert_eq!(got.len(), ts.len(), "{name}");
         for (i, s) in got.iter().enumerate() {
             assert_eq!(s.tensor_active, tpa3[i], "{name}");
-            assert_eq!(s.ofu, crate::ofu::ofu(tpa3[i], clk[i], 1830.0), "{name}");
+            assert_eq!(
+                s.ofu,
+                flopwatch_proto::ofu::ofu(tpa3[i], clk[i], 1830.0),
+                "{name}"
+            );
         }
         let mut bytes = 0;
         e.scan(Cf::Ofu, &[], &[0xff; 8], &mut |_, v| {
@@ -1190,7 +1157,7 @@ fn ofu_chunks_share_the_timestamps_of_the_tensor_series() {
             .enumerate()
             .map(|(i, &(t, w))| OfuSample {
                 ts_ms: t,
-                ofu: crate::ofu::ofu(tpa[i], clk[i], 1830.0),
+                ofu: flopwatch_proto::ofu::ofu(tpa[i], clk[i], 1830.0),
                 tensor_active: tpa[i],
                 sm_clock_mhz: clk[i],
                 window_ms: w,
@@ -1208,6 +1175,7 @@ fn ofu_chunks_share_the_timestamps_of_the_tensor_series() {
             } else {
                 Vec::new()
             },
+            derivations: derived("GPU-1"),
             ..Default::default()
         }
     };

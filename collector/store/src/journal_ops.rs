@@ -147,9 +147,9 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::journal::value;
-    use crate::store::memory::MemEngine;
-    use crate::store::CommitSet;
+    use crate::journal::value;
+    use crate::memory::MemEngine;
+    use crate::CommitSet;
     use std::sync::Arc;
 
     #[test]

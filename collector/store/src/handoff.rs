@@ -166,7 +166,7 @@ impl Engine for HandOff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::tap::{caller, Tap};
+    use crate::tap::{caller, Tap};
 
     #[test]
     fn writes_run_on_the_writer_thread_and_reads_see_them() {

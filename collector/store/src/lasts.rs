@@ -16,7 +16,7 @@
 //! sample lies on the minute's start (u64); for each minute in the first
 //! mask, the last sample's offset from the hour (u32, ms) and value
 //! (f64), and with bit 63 its sampling window (u32, ms: when its series
-//! goes stale, [`crate::staleness`]); for each in the second, the value
+//! goes stale, the collector's staleness rule); for each in the second, the value
 //! on the start (f64). Records without bit 63 (written before windows
 //! were kept) read with the window unknown.
 //!

@@ -283,7 +283,14 @@ impl Store {
         for (gpu, job, samples) in &set.ofu {
             for run in hour_runs(samples.len(), |i| samples[i].ts_ms) {
                 let samples = &samples[run];
-                let value = ofu_value(job.as_deref().unwrap_or(""), samples, false, None, None)?;
+                let value = ofu_value(
+                    job.as_deref().unwrap_or(""),
+                    samples,
+                    false,
+                    set.derivations.get(gpu).copied(),
+                    false,
+                    None,
+                )?;
                 let last = samples.iter().map(|s| s.ts_ms).max().unwrap_or(0);
                 bundle(&mut bundles, gpu, last).1.ofu(&value);
             }
@@ -407,18 +414,14 @@ impl Store {
         let start = self.clamp(tenant, start);
         let mut out = Vec::new();
         let prefix = keys::raw_prefix(tenant, gpu, metric);
-        let head = keys::kind_prefix(keys::KIND_RAW, &prefix);
         let bundles = keys::ofu_prefix(tenant, gpu);
         self.engine.view(&mut |view| {
             let mut reader = RawReader::new(view, &prefix);
-            // Chunks, bundles in the head and limbo, then one-series head
-            // blocks of stores written before bundling.
+            // Chunks, then bundles in the head and limbo.
             let sources = [
                 (Cf::Raw, None),
                 (Cf::Head, Some(&bundles)),
                 (Cf::Limbo, Some(&bundles)),
-                (Cf::Head, None),
-                (Cf::Limbo, None),
             ];
             for (cf, bundled) in sources {
                 let mut taken = 0usize;
@@ -442,8 +445,7 @@ impl Store {
                         end,
                         &mut visit,
                     )?,
-                    (Cf::Raw, None) => scan_series(view, cf, &prefix, start, end, &mut visit)?,
-                    (_, None) => scan_series(view, cf, &head, start, end, &mut visit)?,
+                    (_, None) => scan_series(view, cf, &prefix, start, end, &mut visit)?,
                 }
             }
             Ok(())
@@ -532,7 +534,6 @@ impl Store {
             return Ok(());
         }
         let prefix = keys::ofu_prefix(tenant, gpu);
-        let head = keys::kind_prefix(keys::KIND_OFU, &prefix);
         let step = buckets;
         let bucket = |ts: i64| match step {
             Some(s) if s > 0 => (ts - start).div_euclid(s),
@@ -562,7 +563,7 @@ impl Store {
                 for cf in [Cf::Head, Cf::Limbo] {
                     let mut take = |w: i64, v: &[u8]| -> Result<bool, StoreError> {
                         in_head.insert(w);
-                        let (block_job, samples) =
+                        let (block_job, samples, _) =
                             ofu_samples(v, &mut resolver(view, &prefix, &mut raw_cache, w))?;
                         if job.is_none_or(|j| j == block_job) {
                             buf.extend(
@@ -574,7 +575,6 @@ impl Store {
                         Ok(true)
                     };
                     gpu_block::scan_parts(view, cf, &prefix, Part::Ofu, start, end, &mut take)?;
-                    scan_series(view, cf, &head, start, end, &mut take)?;
                 }
                 head_samples = Some(buf);
                 if lasts {
@@ -684,13 +684,11 @@ impl Store {
             if cur < end {
                 ranges.push((Cf::Ofu, &prefix, cur, end));
             }
-            // Bundles in the head and limbo (`bundled`), then one-series
-            // head blocks of stores written before bundling.
+            // Then bundles in the head and limbo (`bundled`).
             let mut ranges: Vec<_> = ranges.into_iter().map(|r| (r, false)).collect();
             if head_samples.is_none() {
                 for cf in [Cf::Head, Cf::Limbo] {
                     ranges.push(((cf, &prefix, start, end), true));
-                    ranges.push(((cf, &head, start, end), false));
                 }
             }
             for ((cf, p, from, to), bundled) in ranges {
@@ -703,7 +701,7 @@ impl Store {
                     if mask == u64::MAX {
                         return Ok(true);
                     }
-                    let (block_job, samples) =
+                    let (block_job, samples, _) =
                         ofu_samples(v, &mut resolver(view, &prefix, &mut raw_cache, w))?;
                     if job.is_some_and(|j| j != block_job) {
                         return Ok(true);

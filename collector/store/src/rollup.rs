@@ -11,7 +11,7 @@
 //! unweighted sum, no first sample) still decode; they answer a GPU's
 //! queries as before and send a job's query to the samples.
 
-use crate::ofu::Mean;
+use flopwatch_proto::ofu::Mean;
 
 /// Format 1's aggregate: the sample count (u64), then weight, weighted
 /// sums of OFU (the value, for a raw series), tensor activity and SM

@@ -1,7 +1,7 @@
 //! Job hours: for each sealed GPU-hour, each job's ledger figures — its
 //! samples' held time, Σ OFU × window, held time in idle minutes, its first
 //! sample's time and window and its last sample's time. What the ledger
-//! (`crate::ledger`) needs of an hour a job held wholly, in about 60 bytes
+//! (the collector's ledger) needs of an hour a job held wholly, in about 60 bytes
 //! where the hour's rollup is 61 aggregates of 80: a month of a fleet's
 //! holdings reads a few megabytes, not gigabytes.
 //!
@@ -21,7 +21,7 @@ use super::hours::{window_of, MINUTE_MS, WINDOW_MS};
 use super::keys;
 use super::scan::scan_series;
 use super::{corrupt, Cf, OfuSample, Store, StoreError};
-use crate::ofu::Mean;
+use flopwatch_proto::ofu::Mean;
 use std::collections::HashSet;
 
 /// A held minute is idle when its mean tensor activity is below this
@@ -161,19 +161,16 @@ impl Store {
         let from = self.clamp(tenant, from);
         let prefix = keys::ofu_prefix(tenant, gpu);
         let bundles = keys::kind_prefix(keys::KIND_GPU, &prefix);
-        let blocks = keys::kind_prefix(keys::KIND_OFU, &prefix);
         let records = keys::kind_prefix(keys::KIND_JOBS, &prefix);
         let mut answered = Vec::new();
         self.engine.view(&mut |view| {
             // Hours with blocks in the head or limbo (no block decoded).
             let mut open = HashSet::new();
             for cf in [Cf::Head, Cf::Limbo] {
-                for p in [&bundles, &blocks] {
-                    scan_series(view, cf, p, from, to, &mut |w, _| {
-                        open.insert(w);
-                        Ok(true)
-                    })?;
-                }
+                scan_series(view, cf, &bundles, from, to, &mut |w, _| {
+                    open.insert(w);
+                    Ok(true)
+                })?;
             }
             scan_series(
                 view,

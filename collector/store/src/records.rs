@@ -2,8 +2,8 @@
 //! seen, OFU samples, what one acknowledged batch writes, and what reads
 //! give back.
 
-use crate::ofu::Mean;
 use flopwatch_proto::model::{GpuInfo, Mig, MigInstance, Point, SeriesBatch};
+use flopwatch_proto::ofu::Mean;
 use serde::{Deserialize, Serialize};
 
 /// Identifies an agent's sequence-number space.
@@ -220,6 +220,54 @@ pub struct OfuSample {
     pub window_ms: u32,
 }
 
+/// How a GPU's OFU samples were derived at ingest (OFU eq. 1): the tensor
+/// peak clock `f_max` and the raw series the SM clock came from. Stored with
+/// the head block and carried to compaction, which then stores OFU as
+/// derived (recomputed on read) after checking it, never guessing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Derivation {
+    /// f_max, MHz.
+    pub tensor_clock_mhz: f64,
+    /// The SM clock's raw series: its index in [`OFU_CLOCKS`].
+    pub clock: u8,
+}
+
+/// The raw series an OFU sample's SM clock comes from (ingest prefers the
+/// window average), by [`Derivation::clock`].
+pub const OFU_CLOCKS: [&str; 2] = [
+    flopwatch_proto::metrics::SM_CLOCK_AVG_MHZ,
+    flopwatch_proto::metrics::SM_CLOCK_MHZ,
+];
+
+impl Derivation {
+    /// OFU with `tensor_clock_mhz` and the clock read from `clock_metric`;
+    /// `None` for a series OFU is not derived from.
+    pub fn new(tensor_clock_mhz: f64, clock_metric: &str) -> Option<Self> {
+        let i = OFU_CLOCKS.iter().position(|c| *c == clock_metric)?;
+        Some(Self {
+            tensor_clock_mhz,
+            clock: i as u8,
+        })
+    }
+
+    /// The clock's raw series.
+    pub fn clock_metric(&self) -> Option<&'static str> {
+        OFU_CLOCKS.get(usize::from(self.clock)).copied()
+    }
+
+    /// Every sample's OFU is exactly `ofu(tensor_active, sm_clock_mhz, f)`,
+    /// bit for bit.
+    pub fn exact(&self, samples: &[OfuSample]) -> bool {
+        self.tensor_clock_mhz.is_finite()
+            && self.tensor_clock_mhz > 0.0
+            && samples.iter().all(|s| {
+                flopwatch_proto::ofu::ofu(s.tensor_active, s.sm_clock_mhz, self.tensor_clock_mhz)
+                    .to_bits()
+                    == s.ofu.to_bits()
+            })
+    }
+}
+
 /// Everything one acknowledged batch writes.
 #[derive(Debug, Clone, Default)]
 pub struct CommitSet {
@@ -231,6 +279,9 @@ pub struct CommitSet {
     pub series: Vec<SeriesBatch>,
     /// OFU per GPU, with the job running on it.
     pub ofu: Vec<(String, Option<String>, Vec<OfuSample>)>,
+    /// How the OFU of `ofu` was derived, by its GPU key; a series without
+    /// an entry (a shared GPU's job shares, say) is stored as given.
+    pub derivations: std::collections::HashMap<String, Derivation>,
     /// Node records to upsert.
     pub nodes: Vec<NodeRecord>,
     /// GPU records to upsert.
@@ -284,7 +335,7 @@ pub enum OfuPiece {
         first: Option<(i64, f64)>,
     },
     /// A sealed minute's last sample, and its sample on the minute's
-    /// start, if any ([`crate::store::Store::ofu_lasts`]).
+    /// start, if any ([`crate::Store::ofu_lasts`]).
     Last(super::MinuteLast),
 }
 

@@ -4,7 +4,7 @@
 //! `head`, `rollup`, `limbo` (created when missing, so an older store
 //! opens unchanged).
 //! Writes go through the WAL (never disabled); `sync` adds an fsync. Chunks
-//! are already compressed by [`crate::codec`], so their families have no
+//! are already compressed by [`flopwatch_codec`], so their families have no
 //! block compression; the rollups and the metadata (plain fixed-width
 //! records) are compressed with zstd (the only codec built in), and the
 //! head (a batch's small blocks under their metrics' names) with zstd's
@@ -158,6 +158,14 @@ fn lower_compaction_priority() {
     });
 }
 
+/// A format error naming the store's directory.
+fn at(path: &Path, e: StoreError) -> StoreError {
+    match e {
+        StoreError::Format(m) => StoreError::Format(format!("{}: {m}", path.display())),
+        e => e,
+    }
+}
+
 impl RocksEngine {
     /// Opens (creating if needed) the database in `path`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
@@ -169,35 +177,32 @@ impl RocksEngine {
             .iter()
             .map(|cf| ColumnFamilyDescriptor::new(cf.name(), family_options(*cf, &expiry)));
         let db = DB::open_cf_descriptors(&options(), path, cfs).map_err(err)?;
-        Ok(Self {
+        let engine = Self {
             db,
             path: path.to_path_buf(),
             secondary: false,
             expiry,
-        })
+        };
+        crate::format::settle(&engine, true).map_err(|e| at(path, e))?;
+        Ok(engine)
     }
 
     /// Opens `path` read-only as a secondary instance (a running collector
     /// is undisturbed); `scratch` holds the secondary's own logs.
     pub fn open_secondary(path: &Path, scratch: &Path) -> Result<Self, StoreError> {
-        // A store written by an older version may lack a family (`limbo`):
-        // open those present; a missing one reads as empty.
-        let present = DB::list_cf(&options(), path).map_err(err)?;
-        let names: Vec<&str> = Cf::ALL
-            .iter()
-            .map(|c| c.name())
-            .filter(|n| present.iter().any(|p| p == n))
-            .collect();
+        let names: Vec<&str> = Cf::ALL.iter().map(|c| c.name()).collect();
         let mut o = options();
         o.set_max_open_files(-1);
         let db = DB::open_cf_as_secondary(&o, path, scratch, names).map_err(err)?;
         db.try_catch_up_with_primary().map_err(err)?;
-        Ok(Self {
+        let engine = Self {
             db,
             path: path.to_path_buf(),
             secondary: true,
             expiry: ExpirySlot::default(),
-        })
+        };
+        crate::format::settle(&engine, false).map_err(|e| at(path, e))?;
+        Ok(engine)
     }
 
     fn cf(&self, cf: Cf) -> Result<&rocksdb::ColumnFamily, StoreError> {

@@ -2,13 +2,13 @@
 //! retention.
 //!
 //! Acknowledged batches sit in the `head` family as small per-batch blocks
-//! bundled per GPU ([`super::gpu_block`]; one entry per series in stores
-//! written before bundling), durable through the WAL before the ack. Once
+//! bundled per GPU ([`super::gpu_block`]), durable through the WAL before
+//! the ack. Once
 //! an hour has been over for `seal_delay`, [`Store::compact`] merges each
 //! series' head blocks of that hour — with the hour's chunk if late data
 //! had already been compacted once — into one chunk (decimal/XOR-packed by
 //! [`Block::encode_compact`]), computes the hour's rollup, and in **one**
-//! atomic write (per GPU-hour of bundles, per series-hour otherwise) puts
+//! atomic write per GPU-hour puts
 //! the chunks and rollups and deletes the head blocks and any older
 //! chunk. A crash before that write leaves the head blocks (compacted
 //! again on the next pass); after it, the chunks. Readers scan head and
@@ -31,13 +31,13 @@ use super::gpu_block;
 use super::hours::{window_of, MINUTE_MS, WINDOW_MS};
 use super::keys;
 use super::ofu_chunk::{
-    derivation_clock, ofu_block_start, ofu_samples, ofu_value, raw_hour, ref_clock, resolver,
-    HourMap, RefCache, CLOCKS,
+    ofu_block_start, ofu_samples, ofu_value, raw_hour, refs_hold, resolver, Derivations, HourMap,
+    RefCache, CLOCKS,
 };
 use super::raw::{chunk_times, raw_block, raw_points, time_ref_prefix, Times, TIME_REF};
 use super::rollup::{self, Bucket, Rollup};
-use super::{corrupt, Cf, OfuSample, Op, Precision, Step, Store, StoreError};
-use crate::codec::Block;
+use super::{corrupt, Cf, Derivation, OfuSample, Op, Precision, Step, Store, StoreError};
+use flopwatch_codec::Block;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
@@ -56,7 +56,7 @@ pub struct CompactionReport {
 
 /// Most samples decoded for one series-hour: beyond it the hour is left in
 /// the head (and logged) rather than growing memory without bound.
-const MAX_HOUR_SAMPLES: usize = crate::codec::MAX_BLOCK_SAMPLES;
+const MAX_HOUR_SAMPLES: usize = flopwatch_codec::MAX_BLOCK_SAMPLES;
 
 /// Series whose expired hours are deleted in one write.
 const EXPIRE_BATCH: usize = 1024;
@@ -229,7 +229,10 @@ impl Store {
             let mut group: Option<Group> = None;
             let mut bad: Option<Vec<u8>> = None;
             self.engine.walk(Cf::Head, cursor, end, &mut |k, v| {
-                let Some((plen, _)) = keys::series_prefix(Cf::Head, k) else {
+                // Only GPU bundles are written to the head (format 1).
+                let Some((plen, _)) =
+                    keys::series_prefix(Cf::Head, k).filter(|_| k.first() == Some(&keys::KIND_GPU))
+                else {
                     bad = Some(k.to_vec());
                     return Step::Stop;
                 };
@@ -283,71 +286,13 @@ impl Store {
         }
     }
 
-    /// Compacts one series-hour of one-series head blocks (stores written
-    /// before bundling): the GPU's reference series of the hour first, so
-    /// that this one can share the timestamps of its final chunk.
-    fn compact_group(&self, g: &Group, report: &mut CompactionReport) -> Result<(), StoreError> {
-        if g.kind == keys::KIND_GPU {
-            return self.compact_gpu_group(g, report);
-        }
-        let time_ref = if g.kind == keys::KIND_RAW {
-            time_ref_prefix(&g.prefix)
-        } else {
-            let mut p = g.prefix.clone();
-            keys::put_str(&mut p, TIME_REF);
-            Some(p)
-        };
-        let mut shared = None;
-        if let Some(rp) = &time_ref {
-            if let Some(rg) = self.head_group(rp, g.window)? {
-                match self.compact_group(&rg, report) {
-                    Err(e @ StoreError::Corrupt { .. }) => {
-                        tracing::warn!(error = %e, window = g.window, "series-hour not compacted")
-                    }
-                    r => r?,
-                }
-            }
-            // The reference's chunk as it now is (any rewrite of it
-            // re-encoded the sharers).
-            self.engine.view(&mut |view| {
-                shared = chunk_times(view, rp, g.window)?;
-                Ok(())
-            })?;
-        }
-        let values: Vec<&[u8]> = g.blocks.iter().map(|(_, v)| v.as_slice()).collect();
-        let mut ops = Vec::new();
-        let Some(planned) = self.plan_series(
-            g.kind,
-            &g.prefix,
-            g.window,
-            &values,
-            (shared.as_ref(), shared.as_ref()),
-            &mut ops,
-        )?
-        else {
-            return Ok(());
-        };
-        for (k, _) in &g.blocks {
-            ops.push(Op::Delete(Cf::Head, k.clone()));
-        }
-        self.engine.apply(ops, false)?;
-        report.chunks += 1;
-        report.blocks += g.blocks.len() as u64;
-        report.samples += planned.samples as u64;
-        Ok(())
-    }
-
     /// Compacts one GPU's bundles of an hour ([`super::gpu_block`]): every
     /// series they hold, and the GPU's OFU, in one atomic write that also
     /// deletes the bundles. The reference series is planned first; the
     /// others decode their old chunks with its timestamps as stored and
     /// share those of its new chunk. One series-hour too large to compact
     /// leaves the GPU's hour in the head.
-    fn compact_gpu_group(
-        &self,
-        g: &Group,
-        report: &mut CompactionReport,
-    ) -> Result<(), StoreError> {
+    fn compact_group(&self, g: &Group, report: &mut CompactionReport) -> Result<(), StoreError> {
         let bundles = g
             .blocks
             .iter()
@@ -544,6 +489,9 @@ impl Store {
             let mut clocks = Vec::new();
             let mut cache = RefCache::default();
             let mut by_job: BTreeMap<String, Vec<super::OfuSample>> = BTreeMap::new();
+            // How each job's samples were derived at ingest (all its
+            // blocks', when they agree).
+            let mut how: BTreeMap<String, Derivations> = BTreeMap::new();
             let mut n = 0;
             let mut failure = None;
             self.engine.view(&mut |view| {
@@ -558,7 +506,7 @@ impl Store {
                     .map(|c| raw_hour(view, &g.prefix, c, g.window))
                     .collect::<Result<_, _>>()?;
                 for v in values.clone() {
-                    let (job, s) =
+                    let (job, s, d) =
                         ofu_samples(v, &mut resolver(view, &g.prefix, &mut cache, g.window))?;
                     n += s.len();
                     if n > MAX_HOUR_SAMPLES {
@@ -566,6 +514,7 @@ impl Store {
                         return Ok(());
                     }
                     by_job.entry(job.to_string()).or_default().extend(s);
+                    how.entry(job.to_string()).or_default().add(d);
                 }
                 Ok(())
             })?;
@@ -588,16 +537,21 @@ impl Store {
             }
             for (i, (job, s)) in by_job.iter_mut().enumerate() {
                 s.sort_by_key(|x| x.ts_ms);
-                let refs = if self.precision.touches_ofu() {
-                    match rounded_refs(s, &tpa, &clocks, &self.precision) {
-                        Some((i, rounded)) => {
-                            *s = rounded;
-                            Some(i)
+                let derivation = how.get(job).and_then(Derivations::common);
+                // The clock series the derivation names, as stored.
+                let clock = derivation.and_then(|d| clocks.get(usize::from(d.clock)));
+                let refs = match (derivation, clock) {
+                    (Some(d), Some(clock)) if self.precision.touches_ofu() => {
+                        match rounded_refs(s, d, &tpa, clock, &self.precision) {
+                            Some(rounded) => {
+                                *s = rounded;
+                                true
+                            }
+                            None => false,
                         }
-                        None => None,
                     }
-                } else {
-                    ref_clock(s, &tpa, &clocks)
+                    (Some(_), Some(clock)) => refs_hold(s, &tpa, clock),
+                    _ => false,
                 };
                 if !s.is_empty() {
                     let acc = entries.entry(job.clone()).or_default();
@@ -616,7 +570,7 @@ impl Store {
                 ops.push(Op::Put(
                     chunk_cf,
                     keys::block_key(&g.prefix, last, i as u64),
-                    ofu_value(job, s, true, refs, shared)?,
+                    ofu_value(job, s, true, derivation, refs, shared)?,
                 ));
             }
             // Each minute's last sample, every job's together (lasts.rs).
@@ -687,20 +641,6 @@ impl Store {
             true
         })?;
         Ok(out)
-    }
-
-    /// The head blocks of the series `prefix` (a raw series prefix) in the
-    /// hour starting at `w`, as a group to compact; `None` when there are
-    /// none.
-    fn head_group(&self, prefix: &[u8], w: i64) -> Result<Option<Group>, StoreError> {
-        let head = keys::kind_prefix(keys::KIND_RAW, prefix);
-        let blocks = self.hour_entries(Cf::Head, &head, w)?;
-        Ok((!blocks.is_empty()).then(|| Group {
-            kind: keys::KIND_RAW,
-            prefix: prefix.to_vec(),
-            window: w,
-            blocks,
-        }))
     }
 
     /// Puts that re-encode, on their own timestamps, the GPU's raw and OFU
@@ -883,30 +823,29 @@ fn round_map(map: &mut HourMap, precision: &Precision, metric: &str) {
 
 /// With precision on tensor activity or a clock: the samples with those
 /// rounded as their raw series will be (and OFU recomputed from them with
-/// the chunk's tensor clock), and the clock series that then holds them,
-/// if one does. `None` keeps the samples as received.
+/// the recorded tensor clock), if the raw series `tpa` and `clock` (the
+/// derivation's clock series) then hold them. `None` keeps the samples as
+/// received.
 fn rounded_refs(
     samples: &[OfuSample],
+    d: Derivation,
     tpa: &HourMap,
-    clocks: &[HourMap],
+    clock: &HourMap,
     precision: &Precision,
-) -> Option<(u8, Vec<OfuSample>)> {
-    let f = derivation_clock(samples)?;
-    (0..clocks.len()).find_map(|i| {
-        let rounded: Vec<OfuSample> = samples
-            .iter()
-            .map(|x| {
-                let t = precision.round(flopwatch_proto::metrics::TENSOR_ACTIVE, x.tensor_active);
-                let c = precision.round(CLOCKS[i], x.sm_clock_mhz);
-                OfuSample {
-                    ofu: crate::ofu::ofu(t, c, f),
-                    tensor_active: t,
-                    sm_clock_mhz: c,
-                    ..*x
-                }
-            })
-            .collect();
-        (ref_clock(&rounded, tpa, std::slice::from_ref(&clocks[i])) == Some(0))
-            .then_some((i as u8, rounded))
-    })
+) -> Option<Vec<OfuSample>> {
+    let metric = d.clock_metric()?;
+    let rounded: Vec<OfuSample> = samples
+        .iter()
+        .map(|x| {
+            let t = precision.round(flopwatch_proto::metrics::TENSOR_ACTIVE, x.tensor_active);
+            let c = precision.round(metric, x.sm_clock_mhz);
+            OfuSample {
+                ofu: flopwatch_proto::ofu::ofu(t, c, d.tensor_clock_mhz),
+                tensor_active: t,
+                sm_clock_mhz: c,
+                ..*x
+            }
+        })
+        .collect();
+    refs_hold(&rounded, tpa, clock).then_some(rounded)
 }

@@ -589,7 +589,7 @@ impl IndexRead<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::memory::MemEngine;
+    use crate::memory::MemEngine;
     use flopwatch_proto::model::{Point, SeriesBatch};
     use std::sync::Arc;
 
