@@ -1,6 +1,6 @@
 //! flopwatch's cross-crate and process tests, one module per subject, in
 //! one test binary (`cargo test -p flopwatch-tests --test all`; one
-//! subject: `… --test all fleet::`).
+//! subject: `… --test all fault::`).
 
 mod alerts;
 mod cluster_api;
@@ -9,7 +9,6 @@ mod dcgm_drop_in;
 mod deploy;
 mod e2e;
 mod fault;
-mod fleet;
 mod gpu_validate;
 mod grafana;
 mod image;

@@ -13,19 +13,8 @@ pub fn tool(name: &str) -> String {
 
 /// `promtool tsdb create-blocks-from openmetrics` of `om` into `out`.
 pub fn openmetrics_blocks(om: &Path, out: &Path) {
-    let status = Command::new(tool("promtool"))
-        .args([
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            "--max-block-duration=24h",
-        ])
-        .arg(om)
-        .arg(out)
-        .stdout(Stdio::null())
-        .status()
-        .expect("promtool runs");
-    assert!(status.success(), "promtool create-blocks-from: {status}");
+    crate::prometheus_peer::create_blocks(&tool("promtool"), om, out, "24h")
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// A Prometheus process, killed when dropped.

@@ -13,6 +13,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// `promtool tsdb create-blocks-from openmetrics` of the OpenMetrics file
+/// `om` into the TSDB directory `out`, blocks of at most `max_block` (`24h`).
+pub fn create_blocks(promtool: &str, om: &Path, out: &Path, max_block: &str) -> Result<(), String> {
+    let status = Command::new(promtool)
+        .args(["tsdb", "create-blocks-from", "openmetrics"])
+        .arg(format!("--max-block-duration={max_block}"))
+        .arg(om)
+        .arg(out)
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| format!("running {promtool} (Debian package `prometheus`): {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{promtool} tsdb create-blocks-from openmetrics failed: {status}"
+        ))
+    }
+}
+
 /// `name` when the shell finds it on `PATH` (or `name` is a path to it),
 /// else an error that says how to install it.
 pub fn find_tool(name: &str) -> Result<String, String> {

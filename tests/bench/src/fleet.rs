@@ -436,28 +436,6 @@ async fn agents(a: FleetArgs) -> anyhow::Result<()> {
 // ---------------------------------------------------------------------------
 // The driver.
 
-/// A loopback port below the kernel's ephemeral range, so that none of
-/// the agents' outbound connections holds it when the collector restarts.
-fn free_port() -> anyhow::Result<u16> {
-    let base = 20_000 + (std::process::id() % 10_000) as u16;
-    for p in (base..32_000).chain(20_000..base) {
-        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
-            return Ok(p);
-        }
-    }
-    bail!("no free loopback port below 32000")
-}
-
-/// A free loopback port after `port` (below the ephemeral range too).
-fn free_port_above(port: u16) -> anyhow::Result<u16> {
-    for p in port + 1..32_000 {
-        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
-            return Ok(p);
-        }
-    }
-    bail!("no free loopback port above {port}")
-}
-
 /// Scrapes `/metrics{query}` of the collector `pid` serving on `port`
 /// once over plain HTTP/1.1, sampling its RSS every 10 ms meanwhile, and
 /// prints the page's size, the time and the RSS before, at its peak and
@@ -793,8 +771,11 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
     let n = a.agents;
     // Before the collector starts, so that it inherits the limit too.
     raise_nofile(n as u64 * 3 + 1024);
-    let port = free_port()?;
-    let metrics_port = free_port_above(port)?;
+    // Below the kernel's ephemeral range (the harness's ports), so that
+    // none of the agents' outbound connections holds one when the
+    // collector restarts.
+    let port = flopwatch_tests::procs::free_port();
+    let metrics_port = flopwatch_tests::procs::free_port();
     let config = root.join("collector.toml");
     std::fs::write(
         &config,

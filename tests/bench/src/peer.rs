@@ -42,7 +42,7 @@
 //! step, for the GPU and for its job; the two answers are compared point
 //! by point.
 
-use super::prom_query::{free_port, start, QueryPeer};
+use super::prom_query::{start, QueryPeer};
 use super::{gpu_uuid, sample, Accepted, IngestArgs};
 use anyhow::{bail, Context};
 use flopwatch_collector::prompb::{Label, Sample, TimeSeries, WriteRequest};
@@ -50,6 +50,7 @@ use flopwatch_collector::RemoteWriteEndpoint;
 use flopwatch_config::RemoteWriteConfig;
 use flopwatch_proto::clock::Stopwatch;
 use flopwatch_proto::metrics::CATALOG;
+use flopwatch_tests::procs::free_port;
 use flopwatch_tests::prometheus_peer::{find_tool, LocalPrometheus, PrometheusOptions};
 use std::path::Path;
 use std::sync::Arc;
@@ -283,7 +284,7 @@ async fn prometheus_ingest(
     let (prom, http) = start(PrometheusOptions {
         binary: prometheus.into(),
         remote_write_receiver: true,
-        ..PrometheusOptions::new(dir, free_port()?)
+        ..PrometheusOptions::new(dir, free_port())
     })
     .await?;
     let before = appended(&http, &prom).await?;

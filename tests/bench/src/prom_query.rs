@@ -6,7 +6,8 @@
 use anyhow::{bail, Context};
 use flopwatch_collector::store::{OfuSample, WINDOW_MS};
 use flopwatch_proto::clock::Stopwatch;
-use flopwatch_tests::prometheus_peer::{LocalPrometheus, PrometheusOptions};
+use flopwatch_tests::procs::free_port;
+use flopwatch_tests::prometheus_peer::{create_blocks, LocalPrometheus, PrometheusOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,13 +19,6 @@ pub(super) const OFU_NAME: &str = "flopwatch_ofu_ratio";
 /// 54 h is the largest block Prometheus' compaction makes when the
 /// retention is at least 22.5 days (blocks up to a tenth of it).
 pub(super) const BLOCK_MS: i64 = 54 * WINDOW_MS;
-
-/// A loopback port nothing listens on now.
-pub(super) fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
 
 /// A started Prometheus, ready.
 pub(super) async fn start(
@@ -67,28 +61,6 @@ pub(super) fn om_sample(
         ts_ms.div_euclid(1000),
         ts_ms.rem_euclid(1000)
     )
-}
-
-/// `promtool tsdb create-blocks-from openmetrics` of `om` into `out`,
-/// blocks of at most `max_block`.
-pub(super) fn promtool_blocks(
-    promtool: &str,
-    om: &Path,
-    out: &Path,
-    max_block: &str,
-) -> anyhow::Result<()> {
-    let status = std::process::Command::new(promtool)
-        .args(["tsdb", "create-blocks-from", "openmetrics"])
-        .arg(format!("--max-block-duration={max_block}"))
-        .arg(om)
-        .arg(out)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .with_context(|| format!("running {promtool} (Debian package `prometheus`)"))?;
-    if !status.success() {
-        bail!("{promtool} tsdb create-blocks-from openmetrics failed: {status}");
-    }
-    Ok(())
 }
 
 /// One GPU's OFU samples on their way into Prometheus: an OpenMetrics file
@@ -147,7 +119,8 @@ impl<'a> OfuBlocks<'a> {
             writeln!(f, "# EOF")?;
             f.flush()?;
             drop(f);
-            promtool_blocks(&self.peer.promtool, &self.om_path(), &self.tsdb(), "54h")?;
+            create_blocks(&self.peer.promtool, &self.om_path(), &self.tsdb(), "54h")
+                .map_err(anyhow::Error::msg)?;
             std::fs::remove_file(self.om_path())?;
         }
         Ok(())
@@ -170,7 +143,7 @@ pub(super) async fn serve_blocks(
         binary: peer.prometheus.clone(),
         tsdb: tsdb.to_path_buf(),
         args: vec![format!("--storage.tsdb.retention.time={}d", days + 5)],
-        ..PrometheusOptions::new(&peer.work, free_port()?)
+        ..PrometheusOptions::new(&peer.work, free_port())
     })
     .await
 }

@@ -550,7 +550,8 @@ async fn measure(a: &QueryArgs, work: &Path, interval: i64, step: i64) -> anyhow
         let t = Stopwatch::start();
         let tsdb = work.join("prometheus").join("tsdb");
         std::fs::create_dir_all(&tsdb)?;
-        peer::promtool_blocks(&a.promtool, &om, &tsdb, "24h")?;
+        flopwatch_tests::prometheus_peer::create_blocks(&a.promtool, &om, &tsdb, "24h")
+            .map_err(anyhow::Error::msg)?;
         std::fs::remove_file(&om)?;
         let qp = peer::QueryPeer {
             prometheus: a.prometheus.clone(),

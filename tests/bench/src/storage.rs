@@ -439,7 +439,8 @@ fn prometheus_bytes(s: &Samples, work: &Path, name: &str, promtool: &str) -> any
     let out = work.join(format!("{name}-prometheus"));
     // promtool adds blocks to what is there: start empty.
     let _ = std::fs::remove_dir_all(&out);
-    peer::promtool_blocks(promtool, &om, &out, "24h")?;
+    flopwatch_tests::prometheus_peer::create_blocks(promtool, &om, &out, "24h")
+        .map_err(anyhow::Error::msg)?;
     let _ = std::fs::remove_file(&om);
     Ok(dir_bytes(&out))
 }

@@ -27,7 +27,7 @@ impl Victoria {
         retention_days: i64,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let port = super::prom_query::free_port()?;
+        let port = flopwatch_tests::procs::free_port();
         let log = dir.join("victoria-metrics.log");
         let out = std::fs::File::create(&log)?;
         let child = Command::new(binary)
