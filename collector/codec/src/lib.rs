@@ -20,6 +20,8 @@
 //! byte (0 XOR, 1 decimal). Decoding checks every bound and returns an
 //! error on malformed input; it never panics.
 
+#![forbid(unsafe_code)]
+
 mod bits;
 mod entropy;
 mod sealed;

@@ -21,6 +21,8 @@
 //! through the RocksDB write-ahead log before it returns, so an acked batch
 //! is either wholly present after a crash or was never acked.
 
+#![forbid(unsafe_code)]
+
 mod compact;
 mod compactor;
 mod fold;
