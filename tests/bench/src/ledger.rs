@@ -282,14 +282,7 @@ fn load(f: &Fleet, store: &Store, end: i64) -> anyhow::Result<u64> {
                         last_seen_ms: last,
                         ..Default::default()
                     });
-                    // Derived as ingest derives it (f_max 1830 MHz).
-                    set.derivations.extend(
-                        flopwatch_collector::store::Derivation::new(
-                            1830.0,
-                            flopwatch_proto::metrics::SM_CLOCK_AVG_MHZ,
-                        )
-                        .map(|d| (uuid.clone(), d)),
-                    );
+                    set.derivations.extend(super::h100_derivation(&uuid));
                     set.ofu.push((uuid.clone(), Some(job), samples));
                 }
                 total += (power.len() + counter.len()) as u64;

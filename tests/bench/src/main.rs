@@ -223,6 +223,18 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// OFU derivations as ingest records them for an H100 (f_max 1830 MHz,
+/// the window-averaged clock), for the benches that commit OFU samples
+/// straight to a store: `uuid` → its derivation.
+fn h100_derivation(
+    uuid: &str,
+) -> std::collections::HashMap<String, flopwatch_collector::store::Derivation> {
+    flopwatch_collector::store::Derivation::new(1830.0, flopwatch_proto::metrics::SM_CLOCK_AVG_MHZ)
+        .map(|d| (uuid.to_string(), d))
+        .into_iter()
+        .collect()
+}
+
 /// A duration argument (`20s`, `2h15m`), ms.
 fn parse_ms(s: &str) -> anyhow::Result<i64> {
     Ok(humantime::parse_duration(s)

@@ -305,14 +305,7 @@ impl Fleet {
                 for (g, samples) in node {
                     let (uuid, node_id, job) = fleet_gpu(*g, self.gpus, self.jobs);
                     total += samples.len() as u64;
-                    // Derived as ingest derives it (f_max 1830 MHz).
-                    set.derivations.extend(
-                        flopwatch_collector::store::Derivation::new(
-                            1830.0,
-                            flopwatch_proto::metrics::SM_CLOCK_AVG_MHZ,
-                        )
-                        .map(|d| (uuid.clone(), d)),
-                    );
+                    set.derivations.extend(super::h100_derivation(&uuid));
                     set.ofu
                         .push((uuid.clone(), Some(job.clone()), samples.clone()));
                     if k == 0 {
@@ -384,13 +377,7 @@ fn add_records(store: &Store, from: usize, to: usize, now: i64) -> anyhow::Resul
                     window_ms: 60_000,
                 })
                 .collect();
-            set.derivations.extend(
-                flopwatch_collector::store::Derivation::new(
-                    1830.0,
-                    flopwatch_proto::metrics::SM_CLOCK_AVG_MHZ,
-                )
-                .map(|d| (uuid.clone(), d)),
-            );
+            set.derivations.extend(super::h100_derivation(&uuid));
             set.ofu.push((uuid.clone(), Some(job), samples));
             set.series.push(SeriesBatch {
                 gpu_uuid: uuid,
@@ -421,13 +408,7 @@ fn add_month(store: &Store, start: i64, end: i64) -> anyhow::Result<u64> {
             &CommitSet {
                 seq: k as u64 + 1,
                 ofu: vec![(uuid.into(), Some(job.into()), samples)],
-                derivations: flopwatch_collector::store::Derivation::new(
-                    1830.0,
-                    flopwatch_proto::metrics::SM_CLOCK_AVG_MHZ,
-                )
-                .map(|d| (uuid.to_string(), d))
-                .into_iter()
-                .collect(),
+                derivations: super::h100_derivation(uuid),
                 gpus: if k == 0 {
                     vec![gpu_record(uuid, node, 0)]
                 } else {

@@ -589,14 +589,7 @@ pub(super) async fn query_bench(
                 &CommitSet {
                     seq: seq as u64 + 1,
                     ofu: vec![(uuid.into(), Some(job.into()), samples)],
-                    // Derived as ingest derives it (f_max 1830 MHz).
-                    derivations: flopwatch_collector::store::Derivation::new(
-                        1830.0,
-                        flopwatch_proto::metrics::SM_CLOCK_AVG_MHZ,
-                    )
-                    .map(|d| (uuid.to_string(), d))
-                    .into_iter()
-                    .collect(),
+                    derivations: super::h100_derivation(uuid),
                     gpus: if seq == 0 {
                         vec![gpu.clone()]
                     } else {
