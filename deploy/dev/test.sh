@@ -9,6 +9,9 @@ cargo fmt --all -- --check
 # `eval` (flopwatch eval-sampling) is off in the shipped build; its code
 # is linted and tested here.
 cargo clippy --workspace --all-targets --features flopwatch-cli/eval -- -D warnings
+# One test thread more than cores: the process tests (collectors, agents,
+# Prometheus on loopback) spend most of their time waiting on them.
+export RUST_TEST_THREADS="${RUST_TEST_THREADS:-$(($(nproc) + 1))}"
 cargo test --workspace --all-targets --features flopwatch-cli/eval "$@"
 # The agent-only build (what a node runs) compiles without a warning
 # (checked, not built: a build would rebuild the shared crates with the
