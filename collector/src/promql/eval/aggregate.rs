@@ -195,19 +195,21 @@ impl Evaluator<'_> {
                 let op = Kind::of(op);
                 let mut out = Vec::with_capacity(groups.len());
                 for (labels, members) in groups {
-                    let mut vals = Vec::with_capacity(self.n);
-                    for i in 0..self.n {
-                        let mut acc: Option<Acc> = None;
-                        for &m in &members {
-                            if let Some(v) = input[m].vals[i] {
-                                match &mut acc {
-                                    None => acc = Some(Acc::first(v, op)),
+                    // Member by member over all steps (each series read in
+                    // order); at every step the members still arrive in
+                    // the same order, so the arithmetic is the same.
+                    let mut acc: Vec<Option<Acc>> = vec![None; self.n];
+                    for &m in &members {
+                        for (a, v) in acc.iter_mut().zip(&input[m].vals) {
+                            if let Some(v) = *v {
+                                match a {
+                                    None => *a = Some(Acc::first(v, op)),
                                     Some(a) => a.add(v, op),
                                 }
                             }
                         }
-                        vals.push(acc.map(|a| a.result(op)));
                     }
+                    let vals = acc.into_iter().map(|a| a.map(|a| a.result(op))).collect();
                     out.push(StepSeries { labels, vals });
                 }
                 Ok(Val::Vector(out))
