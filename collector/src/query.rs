@@ -104,8 +104,6 @@ fn compute(
                         (s.ts_ms, p)
                     }
                     OfuPiece::Agg { ts_ms, agg, .. } => (ts_ms, agg),
-                    // Asked for buckets: no minute lasts come.
-                    OfuPiece::Last(_) => return,
                 };
                 m.merge(&part);
                 let part = part.scaled(share);

@@ -293,7 +293,6 @@ fn scan(
                 last = last.max(end);
                 sealed.push((ts_ms, end, agg));
             }
-            OfuPiece::Last(_) => {}
         },
     )?;
     if first > last {

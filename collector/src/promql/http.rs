@@ -661,9 +661,17 @@ fn timestamp_json(out: &mut String, t_ms: i64) {
     if t_ms < 0 {
         out.push('-');
     }
-    let _ = write!(out, "{}", t / 1000);
-    if !t.is_multiple_of(1000) {
-        let _ = write!(out, ".{:03}", t % 1000);
+    out.push_str(itoa::Buffer::new().format(t / 1000));
+    let ms = t % 1000;
+    if ms != 0 {
+        out.push('.');
+        if ms < 100 {
+            out.push('0');
+        }
+        if ms < 10 {
+            out.push('0');
+        }
+        out.push_str(itoa::Buffer::new().format(ms));
     }
 }
 
@@ -703,9 +711,17 @@ fn scalar_into(out: &mut String, v: f64) {
     } else if v == f64::NEG_INFINITY {
         out.push_str("-Inf");
     } else {
-        // Rust's Display is the shortest round-trip form, never in
-        // exponent notation: Go's 'f' with precision -1.
-        let _ = write!(out, "{v}");
+        // The shortest round-trip form, never in exponent notation: Go's
+        // 'f' with precision -1. ryu writes that form for magnitudes from
+        // 1e-5 to 1e16 (with `.0` on whole numbers, which Go leaves off);
+        // Rust's Display, the same digits more slowly, writes the rest.
+        let mut b = ryu::Buffer::new();
+        let s = b.format_finite(v);
+        if s.bytes().any(|c| c == b'e' || c == b'E') {
+            let _ = write!(out, "{v}");
+        } else {
+            out.push_str(s.strip_suffix(".0").unwrap_or(s));
+        }
     }
 }
 

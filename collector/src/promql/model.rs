@@ -36,10 +36,44 @@ use super::points::{newest_at, window, Points, Timeline};
 
 /// A series' sample (time and value) at each of a query's times.
 pub(super) type StepSamples = Vec<Option<(i64, f64)>>;
+
+/// A query's step times (ascending), and whether every one lies on a
+/// whole minute (checked once per query, not per series).
+pub(super) struct StepTimes {
+    pub(super) at: Vec<i64>,
+    on_minutes: bool,
+}
+
+impl StepTimes {
+    pub(super) fn new(at: Vec<i64>) -> Self {
+        let on_minutes = at.iter().all(|t| t.rem_euclid(MINUTE_MS) == 0);
+        Self { at, on_minutes }
+    }
+}
+
+/// One minute of [`Model::at_minutes`]: its newest sample, the last
+/// instant that sample is current, and the value of a sample on the
+/// minute's start (when one is there).
+#[derive(Clone, Copy)]
+struct Minute {
+    ts: i64,
+    v: f64,
+    until: i64,
+    start: f64,
+}
+
+impl Minute {
+    const EMPTY: Self = Self {
+        ts: i64::MIN,
+        v: f64::NAN,
+        until: i64::MIN,
+        start: f64::NAN,
+    };
+}
 use super::{QueryError, LOOKBACK_MS};
 use crate::auth::Scope;
 use crate::series::Labels;
-use crate::store::{OfuPiece, Store, MINUTE_MS};
+use crate::store::{LastsPiece, OfuPiece, Store, MINUTE_MS};
 use promql_parser::label::Matcher;
 
 /// Which column of a GPU's OFU samples a series is.
@@ -323,10 +357,11 @@ impl Model<'_> {
     pub(super) fn at_times(
         &self,
         s: &SeriesRef,
-        times: &[i64],
+        steps: &StepTimes,
         from: i64,
         to: i64,
     ) -> Result<StepSamples, QueryError> {
+        let times = steps.at.as_slice();
         if let Source::Across { members, op } = &s.source {
             let lists = members
                 .iter()
@@ -344,8 +379,10 @@ impl Model<'_> {
         {
             return Ok(vec![None; times.len()]);
         }
-        if let Some(v) = self.at_minutes(s, times, from, to)? {
-            return Ok(v);
+        if steps.on_minutes {
+            if let Some(v) = self.at_minutes(s, times, from, to)? {
+                return Ok(v);
+            }
         }
         let pts = self.timeline(s, from, to)?;
         let mut j = 0;
@@ -374,58 +411,78 @@ impl Model<'_> {
         else {
             return Ok(None);
         };
-        if times.iter().any(|t| t.rem_euclid(MINUTE_MS) != 0) {
-            return Ok(None);
-        }
         self.budget.check()?;
-        // Per minute of the range: its newest sample, and the value of
-        // a sample on its start.
+        // Per minute of the range: its newest sample (time, value, last
+        // instant current), and the value of a sample on its start (where
+        // the minute's bit in `has_start` is set).
         let m0 = from.div_euclid(MINUTE_MS) * MINUTE_MS;
         let n = usize::try_from((to - m0) / MINUTE_MS + 1).unwrap_or(0);
-        let mut newest: Vec<(i64, f64, i64)> = vec![(i64::MIN, f64::NAN, i64::MIN); n];
-        let mut on_start: Vec<Option<f64>> = vec![None; n];
+        let mut minutes: Vec<Minute> = vec![Minute::EMPTY; n];
+        let mut has_start: Vec<u64> = vec![0; n.div_ceil(64)];
         let mut read = 0usize;
         let slot = |ts: i64| usize::try_from((ts - m0).div_euclid(MINUTE_MS)).ok();
+        // Reads run to the end of the last step's minute: its later
+        // samples set only that minute's newest, which no step reads (a
+        // step reads its own minute's sample on the start, and the newest
+        // of the minutes before), and a minute wholly inside the read
+        // comes from the minute lasts instead of its hour's chunk.
+        let minute_end = (to.div_euclid(MINUTE_MS) + 1).saturating_mul(MINUTE_MS);
         for &(a, b) in &s.spans {
-            let (lo, hi) = (a.max(from), b.min(to.saturating_add(1)));
-            if lo >= hi {
+            if a.max(from) >= b.min(to.saturating_add(1)) {
                 continue;
             }
+            let (lo, hi) = (a.max(from), b.min(minute_end));
             // The minutes this span set lie in `set` (their newest came
             // from it).
             let mut set = (usize::MAX, 0usize);
-            self.store.ofu_lasts(tenant, gpu, lo, hi, &mut |p| {
-                let (minute, last, start) = match p {
-                    OfuPiece::Sample(x) => {
-                        let on = (x.ts_ms.rem_euclid(MINUTE_MS) == 0).then_some(x.ofu);
-                        let until = self.current_until(x.ts_ms, Some(x.window_ms));
-                        (x.ts_ms, (x.ts_ms, x.ofu, until), on)
-                    }
-                    OfuPiece::Last(m) => {
-                        let until = self.current_until(m.last.0, m.window_ms);
-                        (m.minute, (m.last.0, m.last.1, until), m.at_start)
-                    }
-                    OfuPiece::Agg { .. } => return,
-                };
-                read += 1;
-                let Some(i) = slot(minute).filter(|&i| i < n) else {
+            let mut put = |i: usize, last: (i64, f64), window: Option<u32>, start: Option<f64>| {
+                let Some(m) = minutes.get_mut(i) else {
                     return;
                 };
-                if last.0 >= newest[i].0 {
-                    newest[i] = last;
+                if last.0 >= m.ts {
+                    *m = Minute {
+                        ts: last.0,
+                        v: last.1,
+                        until: self.current_until(last.0, window),
+                        start: m.start,
+                    };
                     set = (set.0.min(i), set.1.max(i + 1));
                 }
-                if start.is_some() {
-                    on_start[i] = start;
+                if let Some(v) = start {
+                    m.start = v;
+                    has_start[i / 64] |= 1 << (i % 64);
                 }
-            })?;
+            };
+            self.store
+                .ofu_lasts(tenant, gpu, lo, hi, &mut |p| match p {
+                    LastsPiece::Sample(x) => {
+                        read += 1;
+                        let on = (x.ts_ms.rem_euclid(MINUTE_MS) == 0).then_some(x.ofu);
+                        if let Some(i) = slot(x.ts_ms) {
+                            put(i, (x.ts_ms, x.ofu), Some(x.window_ms), on);
+                        }
+                    }
+                    LastsPiece::Hour(h) => {
+                        read += h.len();
+                        // The hour's first minute, in slots (before the
+                        // range's first minute where the range starts inside
+                        // the hour: those minutes are not handed over).
+                        let first = (h.hour() - m0).div_euclid(MINUTE_MS);
+                        h.for_each(|m| {
+                            let k = (m.minute - h.hour()) / MINUTE_MS;
+                            if let Ok(i) = usize::try_from(first + k) {
+                                put(i, m.last, m.window_ms, m.at_start);
+                            }
+                        });
+                    }
+                })?;
             // A span that ends inside the range ends where its successor
             // under other labels begins.
             if set.0 < set.1 && b <= to {
                 if let Some(next) = self.relabelled_at(s, b, to)? {
-                    for p in &mut newest[set.0..set.1] {
-                        if (lo..hi).contains(&p.0) {
-                            p.2 = p.2.min(next - 1);
+                    for m in &mut minutes[set.0..set.1] {
+                        if (lo..hi).contains(&m.ts) {
+                            m.until = m.until.min(next - 1);
                         }
                     }
                 }
@@ -433,18 +490,24 @@ impl Model<'_> {
         }
         self.budget.samples(read)?;
         let mut out = Vec::with_capacity(times.len());
-        // The newest sample of the minutes before the one at `t`.
-        let (mut before, mut upto) = (None::<(i64, f64, i64)>, 0usize);
+        // The newest sample of the minutes before the one at `t`: the
+        // last minute before it with one (a minute's samples lie in it).
+        let (mut before, mut upto) = (None::<&Minute>, 0usize);
         for &t in times {
-            let i = slot(t).unwrap_or(0).min(n);
+            // `t` lies on a whole minute at or after `m0` (`from ≤ t`).
+            let i = (t.saturating_sub(m0).max(0) as u64 / MINUTE_MS as u64).min(n as u64) as usize;
             while upto < i {
-                if newest[upto].0 != i64::MIN && before.is_none_or(|b| newest[upto].0 >= b.0) {
-                    before = Some(newest[upto]);
+                let m = &minutes[upto];
+                if m.ts != i64::MIN {
+                    before = Some(m);
                 }
                 upto += 1;
             }
-            let on_t = on_start.get(i).copied().flatten().map(|v| (t, v, t));
-            out.push(on_t.or(before).filter(|p| t <= p.2).map(|p| (p.0, p.1)));
+            out.push(if i < n && has_start[i / 64] & (1 << (i % 64)) != 0 {
+                Some((t, minutes[i].start))
+            } else {
+                before.filter(|b| t <= b.until).map(|b| (b.ts, b.v))
+            });
         }
         Ok(Some(out))
     }
@@ -489,7 +552,6 @@ impl Model<'_> {
                 }),
                 _ => known = false,
             },
-            OfuPiece::Last(_) => known = false,
         };
         // Buckets start on whole minutes: the partial minutes at a span's
         // ends are read as samples, and buckets of the rest align with
@@ -555,7 +617,7 @@ impl Model<'_> {
                     self.store
                         .ofu_pieces(tenant, gpu, lo, hi, None, Some(0), &mut |p| {
                             any |= match p {
-                                OfuPiece::Sample(_) | OfuPiece::Last(_) => true,
+                                OfuPiece::Sample(_) => true,
                                 OfuPiece::Agg { agg, .. } => agg.count > 0,
                             }
                         })?;

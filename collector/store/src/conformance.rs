@@ -565,7 +565,6 @@ fn rollups_answer_coarse_queries_with_the_same_totals() {
                         aggs += 1;
                         total.merge(&agg);
                     }
-                    OfuPiece::Last(_) => panic!("minute lasts where buckets were asked for"),
                 })
                 .unwrap();
             (total.count, aggs, total.mean().unwrap_or(f64::NAN))
@@ -1248,5 +1247,80 @@ fn a_compaction_pass_past_its_deadline_leaves_the_rest_for_the_next() {
             before,
             "{name}"
         );
+    }
+}
+
+/// Per minute: the newest sample (time, OFU bits) and the OFU bits of a
+/// sample on the minute's start, as an instant selector reads them.
+type Minutes = std::collections::BTreeMap<i64, ((i64, u64), Option<u64>)>;
+
+fn fold_minute(out: &mut Minutes, minute: i64, last: (i64, f64), at_start: Option<f64>) {
+    let e = out.entry(minute).or_insert(((i64::MIN, 0), None));
+    if last.0 >= e.0 .0 {
+        e.0 = (last.0, last.1.to_bits());
+    }
+    if let Some(v) = at_start {
+        e.1 = Some(v.to_bits());
+    }
+}
+
+#[test]
+fn minute_lasts_answer_as_the_samples_do_at_the_ranges_edges() {
+    for (name, e, _dir) in engines() {
+        let store = Store::new(e, false);
+        let mut seq = 0;
+        for h in 0..5 {
+            seq = ingest(&store, "t1", T0 + h * H + 7_000, 90, seq);
+        }
+        store.compact(T0 + 4 * H, 0).unwrap(); // hours 0..=3 sealed, 4 in the head
+                                               // Ranges whose ends fall on, before and after a minute's samples:
+                                               // 30.5 s into a minute with samples after it, 0.5 s past a
+                                               // minute's last sample (96.9 s), on a whole minute, in the head.
+        for (start, end) in [
+            (T0, T0 + 5 * H),
+            (T0 + 30_500, T0 + 3 * H + 30_500),
+            (T0 + 60_000, T0 + 3 * H + 97_400),
+            (T0 + 61_000, T0 + 2 * H + 120_000),
+            (T0 + 2 * H + 59_000, T0 + 4 * H + 50_000),
+        ] {
+            let mut want = Minutes::new();
+            store
+                .ofu("t1", "GPU-1", start, end, None, &mut |s| {
+                    let minute = s.ts_ms.div_euclid(60_000) * 60_000;
+                    let on = (s.ts_ms == minute).then_some(s.ofu);
+                    fold_minute(&mut want, minute, (s.ts_ms, s.ofu), on);
+                })
+                .unwrap();
+            let (mut got, mut hours) = (Minutes::new(), 0);
+            let mut from_lasts = std::collections::BTreeSet::new();
+            store
+                .ofu_lasts("t1", "GPU-1", start, end, &mut |p| match p {
+                    LastsPiece::Sample(s) => {
+                        let minute = s.ts_ms.div_euclid(60_000) * 60_000;
+                        let on = (s.ts_ms == minute).then_some(s.ofu);
+                        fold_minute(&mut got, minute, (s.ts_ms, s.ofu), on);
+                    }
+                    LastsPiece::Hour(h) => {
+                        hours += 1;
+                        h.for_each(|m| {
+                            assert!(m.minute >= start && m.last.0 < end, "{name}");
+                            from_lasts.insert(m.minute);
+                            fold_minute(&mut got, m.minute, m.last, m.at_start);
+                        });
+                    }
+                })
+                .unwrap();
+            assert_eq!(got, want, "{name}: [{start}, {end})");
+            assert!(hours >= 2, "{name}: minute lasts read for [{start}, {end})");
+            // The minute the range ends in comes from the minute lasts
+            // when its samples all lie before the end, else from samples.
+            let end_minute = end.div_euclid(60_000) * 60_000;
+            if end == T0 + 3 * H + 97_400 {
+                assert!(from_lasts.contains(&end_minute), "{name}");
+            }
+            if end == T0 + 3 * H + 30_500 {
+                assert!(!from_lasts.contains(&end_minute), "{name}");
+            }
+        }
     }
 }

@@ -83,55 +83,114 @@ pub(super) fn encode(hour: i64, samples: impl Iterator<Item = (i64, f64, u32)>) 
     out
 }
 
-/// The minutes of the record `b` of the hour starting at `hour`, in
-/// order, to `f`; `None` when the record is malformed.
-pub(super) fn decode(hour: i64, b: &[u8], f: &mut dyn FnMut(MinuteLast)) -> Option<()> {
-    let word = |at: usize| -> Option<u64> {
-        Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
-    };
-    let (have, on_start) = (word(0)?, word(8)?);
-    let windows = have & WITH_WINDOWS != 0;
-    let have = have & !WITH_WINDOWS;
-    if have >> 60 != 0 || on_start & !have != 0 {
-        return None;
-    }
-    let n = have.count_ones() as usize;
-    let each = if windows { 16 } else { 12 };
-    let starts = 16 + each * n;
-    if b.len() != starts + 8 * on_start.count_ones() as usize {
-        return None;
-    }
-    let (mut i, mut j) = (0, 0);
-    for m in 0..60 {
-        if have & (1 << m) == 0 {
-            continue;
+/// A sealed hour's minute lasts, read in place from its record: what
+/// [`crate::Store::ofu_lasts`] hands over, one record at a time, so a
+/// reader fills its per-minute arrays without a call per minute.
+#[derive(Debug, Clone, Copy)]
+pub struct HourLasts<'a> {
+    hour: i64,
+    /// Minutes with samples.
+    have: u64,
+    /// Of those, the minutes with a sample on their start.
+    on_start: u64,
+    /// The minutes handed over (the reader's range).
+    wanted: u64,
+    /// Bytes per minute entry (16 with windows, 12 without).
+    each: usize,
+    windows: bool,
+    b: &'a [u8],
+}
+
+impl<'a> HourLasts<'a> {
+    /// The record `b` of the hour starting at `hour`; `None` when it is
+    /// malformed.
+    pub(super) fn parse(hour: i64, b: &'a [u8]) -> Option<Self> {
+        let word = |at: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+        };
+        let (have, on_start) = (word(0)?, word(8)?);
+        let windows = have & WITH_WINDOWS != 0;
+        let have = have & !WITH_WINDOWS;
+        if have >> 60 != 0 || on_start & !have != 0 {
+            return None;
         }
-        let at = 16 + each * i;
-        let off = u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?);
-        let v = f64::from_le_bytes(b.get(at + 4..at + 12)?.try_into().ok()?);
-        let window_ms = if windows {
-            Some(u32::from_le_bytes(
-                b.get(at + 12..at + 16)?.try_into().ok()?,
-            ))
-        } else {
-            None
-        };
-        i += 1;
-        let at_start = if on_start & (1 << m) != 0 {
-            let at = starts + 8 * j;
-            j += 1;
-            Some(f64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
-        } else {
-            None
-        };
-        f(MinuteLast {
-            minute: hour + m as i64 * MINUTE_MS,
-            last: (hour + i64::from(off), v),
-            window_ms,
-            at_start,
-        });
+        let each = if windows { 16 } else { 12 };
+        let starts = 16 + each * have.count_ones() as usize;
+        if b.len() != starts + 8 * on_start.count_ones() as usize {
+            return None;
+        }
+        Some(Self {
+            hour,
+            have,
+            on_start,
+            wanted: u64::MAX,
+            each,
+            windows,
+            b,
+        })
     }
-    Some(())
+
+    /// Only the minutes of `mask` (bit `m`: minute `m` of the hour).
+    pub(super) fn only(self, mask: u64) -> Self {
+        Self {
+            wanted: self.wanted & mask,
+            ..self
+        }
+    }
+
+    /// The hour's start, unix ms.
+    pub fn hour(&self) -> i64 {
+        self.hour
+    }
+
+    /// How many minutes [`HourLasts::for_each`] hands over.
+    pub fn len(&self) -> usize {
+        (self.have & self.wanted).count_ones() as usize
+    }
+
+    /// Whether no minute is handed over.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The time of the last sample of minute `m` (0–59) of the hour, if
+    /// it has samples.
+    pub fn last_of(&self, m: u32) -> Option<i64> {
+        if m >= 60 || self.have & (1 << m) == 0 {
+            return None;
+        }
+        let at = 16 + self.each * (self.have & ((1 << m) - 1)).count_ones() as usize;
+        let off = u32::from_le_bytes(self.b.get(at..at + 4)?.try_into().ok()?);
+        Some(self.hour + i64::from(off))
+    }
+
+    /// The minutes, in order, to `f`.
+    #[inline]
+    pub fn for_each(&self, mut f: impl FnMut(MinuteLast)) {
+        let (b, each) = (self.b, self.each);
+        let starts = 16 + each * self.have.count_ones() as usize;
+        let f64_at = |at: usize| f64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default());
+        let (mut i, mut j, mut bits) = (0usize, 0usize, self.have);
+        while bits != 0 {
+            let m = bits.trailing_zeros();
+            bits &= bits - 1;
+            let at = 16 + each * i;
+            i += 1;
+            let start = self.on_start & (1 << m) != 0;
+            let at_start = start.then(|| f64_at(starts + 8 * j));
+            j += usize::from(start);
+            if self.wanted & (1 << m) == 0 {
+                continue;
+            }
+            f(MinuteLast {
+                minute: self.hour + i64::from(m) * MINUTE_MS,
+                last: (self.hour + i64::from(u32_at(at)), f64_at(at + 4)),
+                window_ms: self.windows.then(|| u32_at(at + 12)),
+                at_start,
+            });
+        }
+    }
 }
 
 #[cfg(test)]
@@ -150,7 +209,7 @@ mod tests {
         ];
         let b = encode(h, samples.iter().copied());
         let mut got = Vec::new();
-        decode(h, &b, &mut |m| got.push(m)).unwrap();
+        HourLasts::parse(h, &b).unwrap().for_each(|m| got.push(m));
         assert_eq!(
             got,
             vec![
@@ -175,8 +234,13 @@ mod tests {
             ]
         );
         for cut in 0..b.len() {
-            assert_eq!(decode(h, &b[..cut], &mut |_| {}), None, "cut at {cut}");
+            assert!(HourLasts::parse(h, &b[..cut]).is_none(), "cut at {cut}");
         }
+        let mut some = Vec::new();
+        let only = HourLasts::parse(h, &b).unwrap().only(0b10);
+        assert_eq!(only.len(), 1);
+        only.for_each(|m| some.push(m));
+        assert_eq!(some, got[1..2]);
         assert_eq!(encode(h, std::iter::empty()).len(), 16);
     }
 
@@ -190,7 +254,7 @@ mod tests {
         b.extend_from_slice(&7u32.to_le_bytes());
         b.extend_from_slice(&0.5f64.to_le_bytes());
         let mut got = Vec::new();
-        decode(h, &b, &mut |m| got.push(m)).unwrap();
+        HourLasts::parse(h, &b).unwrap().for_each(|m| got.push(m));
         assert_eq!(got.len(), 1);
         assert_eq!((got[0].last, got[0].window_ms), ((h + 7, 0.5), None));
     }

@@ -56,14 +56,14 @@ pub use fold::FoldReport;
 pub use format::FORMAT;
 pub use hours::{MINUTE_MS, WINDOW_MS};
 pub use job_hours::{JobHour, IDLE_TENSOR_ACTIVE};
-pub use lasts::MinuteLast;
+pub use lasts::{HourLasts, MinuteLast};
 pub use limbo::{LimboBatch, Settle};
 pub use membership::SeqRanges;
 pub use model::Store;
 pub use precision::{round_decimals, Precision};
 pub use records::{
-    AgentKey, CommitSet, Derivation, DeviceRecord, EventRecord, GpuRecord, JobRecord, NodeRecord,
-    OfuPiece, OfuSample, StoredSeries, OFU_CLOCKS,
+    AgentKey, CommitSet, Derivation, DeviceRecord, EventRecord, GpuRecord, JobRecord, LastsPiece,
+    NodeRecord, OfuPiece, OfuSample, StoredSeries, OFU_CLOCKS,
 };
 pub use retention::Retention;
 

@@ -3,10 +3,13 @@
 use super::gpu_block::{self, Part};
 use super::hours::{hour_runs, window_of, MINUTE_MS, WINDOW_MS};
 use super::keys::{self, get_str};
+use super::lasts::HourLasts;
 use super::ofu_chunk::{ofu_samples, ofu_value, resolver, RefCache};
 use super::raw::{raw_block, raw_points, RawReader};
 use super::records::EventRecord;
-use super::records::{AgentKey, CommitSet, GpuRecord, JobRecord, NodeRecord, OfuPiece, OfuSample};
+use super::records::{
+    AgentKey, CommitSet, GpuRecord, JobRecord, LastsPiece, NodeRecord, OfuPiece, OfuSample,
+};
 use super::retention::Retention;
 use super::rollup::Rollup;
 use super::scan::scan_series;
@@ -101,6 +104,13 @@ fn whole_hour_as_all(mask: u64) -> u64 {
     } else {
         mask
     }
+}
+
+/// What one read of a GPU's OFU yields to [`Store::ofu_pieces`] and
+/// [`Store::ofu_lasts`].
+enum Read<'a> {
+    Piece(OfuPiece),
+    Hour(HourLasts<'a>),
 }
 
 fn json<T: Serialize>(v: &T) -> Vec<u8> {
@@ -494,25 +504,43 @@ impl Store {
         buckets: Option<i64>,
         f: &mut dyn FnMut(OfuPiece),
     ) -> Result<(), StoreError> {
-        self.ofu_read(tenant, gpu, start, end, job, buckets, false, f)
+        self.ofu_read(tenant, gpu, start, end, job, buckets, false, &mut |r| {
+            if let Read::Piece(p) = r {
+                f(p)
+            }
+        })
     }
 
-    /// OFU of one GPU in `[start, end)` as samples and, for every sealed
-    /// minute lying wholly inside the range, its last sample
-    /// ([`OfuPiece::Last`], from the hour's minute lasts: see `lasts.rs`)
-    /// instead of its samples: what an instant selector at steps on whole
-    /// minutes reads. Hours with samples still in the head, or sealed
-    /// before minute lasts were kept, come as samples.
+    /// OFU of one GPU in `[start, end)` as samples and, for the sealed
+    /// minutes lying wholly inside the range, their last samples, an hour
+    /// at a time ([`LastsPiece::Hour`], from the hour's minute lasts: see
+    /// `lasts.rs`) instead of their samples: what an instant selector at
+    /// steps on whole minutes reads. Hours with samples still in the
+    /// head, or sealed before minute lasts were kept, come as samples.
     pub fn ofu_lasts(
         &self,
         tenant: &str,
         gpu: &str,
         start: i64,
         end: i64,
-        f: &mut dyn FnMut(OfuPiece),
+        f: &mut dyn FnMut(LastsPiece<'_>),
     ) -> Result<(), StoreError> {
-        // Step 0: any minute wholly inside the range.
-        self.ofu_read(tenant, gpu, start, end, None, Some(0), true, f)
+        // Step 0: any minute wholly inside the range; no rollup buckets
+        // are asked for, so every piece is a sample or an hour.
+        self.ofu_read(
+            tenant,
+            gpu,
+            start,
+            end,
+            None,
+            Some(0),
+            true,
+            &mut |r| match r {
+                Read::Piece(OfuPiece::Sample(s)) => f(LastsPiece::Sample(s)),
+                Read::Hour(h) => f(LastsPiece::Hour(h)),
+                Read::Piece(OfuPiece::Agg { .. }) => {}
+            },
+        )
     }
 
     /// [`Store::ofu_pieces`], with minute lasts instead of rollup
@@ -527,7 +555,7 @@ impl Store {
         job: Option<&str>,
         buckets: Option<i64>,
         lasts: bool,
-        f: &mut dyn FnMut(OfuPiece),
+        f: &mut dyn FnMut(Read<'_>),
     ) -> Result<(), StoreError> {
         let start = self.clamp(tenant, start);
         if start >= end {
@@ -591,19 +619,36 @@ impl Store {
                             if in_head.contains(&w) {
                                 return Ok(true);
                             }
-                            let mut mask = 0u64;
+                            // The minutes handed over, and those outside the
+                            // range (nothing of theirs is read).
+                            let (mut mask, mut outside) = (0u64, 0u64);
                             for i in 0..60 {
-                                if usable(w + i * MINUTE_MS, MINUTE_MS) {
+                                let m = w + i * MINUTE_MS;
+                                if usable(m, MINUTE_MS) {
                                     mask |= 1 << i;
+                                } else if m + MINUTE_MS <= start || m >= end {
+                                    outside |= 1 << i;
                                 }
                             }
-                            super::lasts::decode(w, v, &mut |m| {
-                                if mask & (1 << ((m.minute - w) / MINUTE_MS)) != 0 {
-                                    f(OfuPiece::Last(m));
-                                }
-                            })
-                            .ok_or_else(|| corrupt(Cf::Rollup, "minute lasts"))?;
-                            covered.insert(w, whole_hour_as_all(mask));
+                            let hour = HourLasts::parse(w, v)
+                                .ok_or_else(|| corrupt(Cf::Rollup, "minute lasts"))?;
+                            // The minute the range ends inside (a job's span
+                            // ends after its last sample) is whole in the
+                            // range when its samples all lie before `end`.
+                            let i = (end - w).div_euclid(MINUTE_MS);
+                            let m = w + i * MINUTE_MS;
+                            if (0..60).contains(&i)
+                                && m >= start
+                                && m < end
+                                && hour.last_of(i as u32).is_none_or(|t| t < end)
+                            {
+                                mask |= 1 << i;
+                            }
+                            let hour = hour.only(mask);
+                            if !hour.is_empty() {
+                                f(Read::Hour(hour));
+                            }
+                            covered.insert(w, whole_hour_as_all(mask | outside));
                             Ok(true)
                         },
                     )?;
@@ -633,12 +678,12 @@ impl Store {
                             if usable(w, WINDOW_MS) {
                                 covered.insert(w, u64::MAX);
                                 if r.hour.mean.count > 0 {
-                                    f(OfuPiece::Agg {
+                                    f(Read::Piece(OfuPiece::Agg {
                                         ts_ms: w,
                                         len_ms: WINDOW_MS,
                                         agg: r.hour.mean,
                                         first: r.hour.first,
-                                    });
+                                    }));
                                 }
                                 return Ok(true);
                             }
@@ -652,12 +697,12 @@ impl Store {
                             }
                             for (i, b) in r.minutes {
                                 if mask & (1 << i) != 0 {
-                                    f(OfuPiece::Agg {
+                                    f(Read::Piece(OfuPiece::Agg {
                                         ts_ms: w + i64::from(i) * MINUTE_MS,
                                         len_ms: MINUTE_MS,
                                         agg: b.mean,
                                         first: b.first,
-                                    });
+                                    }));
                                 }
                             }
                             covered.insert(w, whole_hour_as_all(mask));
@@ -714,7 +759,7 @@ impl Store {
                             0
                         };
                         if s.ts_ms >= start && s.ts_ms < end && mask & bit == 0 {
-                            f(OfuPiece::Sample(s));
+                            f(Read::Piece(OfuPiece::Sample(s)));
                         }
                     }
                     Ok(true)
@@ -726,7 +771,7 @@ impl Store {
                 }
             }
             for s in head_samples.into_iter().flatten() {
-                f(OfuPiece::Sample(s));
+                f(Read::Piece(OfuPiece::Sample(s)));
             }
             Ok(())
         })

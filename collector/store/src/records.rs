@@ -334,9 +334,16 @@ pub enum OfuPiece {
         /// rolled up before the store kept it).
         first: Option<(i64, f64)>,
     },
-    /// A sealed minute's last sample, and its sample on the minute's
-    /// start, if any ([`crate::Store::ofu_lasts`]).
-    Last(super::MinuteLast),
+}
+
+/// What [`crate::Store::ofu_lasts`] yields: samples, and the minute lasts
+/// of each sealed hour read in place.
+#[derive(Debug, Clone, Copy)]
+pub enum LastsPiece<'a> {
+    /// One sample.
+    Sample(OfuSample),
+    /// A sealed hour's minute lasts (its minutes inside the range).
+    Hour(super::HourLasts<'a>),
 }
 
 /// A stored event.

@@ -283,17 +283,13 @@ impl Evaluator<'_> {
     /// samples' own times, any other expression's step times.
     fn timestamp(&self, e: &Expr) -> Result<Val, QueryError> {
         let out: Vec<StepSeries> = match e {
-            Expr::VectorSelector(vs) => self
-                .selector_samples(vs)?
-                .into_iter()
-                .map(|(s, vals)| StepSeries {
-                    labels: drop_name(s.labels),
-                    vals: vals
-                        .into_iter()
-                        .map(|p| p.map(|p| p.0 as f64 / 1000.0))
-                        .collect(),
-                })
-                .collect(),
+            Expr::VectorSelector(vs) => self.selector_series(vs, &|s, vals| StepSeries {
+                labels: drop_name(s.labels),
+                vals: vals
+                    .into_iter()
+                    .map(|p| p.map(|p| p.0 as f64 / 1000.0))
+                    .collect(),
+            })?,
             _ => self
                 .vector_arg(e, "timestamp")?
                 .into_iter()

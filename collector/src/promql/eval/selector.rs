@@ -1,7 +1,7 @@
 //! Selectors and subqueries: what a query reads from the series model.
 
 use super::{offset_ms, unwrap_parens, Evaluator, RangeInput, StepSeries, Val};
-use crate::promql::model::SeriesRef;
+use crate::promql::model::{SeriesRef, StepTimes};
 use crate::promql::points::{window, Points};
 use crate::promql::syntax::matchers;
 use crate::promql::{QueryError, LOOKBACK_MS};
@@ -30,28 +30,30 @@ impl Evaluator<'_> {
     }
 
     /// Each selected series with its sample (time and value) at every
-    /// step: the newest in the lookback window before the step's time
-    /// (less `offset`, or at the `@` time).
-    pub(crate) fn selector_samples(
+    /// step — the newest in the lookback window before the step's time
+    /// (less `offset`, or at the `@` time) — turned by `each` into what
+    /// the caller keeps, on the threads that read the series.
+    pub(crate) fn selector_series<R: Send>(
         &self,
         vs: &VectorSelector,
-    ) -> Result<Vec<(SeriesRef, StepSamples)>, QueryError> {
+        each: &(dyn Fn(SeriesRef, StepSamples) -> R + Sync),
+    ) -> Result<Vec<R>, QueryError> {
         let m = matchers(vs)?;
         let off = offset_ms(&vs.offset);
         let at = self.at_ms(&vs.at);
         let (first, last) = self.read_times(at, off);
-        let times: Vec<i64> = match at {
+        let times = StepTimes::new(match at {
             Some(t) => vec![t - off],
             None => (0..self.n).map(|i| self.t(i) - off).collect(),
-        };
-        let read = |s: SeriesRef| -> Result<Option<(SeriesRef, StepSamples)>, QueryError> {
+        });
+        let read = |s: SeriesRef| -> Result<Option<R>, QueryError> {
             let mut vals = self.model.at_times(&s, &times, first - LOOKBACK_MS, last)?;
             if at.is_some() {
                 vals = vec![vals[0]; self.n];
             }
             if vals.iter().any(Option::is_some) {
                 self.model.budget.samples(self.n)?;
-                return Ok(Some((s, vals)));
+                return Ok(Some(each(s, vals)));
             }
             Ok(None)
         };
@@ -63,15 +65,12 @@ impl Evaluator<'_> {
     }
 
     pub(crate) fn instant_selector(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
-        Ok(Val::Vector(
-            self.selector_samples(vs)?
-                .into_iter()
-                .map(|(s, vals)| StepSeries {
-                    labels: s.labels,
-                    vals: vals.into_iter().map(|p| p.map(|p| p.1)).collect(),
-                })
-                .collect(),
-        ))
+        Ok(Val::Vector(self.selector_series(vs, &|s, vals| {
+            StepSeries {
+                labels: s.labels,
+                vals: vals.into_iter().map(|p| p.map(|p| p.1)).collect(),
+            }
+        })?))
     }
 
     /// A range argument (a range selector or a subquery, in parentheses or

@@ -31,6 +31,19 @@ fn sample_values_are_formatted_as_go_formats_them() {
     assert_eq!(format_scalar(2.0), "2");
 }
 
+proptest::proptest! {
+    /// The fast path writes what Rust's shortest round-trip Display
+    /// writes (Go's 'f' with precision -1), for any finite value.
+    #[test]
+    fn scalars_are_written_as_display_writes_them(bits in proptest::prelude::any::<u64>(), small in 0.0f64..1.0) {
+        for v in [f64::from_bits(bits), small, small * 100.0, (small * 1e4).round()] {
+            if v.is_finite() {
+                proptest::prop_assert_eq!(format_scalar(v), format!("{v}"));
+            }
+        }
+    }
+}
+
 #[test]
 fn timestamps_are_seconds_with_up_to_three_decimals() {
     for (ms, s) in [
