@@ -29,7 +29,7 @@
 use super::admission::{self, Admission, Refused};
 use super::budget::{Budget, Cancel, WorkLimit};
 use super::guard::{self, ShapeLimit};
-use super::{Engine, QueryError, Value, MAX_POINTS};
+use super::{Engine, QueryError, RangeSeries, Value, MAX_POINTS};
 use crate::auth::Scope;
 use crate::series::Labels;
 use crate::state::Collector;
@@ -196,12 +196,26 @@ fn success(data: String) -> Response {
 /// [`success`] with Prometheus's `warnings` when there are any (a peer of
 /// the cluster did not answer).
 fn success_warned(data: String, warnings: &[String]) -> Response {
-    let mut body = format!("{{\"status\":\"success\",\"data\":{data}");
+    let mut body = String::with_capacity(data.len() + 64);
+    body.push_str(SUCCESS);
+    body.push_str(&data);
+    close_success(&mut body, warnings);
+    json_response(body)
+}
+
+/// The start of a successful answer's body; its data follows.
+const SUCCESS: &str = "{\"status\":\"success\",\"data\":";
+
+/// Ends a body begun with [`SUCCESS`] and its data.
+fn close_success(body: &mut String, warnings: &[String]) {
     if !warnings.is_empty() {
         body.push_str(",\"warnings\":");
         body.push_str(&strings_json(warnings));
     }
     body.push('}');
+}
+
+fn json_response(body: String) -> Response {
     ([(CONTENT_TYPE, "application/json")], body).into_response()
 }
 
@@ -384,12 +398,14 @@ async fn query(State(api): Shared, req: Request) -> Result<Response, ApiError> {
     check_shapes(&api, &caller.scope, &[&q]).map_err(query_param)?;
     let Caller { scope, token } = caller;
     let s = scope.clone();
+    // The answer is written on the query's thread too, not the runtime's.
     let v = run(&api, &scope, timeout, move |e, b| {
-        e.instant_within(&s, token.as_deref(), &q, time_ms, b)
+        let v = e.instant_within(&s, token.as_deref(), &q, time_ms, b)?;
+        Ok(query_body(&v, &b.warnings()))
     })
     .await
     .map_err(query_param)?;
-    Ok(query_data(&v.value, &v.warnings))
+    Ok(json_response(v.value))
 }
 
 async fn query_range(State(api): Shared, req: Request) -> Result<Response, ApiError> {
@@ -422,11 +438,13 @@ async fn query_range(State(api): Shared, req: Request) -> Result<Response, ApiEr
     check_shapes(&api, &caller.scope, &[&q]).map_err(query_param)?;
     let Caller { scope, token } = caller;
     let s = scope.clone();
+    // The answer is written on the query's thread too, not the runtime's.
     let v = run(&api, &scope, timeout, move |e, b| {
-        e.range_within(&s, token.as_deref(), &q, (start, end, step_ms), b)
+        let v = e.range_within(&s, token.as_deref(), &q, (start, end, step_ms), b)?;
+        Ok(query_body(&v, &b.warnings()))
     })
     .await?;
-    Ok(query_data(&v.value, &v.warnings))
+    Ok(json_response(v.value))
 }
 
 /// The label sets of the series `match[]` selects in `[start, end]`:
@@ -540,8 +558,8 @@ async fn not_found(req: Request) -> Response {
 }
 
 /// `{"resultType":...,"result":...}`.
-fn query_data(v: &Value, warnings: &[String]) -> Response {
-    let mut out = String::new();
+fn query_body(v: &Value, warnings: &[String]) -> String {
+    let mut out = String::from(SUCCESS);
     match v {
         Value::Scalar { t_ms, v } => {
             out.push_str("{\"resultType\":\"scalar\",\"result\":[");
@@ -573,30 +591,62 @@ fn query_data(v: &Value, warnings: &[String]) -> Response {
         }
         Value::Matrix(series) => {
             // About 30 bytes a point: one allocation for most answers.
-            out.reserve(series.iter().map(|s| 64 + 30 * s.points.len()).sum());
+            let size = |s: &RangeSeries| 64 + 30 * s.points.len();
+            out.reserve(series.iter().map(size).sum());
             out.push_str("{\"resultType\":\"matrix\",\"result\":[");
-            for (i, s) in series.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str("{\"metric\":");
-                labels_json(&mut out, &s.labels);
-                if !s.points.is_empty() {
-                    out.push_str(",\"values\":[");
-                    for (j, &(t, v)) in s.points.iter().enumerate() {
-                        if j > 0 {
-                            out.push(',');
-                        }
-                        point_json(&mut out, t, v);
+            let points: usize = series.iter().map(|s| s.points.len()).sum();
+            if points >= PARALLEL_POINTS {
+                // Large answers: each series written on one of the cores,
+                // then joined in order.
+                let write = |s: &RangeSeries| {
+                    let mut o = String::with_capacity(size(s));
+                    range_series_json(&mut o, s);
+                    Ok::<_, std::convert::Infallible>(o)
+                };
+                let parts = crate::parallel::in_parallel(series.iter().collect(), 1, &write);
+                let texts = parts.into_iter().flat_map(|p| match p {
+                    Ok(p) => p,
+                });
+                for (i, text) in texts.enumerate() {
+                    if i > 0 {
+                        out.push(',');
                     }
-                    out.push(']');
+                    out.push_str(&text);
                 }
-                out.push('}');
+            } else {
+                for (i, s) in series.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    range_series_json(&mut out, s);
+                }
             }
             out.push_str("]}");
         }
     }
-    success_warned(out, warnings)
+    close_success(&mut out, warnings);
+    out
+}
+
+/// Points of a matrix answer from which its series are written on every
+/// core.
+const PARALLEL_POINTS: usize = 1 << 15;
+
+/// One series of a matrix answer.
+fn range_series_json(out: &mut String, s: &RangeSeries) {
+    out.push_str("{\"metric\":");
+    labels_json(out, &s.labels);
+    if !s.points.is_empty() {
+        out.push_str(",\"values\":[");
+        for (j, &(t, v)) in s.points.iter().enumerate() {
+            if j > 0 {
+                out.push(',');
+            }
+            point_json(out, t, v);
+        }
+        out.push(']');
+    }
+    out.push('}');
 }
 
 /// `[t,"v"]`, written in place: a number's text needs no escaping.

@@ -34,6 +34,10 @@ enum Kind {
     Stdvar,
 }
 
+/// Input points (series × steps) from which an aggregation folds its
+/// groups on every core: below, a thread costs more than it saves.
+const PARALLEL_POINTS: usize = 1 << 16;
+
 impl Kind {
     fn of(op: &str) -> Self {
         match op {
@@ -193,8 +197,7 @@ impl Evaluator<'_> {
             }
             _ => {
                 let op = Kind::of(op);
-                let mut out = Vec::with_capacity(groups.len());
-                for (labels, members) in groups {
+                let fold = |(labels, members): (Labels, Vec<usize>)| {
                     // Member by member over all steps (each series read in
                     // order); at every step the members still arrive in
                     // the same order, so the arithmetic is the same.
@@ -210,7 +213,19 @@ impl Evaluator<'_> {
                         }
                     }
                     let vals = acc.into_iter().map(|a| a.map(|a| a.result(op))).collect();
-                    out.push(StepSeries { labels, vals });
+                    Ok::<_, std::convert::Infallible>(StepSeries { labels, vals })
+                };
+                // Groups are independent: large aggregations fold them on
+                // every core, each group still on one thread in order.
+                let per_thread = if input.len() * self.n >= PARALLEL_POINTS {
+                    1
+                } else {
+                    groups.len().max(1)
+                };
+                let mut out = Vec::with_capacity(groups.len());
+                for part in crate::parallel::in_parallel(groups, per_thread, &fold) {
+                    let Ok(part) = part;
+                    out.extend(part);
                 }
                 Ok(Val::Vector(out))
             }

@@ -142,7 +142,7 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
 #[tokio::test]
 async fn results_are_written_as_prometheus_writes_them() {
     assert_eq!(
-        body(query_data(&Value::Scalar { t_ms: 4000, v: 2.0 }, &[])).await,
+        body(json_response(query_body(&Value::Scalar { t_ms: 4000, v: 2.0 }, &[]))).await,
         (
             200,
             r#"{"status":"success","data":{"resultType":"scalar","result":[4,"2"]}}"#.into()
@@ -154,7 +154,7 @@ async fn results_are_written_as_prometheus_writes_them() {
         v: 0.25,
     }]);
     assert_eq!(
-        body(query_data(&v, &[])).await.1,
+        body(json_response(query_body(&v, &[]))).await.1,
         r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"flopwatch_ofu_ratio","job_id":"a"},"value":[1700000000.100,"0.25"]}]}}"#
     );
     let m = Value::Matrix(vec![RangeSeries {
@@ -162,13 +162,37 @@ async fn results_are_written_as_prometheus_writes_them() {
         points: vec![(15_000, 1.0), (30_000, f64::NAN)],
     }]);
     assert_eq!(
-        body(query_data(&m, &[])).await.1,
+        body(json_response(query_body(&m, &[]))).await.1,
         r#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"gpu":"0"},"values":[[15,"1"],[30,"NaN"]]}]}}"#
     );
     assert_eq!(
-        body(query_data(&Value::Vector(vec![]), &[])).await.1,
+        body(json_response(query_body(&Value::Vector(vec![]), &[]))).await.1,
         r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#
     );
+}
+
+#[test]
+fn large_matrices_are_written_on_every_core_as_on_one() {
+    // Enough points for the parallel path, over series of unequal length.
+    let series: Vec<RangeSeries> = (0..7)
+        .map(|g| RangeSeries {
+            labels: labels(&[("gpu", &g.to_string())]),
+            points: (0..(PARALLEL_POINTS / 4 + g * 1_000))
+                .map(|i| (i as i64 * 15_000 + 1, i as f64 / 7.0 + g as f64))
+                .collect(),
+        })
+        .collect();
+    let mut want = String::from(SUCCESS);
+    want.push_str(r#"{"resultType":"matrix","result":["#);
+    for (i, s) in series.iter().enumerate() {
+        if i > 0 {
+            want.push(',');
+        }
+        range_series_json(&mut want, s);
+    }
+    want.push_str(r#"]},"warnings":["peer c2 did not answer"]}"#);
+    let warnings = ["peer c2 did not answer".to_string()];
+    assert_eq!(query_body(&Value::Matrix(series), &warnings), want);
 }
 
 #[tokio::test]
