@@ -142,7 +142,11 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
 #[tokio::test]
 async fn results_are_written_as_prometheus_writes_them() {
     assert_eq!(
-        body(json_response(query_body(&Value::Scalar { t_ms: 4000, v: 2.0 }, &[]))).await,
+        body(json_response(query_body(
+            &Value::Scalar { t_ms: 4000, v: 2.0 },
+            &[]
+        )))
+        .await,
         (
             200,
             r#"{"status":"success","data":{"resultType":"scalar","result":[4,"2"]}}"#.into()
@@ -166,7 +170,9 @@ async fn results_are_written_as_prometheus_writes_them() {
         r#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"gpu":"0"},"values":[[15,"1"],[30,"NaN"]]}]}}"#
     );
     assert_eq!(
-        body(json_response(query_body(&Value::Vector(vec![]), &[]))).await.1,
+        body(json_response(query_body(&Value::Vector(vec![]), &[])))
+            .await
+            .1,
         r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#
     );
 }
