@@ -539,15 +539,22 @@ fn retention_hides_then_deletes_expired_hours_per_tenant() {
     }
 }
 
+/// A store of tenant `t1` with 90 s of GPU-1 in each of five hours from
+/// `T0` (7 s to 97 s into the hour), hours 0..=3 sealed, 4 in the head.
+fn five_hours_four_sealed(e: Arc<dyn Engine>) -> Store {
+    let store = Store::new(e, false);
+    let mut seq = 0;
+    for h in 0..5 {
+        seq = ingest(&store, "t1", T0 + h * H + 7_000, 90, seq);
+    }
+    store.compact(T0 + 4 * H, 0).unwrap();
+    store
+}
+
 #[test]
 fn rollups_answer_coarse_queries_with_the_same_totals() {
     for (name, e, _dir) in engines() {
-        let store = Store::new(e, false);
-        let mut seq = 0;
-        for h in 0..5 {
-            seq = ingest(&store, "t1", T0 + h * H + 7_000, 90, seq);
-        }
-        store.compact(T0 + 4 * H, 0).unwrap(); // hours 0..=3 sealed, 4 in the head
+        let store = five_hours_four_sealed(e);
         let of_job = |job: Option<&str>, start: i64, end: i64, step: Option<i64>| {
             let (mut total, mut aggs) = (flopwatch_proto::ofu::Mean::default(), 0);
             store
@@ -1267,15 +1274,10 @@ fn fold_minute(out: &mut Minutes, minute: i64, last: (i64, f64), at_start: Optio
 #[test]
 fn minute_lasts_answer_as_the_samples_do_at_the_ranges_edges() {
     for (name, e, _dir) in engines() {
-        let store = Store::new(e, false);
-        let mut seq = 0;
-        for h in 0..5 {
-            seq = ingest(&store, "t1", T0 + h * H + 7_000, 90, seq);
-        }
-        store.compact(T0 + 4 * H, 0).unwrap(); // hours 0..=3 sealed, 4 in the head
-                                               // Ranges whose ends fall on, before and after a minute's samples:
-                                               // 30.5 s into a minute with samples after it, 0.5 s past a
-                                               // minute's last sample (96.9 s), on a whole minute, in the head.
+        let store = five_hours_four_sealed(e);
+        // Ranges whose ends fall on, before and after a minute's samples:
+        // 30.5 s into a minute with samples after it, 0.5 s past a
+        // minute's last sample (96.9 s), on a whole minute, in the head.
         for (start, end) in [
             (T0, T0 + 5 * H),
             (T0 + 30_500, T0 + 3 * H + 30_500),
