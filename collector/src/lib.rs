@@ -26,7 +26,7 @@ mod mfu;
 use flopwatch_proto::ofu;
 mod otlp;
 mod ownership;
-mod parallel;
+use flopwatch_store::parallel;
 mod peer_cert;
 mod peering;
 pub mod promql;

@@ -73,28 +73,33 @@ impl DecoderModel<PRECISION> for Bit {
     }
 }
 
-/// An adaptive binary model: the probability of a 0, in 1/2^16.
+/// An adaptive binary model: the probability of a 0, in 1/2^16 (kept in
+/// 16 bits: it stays within `P_MIN..=ONE - P_MIN`).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Model(u32);
+pub(crate) struct Model(u16);
 
 impl Default for Model {
     fn default() -> Self {
-        Model(ONE / 2)
+        Model((ONE / 2) as u16)
     }
 }
 
 impl Model {
     fn frozen(self) -> Bit {
-        Bit { p0: self.0 }
+        Bit {
+            p0: u32::from(self.0),
+        }
     }
 
     fn update(&mut self, bit: bool) {
+        let mut p = u32::from(self.0);
         if bit {
-            self.0 -= self.0 >> ADAPT;
+            p -= p >> ADAPT;
         } else {
-            self.0 += (ONE - self.0) >> ADAPT;
+            p += (ONE - p) >> ADAPT;
         }
-        self.0 = self.0.clamp(P_MIN, ONE - P_MIN);
+        // In range, so it fits in 16 bits.
+        self.0 = p.clamp(P_MIN, ONE - P_MIN) as u16;
     }
 }
 
@@ -189,17 +194,18 @@ impl Decoder {
 }
 
 /// A binary tree of models, `DEPTH` levels: codes a value in
-/// `0..2^DEPTH`.
+/// `0..2^DEPTH`; `N` is `2^DEPTH` (node 1 is the root).
 #[derive(Clone)]
-struct Tree<const DEPTH: u32>([Model; 128]);
+struct Tree<const DEPTH: u32, const N: usize>([Model; N]);
 
-impl<const DEPTH: u32> Default for Tree<DEPTH> {
+impl<const DEPTH: u32, const N: usize> Default for Tree<DEPTH, N> {
     fn default() -> Self {
-        Tree([Model::default(); 128])
+        const { assert!(N == 1 << DEPTH) };
+        Tree([Model::default(); N])
     }
 }
 
-impl<const DEPTH: u32> Tree<DEPTH> {
+impl<const DEPTH: u32, const N: usize> Tree<DEPTH, N> {
     fn put(&mut self, enc: &mut Encoder, v: u32) {
         let mut node = 1usize;
         for i in (0..DEPTH).rev() {
@@ -224,7 +230,7 @@ pub(crate) struct Residuals {
     /// Whether r is 0, by context.
     zero: [Model; CONTEXTS],
     /// Bit length of |r| minus one (0..64) by context.
-    len: Vec<Tree<6>>,
+    len: Vec<Tree<6, 64>>,
     sign: [Model; 2],
     /// The bits below the leading one, by bit length.
     mantissa: Vec<[Model; 1 << MANTISSA_MODELLED]>,
@@ -338,7 +344,7 @@ impl Residuals {
 /// bits below the leading one at even odds.
 #[derive(Default)]
 pub(crate) struct Patterns {
-    zeros: Tree<7>,
+    zeros: Tree<7, 128>,
 }
 
 impl Patterns {

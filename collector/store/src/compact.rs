@@ -34,6 +34,7 @@ use super::ofu_chunk::{
     ofu_block_start, ofu_samples, ofu_value, raw_hour, refs_hold, resolver, Derivations, HourMap,
     RefCache, CLOCKS,
 };
+use super::parallel;
 use super::raw::{chunk_times, raw_block, raw_points, time_ref_prefix, Times, TIME_REF};
 use super::rollup::{self, Bucket, Rollup};
 use super::{corrupt, Cf, Derivation, OfuSample, Op, Precision, Step, Store, StoreError};
@@ -57,6 +58,14 @@ pub struct CompactionReport {
 /// Most samples decoded for one series-hour: beyond it the hour is left in
 /// the head (and logged) rather than growing memory without bound.
 const MAX_HOUR_SAMPLES: usize = flopwatch_codec::MAX_BLOCK_SAMPLES;
+
+/// One series of a GPU-hour to seal: its kind, key prefix and head
+/// blocks.
+type SeriesWork<'a> = (u8, Vec<u8>, &'a [&'a [u8]]);
+
+/// Head bytes of a GPU-hour from which its series are planned on every
+/// core (below, starting a thread costs more than it saves).
+pub(super) const PARALLEL_BYTES: usize = 64 << 10;
 
 /// Series whose expired hours are deleted in one write.
 const EXPIRE_BATCH: usize = 1024;
@@ -327,28 +336,46 @@ impl Store {
             chunks += 1;
             samples += p.samples;
         }
-        for (metric, values) in &raw {
-            let mut prefix = g.prefix.clone();
-            keys::put_str(&mut prefix, metric);
-            let ts = (before.as_ref(), after.as_ref());
-            let Some(p) =
-                self.plan_series(keys::KIND_RAW, &prefix, g.window, values, ts, &mut ops)?
-            else {
-                return Ok(());
-            };
-            chunks += 1;
-            samples += p.samples;
-        }
-        let raw_samples = samples;
+        // The other series and the OFU only read the reference's new
+        // timestamps: planned on every core when the hour is large, their
+        // writes joined in the same order as on one thread.
+        let ts = (before.as_ref(), after.as_ref());
+        let mut work: Vec<SeriesWork<'_>> = raw
+            .iter()
+            .map(|(metric, values)| {
+                let mut prefix = g.prefix.clone();
+                keys::put_str(&mut prefix, metric);
+                (keys::KIND_RAW, prefix, values.as_slice())
+            })
+            .collect();
         if !ofu.is_empty() {
-            let ts = (before.as_ref(), after.as_ref());
-            let Some(p) =
-                self.plan_series(keys::KIND_OFU, &g.prefix, g.window, &ofu, ts, &mut ops)?
-            else {
-                return Ok(());
-            };
-            chunks += 1;
-            samples += p.samples;
+            work.push((keys::KIND_OFU, g.prefix.clone(), ofu.as_slice()));
+        }
+        let bytes: usize = g.blocks.iter().map(|(_, v)| v.len()).sum();
+        let per_thread = if bytes >= PARALLEL_BYTES {
+            1
+        } else {
+            usize::MAX
+        };
+        let plan = |(kind, prefix, values): SeriesWork<'_>| {
+            let mut ops = Vec::new();
+            let p = self.plan_series(kind, &prefix, g.window, values, ts, &mut ops)?;
+            Ok::<_, StoreError>((kind, p, ops))
+        };
+        let mut raw_samples = samples;
+        for part in parallel::in_parallel(work, per_thread, &plan) {
+            for (kind, p, planned) in part? {
+                // One series-hour too large leaves the GPU's hour in the head.
+                let Some(p) = p else {
+                    return Ok(());
+                };
+                chunks += 1;
+                samples += p.samples;
+                if kind == keys::KIND_RAW {
+                    raw_samples += p.samples;
+                }
+                ops.extend(planned);
+            }
         }
         for (k, _) in &g.blocks {
             ops.push(Op::Delete(Cf::Head, k.clone()));

@@ -400,6 +400,35 @@ mod tests {
     }
 
     #[test]
+    fn an_hour_sealed_on_every_core_is_the_hour_sealed_on_one() {
+        let one = Store::new(Arc::new(MemEngine::default()), false);
+        let every = Store {
+            parallel_from: 0,
+            ..Store::new(Arc::new(MemEngine::default()), false)
+        };
+        // Two hours, the second with late batches after its first seal.
+        for s in [&one, &every] {
+            for i in 0..40 {
+                s.commit("t", &gpu_batch(i + 1, T0 + i as i64 * 90_000))
+                    .unwrap();
+            }
+            s.compact(T0 + 2 * WINDOW_MS, 0).unwrap();
+            for i in 40..50 {
+                s.commit("t", &gpu_batch(i + 1, T0 + WINDOW_MS + i as i64 * 1_000))
+                    .unwrap();
+            }
+            s.compact(T0 + 3 * WINDOW_MS, 0).unwrap();
+            assert!(head_keys(s).is_empty());
+        }
+        for cf in [Cf::Raw, Cf::Ofu, Cf::Rollup] {
+            let (a, b) = (family(&one, cf), family(&every, cf));
+            assert!(!a.is_empty(), "{cf:?}");
+            assert_eq!(a, b, "{cf:?}");
+        }
+        assert_eq!(read(&one), read(&every));
+    }
+
+    #[test]
     fn a_sealed_hour_is_left_to_the_seal_and_a_stop_requeues() {
         let folding = Store::new(Arc::new(MemEngine::default()), false)
             .with_compaction(Duration::from_secs(60), Duration::ZERO)

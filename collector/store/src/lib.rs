@@ -42,6 +42,7 @@ mod membership;
 pub mod memory;
 mod model;
 mod ofu_chunk;
+pub mod parallel;
 mod precision;
 mod raw;
 mod records;

@@ -56,6 +56,9 @@ pub struct Store {
     /// The engine drops expired keys in its own compactions
     /// ([`Engine::expire_by_compaction`]).
     pub(super) expired_in_engine: bool,
+    /// Head bytes of a GPU-hour from which its series are sealed on every
+    /// core ([`super::compact`]).
+    pub(super) parallel_from: usize,
 }
 
 /// When a GPU's head is folded and its hours sealed (see
@@ -144,6 +147,7 @@ impl Store {
             sealed_raw: Arc::default(),
             expired_in_engine: false,
             whole_passes: Arc::default(),
+            parallel_from: super::compact::PARALLEL_BYTES,
         }
     }
 

@@ -1,12 +1,14 @@
-//! Independent reads spread over the cores: a fleet-wide PromQL
-//! selector's series, a ledger's GPUs.
+//! Independent work spread over the cores: a fleet-wide PromQL
+//! selector's series, a ledger's GPUs, the series of a GPU-hour being
+//! sealed.
 
 /// `f` of each of `items`, in order, the items split into contiguous
 /// parts read on up to one thread per core, each thread taking at least
 /// `per_thread` items (below twice that, this thread reads them all).
 /// Each part's results, or its first error. Where no thread can be had,
-/// this one reads every part.
-pub(crate) fn in_parallel<T: Send, R: Send, E: Send>(
+/// this one reads every part. The threads started inherit this one's CPU
+/// priority (the compactor's stays low).
+pub fn in_parallel<T: Send, R: Send, E: Send>(
     items: Vec<T>,
     per_thread: usize,
     f: &(dyn Fn(T) -> Result<R, E> + Sync),
