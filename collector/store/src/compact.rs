@@ -352,7 +352,7 @@ impl Store {
             work.push((keys::KIND_OFU, g.prefix.clone(), ofu.as_slice()));
         }
         let bytes: usize = g.blocks.iter().map(|(_, v)| v.len()).sum();
-        let per_thread = if bytes >= PARALLEL_BYTES {
+        let per_thread = if bytes >= self.parallel_from {
             1
         } else {
             usize::MAX
