@@ -512,7 +512,7 @@ impl Store {
         } else {
             // The GPU's tensor activity and clocks of the hour, which the
             // chunk refers to instead of storing them again.
-            let mut tpa = HourMap::new();
+            let mut tpa = HourMap::default();
             let mut clocks = Vec::new();
             let mut cache = RefCache::default();
             let mut by_job: BTreeMap<String, Vec<super::OfuSample>> = BTreeMap::new();
