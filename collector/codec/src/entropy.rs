@@ -1,6 +1,6 @@
-//! The entropy stage of sealed chunks: adaptive binary models driving
-//! `constriction`'s range coder, and a coder for signed integer residuals
-//! built on them.
+//! The entropy stage of sealed chunks: adaptive binary models driving a
+//! range coder ([`super::range`], the stream of `constriction`'s), and a
+//! coder for signed integer residuals built on them.
 //!
 //! Every probability is an integer (16 bits) updated by integer arithmetic
 //! only, so an encoder and a decoder on any machine see the same model
@@ -15,16 +15,9 @@
 //! entropy of the noise), and a run of zero residuals (a regular interval,
 //! an idle GPU's constant counter) costs a few thousandths of a bit each.
 
+use super::range::{RangeDecoder, RangeEncoder, ONE};
 use super::CodecError;
-use constriction::stream::model::{DecoderModel, EncoderModel, EntropyModel};
-use constriction::stream::queue::{DefaultRangeDecoder, DefaultRangeEncoder};
-use constriction::stream::{Decode, Encode};
-use std::borrow::Borrow;
-use std::num::NonZeroU32;
 
-/// Bits of every probability.
-const PRECISION: usize = 16;
-const ONE: u32 = 1 << PRECISION;
 /// Bounds of an adaptive probability: no symbol ever becomes impossible.
 const P_MIN: u32 = 32;
 /// Adaptation speed: each coded bit moves the probability 1/2^5 of the way.
@@ -33,45 +26,6 @@ const ADAPT: u32 = 5;
 const CONTEXTS: usize = 40;
 /// Mantissa bits below the leading one coded with adaptive models.
 const MANTISSA_MODELLED: u32 = 2;
-
-/// The frozen state of one binary model for one coding step.
-#[derive(Clone, Copy)]
-struct Bit {
-    p0: u32,
-}
-
-fn nonzero(p: u32) -> NonZeroU32 {
-    // p is in [P_MIN, ONE - P_MIN] by construction; MIN keeps this total.
-    NonZeroU32::new(p).unwrap_or(NonZeroU32::MIN)
-}
-
-impl EntropyModel<PRECISION> for Bit {
-    type Symbol = bool;
-    type Probability = u32;
-}
-
-impl EncoderModel<PRECISION> for Bit {
-    fn left_cumulative_and_probability(
-        &self,
-        symbol: impl Borrow<bool>,
-    ) -> Option<(u32, NonZeroU32)> {
-        Some(if *symbol.borrow() {
-            (self.p0, nonzero(ONE - self.p0))
-        } else {
-            (0, nonzero(self.p0))
-        })
-    }
-}
-
-impl DecoderModel<PRECISION> for Bit {
-    fn quantile_function(&self, quantile: u32) -> (bool, u32, NonZeroU32) {
-        if quantile < self.p0 {
-            (false, 0, nonzero(self.p0))
-        } else {
-            (true, self.p0, nonzero(ONE - self.p0))
-        }
-    }
-}
 
 /// An adaptive binary model: the probability of a 0, in 1/2^16 (kept in
 /// 16 bits: it stays within `P_MIN..=ONE - P_MIN`).
@@ -85,12 +39,12 @@ impl Default for Model {
 }
 
 impl Model {
-    fn frozen(self) -> Bit {
-        Bit {
-            p0: u32::from(self.0),
-        }
+    #[inline(always)]
+    fn p0(self) -> u32 {
+        u32::from(self.0)
     }
 
+    #[inline(always)]
     fn update(&mut self, bit: bool) {
         let mut p = u32::from(self.0);
         if bit {
@@ -103,82 +57,70 @@ impl Model {
     }
 }
 
-const EVEN: Bit = Bit { p0: ONE / 2 };
-
 /// Writes bits into one range-coded stream.
 pub(crate) struct Encoder {
-    rc: DefaultRangeEncoder,
-    failed: bool,
+    rc: RangeEncoder,
 }
 
 impl Encoder {
     pub(crate) fn new() -> Self {
         Self {
-            rc: DefaultRangeEncoder::new(),
-            failed: false,
+            rc: RangeEncoder::new(),
         }
     }
 
-    fn raw(&mut self, bit: bool, model: Bit) {
-        // Fails only for a symbol of probability zero, which no model has.
-        self.failed |= self.rc.encode_symbol(bit, model).is_err();
-    }
-
     /// Codes `bit` with `m` and adapts `m`.
+    #[inline(always)]
     pub(crate) fn bit(&mut self, m: &mut Model, bit: bool) {
-        self.raw(bit, m.frozen());
+        self.rc.encode(bit, m.p0());
         m.update(bit);
     }
 
     /// Codes the low `n` bits of `v` (high first) at even odds.
     pub(crate) fn even(&mut self, v: u64, n: u32) {
         for i in (0..n).rev() {
-            self.raw((v >> i) & 1 == 1, EVEN);
+            self.rc.encode((v >> i) & 1 == 1, ONE / 2);
         }
     }
 
     /// The stream's bytes (little-endian 32-bit words).
     pub(crate) fn finish(self) -> Result<Vec<u8>, CodecError> {
-        if self.failed {
-            return Err(CodecError::Corrupt("entropy coder"));
-        }
-        let words = self
+        Ok(self
             .rc
-            .into_compressed()
-            .map_err(|_| CodecError::Corrupt("entropy coder"))?;
-        Ok(words.iter().flat_map(|w| w.to_le_bytes()).collect())
+            .finish()
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect())
     }
 }
 
 /// Reads bits from one range-coded stream. Past its end the stream reads
 /// as zeros; a stream that does not decode is an error, never a panic.
-pub(crate) struct Decoder {
-    rc: DefaultRangeDecoder,
+pub(crate) struct Decoder<'a> {
+    rc: RangeDecoder<'a>,
 }
 
-impl Decoder {
-    pub(crate) fn new(bytes: &[u8]) -> Result<Self, CodecError> {
+impl<'a> Decoder<'a> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Result<Self, CodecError> {
         if !bytes.len().is_multiple_of(4) {
             return Err(CodecError::Corrupt("entropy stream length"));
         }
-        let words: Vec<u32> = bytes
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        let rc = DefaultRangeDecoder::from_compressed(words)
-            .map_err(|_| CodecError::Corrupt("entropy stream"))?;
-        Ok(Self { rc })
+        Ok(Self {
+            rc: RangeDecoder::new(bytes),
+        })
     }
 
-    fn raw(&mut self, model: Bit) -> Result<bool, CodecError> {
+    #[inline(always)]
+    fn raw(&mut self, p0: u32) -> Result<bool, CodecError> {
         self.rc
-            .decode_symbol(model)
+            .decode(p0)
             .map_err(|_| CodecError::Corrupt("entropy stream"))
     }
 
     /// Decodes a bit coded with `m` and adapts `m`.
+    #[inline(always)]
     pub(crate) fn bit(&mut self, m: &mut Model) -> Result<bool, CodecError> {
-        let b = self.raw(m.frozen())?;
+        let b = self.raw(m.p0())?;
         m.update(b);
         Ok(b)
     }
@@ -187,7 +129,7 @@ impl Decoder {
     pub(crate) fn even(&mut self, n: u32) -> Result<u64, CodecError> {
         let mut v = 0u64;
         for _ in 0..n {
-            v = (v << 1) | u64::from(self.raw(EVEN)?);
+            v = (v << 1) | u64::from(self.raw(ONE / 2)?);
         }
         Ok(v)
     }
@@ -215,7 +157,7 @@ impl<const DEPTH: u32, const N: usize> Tree<DEPTH, N> {
         }
     }
 
-    fn get(&mut self, dec: &mut Decoder) -> Result<u32, CodecError> {
+    fn get(&mut self, dec: &mut Decoder<'_>) -> Result<u32, CodecError> {
         let mut node = 1usize;
         for _ in 0..DEPTH {
             let b = dec.bit(&mut self.0[node])?;
@@ -304,7 +246,11 @@ impl Residuals {
 
     /// Decodes a residual coded by [`Residuals::put`] with the same `bias`;
     /// returns it and whether it was a jump.
-    pub(crate) fn get(&mut self, dec: &mut Decoder, bias: i32) -> Result<(i64, bool), CodecError> {
+    pub(crate) fn get(
+        &mut self,
+        dec: &mut Decoder<'_>,
+        bias: i32,
+    ) -> Result<(i64, bool), CodecError> {
         let ctx = self.context(bias);
         let len = if dec.bit(&mut self.zero[ctx])? {
             0
@@ -356,7 +302,7 @@ impl Patterns {
         }
     }
 
-    pub(crate) fn get(&mut self, dec: &mut Decoder) -> Result<u64, CodecError> {
+    pub(crate) fn get(&mut self, dec: &mut Decoder<'_>) -> Result<u64, CodecError> {
         let lz = self.zeros.get(dec)?;
         if lz > 64 {
             return Err(CodecError::Corrupt("pattern"));

@@ -24,6 +24,7 @@
 
 mod bits;
 mod entropy;
+mod range;
 mod sealed;
 
 use bits::{
