@@ -11,7 +11,7 @@
 //!   (scaled integers' deltas bit-packed in groups of 16), windows
 //!   run-length or against the timestamp gaps.
 //! * **3** ([`Block::encode_compact`], sealed chunks): prediction and an
-//!   entropy stage (`constriction`'s range coder with adaptive integer
+//!   entropy stage (a binary range coder writing `constriction`'s stream, with adaptive integer
 //!   models); exact decimals and window means of decimals as integers,
 //!   residuals from a running level; see [`sealed`].
 //!
