@@ -175,6 +175,11 @@ fn log2_16(w: u64) -> i32 {
 /// in 64 bits (the usual case; a 128-bit division is a library call many
 /// times slower).
 fn div_euclid(a: i128, d: i64) -> i128 {
+    // A full level's length is a power of two: a shift floors as
+    // `div_euclid` does for a positive divisor.
+    if d > 0 && d.count_ones() == 1 {
+        return a >> d.trailing_zeros();
+    }
     match i64::try_from(a) {
         Ok(a) => i128::from(a.div_euclid(d)),
         Err(_) => a.div_euclid(i128::from(d)),
@@ -825,7 +830,7 @@ mod tests {
             1 << 80,
             -(1 << 80),
         ] {
-            for d in [1i64, 2, 3, 16, 100, i64::MAX] {
+            for d in [1i64, 2, 3, 16, 100, 1 << 40, i64::MAX] {
                 assert_eq!(div_euclid(a, d), a.div_euclid(i128::from(d)), "{a} / {d}");
             }
         }
