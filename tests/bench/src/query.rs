@@ -66,8 +66,10 @@ pub(super) struct QueryArgs {
         value_delimiter = ','
     )]
     peers: Vec<String>,
-    /// Runs per query (the median is reported).
-    #[arg(long, default_value_t = 7)]
+    /// Runs per query (the median is reported). Seven proved too few on a
+    /// shared 2-core machine (medians ±10 % run to run); 21 hold within a
+    /// few percent (docs/BENCHMARKS.md, PromQL).
+    #[arg(long, default_value_t = 21)]
     runs: usize,
     /// Work directory (default: a temporary one, removed after).
     #[arg(long)]
