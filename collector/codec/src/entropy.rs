@@ -84,13 +84,12 @@ impl Encoder {
     }
 
     /// The stream's bytes (little-endian 32-bit words).
-    pub(crate) fn finish(self) -> Result<Vec<u8>, CodecError> {
-        Ok(self
-            .rc
+    pub(crate) fn finish(self) -> Vec<u8> {
+        self.rc
             .finish()
             .iter()
             .flat_map(|w| w.to_le_bytes())
-            .collect())
+            .collect()
     }
 }
 
@@ -341,7 +340,7 @@ mod tests {
             m.put(&mut enc, v, i as i32 * 7 - 20);
             p.put(&mut enc, v as u64);
         }
-        let bytes = enc.finish().unwrap();
+        let bytes = enc.finish();
         let mut dec = Decoder::new(&bytes).unwrap();
         let mut m = Residuals::default();
         let mut p = Patterns::default();
@@ -358,7 +357,7 @@ mod tests {
         for _ in 0..100_000 {
             m.put(&mut enc, 0, 0);
         }
-        let bytes = enc.finish().unwrap();
+        let bytes = enc.finish();
         // 100 000 zeros: well under a byte per thousand.
         assert!(bytes.len() < 100, "{}", bytes.len());
     }

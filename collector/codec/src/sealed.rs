@@ -329,7 +329,7 @@ fn encode_scaled(
         }
         st.prev_bits = v.to_bits();
     }
-    enc.finish()
+    Ok(enc.finish())
 }
 
 fn decode_scaled(
@@ -551,7 +551,7 @@ fn encode_time(ts: &[i64], windows: &[u32], g: i64, mode: u8) -> Result<Vec<u8>,
             wr.put(&mut enc, i64::from(windows[i]).wrapping_sub(p), 0);
         }
     }
-    enc.finish()
+    Ok(enc.finish())
 }
 
 fn decode_time(
