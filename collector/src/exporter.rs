@@ -43,7 +43,10 @@
 //! | `flopwatch_regressions_total`, `flopwatch_stragglers_total`, `flopwatch_mfu_mismatches_total` | counter | `tenant` |
 //! | *health:* `flopwatch_agents_connected` | gauge | |
 //! | *health:* `flopwatch_storage_memory_bytes` | gauge, RocksDB memtables, block cache and table readers | |
-//! | *health:* `flopwatch_ingest_samples_total`, `flopwatch_ingest_batches_total`, `flopwatch_ingest_duplicate_batches_total`, `flopwatch_ingest_rejected_batches_total`, `flopwatch_ofu_samples_total` | counter | |
+//! | *health:* `flopwatch_storage_level0_files` | gauge, files in level 0 of the family with the most | `family` |
+//! | *health:* `flopwatch_storage_pending_compaction_bytes` | gauge, bytes RocksDB's compactions still owe | |
+//! | *health:* `flopwatch_storage_write_stall` | gauge, 0 none, 1 writes delayed, 2 writes stopped | |
+//! | *health:* `flopwatch_ingest_samples_total`, `flopwatch_ingest_batches_total`, `flopwatch_ingest_duplicate_batches_total`, `flopwatch_ingest_commit_writes_total`, `flopwatch_ingest_rejected_batches_total`, `flopwatch_ofu_samples_total` | counter | |
 //! | *health:* `flopwatch_ingest_rejected_samples_total` | counter | `reason` |
 //! | *health:* `flopwatch_auth_failures_total` | counter | `service` (`ingest`, `query`, `metrics`, `prometheus_api`), `kind` |
 //! | *health:* `flopwatch_ack_latency_seconds` | histogram | |
@@ -727,6 +730,12 @@ impl Exporter {
         )?;
         counter(
             enc,
+            "flopwatch_ingest_commit_writes",
+            "Storage writes of acknowledged batches (one write carries every batch of a tenant waiting for storage).",
+            one(get(&s.commit_writes)),
+        )?;
+        counter(
+            enc,
             "flopwatch_ingest_duplicate_batches",
             "Batches acknowledged as replays of stored ones (not stored again).",
             one(get(&s.batches_duplicate)),
@@ -863,6 +872,40 @@ impl Exporter {
             "flopwatch_storage_memory_bytes",
             "Memory the storage engine holds for itself: memtables, block cache, table readers.",
             [(Vec::new(), c.store.engine().memory_bytes() as f64)],
+        )?;
+        let b = c.store.engine().backlog();
+        gauges(
+            enc,
+            "flopwatch_storage_level0_files",
+            "Files in level 0 of the storage family with the most; writes slow down past 20 and stop at 36.",
+            [(
+                vec![(
+                    "family".to_string(),
+                    b.l0_family.map_or("", |f| f.name()).to_string(),
+                )],
+                b.l0_files as f64,
+            )],
+        )?;
+        gauges(
+            enc,
+            "flopwatch_storage_pending_compaction_bytes",
+            "Bytes the storage engine's compactions estimate they still have to rewrite.",
+            [(Vec::new(), b.pending_compaction_bytes as f64)],
+        )?;
+        gauges(
+            enc,
+            "flopwatch_storage_write_stall",
+            "Whether the storage engine holds writes back until its compactions catch up: 0 no, 1 delayed, 2 stopped.",
+            [(
+                Vec::new(),
+                if b.writes_stopped {
+                    2.0
+                } else if b.delayed_write_rate > 0 {
+                    1.0
+                } else {
+                    0.0
+                },
+            )],
         )?;
         cluster_metrics(enc, &c.cluster)
     }

@@ -44,11 +44,11 @@ use tracing::{debug, info, warn, Instrument};
 /// Messages queued towards one agent.
 const OUTBOX: usize = 64;
 
-/// How long a batch waits for a commit slot before its agent is told to
-/// send it again later (RESOURCE_EXHAUSTED, reason `busy`, with
-/// `retry_after_ms`): well inside the agent's 4 s acknowledgement timeout,
-/// so a collector with a saturated disk slows its agents down instead of
-/// looking dead to them.
+/// How long the oldest batch of a tenant may wait for storage before the
+/// tenant's new batches are told to come again later (RESOURCE_EXHAUSTED,
+/// reason `busy`, with `retry_after_ms`): well inside the agent's 4 s
+/// acknowledgement timeout, so a collector with a saturated disk slows its
+/// agents down instead of looking dead to them.
 pub const SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The delay a `busy` deferral asks for, before a jitter of up to as much
@@ -60,7 +60,7 @@ pub(crate) const BUSY_RETRY_MS: u64 = 1000;
 enum Defer {
     /// Over the tenant's ingest rate.
     Rate,
-    /// No commit slot within [`SLOT_WAIT`].
+    /// Storage over [`SLOT_WAIT`] behind the tenant.
     Busy,
 }
 
@@ -205,7 +205,7 @@ impl IngestService {
                         }
                     };
                     let reply = match next.msg {
-                        Some(agent_message::Msg::Batch(b)) => session.batch(b, &tx).await,
+                        Some(agent_message::Msg::Batch(b)) => session.batch(b).await,
                         Some(agent_message::Msg::Hello(_)) => {
                             Err(Status::invalid_argument("Hello sent twice"))
                         }
@@ -505,7 +505,24 @@ impl Session {
         Ok(())
     }
 
-    /// Writes `set`, and hands it back for what follows the write.
+    /// Writes `set` with whatever else of the tenant waits for storage
+    /// (crate::group), and hands it back for what follows the write.
+    async fn commit_in_line(&mut self, set: CommitSet) -> Result<CommitSet, Status> {
+        let seq = set.seq;
+        let started = Stopwatch::start();
+        let gate = self.c.limits.commit_gate(&self.tenant);
+        let mut pending = self.c.lines.submit(&self.tenant, gate, &self.c.store, set);
+        let set = pending.written().await.map_err(CollectorError::from)?;
+        let s = &self.c.stats;
+        s.commit_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        s.batches_committed.fetch_add(1, Ordering::Relaxed);
+        self.acked = self.acked.max(seq);
+        Ok(set)
+    }
+
+    /// Writes `set` on its own (the caller holds a commit slot), and hands
+    /// it back for what follows the write.
     async fn commit(&mut self, set: CommitSet) -> Result<CommitSet, Status> {
         let store = self.c.store.clone();
         let tenant = self.tenant.clone();
@@ -519,18 +536,13 @@ impl Session {
         s.commit_micros
             .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         s.batches_committed.fetch_add(1, Ordering::Relaxed);
+        s.commit_writes.fetch_add(1, Ordering::Relaxed);
         self.acked = self.acked.max(seq);
         Ok(set)
     }
 
-    /// Validates and commits one batch; `agent` is the stream's reply
-    /// channel, whose closing (the agent gave up) ends the wait for a
-    /// commit slot: the batch stays unacknowledged and the agent resends it.
-    async fn batch(
-        &mut self,
-        wire: v1::Batch,
-        agent: &mpsc::Sender<Result<CollectorMessage, Status>>,
-    ) -> Result<CollectorMessage, Status> {
+    /// Validates and commits one batch.
+    async fn batch(&mut self, wire: v1::Batch) -> Result<CollectorMessage, Status> {
         let arrived = Stopwatch::start();
         self.reauthorize()?;
         let seq = wire.seq;
@@ -591,6 +603,14 @@ impl Session {
         if self.throttled.is_some_and(|(t, _, _)| t == seq) {
             self.throttled = None;
         }
+        // Storage behind by more than SLOT_WAIT (the batch at the front of
+        // the tenant's line has waited that long, crate::group): the agent
+        // holds this batch and sends it again later, before any work is
+        // spent on it.
+        if self.c.lines.waited(&self.tenant) > SLOT_WAIT {
+            let jitter = u64::from(arrived.elapsed().subsec_nanos()) % BUSY_RETRY_MS;
+            return Ok(self.throttle(seq, BUSY_RETRY_MS + jitter, now, Defer::Busy));
+        }
         let mut batch = match Batch::try_from(wire) {
             Ok(b) => b,
             Err(e) => {
@@ -601,17 +621,6 @@ impl Session {
                     "malformed_batch",
                     e.to_string(),
                 ));
-            }
-        };
-        // One of the tenant's commit slots, held through validation and
-        // the write (crate::limits); none in time: the agent holds the
-        // batch and sends it again later.
-        let _slot = tokio::select! {
-            s = self.c.limits.commit_slot(&self.tenant) => s,
-            _ = agent.closed() => return Err(Status::cancelled("agent went away")),
-            _ = tokio::time::sleep(SLOT_WAIT) => {
-                let jitter = u64::from(arrived.elapsed().subsec_nanos()) % BUSY_RETRY_MS;
-                return Ok(self.throttle(seq, BUSY_RETRY_MS + jitter, now, Defer::Busy));
             }
         };
         let rules = Rules {
@@ -646,7 +655,7 @@ impl Session {
                 crate::live::batch_gpus(&self.batch_view(&set.series, &batch, &batch_ofu), now);
             (set.forward, set.forward_open) = q.forward(&gpus, &set);
         }
-        let set = self.commit(set).await?;
+        let set = self.commit_in_line(set).await?;
         if let Some(q) = &self.c.remote {
             q.committed(&set.forward);
         }

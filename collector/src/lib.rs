@@ -16,6 +16,7 @@ mod error;
 mod events;
 mod exporter;
 mod fanout;
+mod group;
 mod inbound;
 mod ingest;
 mod keylock;

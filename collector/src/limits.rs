@@ -1,11 +1,12 @@
 //! Per-tenant ingest limits: a token bucket on samples per second, a cap
-//! on active series, and a cap on the tenant's batches committing at once
+//! on active series, and a cap on the tenant's storage writes at once
 //! (docs/SECURITY.md, "Limits").
 //!
 //! The commit cap is what keeps tenants from delaying each other: storage
 //! takes writes one group at a time, so a tenant with a thousand streams
 //! would otherwise put a thousand writes ahead of everyone else's. With at
-//! most `max_concurrent_commits` of its batches past the gate, another
+//! most `max_concurrent_commits` of its writes past the gate (each carrying
+//! the tenant's waiting batches up to a sample cap, `crate::group`), another
 //! tenant's batch waits behind at most that many of them, however hard the
 //! first one floods. Past the tenant's gate, a batch also takes one of
 //! [`COMMITS`] slots shared by every tenant: each commit occupies a
@@ -123,6 +124,25 @@ pub struct Limiter {
 pub struct CommitSlot {
     _tenant: OwnedSemaphorePermit,
     _global: OwnedSemaphorePermit,
+}
+
+/// A tenant's commit slots and the collector's ([`Limiter::commit_gate`]).
+#[derive(Debug, Clone)]
+pub(crate) struct CommitGate {
+    own: Arc<Semaphore>,
+    global: Arc<Semaphore>,
+}
+
+impl CommitGate {
+    /// Waits for one of the tenant's slots, then one of the collector's.
+    pub(crate) async fn acquire(&self) -> Option<CommitSlot> {
+        let own = self.own.clone().acquire_owned().await.ok()?;
+        let global = self.global.clone().acquire_owned().await.ok()?;
+        Some(CommitSlot {
+            _tenant: own,
+            _global: global,
+        })
+    }
 }
 
 impl Limiter {
@@ -296,13 +316,22 @@ impl Limiter {
         self.slot(own).await
     }
 
+    /// `tenant`'s commit slots and the collector's, to wait on without
+    /// the limiter ([`crate::group`]'s task).
+    pub(crate) fn commit_gate(&self, tenant: &str) -> CommitGate {
+        CommitGate {
+            own: self.state(tenant).commits.clone(),
+            global: self.global.clone(),
+        }
+    }
+
     async fn slot(&self, own: Arc<Semaphore>) -> Option<CommitSlot> {
-        let own = own.acquire_owned().await.ok()?;
-        let global = self.global.clone().acquire_owned().await.ok()?;
-        Some(CommitSlot {
-            _tenant: own,
-            _global: global,
-        })
+        CommitGate {
+            own,
+            global: self.global.clone(),
+        }
+        .acquire()
+        .await
     }
 }
 

@@ -99,6 +99,8 @@ pub struct Collector {
     auth: RwLock<Arc<Auth>>,
     /// Per-tenant ingest limits and their state.
     pub limits: Limiter,
+    /// Each tenant's batches waiting for storage, written in groups.
+    pub(crate) lines: crate::group::Lines,
     /// Locks held while a Hello's node ownership is checked and recorded
     /// ([`Collector::claim`]).
     claims: crate::keylock::KeyLocks,
@@ -168,14 +170,16 @@ impl Collector {
             }
             Arc::new(q)
         });
+        let stats = Arc::new(Stats::default());
         Ok(Arc::new(Self {
             store,
             specs,
             auth: RwLock::new(Arc::new(auth)),
             limits: Limiter::new(settings.limits.clone()),
+            lines: crate::group::Lines::new(stats.clone()),
             claims: Default::default(),
             settings: settings.clone(),
-            stats: Arc::new(Stats::default()),
+            stats,
             clock,
             live: Live::default(),
             events: Analyzer::new(settings.analysis.clone()),

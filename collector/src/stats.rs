@@ -28,6 +28,9 @@ pub struct Stats {
     pub commit_micros: AtomicU64,
     /// Batches committed to storage.
     pub batches_committed: AtomicU64,
+    /// Storage writes that carried them (a group commit carries several,
+    /// `crate::group`).
+    pub commit_writes: AtomicU64,
     /// Seconds from a batch's arrival to its acknowledgement.
     pub ack_latency: Histogram,
     /// Samples pushed to the remote-write endpoint.
@@ -83,6 +86,7 @@ impl Default for Stats {
             rejected: Default::default(),
             commit_micros: AtomicU64::new(0),
             batches_committed: AtomicU64::new(0),
+            commit_writes: AtomicU64::new(0),
             // 100 µs … ~3.3 s.
             ack_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             remote_write_samples: AtomicU64::new(0),

@@ -264,6 +264,59 @@ fn held_ranges_are_exact_after_a_failover_and_return() {
     }
 }
 
+/// `set` as agent `node-b`'s, of its GPU `GPU-2`.
+fn of_node_b(mut set: CommitSet) -> CommitSet {
+    set.agent = Some(AgentKey {
+        agent_id: "node-b".into(),
+        ..agent()
+    });
+    set.series[0].gpu_uuid = "GPU-2".into();
+    set.ofu[0].0 = "GPU-2".into();
+    set.events[0].gpu_uuid = "GPU-2".into();
+    set.events[0].node_id = "node-b".into();
+    set
+}
+
+#[test]
+fn a_group_write_stores_exactly_what_one_write_per_batch_stores() {
+    for (name, e, _dir) in engines() {
+        let (twin, _twin_dir) = twin(name);
+        let sets = vec![
+            batch(1, T0 + 1000),
+            of_node_b(batch(1, T0 + 1500)),
+            batch(2, T0 + 2000),
+            of_node_b(limbo(batch(2, T0 + 2500), T0 + 3000)),
+            CommitSet {
+                agent: Some(agent()),
+                seq: 3,
+                no_data: true,
+                ..Default::default()
+            },
+        ];
+        let one_by_one = Store::new(e.clone(), false);
+        for set in &sets {
+            one_by_one.commit("t1", set).unwrap();
+        }
+        let tap = Arc::new(super::tap::Tap::new(twin.clone()));
+        let grouped = Store::new(tap.clone(), false);
+        grouped.commit_all("t1", &sets).unwrap();
+        // node-a's batches each start a write after its first: 1 with
+        // node-b's 1; 2 with node-b's 2; the refused 3 alone.
+        assert_eq!(tap.writes.lock().unwrap().len(), 3, "{name}");
+        assert_eq!(dump(&*twin), dump(&*e), "{name}");
+        assert_eq!(grouped.acked_seq(&agent()).unwrap(), 3, "{name}");
+        assert_eq!(grouped.held_ranges(&agent()).unwrap().len(), 1, "{name}");
+        for (seq, want) in [(1, Holding::Held), (2, Holding::Held), (3, Holding::Absent)] {
+            assert_eq!(
+                grouped.holding(&agent(), seq).unwrap(),
+                want,
+                "{seq} {name}"
+            );
+        }
+        assert_eq!(raw_ts(&grouped), raw_ts(&one_by_one), "{name}");
+    }
+}
+
 #[test]
 fn limbo_survives_reopening() {
     let dir = tempfile::tempdir().unwrap();

@@ -161,6 +161,10 @@ impl Engine for HandOff {
     fn memory_bytes(&self) -> u64 {
         self.inner.memory_bytes()
     }
+
+    fn backlog(&self) -> super::Backlog {
+        self.inner.backlog()
+    }
 }
 
 #[cfg(test)]

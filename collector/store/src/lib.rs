@@ -150,7 +150,7 @@ pub trait View {
 }
 
 /// A storage failure.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The engine failed (I/O, corruption, no space).
     #[error("storage engine: {0}")]
@@ -283,6 +283,36 @@ pub trait Engine: Send + Sync + 'static {
     fn memory_bytes(&self) -> u64 {
         0
     }
+
+    /// What the engine's own background work (flushes, compactions) owes,
+    /// and whether writes wait on it; all zero for an engine without any.
+    fn backlog(&self) -> Backlog {
+        Backlog::default()
+    }
+}
+
+/// The engine's background debt: what a write may end up waiting on.
+///
+/// RocksDB slows writes down, then stops them, when level 0 holds too many
+/// files or compactions owe too many bytes; a collector whose compactions
+/// fall behind therefore acknowledges slower, whatever priority they run
+/// at (docs/STORAGE.md, "Write stalls").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Files in level 0 of the family that has the most.
+    pub l0_files: u64,
+    /// That family.
+    pub l0_family: Option<Cf>,
+    /// Bytes compactions estimate they still have to rewrite, over every
+    /// family.
+    pub pending_compaction_bytes: u64,
+    /// Compactions running now.
+    pub running_compactions: u64,
+    /// Writes are delayed: the rate they are held to, bytes per second
+    /// (0 when not delayed).
+    pub delayed_write_rate: u64,
+    /// Writes are stopped until compactions catch up.
+    pub writes_stopped: bool,
 }
 
 /// Where a walk seeks to from `key`: `target`, or the key right after

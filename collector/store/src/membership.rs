@@ -107,14 +107,34 @@ impl Default for Stripes {
 }
 
 impl Stripes {
-    pub(super) fn lock(&self, a: &AgentKey) -> MutexGuard<'_, ()> {
+    fn index(&self, a: &AgentKey) -> usize {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         a.hash(&mut h);
-        let m = &self.0[(h.finish() % self.0.len() as u64) as usize];
+        (h.finish() % self.0.len() as u64) as usize
+    }
+
+    fn lock_at(&self, i: usize) -> MutexGuard<'_, ()> {
         // The guarded data is the store's record, not this unit value: a
         // panic elsewhere leaves nothing inconsistent here.
-        m.lock().unwrap_or_else(|e| e.into_inner())
+        self.0[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn lock(&self, a: &AgentKey) -> MutexGuard<'_, ()> {
+        self.lock_at(self.index(a))
+    }
+
+    /// The stripes of every agent in `agents`, each once, taken in
+    /// ascending order (so two holders of several never wait on each
+    /// other in a cycle).
+    pub(super) fn lock_all<'a>(
+        &self,
+        agents: impl Iterator<Item = &'a AgentKey>,
+    ) -> Vec<MutexGuard<'_, ()>> {
+        let mut at: Vec<usize> = agents.map(|a| self.index(a)).collect();
+        at.sort_unstable();
+        at.dedup();
+        at.into_iter().map(|i| self.lock_at(i)).collect()
     }
 }
 

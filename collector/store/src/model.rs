@@ -86,6 +86,10 @@ fn event_key(tenant: &str, e: &EventRecord) -> Vec<u8> {
 /// the bundle being written.
 type Bundle = (i64, gpu_block::Writer);
 
+/// What a batch staged for a write leaves for after it: the earliest hour
+/// of its head blocks, and each GPU's earliest bundle (for folding).
+type Staged = (i64, Vec<(Vec<u8>, i64)>);
+
 /// Bundles by GPU and hour.
 type Bundles<'a> = BTreeMap<(&'a str, i64), Bundle>;
 
@@ -283,6 +287,71 @@ impl Store {
     /// head as one bundle per GPU and hour ([`super::gpu_block`]) holding
     /// a block per series.
     pub fn commit(&self, tenant: &str, set: &CommitSet) -> Result<(), StoreError> {
+        self.commit_all(tenant, std::slice::from_ref(set))
+    }
+
+    /// Writes several batches of `tenant` in one atomic, durable write
+    /// (group commit): what [`Store::commit`] would write for each, side
+    /// by side. Batches of the same agent · boot go in separate writes, in
+    /// order, since each one's record of held numbers builds on the one
+    /// before.
+    pub fn commit_all(&self, tenant: &str, sets: &[CommitSet]) -> Result<(), StoreError> {
+        let mut from = 0;
+        while from < sets.len() {
+            let mut agents = std::collections::HashSet::new();
+            let to = from
+                + sets[from..]
+                    .iter()
+                    .take_while(|s| s.agent.as_ref().is_none_or(|a| agents.insert(a)))
+                    .count();
+            self.write_group(tenant, &sets[from..to])?;
+            from = to;
+        }
+        Ok(())
+    }
+
+    /// One write for `sets`, no two of one agent · boot.
+    fn write_group(&self, tenant: &str, sets: &[CommitSet]) -> Result<(), StoreError> {
+        // Each agent's record of held numbers is read and rewritten under
+        // its stripe's lock, held until the write ended.
+        let _stripes = self
+            .stripes
+            .lock_all(sets.iter().filter_map(|s| s.agent.as_ref()));
+        let mut puts: Vec<Put> = Vec::new();
+        let mut tickets = Vec::new();
+        let mut after: Vec<Staged> = Vec::with_capacity(sets.len());
+        for set in sets {
+            let (low, written) = self.stage(tenant, set, &mut puts, &mut tickets)?;
+            after.push((low, written));
+        }
+        if puts.is_empty() {
+            return Ok(());
+        }
+        sort_puts(&mut puts);
+        self.engine.write(puts, self.sync)?;
+        drop(tickets);
+        for (set, (low, written)) in sets.iter().zip(after) {
+            // Limbo blocks reach the head when settled (`Store::settle`).
+            if set.limbo.is_none() {
+                self.head_written(low);
+                self.fold_written(&written);
+            }
+            self.index.observe(tenant, set);
+        }
+        Ok(())
+    }
+
+    /// Adds one batch's puts to `out` (its remote-write journal ticket to
+    /// `tickets`, to be held until the write ended); the earliest hour of
+    /// head blocks and each GPU's earliest bundle, for after the write.
+    /// The caller holds the agent's stripe.
+    fn stage(
+        &self,
+        tenant: &str,
+        set: &CommitSet,
+        out: &mut Vec<Put>,
+        tickets: &mut Vec<super::journal::Ticket>,
+    ) -> Result<Staged, StoreError> {
         let mut bundles: Bundles<'_> = BTreeMap::new();
         for s in &set.series {
             for run in hour_runs(s.points.len(), |i| s.points[i].ts_ms) {
@@ -354,48 +423,29 @@ impl Store {
         for (k, v) in &set.forward_open {
             puts.push((Cf::Meta, k.clone(), v.clone()));
         }
-        // Held until the write below ended (its number in flight).
-        let _ticket = if set.forward.is_empty() {
-            None
-        } else {
+        // Held until the write ended (its number in flight).
+        if !set.forward.is_empty() {
             let (put, ticket) = self.journal_put(set.forward.clone())?;
             puts.push(put);
-            Some(ticket)
-        };
-        let Some(a) = &set.agent else {
-            if puts.is_empty() {
-                return Ok(());
+            tickets.push(ticket);
+        }
+        if let Some(a) = &set.agent {
+            puts.push((
+                Cf::Meta,
+                keys::meta_key(keys::META_AGENT, &[&a.tenant, &a.agent_id, &a.boot_id]),
+                set.seq.to_be_bytes().to_vec(),
+            ));
+            // The batch's number joins the held ranges (or its limbo
+            // record) in this same write.
+            if let Some(since) = set.limbo {
+                let record = self.limbo_puts(a, set.seq, since, &mut puts);
+                puts.push(record);
+            } else if !set.no_data {
+                puts.push(self.held_put(a, set.seq)?);
             }
-            sort_puts(&mut puts);
-            self.engine.write(puts, self.sync)?;
-            self.head_written(low);
-            self.fold_written(&written);
-            self.index.observe(tenant, set);
-            return Ok(());
-        };
-        puts.push((
-            Cf::Meta,
-            keys::meta_key(keys::META_AGENT, &[&a.tenant, &a.agent_id, &a.boot_id]),
-            set.seq.to_be_bytes().to_vec(),
-        ));
-        // The batch's number joins the held ranges (or its limbo record) in
-        // this same write.
-        let _stripe = self.stripes.lock(a);
-        if let Some(since) = set.limbo {
-            let record = self.limbo_puts(a, set.seq, since, &mut puts);
-            puts.push(record);
-        } else if !set.no_data {
-            puts.push(self.held_put(a, set.seq)?);
         }
-        sort_puts(&mut puts);
-        self.engine.write(puts, self.sync)?;
-        // Limbo blocks reach the head when settled (`Store::settle`).
-        if set.limbo.is_none() {
-            self.head_written(low);
-            self.fold_written(&written);
-        }
-        self.index.observe(tenant, set);
-        Ok(())
+        out.append(&mut puts);
+        Ok((low, written))
     }
 
     /// Highest durable sequence number of an agent (0: none).

@@ -419,6 +419,46 @@ impl Engine for RocksEngine {
         total
     }
 
+    fn backlog(&self) -> super::Backlog {
+        use rocksdb::properties as p;
+        let int = |name: &rocksdb::properties::PropName| {
+            self.db.property_int_value(name).ok().flatten().unwrap_or(0)
+        };
+        let mut b = super::Backlog {
+            running_compactions: int(p::NUM_RUNNING_COMPACTIONS),
+            delayed_write_rate: int(p::ACTUAL_DELAYED_WRITE_RATE),
+            writes_stopped: int(p::IS_WRITE_STOPPED) != 0,
+            ..Default::default()
+        };
+        let level0 = p::num_files_at_level(0);
+        for cf in Cf::ALL {
+            let Some(h) = self.db.cf_handle(cf.name()) else {
+                continue;
+            };
+            let cf_int = |name: &rocksdb::properties::PropName| {
+                self.db
+                    .property_int_value_cf(&h, name)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0)
+            };
+            b.pending_compaction_bytes += cf_int(p::ESTIMATE_PENDING_COMPACTION_BYTES);
+            // A string property (no integer form).
+            let l0 = self
+                .db
+                .property_value_cf(&h, &level0)
+                .ok()
+                .flatten()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if l0 > b.l0_files {
+                b.l0_files = l0;
+                b.l0_family = Some(cf);
+            }
+        }
+        b
+    }
+
     fn disk_bytes(&self) -> u64 {
         fn walk(p: &Path) -> u64 {
             let Ok(rd) = std::fs::read_dir(p) else {

@@ -100,4 +100,8 @@ impl Engine for SlowEngine {
     fn memory_bytes(&self) -> u64 {
         self.inner.memory_bytes()
     }
+
+    fn backlog(&self) -> flopwatch_collector::store::Backlog {
+        self.inner.backlog()
+    }
 }

@@ -22,7 +22,12 @@
 //! sealed families on disk, the head's bytes per sample it holds (samples
 //! acknowledged, less those sealed), the compaction lag (how long the
 //! earliest hour still in the head is overdue) and the GPUs with bundles
-//! not folded yet. The summary counts the windows over 250 ms, and samples lost:
+//! not folded yet; then the commits, the storage writes that carried them
+//! and their mean time from joining the tenant's line to written, the
+//! batches the collector deferred (no commit slot
+//! in time) and saw again (replays), and the storage engine's debt: files in
+//! level 0, bytes its compactions owe, and whether writes are held back
+//! (RocksDB's stall). The summary counts the windows over 250 ms, and samples lost:
 //! produced less acknowledged over every agent (an ack means durable),
 //! and, when retention kept everything, the store's count of
 //! `--verify-agents` agents' samples against what they produced.
@@ -36,6 +41,7 @@ use flopwatch_collector::store::Cf;
 use flopwatch_config::CollectorConfig;
 use flopwatch_proto::clock::{Clock, SystemClock};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,6 +108,10 @@ struct Seen {
     sealed_max: u64,
     head_bps_max: f64,
     lag_max_ms: i64,
+    /// Most files in a family's level 0.
+    l0_max: u64,
+    /// Windows that ended with the engine's writes delayed or stopped.
+    stalled: usize,
 }
 
 pub(super) async fn run(a: SoakArgs) -> anyhow::Result<()> {
@@ -198,6 +208,29 @@ async fn soak(a: &SoakArgs, root: &std::path::Path) -> anyhow::Result<()> {
     let mut from = hist(&gen.status());
     let mut next = wall0 + window;
     let mut cpu_from = (cpu_seconds(pid).unwrap_or(0.0), gen.cpu_seconds());
+    // Batches the collector deferred (no commit slot in time, or over the
+    // rate) and batches it saw again (already durable), so far.
+    let deferred = || -> u64 {
+        collector
+            .stats
+            .batch_rejects()
+            .into_iter()
+            .filter(|((_, why), _)| why == "busy" || why == "rate_limited")
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let duplicates = || collector.stats.batches_duplicate.load(Ordering::Relaxed);
+    let mut retried_from = (deferred(), duplicates());
+    // Commits so far, their summed time from joining the line to written
+    // (µs), and the writes that carried them.
+    let commits = || {
+        (
+            collector.stats.batches_committed.load(Ordering::Relaxed),
+            collector.stats.commit_micros.load(Ordering::Relaxed),
+            collector.stats.commit_writes.load(Ordering::Relaxed),
+        )
+    };
+    let mut commits_from = commits();
     let run = async {
         while clock.now_ms() - start_ms < span.as_millis() as i64 {
             tokio::time::sleep_until(next).await;
@@ -229,6 +262,30 @@ async fn soak(a: &SoakArgs, root: &std::path::Path) -> anyhow::Result<()> {
             let in_head = acked.saturating_sub(store.sealed_raw_samples());
             let bps = head as f64 / in_head.max(1) as f64;
             let lag = store.compaction_lag_ms(now);
+            let retried = (deferred(), duplicates());
+            let (deferred_n, duplicate_n) = (
+                retried.0 - retried_from.0,
+                retried.1.saturating_sub(retried_from.1),
+            );
+            retried_from = retried;
+            let c = commits();
+            let (commit_n, commit_us, writes) = (
+                c.0 - commits_from.0,
+                c.1 - commits_from.1,
+                c.2 - commits_from.2,
+            );
+            commits_from = c;
+            let commit_mean_ms = commit_us as f64 / 1000.0 / commit_n.max(1) as f64;
+            let backlog = engine.backlog();
+            seen.l0_max = seen.l0_max.max(backlog.l0_files);
+            let stall = if backlog.writes_stopped {
+                "stopped".to_string()
+            } else if backlog.delayed_write_rate > 0 {
+                format!("delayed@{:.1}MB/s", backlog.delayed_write_rate as f64 / 1e6)
+            } else {
+                "no".to_string()
+            };
+            seen.stalled += usize::from(stall != "no");
             let p99 = quantile(&d, 0.99);
             let count: u64 = d.iter().sum();
             if count > 0 {
@@ -248,7 +305,7 @@ async fn soak(a: &SoakArgs, root: &std::path::Path) -> anyhow::Result<()> {
             seen.lag_max_ms = seen.lag_max_ms.max(lag);
             let t = (now - start_ms) / 1000;
             println!(
-                "soak wall={:.0}s sample={}:{:02}:{:02} acks={count} p50={} p99={} rss={:.0}MiB head={:.1}MB ({bps:.2} B/sample of {in_head}) sealed={:.1}MB lag={:.0}s unfolded_gpus={} connected={} acked={acked} cpu_collector={cpu_collector:.0}% cpu_agents={cpu_agents:.0}%",
+                "soak wall={:.0}s sample={}:{:02}:{:02} acks={count} p50={} p99={} rss={:.0}MiB head={:.1}MB ({bps:.2} B/sample of {in_head}) sealed={:.1}MB lag={:.0}s unfolded_gpus={} connected={} acked={acked} cpu_collector={cpu_collector:.0}% cpu_agents={cpu_agents:.0}% commits={commit_n} writes={writes} commit_mean={commit_mean_ms:.2}ms deferred={deferred_n} duplicates={duplicate_n} l0={}{} pending_compaction={:.0}MB compactions={} stall={stall}",
                 wall0.elapsed().as_secs_f64(),
                 t / 3600,
                 t / 60 % 60,
@@ -261,6 +318,10 @@ async fn soak(a: &SoakArgs, root: &std::path::Path) -> anyhow::Result<()> {
                 lag as f64 / 1000.0,
                 store.fold_backlog(),
                 field(&status, "connected"),
+                backlog.l0_files,
+                backlog.l0_family.map_or(String::new(), |f| format!("({})", f.name())),
+                backlog.pending_compaction_bytes as f64 / 1e6,
+                backlog.running_compactions,
             );
         }
         anyhow::Ok(())
@@ -285,7 +346,7 @@ async fn soak(a: &SoakArgs, root: &std::path::Path) -> anyhow::Result<()> {
     server.stop().await?;
     let lost = ((produced - acked).max(0.0) as u64).max(counted.saturating_sub(stored));
     println!(
-        "soak result: agents={} warp={warp} sample_time={} wall={:.0}s windows={} over_250ms={} worst_p99={} rss_max={:.0}MiB head_max={:.1}MB sealed_max={:.1}MB sealed_samples={} head_max_bytes_per_sample={:.2} lag_max={:.0}s produced={produced} acked={acked} lost={lost} checked_agents={checked} checked_produced={counted} checked_stored={stored}{}",
+        "soak result: agents={} warp={warp} sample_time={} wall={:.0}s windows={} over_250ms={} worst_p99={} rss_max={:.0}MiB head_max={:.1}MB sealed_max={:.1}MB sealed_samples={} head_max_bytes_per_sample={:.2} lag_max={:.0}s l0_max={} stalled_windows={} produced={produced} acked={acked} lost={lost} checked_agents={checked} checked_produced={counted} checked_stored={stored}{}",
         a.agents,
         a.hours,
         wall0.elapsed().as_secs_f64(),
@@ -298,6 +359,8 @@ async fn soak(a: &SoakArgs, root: &std::path::Path) -> anyhow::Result<()> {
         sealed_samples,
         seen.head_bps_max,
         seen.lag_max_ms as f64 / 1000.0,
+        seen.l0_max,
+        seen.stalled,
         if kept_all {
             ""
         } else {
