@@ -651,8 +651,8 @@ impl Session {
         let ofu_n: usize = set.ofu.iter().map(|(_, _, s)| s.len()).sum();
         // Remote write's points of this batch, journaled with it.
         if let Some(q) = &self.c.remote {
-            let gpus =
-                crate::live::batch_gpus(&self.batch_view(&set.series, &batch, &batch_ofu), now);
+            let view = self.batch_view(&set.series, &batch, &batch_ofu);
+            let gpus = crate::live::batch_gpus(&view, now, |m| q.forwards(m));
             (set.forward, set.forward_open) = q.forward(&gpus, &set);
         }
         let set = self.commit_in_line(set).await?;

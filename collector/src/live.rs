@@ -217,7 +217,7 @@ impl Live {
         }
         self.record_devices(b, now_ms);
         if let Ok(mut gpus) = self.gpus.write() {
-            fold(&mut gpus, b, now_ms);
+            fold(&mut gpus, b, now_ms, |_| true);
         }
     }
 
@@ -389,8 +389,14 @@ fn intervals_of<'a>(b: &'a BatchView<'_>) -> HashMap<(&'a str, &'a str), u32> {
 }
 
 /// What batch `b` tells of its GPUs, folded into `gpus` (by tenant and
-/// UUID) at `now_ms`.
-fn fold(gpus: &mut HashMap<(String, String), GpuLive>, b: &BatchView<'_>, now_ms: i64) {
+/// UUID) at `now_ms`: the GPUs, and the series of the metrics `keep`
+/// takes.
+fn fold(
+    gpus: &mut HashMap<(String, String), GpuLive>,
+    b: &BatchView<'_>,
+    now_ms: i64,
+    keep: impl Fn(&str) -> bool,
+) {
     // The batch's GPUs' keys, built once: a batch holds many series
     // of few GPUs.
     let keys: Vec<(String, String)> = b
@@ -431,7 +437,7 @@ fn fold(gpus: &mut HashMap<(String, String), GpuLive>, b: &BatchView<'_>, now_ms
     };
     let mut at: Option<(&str, (String, String))> = None;
     for s in b.series {
-        let Some(last) = s.points.last() else {
+        let Some(last) = s.points.last().filter(|_| keep(&s.metric)) else {
             continue;
         };
         if at.as_ref().is_none_or(|(u, _)| *u != s.gpu_uuid) {
@@ -467,11 +473,15 @@ fn fold(gpus: &mut HashMap<(String, String), GpuLive>, b: &BatchView<'_>, now_ms
 }
 
 /// The GPUs of batch `b` as the batch alone tells them (their values in
-/// it, nothing earlier), in the batch's order: what remote write forwards
-/// for the batch.
-pub(crate) fn batch_gpus(b: &BatchView<'_>, now_ms: i64) -> Vec<GpuLive> {
+/// it, nothing earlier), with the series of the metrics `keep` takes, in
+/// the batch's order: what remote write forwards for the batch.
+pub(crate) fn batch_gpus(
+    b: &BatchView<'_>,
+    now_ms: i64,
+    keep: impl Fn(&str) -> bool,
+) -> Vec<GpuLive> {
     let mut m = HashMap::new();
-    fold(&mut m, b, now_ms);
+    fold(&mut m, b, now_ms, keep);
     b.gpus
         .iter()
         .filter_map(|(uuid, _, _)| m.remove(&(b.tenant.to_string(), uuid.to_string())))

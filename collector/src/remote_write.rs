@@ -15,12 +15,16 @@
 //! nothing. The work is the batch's own GPUs', never the collector's
 //! whole fleet.
 //!
-//! The sender ([`sender`]) reads the journal's oldest entries, shards
-//! their points by series (each series in order within its shard) over
-//! up to `max_shards` concurrent requests as the backlog asks, and deletes
-//! the entries once every point was delivered, refused or dropped by
-//! policy: at least once, with at most one read window (`max_shards` ×
-//! `max_samples_per_request` points) sent twice after a crash. Requests go
+//! A journal entry keeps each GPU's labels and each series name once
+//! ([`wire`]). The sender ([`sender`]) reads the journal's oldest entries,
+//! shards their points by series (each series in order within its shard)
+//! over up to `max_shards` concurrent requests as the backlog asks, and
+//! deletes the entries once every point was delivered, refused or dropped
+//! by policy; its CPU work (points read back, requests encoded straight
+//! from their label bytes) runs on a thread of its own below ingest's
+//! priority. Delivery is at least once, with at most one read window
+//! (`max_shards` × `max_samples_per_request` points) sent twice after a
+//! crash. Requests go
 //! snappy-compressed over TLS (rustls) for an `https://` URL, with a bearer
 //! token or basic auth and extra headers when configured ([`endpoint`]).
 //!
@@ -52,6 +56,7 @@ mod endpoint;
 mod open;
 mod queue;
 mod sender;
+mod wire;
 
 pub use endpoint::{Endpoint, SendError};
 pub(crate) use queue::RemoteQueue;
@@ -176,6 +181,7 @@ fn metadata() -> Vec<crate::remote_write_v2::Meta<'static>> {
 }
 
 /// One point to send.
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq)]
 struct Point {
     labels: Vec<Label>,
@@ -187,6 +193,7 @@ pub(crate) use crate::staleness::STALE_NAN;
 
 /// A series' labels: `base` (empty values left out, as the specification
 /// asks) and its name, sorted.
+#[cfg(test)]
 fn labels(name: &str, base: &[(String, String)]) -> Vec<Label> {
     let mut l: Vec<Label> = base
         .iter()
@@ -213,6 +220,7 @@ pub fn encode_request(req: &WriteRequest) -> Result<Vec<u8>, snap::Error> {
 
 /// Groups points into a `WriteRequest`, each series' samples in time
 /// order, one per timestamp.
+#[cfg(test)]
 fn request(points: &[Point]) -> WriteRequest {
     let mut series: Vec<TimeSeries> = Vec::new();
     let mut index: std::collections::BTreeMap<&[Label], usize> = Default::default();
@@ -240,102 +248,45 @@ fn request(points: &[Point]) -> WriteRequest {
 }
 
 /// `points` as a `WriteRequest` of one series per point, written straight
-/// from the points (no grouping, no copy of a label): what the journal
-/// keeps of a batch, read back by [`points_of`] (which does not group
-/// either; the sender groups a request's points).
+/// from the points (no grouping): what the journal keeps of a batch, read
+/// back by [`wire::read`] (which does not group either; the sender groups
+/// a request's points).
+#[cfg(test)]
 fn encode_points(points: &[Point]) -> Vec<u8> {
-    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
-    // As prost writes them: a field at its default value is left out.
-    let str_len = |s: &str| {
-        if s.is_empty() {
-            0
-        } else {
-            1 + encoded_len_varint(s.len() as u64) + s.len()
-        }
-    };
-    let label_len = |l: &Label| str_len(&l.name) + str_len(&l.value);
-    let sample_len = |p: &Point| {
-        usize::from(p.value != 0.0) * 9
-            + if p.ts_ms == 0 {
-                0
-            } else {
-                1 + encoded_len_varint(p.ts_ms as u64)
-            }
-    };
-    let series_len = |p: &Point| {
-        let labels: usize = p
-            .labels
-            .iter()
-            .map(|l| {
-                let n = label_len(l);
-                1 + encoded_len_varint(n as u64) + n
-            })
-            .sum();
-        let s = sample_len(p);
-        labels + 1 + encoded_len_varint(s as u64) + s
-    };
-    let total: usize = points
-        .iter()
-        .map(|p| {
-            let n = series_len(p);
-            1 + encoded_len_varint(n as u64) + n
-        })
-        .sum();
-    let mut b = Vec::with_capacity(total);
+    let mut b = Vec::new();
     for p in points {
-        encode_key(1, WireType::LengthDelimited, &mut b);
-        encode_varint(series_len(p) as u64, &mut b);
-        for l in &p.labels {
-            encode_key(1, WireType::LengthDelimited, &mut b);
-            encode_varint(label_len(l) as u64, &mut b);
-            for (tag, s) in [(1, &l.name), (2, &l.value)] {
-                if !s.is_empty() {
-                    encode_key(tag, WireType::LengthDelimited, &mut b);
-                    encode_varint(s.len() as u64, &mut b);
-                    b.extend_from_slice(s.as_bytes());
-                }
-            }
-        }
-        encode_key(2, WireType::LengthDelimited, &mut b);
-        encode_varint(sample_len(p) as u64, &mut b);
-        if p.value != 0.0 {
-            encode_key(1, WireType::SixtyFourBit, &mut b);
-            b.extend_from_slice(&p.value.to_le_bytes());
-        }
-        if p.ts_ms != 0 {
-            encode_key(2, WireType::Varint, &mut b);
-            encode_varint(p.ts_ms as u64, &mut b);
-        }
+        wire::series_into(&wire::labels_of(&p.labels), p.ts_ms, p.value, &mut b);
     }
     b
 }
 
-/// Groups points into a snappy-compressed `WriteRequest` body, with the
-/// metadata of the families in it.
-fn encode(points: &[Point]) -> Result<Vec<u8>, snap::Error> {
-    let mut req = request(points);
-    let names: std::collections::BTreeSet<&str> = req
-        .timeseries
-        .iter()
-        .flat_map(|s| s.labels.iter().find(|l| l.name == "__name__"))
-        .map(|l| l.value.as_str())
-        .collect();
-    let metadata = metadata()
+/// The 1.0 metadata of the families named in `names` (values of
+/// `__name__`), in the order of [`metadata`].
+fn metadata_v1<'a>(names: &'a [&[u8]]) -> impl Iterator<Item = MetricMetadata> + 'a {
+    metadata()
         .into_iter()
-        .filter(|m| names.contains(m.name))
+        .filter(|m| names.contains(&m.name.as_bytes()))
         .map(|m| MetricMetadata {
             r#type: if m.kind == "counter" { 1 } else { 2 },
             metric_family_name: m.name.strip_suffix("_total").unwrap_or(m.name).to_string(),
             help: m.help.to_string(),
             unit: m.unit.to_string(),
         })
-        .collect();
-    req.metadata = metadata;
-    encode_request(&req)
+}
+
+/// Groups points into a snappy-compressed `WriteRequest` body, with the
+/// metadata of the families in it: what the sender sends of them.
+#[cfg(test)]
+fn encode(points: &[Point]) -> Result<Vec<u8>, snap::Error> {
+    let body = encode_points(points);
+    let mut raw = Vec::new();
+    wire::read(&body, &mut raw).expect("points encode as a request");
+    snap::raw::Encoder::new().compress_vec(&wire::request_v1(&raw))
 }
 
 /// The points of a `WriteRequest` (a journal entry's body); `None` when the
 /// bytes are not one.
+#[cfg(test)]
 fn points_of(body: &[u8]) -> Option<Vec<Point>> {
     let req = WriteRequest::decode(body).ok()?;
     Some(
@@ -348,6 +299,26 @@ fn points_of(body: &[u8]) -> Option<Vec<Point>> {
                     ts_ms: x.timestamp,
                     value: x.value,
                 })
+            })
+            .collect(),
+    )
+}
+
+/// The points of a journal entry's body.
+#[cfg(test)]
+fn journal_points(body: &[u8]) -> Option<Vec<Point>> {
+    let (mut arena, mut spans) = (Vec::new(), Vec::new());
+    wire::expand(body, &mut arena, &mut spans)?;
+    Some(
+        spans
+            .into_iter()
+            .map(|s| Point {
+                labels: wire::pairs(&arena[s.labels])
+                    .into_iter()
+                    .map(|(name, value)| Label { name, value })
+                    .collect(),
+                ts_ms: s.ts_ms,
+                value: s.value,
             })
             .collect(),
     )

@@ -4,7 +4,8 @@
 //! specification asks (retry on a connection error, a 5xx or a 429, after
 //! at least its `Retry-After`; drop on any other 4xx).
 
-use super::{encode, encode_request, metadata, Point, WriteRequest};
+use super::wire::{self, RawPoint};
+use super::{encode_request, metadata, WriteRequest};
 use crate::stats::Failure;
 use crate::{otlp, remote_write_v2 as v2, CollectorError};
 use flopwatch_config::{RemoteWriteConfig, RemoteWriteProtocol};
@@ -16,10 +17,61 @@ use std::time::{Duration, SystemTime};
 
 /// What a request's body is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Wire {
+pub(super) enum Wire {
     V1,
     V2,
     Otlp,
+}
+
+/// A request encoded for its wire: CPU work, done off the async threads
+/// (the sender's encoding thread).
+#[derive(Debug)]
+pub(super) struct Encoded {
+    wire: Wire,
+    body: Result<Vec<u8>, snap::Error>,
+    samples: usize,
+}
+
+/// `points` as one request's body in `wire`'s format.
+pub(super) fn encode(wire: Wire, points: &[RawPoint<'_>]) -> Encoded {
+    let body = match wire {
+        Wire::V1 => snap::raw::Encoder::new().compress_vec(&wire::request_v1(points)),
+        Wire::V2 | Wire::Otlp => {
+            // 2.0 and OTLP take the labels as strings: each series'
+            // decoded once.
+            let mut index: std::collections::HashMap<&[u8], usize> = Default::default();
+            let mut owned: Vec<Vec<(String, String)>> = Vec::new();
+            let at: Vec<usize> = points
+                .iter()
+                .map(|p| {
+                    *index.entry(p.labels).or_insert_with(|| {
+                        owned.push(wire::pairs(p.labels));
+                        owned.len() - 1
+                    })
+                })
+                .collect();
+            let samples: Vec<v2::Sample<'_>> = points
+                .iter()
+                .zip(at)
+                .map(|(p, i)| v2::Sample {
+                    labels: &owned[i],
+                    ts_ms: p.ts_ms,
+                    value: p.value,
+                })
+                .collect();
+            let meta = metadata();
+            if wire == Wire::Otlp {
+                Ok(otlp::encode_otlp(&samples, &meta))
+            } else {
+                v2::encode_v2(&samples, &meta)
+            }
+        }
+    };
+    Encoded {
+        wire,
+        body,
+        samples: points.len(),
+    }
 }
 
 /// A failed send: the endpoint's status and the first line of its answer,
@@ -199,52 +251,48 @@ impl Endpoint {
         })
     }
 
-    /// Sends `points` as one request in the configured protocol. A 2.0
-    /// request the endpoint refuses with 415 (it speaks 1.0 only) is sent
-    /// again as 1.0, and so is every later one.
-    pub(super) async fn send(&self, points: &[Point]) -> Result<(), SendError> {
-        let owned: Vec<Vec<(String, String)>> = match self.protocol {
-            RemoteWriteProtocol::V1 => Vec::new(),
-            _ => points
-                .iter()
-                .map(|p| {
-                    p.labels
-                        .iter()
-                        .map(|l| (l.name.clone(), l.value.clone()))
-                        .collect()
-                })
-                .collect(),
-        };
-        let samples: Vec<v2::Sample<'_>> = owned
-            .iter()
-            .zip(points)
-            .map(|(labels, p)| v2::Sample {
-                labels,
-                ts_ms: p.ts_ms,
-                value: p.value,
-            })
-            .collect();
-        let meta = metadata();
+    /// The wire the next request goes out in: the configured protocol,
+    /// or 1.0 once the endpoint refused 2.0.
+    pub(super) fn wire(&self) -> Wire {
         match self.protocol {
-            RemoteWriteProtocol::Otlp => {
-                self.post(Ok(otlp::encode_otlp(&samples, &meta)), Wire::Otlp, 0)
-                    .await
-            }
-            RemoteWriteProtocol::V2 if !self.v1_only.load(Ordering::Relaxed) => {
-                match self
-                    .post(v2::encode_v2(&samples, &meta), Wire::V2, points.len())
-                    .await
-                {
-                    Err(e) if e.unsupported => {
-                        tracing::warn!(url = %self.url, "the endpoint does not take remote write 2.0 (415): sending 1.0");
-                        self.v1_only.store(true, Ordering::Relaxed);
-                        self.post(encode(points), Wire::V1, 0).await
-                    }
-                    r => r,
-                }
-            }
-            _ => self.post(encode(points), Wire::V1, 0).await,
+            RemoteWriteProtocol::V1 => Wire::V1,
+            RemoteWriteProtocol::Otlp => Wire::Otlp,
+            RemoteWriteProtocol::V2 if self.v1_only.load(Ordering::Relaxed) => Wire::V1,
+            RemoteWriteProtocol::V2 => Wire::V2,
         }
+    }
+
+    /// Posts an encoded request. A 2.0 request the endpoint refuses with
+    /// 415 (it speaks 1.0 only) fails as `unsupported`, and every later
+    /// request is encoded as 1.0 ([`Endpoint::wire`]): the caller encodes
+    /// it again and sends it at once.
+    pub(super) async fn post_encoded(&self, e: Encoded) -> Result<(), SendError> {
+        let r = self.post(e.body, e.wire, e.samples).await;
+        if let Err(err) = &r {
+            if err.unsupported && !self.v1_only.swap(true, Ordering::Relaxed) {
+                tracing::warn!(url = %self.url, "the endpoint does not take remote write 2.0 (415): sending 1.0");
+            }
+        }
+        r
+    }
+
+    /// Sends `points` as one request in the configured protocol (again as
+    /// 1.0 if the endpoint refused 2.0).
+    #[cfg(test)]
+    pub(super) async fn send(&self, points: &[RawPoint<'_>]) -> Result<(), SendError> {
+        match self.post_encoded(encode(self.wire(), points)).await {
+            Err(e) if e.unsupported => self.post_encoded(encode(self.wire(), points)).await,
+            r => r,
+        }
+    }
+
+    /// [`Endpoint::send`] of points built in a test.
+    #[cfg(test)]
+    pub(super) async fn send_points(&self, points: &[super::Point]) -> Result<(), SendError> {
+        let body = super::encode_points(points);
+        let mut raw = Vec::new();
+        wire::read(&body, &mut raw).expect("points encode as a request");
+        self.send(&raw).await
     }
 
     /// Sends `req` as the background sender sends its requests (headers,
@@ -452,6 +500,7 @@ impl ErrorLog {
 #[cfg(test)]
 mod tests {
     use super::super::stub::{fast, Stub};
+    use super::super::Point;
     use super::*;
     #[tokio::test]
     async fn credentials_and_headers_are_sent_and_token_files_reread() {
@@ -468,9 +517,9 @@ mod tests {
             ts_ms: 1_000,
             value: 0.25,
         }];
-        endpoint.send(&points).await.unwrap();
+        endpoint.send_points(&points).await.unwrap();
         std::fs::write(&token, "second-token").unwrap();
-        endpoint.send(&points).await.unwrap();
+        endpoint.send_points(&points).await.unwrap();
         let reqs = stub.requests();
         assert!(
             reqs[0].0.contains("authorization: bearer first-token"),
@@ -491,7 +540,7 @@ mod tests {
         cfg.username = Some("flopwatch".into());
         cfg.password_file = Some(password.clone());
         let basic = Endpoint::new(&cfg).unwrap();
-        basic.send(&points).await.unwrap();
+        basic.send_points(&points).await.unwrap();
         // base64("flopwatch:s3cret")
         let head = &stub.requests()[2].0;
         let want = "authorization: basic ZmxvcHdhdGNoOnMzY3JldA==".to_lowercase();
@@ -499,7 +548,7 @@ mod tests {
 
         // The password file gone at send time: no request, retried.
         std::fs::remove_file(&password).unwrap();
-        let e = basic.send(&points).await.unwrap_err();
+        let e = basic.send_points(&points).await.unwrap_err();
         assert_eq!(e.reason, Failure::Credentials);
         assert!(e.retried());
         assert!(
@@ -631,7 +680,7 @@ mod tests {
         let mut cfg = fast(&stub.url);
         cfg.protocol = "2.0".into();
         let e = Endpoint::new(&cfg).unwrap();
-        e.send(&points()).await.unwrap();
+        e.send_points(&points()).await.unwrap();
         let reqs = stub.requests();
         let head = &reqs[0].0;
         assert!(
@@ -652,8 +701,8 @@ mod tests {
         assert_eq!(req.timeseries[0].samples[0].value, 0.25);
         // A receiver of 1.0 only: 415, then the same points as 1.0, and
         // 1.0 from then on.
-        e.send(&points()).await.unwrap();
-        e.send(&points()).await.unwrap();
+        e.send_points(&points()).await.unwrap();
+        e.send_points(&points()).await.unwrap();
         let reqs = stub.requests();
         assert_eq!(reqs.len(), 4);
         assert!(
@@ -684,7 +733,11 @@ mod tests {
         let stub = Stub::start(Vec::new()).await;
         let mut cfg = fast(&stub.url);
         cfg.protocol = "otlp".into();
-        Endpoint::new(&cfg).unwrap().send(&points()).await.unwrap();
+        Endpoint::new(&cfg)
+            .unwrap()
+            .send_points(&points())
+            .await
+            .unwrap();
         let (head, body) = &stub.requests()[0];
         assert!(
             head.contains("content-type: application/x-protobuf"),

@@ -6,17 +6,21 @@
 //! walked every second, so it is laid out for both: a batch's point that
 //! continues its series with the same labels updates two numbers in place
 //! (no label is copied), and the walk for stale series reads one dense
-//! array of deadlines, touching a series only when it has expired.
+//! array of deadlines, touching a series only when it has expired. A
+//! series keeps its labels as one run of bytes, as they go on the wire
+//! ([`super::wire`]); its GPU and name are shared with the GPU's other
+//! series and every series of that name.
 
-use super::Label;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 /// One open series.
 #[derive(Debug, Clone)]
 pub(super) struct Sent {
-    pub gpu: String,
-    pub name: String,
-    pub labels: Vec<Label>,
+    pub gpu: Arc<str>,
+    pub name: Arc<str>,
+    /// Its labels' fields, as on the wire.
+    pub labels: Box<[u8]>,
     /// Its newest sample's time.
     pub last_ts: i64,
 }
@@ -30,7 +34,7 @@ pub(super) enum Noted {
     New,
     /// Continued it under other labels: the old ones and their newest
     /// sample's time, to end with a marker.
-    Relabelled(Vec<Label>, i64),
+    Relabelled(Box<[u8]>, i64),
 }
 
 /// Free slots' deadline: never expires.
@@ -40,7 +44,9 @@ const FREE: i64 = i64::MAX;
 #[derive(Debug, Default)]
 pub(super) struct OpenSeries {
     /// GPU → name → slot.
-    index: HashMap<String, HashMap<String, usize>>,
+    index: HashMap<Arc<str>, HashMap<Arc<str>, usize>>,
+    /// Every name a series had (a few dozen).
+    names: HashSet<Arc<str>>,
     slots: Vec<Option<Sent>>,
     /// Per slot, the collector time after which its series is stale.
     until: Vec<i64>,
@@ -66,36 +72,54 @@ impl OpenSeries {
         &mut self,
         gpu: &str,
         name: &str,
-        labels: &[Label],
+        labels: &[u8],
         ts: i64,
         until: i64,
     ) -> Noted {
         if let Some(&i) = self.index.get(gpu).and_then(|m| m.get(name)) {
             self.until[i] = until;
             if let Some(s) = self.slots[i].as_mut() {
-                if s.labels == labels {
+                if *s.labels == *labels {
                     s.last_ts = ts;
                     return Noted::Same;
                 }
-                let before = std::mem::replace(&mut s.labels, labels.to_vec());
+                let before = std::mem::replace(&mut s.labels, labels.into());
                 let last = std::mem::replace(&mut s.last_ts, ts);
                 return Noted::Relabelled(before, last);
             }
         }
-        self.insert(
-            Sent {
-                gpu: gpu.to_string(),
-                name: name.to_string(),
-                labels: labels.to_vec(),
-                last_ts: ts,
-            },
-            until,
-        );
+        self.insert(gpu, name, labels.into(), ts, until);
         Noted::New
     }
 
-    /// Adds `s` (a series not open), current until `until`.
-    pub(super) fn insert(&mut self, s: Sent, until: i64) {
+    /// Adds the series of `gpu` named `name` (not open) with `labels`,
+    /// its newest sample at `last_ts`, current until `until`.
+    pub(super) fn insert(
+        &mut self,
+        gpu: &str,
+        name: &str,
+        labels: Box<[u8]>,
+        last_ts: i64,
+        until: i64,
+    ) {
+        let gpu = match self.index.get_key_value(gpu) {
+            Some((k, _)) => k.clone(),
+            None => Arc::from(gpu),
+        };
+        let name = match self.names.get(name) {
+            Some(n) => n.clone(),
+            None => {
+                let n: Arc<str> = Arc::from(name);
+                self.names.insert(n.clone());
+                n
+            }
+        };
+        let s = Sent {
+            gpu,
+            name,
+            labels,
+            last_ts,
+        };
         let i = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -141,11 +165,10 @@ impl OpenSeries {
 mod tests {
     use super::*;
 
-    fn l(v: &str) -> Vec<Label> {
-        vec![Label {
-            name: "job_id".into(),
-            value: v.into(),
-        }]
+    fn l(v: &str) -> Box<[u8]> {
+        let mut b = Vec::new();
+        super::super::wire::label_into("job_id", v, &mut b);
+        b.into()
     }
 
     #[test]
@@ -163,14 +186,14 @@ mod tests {
         // power's deadline (100) passed at 150; ofu's (300) not.
         let gone = o.expire(150);
         assert_eq!(gone.len(), 1);
-        assert_eq!((gone[0].name.as_str(), gone[0].last_ts), ("power", 10));
+        assert_eq!((&*gone[0].name, gone[0].last_ts), ("power", 10));
         assert!(o.get("g1", "power").is_none());
         assert_eq!(o.len(), 1);
         // Its slot is reused; nothing expires twice.
         assert_eq!(o.note("g2", "ofu", &l("c"), 5, 50), Noted::New);
         assert_eq!(o.slots.len(), 2);
-        assert!(o.expire(150).iter().all(|s| s.gpu == "g2"));
-        assert!(o.expire(10_000).iter().all(|s| s.gpu == "g1"));
+        assert!(o.expire(150).iter().all(|s| &*s.gpu == "g2"));
+        assert!(o.expire(10_000).iter().all(|s| &*s.gpu == "g1"));
         assert_eq!(o.len(), 0);
         assert!(o.index.is_empty());
     }

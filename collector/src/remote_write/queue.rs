@@ -17,14 +17,14 @@
 //! `kill -9` included — a series that does not come back still gets its
 //! marker ([`RemoteQueue::restore`]).
 
-use super::open::{Noted, OpenSeries, Sent};
-use super::{labels, request, Point, STALE_NAN};
+use super::open::{Noted, OpenSeries};
+use super::wire;
+use super::STALE_NAN;
 use crate::live::GpuLive;
 use crate::series::{family_of, gpu_labels, On};
 use crate::store::journal::{self, OpenEntries};
 use crate::store::{CommitSet, Store, StoreError};
 use flopwatch_proto::metrics as m;
-use prost::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
@@ -114,6 +114,12 @@ impl RemoteQueue {
         self.fidelity_by.get(what).copied().unwrap_or(self.fidelity)
     }
 
+    /// Whether a batch's series of `metric` count in what it forwards
+    /// (the OFU series' time comes from tensor activity's).
+    pub fn forwards(&self, metric: &str) -> bool {
+        metric == m::TENSOR_ACTIVE || self.metrics.iter().any(|x| x == metric)
+    }
+
     /// Points in the journal, as last counted.
     pub fn pending(&self) -> u64 {
         u64::try_from(self.pending.load(Ordering::Relaxed)).unwrap_or(0)
@@ -124,15 +130,28 @@ impl RemoteQueue {
         Some(self.oldest_ms.load(Ordering::Relaxed)).filter(|&t| t != i64::MAX)
     }
 
-    /// A series' labels: the GPU's, then the external ones it lacks.
-    fn base(&self, g: &GpuLive) -> Vec<(String, String)> {
+    /// A GPU's series' labels but their name, on the wire: the GPU's, and
+    /// the external ones it lacks, the empty ones left out (as the
+    /// specification asks), sorted; split where `__name__` goes.
+    fn base(&self, g: &GpuLive) -> (Vec<u8>, Vec<u8>) {
         let mut l = gpu_labels(g);
         for (k, v) in &self.external {
             if !l.iter().any(|(n, _)| n == k) {
                 l.push((k.clone(), v.clone()));
             }
         }
-        l
+        l.retain(|(_, v)| !v.is_empty());
+        l.sort();
+        let (mut before, mut after) = (Vec::new(), Vec::new());
+        for (k, v) in &l {
+            let b = if k.as_str() < "__name__" {
+                &mut before
+            } else {
+                &mut after
+            };
+            wire::label_into(k, v, b);
+        }
+        (before, after)
     }
 
     /// The journal entry of a batch whose GPUs are `gpus`
@@ -148,20 +167,19 @@ impl RemoteQueue {
     /// [`RemoteQueue::entry`], and the open-series register entries of the
     /// series it starts or relabels (`CommitSet::forward_open`).
     pub fn forward(&self, gpus: &[GpuLive], set: &CommitSet) -> (Vec<u8>, OpenEntries) {
-        let mut points = Vec::new();
+        let mut entry = Entry::default();
         let mut open = Vec::new();
         for g in gpus {
-            let base = self.base(g);
-            let mut new = Vec::new();
-            // (name, when it goes stale) of each point, in `new`'s order.
-            let mut ends = Vec::new();
+            let (before, after) = self.base(g);
+            // The GPU's points: name, labels, time, value, when it goes
+            // stale.
+            let mut new: Vec<(String, Vec<u8>, i64, f64, i64)> = Vec::new();
             let mut push = |name: &str, ts: i64, value: f64, until: i64| {
-                new.push(Point {
-                    labels: labels(name, &base),
-                    ts_ms: ts,
-                    value,
-                });
-                ends.push((name.to_string(), until));
+                let mut l = Vec::with_capacity(before.len() + after.len() + name.len() + 14);
+                l.extend_from_slice(&before);
+                wire::label_into("__name__", name, &mut l);
+                l.extend_from_slice(&after);
+                new.push((name.to_string(), l, ts, value, until));
             };
             let ofu_ts = g.counters.get(m::TENSOR_ACTIVE).map(|c| c.0);
             if let (Some(ts), Some(ofu)) = (ofu_ts, g.ofu) {
@@ -247,10 +265,17 @@ impl RemoteQueue {
                     _ => push(&name, *ts, v * f.scale, until),
                 }
             }
-            points.extend(self.note_sent(&g.uuid, &new, ends, &mut open));
-            points.extend(new);
+            for (l, ts) in self.note_sent(&g.uuid, &new, &mut open) {
+                entry.push(&l, ts, f64::from_bits(STALE_NAN));
+            }
+            entry.0.group(
+                &before,
+                &after,
+                new.iter()
+                    .map(|(name, _, ts, v, _)| (Some(name.as_str()), *ts, *v)),
+            );
         }
-        (entry_of(&points), open)
+        (entry.finish(), open)
     }
 
     /// Records `new` as the GPU's current series, and returns the
@@ -260,36 +285,25 @@ impl RemoteQueue {
     fn note_sent(
         &self,
         gpu: &str,
-        new: &[Point],
-        ends: Vec<(String, i64)>,
+        new: &[(String, Vec<u8>, i64, f64, i64)],
         open: &mut OpenEntries,
-    ) -> Vec<Point> {
+    ) -> Vec<(Box<[u8]>, i64)> {
         let Ok(mut sent) = self.sent.lock() else {
             return Vec::new();
         };
         let mut markers = Vec::new();
-        for (p, (name, until_ms)) in new.iter().zip(ends) {
-            let before = match sent.note(gpu, &name, &p.labels, p.ts_ms, until_ms) {
+        for (name, labels, ts, _, until_ms) in new {
+            match sent.note(gpu, name, labels, *ts, *until_ms) {
                 Noted::Same => continue,
-                Noted::New => None,
-                Noted::Relabelled(labels, last_ts) => Some((labels, last_ts)),
-            };
-            if let Some((labels, last_ts)) = before {
-                markers.push(Point {
-                    labels,
-                    ts_ms: p.ts_ms.max(last_ts + 1),
-                    value: f64::from_bits(STALE_NAN),
-                });
+                Noted::New => {}
+                Noted::Relabelled(before, last_ts) => {
+                    markers.push((before, (*ts).max(last_ts + 1)));
+                }
             }
-            let reg = Point {
-                labels: p.labels.clone(),
-                ts_ms: p.ts_ms,
-                value: 0.0,
-            };
-            open.push((
-                journal::open_key(gpu, &name),
-                request(&[reg]).encode_to_vec(),
-            ));
+            // The register entry: the series' labels and newest time.
+            let mut reg = Vec::new();
+            wire::series_into(labels, *ts, 0.0, &mut reg);
+            open.push((journal::open_key(gpu, name), reg));
         }
         markers
     }
@@ -303,46 +317,46 @@ impl RemoteQueue {
     /// taken back.
     pub fn restore(&self, now_ms: i64, grace_ms: i64) -> Result<usize, StoreError> {
         let stored = self.store.journal_open_series()?;
-        let mut markers = Vec::new();
+        let mut markers = Entry::default();
         let mut closed = Vec::new();
         let mut n = 0;
         {
             let Ok(mut sent) = self.sent.lock() else {
                 return Ok(0);
             };
-            for (k, v) in stored {
-                let parsed = journal::open_key_parts(&k)
-                    .zip(super::points_of(&v).and_then(|p| p.into_iter().next()));
+            let mut raw = Vec::new();
+            for (k, v) in &stored {
+                raw.clear();
+                let parsed = journal::open_key_parts(k)
+                    .zip(wire::read(v, &mut raw).and_then(|()| raw.first()));
                 let Some(((gpu, name), p)) = parsed else {
                     tracing::warn!("malformed remote-write open-series entry dropped");
-                    closed.push(k);
+                    closed.push(k.clone());
                     continue;
                 };
                 match sent.get(&gpu, &name) {
                     // Continued by this run already.
-                    Some(s) if s.labels == p.labels => {}
+                    Some(s) if *s.labels == *p.labels => {}
                     // Relabelled by this run (its entry already replaced).
-                    Some(s) => markers.push(Point {
-                        labels: p.labels,
-                        ts_ms: s.last_ts.max(p.ts_ms + 1),
-                        value: f64::from_bits(STALE_NAN),
-                    }),
+                    Some(s) => markers.push(
+                        p.labels,
+                        s.last_ts.max(p.ts_ms + 1),
+                        f64::from_bits(STALE_NAN),
+                    ),
                     None => {
                         n += 1;
                         sent.insert(
-                            Sent {
-                                gpu,
-                                name,
-                                labels: p.labels,
-                                last_ts: p.ts_ms,
-                            },
+                            &gpu,
+                            &name,
+                            p.labels.into(),
+                            p.ts_ms,
                             now_ms.saturating_add(grace_ms),
                         );
                     }
                 }
             }
         }
-        let entry = entry_of(&markers);
+        let entry = markers.finish();
         if !entry.is_empty() || !closed.is_empty() {
             if entry.is_empty() {
                 self.store.journal_done(closed)?;
@@ -365,23 +379,22 @@ impl RemoteQueue {
     /// Journals a staleness marker for every series gone stale by `now_ms`
     /// (collector clock), just after its last sample or at `now_ms`.
     pub fn expire(&self, now_ms: i64) -> Result<(), StoreError> {
-        let (markers, closed): (Vec<Point>, Vec<Vec<u8>>) = {
+        let (entry, closed) = {
             let Ok(mut sent) = self.sent.lock() else {
                 return Ok(());
             };
-            let mut out = Vec::new();
+            let mut out = Entry::default();
             let mut closed = Vec::new();
             for s in sent.expire(now_ms) {
                 closed.push(journal::open_key(&s.gpu, &s.name));
-                out.push(Point {
-                    labels: s.labels,
-                    ts_ms: now_ms.max(s.last_ts + 1),
-                    value: f64::from_bits(STALE_NAN),
-                });
+                out.push(
+                    &s.labels,
+                    now_ms.max(s.last_ts + 1),
+                    f64::from_bits(STALE_NAN),
+                );
             }
-            (out, closed)
+            (out.finish(), closed)
         };
-        let entry = entry_of(&markers);
         if entry.is_empty() {
             return Ok(());
         }
@@ -407,18 +420,35 @@ fn mean(s: &flopwatch_proto::model::SeriesBatch) -> f64 {
     }
 }
 
-/// The journal entry holding `points` (empty for none).
-pub(super) fn entry_of(points: &[Point]) -> Vec<u8> {
-    if points.is_empty() {
-        return Vec::new();
+/// A journal entry being written ([`wire::EntryWriter`]).
+#[derive(Default)]
+struct Entry(wire::EntryWriter);
+
+impl Entry {
+    /// Adds the point of the series with `labels` (whole, as on the wire).
+    fn push(&mut self, labels: &[u8], ts_ms: i64, value: f64) {
+        self.0
+            .group(labels, &[], std::iter::once((None, ts_ms, value)));
     }
-    let oldest = points.iter().map(|p| p.ts_ms).min().unwrap_or(0);
-    let body = super::encode_points(points);
-    journal::value(
-        u32::try_from(points.len()).unwrap_or(u32::MAX),
-        oldest,
-        &body,
-    )
+
+    /// The entry (empty for no point).
+    fn finish(self) -> Vec<u8> {
+        let (n, oldest) = (self.0.points(), self.0.oldest_ms());
+        if n == 0 {
+            return Vec::new();
+        }
+        journal::value(n, oldest, &self.0.finish())
+    }
+}
+
+/// The journal entry holding `points` (empty for none).
+#[cfg(test)]
+pub(super) fn entry_of(points: &[super::Point]) -> Vec<u8> {
+    let mut e = Entry::default();
+    for p in points {
+        e.push(&wire::labels_of(&p.labels), p.ts_ms, p.value);
+    }
+    e.finish()
 }
 
 /// An entry's point count and oldest time.
@@ -430,7 +460,7 @@ fn head(entry: &[u8]) -> Option<(u32, i64)> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::points_of;
+    use super::super::{journal_points as points_of, Point};
     use super::*;
     use crate::live::Freshness;
     use crate::store::memory::MemEngine;

@@ -11,14 +11,19 @@
 //! round's points again after the restart: at most one round of
 //! duplicates. A stop ends the round where it is and leaves its entries in
 //! the journal.
+//!
+//! The round's CPU work — its entries read back into points, each
+//! request encoded — runs on the sender's own thread ([`Worker`]) below
+//! ingest's CPU priority; the async tasks only wait on it and on the
+//! endpoint.
 
-use super::endpoint::{backoff, ErrorLog};
+use super::endpoint::{backoff, encode, ErrorLog};
 use super::queue::RemoteQueue;
-use super::{points_of, Endpoint, Point};
+use super::wire::{self, RawPoint, Span};
+use super::Endpoint;
 use crate::stats::Stats;
 use flopwatch_config::RemoteWriteConfig;
 use flopwatch_proto::clock::Clock;
-use std::hash::{Hash, Hasher};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -52,14 +57,9 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
-/// Which of `shards` the series with `labels` goes to.
-fn shard_of(labels: &[super::Label], shards: usize) -> usize {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for l in labels {
-        l.name.hash(&mut h);
-        l.value.hash(&mut h);
-    }
-    (h.finish() % shards.max(1) as u64) as usize
+/// Which of `shards` the series with `labels` (as on the wire) goes to.
+fn shard_of(labels: &[u8], shards: usize) -> usize {
+    (wire::series_hash(labels) % shards.max(1) as u64) as usize
 }
 
 /// What a round's points came to.
@@ -81,6 +81,13 @@ pub(super) async fn sender(
 ) {
     let log = Mutex::new(ErrorLog::default());
     let store = queue.store.clone();
+    let worker = match Worker::start() {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!(error = %e, "remote write disabled: no encoding thread");
+            return;
+        }
+    };
     // The backlog a previous run left.
     if let Ok((_, points, oldest)) = blocking({
         let s = store.clone();
@@ -117,7 +124,7 @@ pub(super) async fn sender(
             }
         }
         // Past `max_queue_samples` pending: the oldest entries go.
-        let mut over = queue.pending().saturating_sub(cfg.max_queue_samples as u64);
+        let over = queue.pending().saturating_sub(cfg.max_queue_samples as u64);
         let (entries, next) = match blocking({
             let s = store.clone();
             let from = cursor;
@@ -141,27 +148,17 @@ pub(super) async fn sender(
             continue;
         }
         let now = clock.now_ms();
-        let mut points: Vec<Point> = Vec::new();
-        let (mut read, mut too_old, mut full) = (0u64, 0u64, 0u64);
-        for e in &entries {
-            read += u64::from(e.points);
-            let Some(p) = points_of(&e.body) else {
-                tracing::error!("malformed remote-write journal entry dropped");
-                continue;
-            };
-            if over > 0 {
-                over = over.saturating_sub(p.len() as u64);
-                full += p.len() as u64;
-                continue;
-            }
-            for x in p {
-                if now - x.ts_ms > max_age_ms {
-                    too_old += 1;
-                } else {
-                    points.push(x);
-                }
-            }
-        }
+        let read: u64 = entries.iter().map(|e| u64::from(e.points)).sum();
+        let keys: Vec<Vec<u8>> = entries.iter().map(|e| e.key.clone()).collect();
+        let next_oldest = entries.last().map(|e| e.oldest_ms);
+        let bodies: Vec<Vec<u8>> = entries.into_iter().map(|e| e.body).collect();
+        let (per, max_shards) = (cfg.max_samples_per_request.max(1), cfg.max_shards.max(1));
+        let Some((round, too_old, full)) = worker
+            .run(move || Round::read(bodies, over, now, max_age_ms, per, max_shards))
+            .await
+        else {
+            return;
+        };
         if full > 0 {
             stats
                 .remote_write_dropped
@@ -180,7 +177,16 @@ pub(super) async fn sender(
                 "remote write samples older than max_age dropped"
             );
         }
-        let outcome = send_round(endpoint, cfg, stats, &log, points, &mut shutdown).await;
+        let outcome = send_round(
+            endpoint,
+            &worker,
+            cfg,
+            stats,
+            &log,
+            Arc::new(round),
+            &mut shutdown,
+        )
+        .await;
         if outcome.stopped {
             return;
         }
@@ -190,8 +196,6 @@ pub(super) async fn sender(
         stats
             .remote_write_refused
             .fetch_add(outcome.refused, Ordering::Relaxed);
-        let keys: Vec<Vec<u8>> = entries.iter().map(|e| e.key.clone()).collect();
-        let next_oldest = entries.last().map(|e| e.oldest_ms);
         if let Err(e) = blocking({
             let s = store.clone();
             move || s.journal_done(keys)
@@ -219,46 +223,174 @@ pub(super) async fn sender(
     }
 }
 
-/// Sends `points` over as many concurrent shards as they fill requests;
-/// each shard retries its request until delivered or refused.
+/// One round's points: their labels written out whole into one arena,
+/// split by series into shards.
+#[derive(Debug, Default)]
+struct Round {
+    arena: Vec<u8>,
+    shards: Vec<Vec<Span>>,
+}
+
+impl Round {
+    /// The points of the journal entries `bodies`, but the first `over`
+    /// (past `max_queue_samples`) and those older than `max_age_ms` at
+    /// `now`, over as many shards as they fill requests of `per` (at most
+    /// `max_shards`); with how many were too old and how many over.
+    fn read(
+        bodies: Vec<Vec<u8>>,
+        mut over: u64,
+        now: i64,
+        max_age_ms: i64,
+        per: usize,
+        max_shards: usize,
+    ) -> (Self, u64, u64) {
+        let bytes: usize = bodies.iter().map(Vec::len).sum();
+        let (mut arena, mut spans) = (Vec::with_capacity(bytes * 3), Vec::new());
+        let mut full = 0u64;
+        for body in &bodies {
+            let (from, bytes_from) = (spans.len(), arena.len());
+            if wire::expand(body, &mut arena, &mut spans).is_none() {
+                tracing::error!("malformed remote-write journal entry dropped");
+                continue;
+            }
+            let n = (spans.len() - from) as u64;
+            if over > 0 {
+                over = over.saturating_sub(n);
+                full += n;
+                spans.truncate(from);
+                arena.truncate(bytes_from);
+            }
+        }
+        let before = spans.len();
+        spans.retain(|x: &Span| now - x.ts_ms <= max_age_ms);
+        let too_old = (before - spans.len()) as u64;
+        let n = spans.len().div_ceil(per).clamp(1, max_shards);
+        let mut shards: Vec<Vec<Span>> = vec![Vec::new(); n];
+        for s in spans {
+            let i = shard_of(&arena[s.labels.clone()], n);
+            shards[i].push(s);
+        }
+        (Self { arena, shards }, too_old, full)
+    }
+
+    /// Points `at` of shard `shard`.
+    fn points(&self, shard: usize, at: std::ops::Range<usize>) -> Vec<RawPoint<'_>> {
+        self.shards[shard][at]
+            .iter()
+            .map(|s| RawPoint {
+                labels: &self.arena[s.labels.clone()],
+                ts_ms: s.ts_ms,
+                value: s.value,
+            })
+            .collect()
+    }
+}
+
+/// The sender's CPU work — reading entries back, encoding requests — on a
+/// thread of its own, below ingest's CPU priority (as RocksDB's
+/// compactions): a round of tens of thousands of points never holds the
+/// threads that serve the agents' streams, and a busy machine acks
+/// batches before it forwards them. Ends with its owner.
+struct Worker {
+    jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
+}
+
+impl Worker {
+    /// How much lower than ingest the thread runs (a nice value).
+    const NICE: i32 = 10;
+
+    fn start() -> std::io::Result<Self> {
+        let (jobs, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        std::thread::Builder::new()
+            .name("remote-write".into())
+            .spawn(move || {
+                lower_priority(Self::NICE);
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            })?;
+        Ok(Self { jobs })
+    }
+
+    /// `f`'s result, run on the thread; `None` if the thread is gone.
+    async fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.jobs
+            .send(Box::new(move || {
+                let _ = tx.send(f());
+            }))
+            .ok()?;
+        rx.await.ok()
+    }
+}
+
+/// Lowers the calling thread's CPU priority to the nice value `nice`
+/// (Linux: a thread has its own).
+fn lower_priority(nice: i32) {
+    #[cfg(target_os = "linux")]
+    {
+        let me = Some(rustix::thread::gettid());
+        // Never higher than the collector's own.
+        let now = rustix::process::getpriority_process(me).unwrap_or(0);
+        if now < nice {
+            if let Err(e) = rustix::process::setpriority_process(me, nice) {
+                tracing::debug!(error = %e, "remote write keeps ingest's CPU priority");
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
+}
+
+/// Sends a round's shards concurrently, each in requests of at most
+/// `max_samples_per_request` points, encoded on `worker`; each request is
+/// retried until delivered or refused.
 async fn send_round(
     endpoint: &Endpoint,
+    worker: &Worker,
     cfg: &RemoteWriteConfig,
     stats: &Stats,
     log: &Mutex<ErrorLog>,
-    points: Vec<Point>,
+    round: Arc<Round>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Outcome {
     let per = cfg.max_samples_per_request.max(1);
-    let shards = points.len().div_ceil(per).clamp(1, cfg.max_shards.max(1));
-    let mut by_shard: Vec<Vec<Point>> = vec![Vec::new(); shards];
-    for p in points {
-        let i = shard_of(&p.labels, shards);
-        by_shard[i].push(p);
-    }
     let stop = shutdown.clone();
-    let results = futures::future::join_all(by_shard.into_iter().map(|pts| {
+    let results = futures::future::join_all((0..round.shards.len()).map(|shard| {
         let mut stop = stop.clone();
+        let round = round.clone();
         async move {
             let mut out = Outcome::default();
-            for chunk in pts.chunks(per) {
+            let len = round.shards[shard].len();
+            for start in (0..len).step_by(per) {
+                let at = start..(start + per).min(len);
+                let n = at.len();
                 let mut attempt = 0u32;
                 loop {
-                    match endpoint.send(chunk).await {
+                    let wire = endpoint.wire();
+                    let (r, at) = (round.clone(), at.clone());
+                    let Some(body) = worker.run(move || encode(wire, &r.points(shard, at))).await
+                    else {
+                        out.stopped = true;
+                        return out;
+                    };
+                    match endpoint.post_encoded(body).await {
                         Ok(()) => {
                             if let Ok(mut l) = log.lock() {
                                 l.succeeded(&endpoint.url, attempt);
                             }
-                            out.delivered += chunk.len() as u64;
+                            out.delivered += n as u64;
                             break;
                         }
+                        // 2.0 refused: at once again, as 1.0.
+                        Err(e) if e.unsupported => {}
                         Err(e) => {
                             stats.remote_write_failure(e.reason);
                             if let Ok(mut l) = log.lock() {
-                                l.failed(&endpoint.url, &e, chunk.len());
+                                l.failed(&endpoint.url, &e, n);
                             }
                             if !e.retried() {
-                                out.refused += chunk.len() as u64;
+                                out.refused += n as u64;
                                 break;
                             }
                             attempt = attempt.saturating_add(1);
@@ -294,7 +426,7 @@ async fn wait(shutdown: &mut watch::Receiver<bool>, d: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::super::stub::{fast, run_until, Stub};
-    use super::super::{labels, queue::entry_of};
+    use super::super::{labels, queue::entry_of, Point};
     use super::*;
     use crate::stats::Failure;
     use crate::store::memory::MemEngine;
@@ -497,13 +629,37 @@ mod tests {
         );
     }
 
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn encoding_runs_below_ingest_s_priority() {
+        let here = rustix::process::getpriority_process(None).unwrap();
+        let w = Worker::start().unwrap();
+        let there = w
+            .run(|| rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(there, Worker::NICE.max(here));
+        drop(w);
+    }
+
     #[test]
     fn a_series_keeps_to_one_shard_and_shards_fill() {
-        let l = |g: usize| labels("x", &[("UUID".into(), format!("GPU-{g}"))]);
+        let body = |g: usize, t: i64| {
+            super::super::encode_points(&[Point {
+                labels: labels("x", &[("UUID".into(), format!("GPU-{g}"))]),
+                ts_ms: t,
+                value: 1.0,
+            }])
+        };
+        let shard = |b: &[u8]| {
+            let mut raw = Vec::new();
+            wire::read(b, &mut raw).unwrap();
+            shard_of(raw[0].labels, 4)
+        };
         let mut used = std::collections::BTreeSet::new();
         for g in 0..64 {
-            let s = shard_of(&l(g), 4);
-            assert_eq!(s, shard_of(&l(g), 4));
+            let s = shard(&body(g, 1));
+            assert_eq!(s, shard(&body(g, 2)));
             used.insert(s);
         }
         assert_eq!(used.len(), 4);

@@ -15,8 +15,9 @@
 //!
 //! Keys: [`PREFIX`] · sequence number (u64, big-endian) in the meta
 //! family. Value: the number of points (u32), the oldest point's time (i64,
-//! unix ms), both big-endian, then the points as a remote-write 1.0
-//! `WriteRequest` (protobuf). Sequence numbers rise with each entry; after
+//! unix ms), both big-endian, then the points in remote write's compact
+//! layout (each GPU's labels and each series name once; the collector's
+//! `remote_write::wire`). Sequence numbers rise with each entry; after
 //! a restart they continue past the highest one on disk.
 
 use std::collections::BTreeSet;
@@ -71,7 +72,7 @@ pub struct Entry {
     pub points: u32,
     /// Its oldest point's time, unix ms.
     pub oldest_ms: i64,
-    /// The points: a remote-write 1.0 `WriteRequest` (protobuf).
+    /// The points (the collector's `remote_write::wire` layout).
     pub body: Vec<u8>,
 }
 
