@@ -7,22 +7,49 @@
 //! continues its series with the same labels updates two numbers in place
 //! (no label is copied), and the walk for stale series reads one dense
 //! array of deadlines, touching a series only when it has expired. A
-//! series keeps its labels as one run of bytes, as they go on the wire
-//! ([`super::wire`]); its GPU and name are shared with the GPU's other
-//! series and every series of that name.
+//! GPU's series share its labels ([`Base`], as they go on the wire, kept
+//! once per GPU and label set), and every series of a name shares the
+//! name.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+
+/// A GPU's series' labels but their name, as on the wire
+/// ([`super::wire::label_into`]): the fields sorted before `__name__`,
+/// and those after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Base {
+    pub before: Vec<u8>,
+    pub after: Vec<u8>,
+}
+
+impl Base {
+    /// The labels of its series named `name`, whole.
+    pub(super) fn with_name(&self, name: &str) -> Vec<u8> {
+        let mut l = Vec::with_capacity(self.before.len() + self.after.len() + name.len() + 14);
+        l.extend_from_slice(&self.before);
+        super::wire::label_into("__name__", name, &mut l);
+        l.extend_from_slice(&self.after);
+        l
+    }
+}
 
 /// One open series.
 #[derive(Debug, Clone)]
 pub(super) struct Sent {
     pub gpu: Arc<str>,
     pub name: Arc<str>,
-    /// Its labels' fields, as on the wire.
-    pub labels: Box<[u8]>,
+    /// Its labels but its name.
+    pub base: Arc<Base>,
     /// Its newest sample's time.
     pub last_ts: i64,
+}
+
+impl Sent {
+    /// Its labels, whole.
+    pub(super) fn labels(&self) -> Vec<u8> {
+        self.base.with_name(&self.name)
+    }
 }
 
 /// What a point did to its series.
@@ -34,17 +61,25 @@ pub(super) enum Noted {
     New,
     /// Continued it under other labels: the old ones and their newest
     /// sample's time, to end with a marker.
-    Relabelled(Box<[u8]>, i64),
+    Relabelled(Arc<Base>, i64),
 }
 
 /// Free slots' deadline: never expires.
 const FREE: i64 = i64::MAX;
 
+/// A GPU's open series.
+#[derive(Debug, Default)]
+struct Gpu {
+    /// The labels its latest batch sent.
+    base: Option<Arc<Base>>,
+    /// Name → slot.
+    names: HashMap<Arc<str>, usize>,
+}
+
 /// The open series.
 #[derive(Debug, Default)]
 pub(super) struct OpenSeries {
-    /// GPU → name → slot.
-    index: HashMap<Arc<str>, HashMap<Arc<str>, usize>>,
+    index: HashMap<Arc<str>, Gpu>,
     /// Every name a series had (a few dozen).
     names: HashSet<Arc<str>>,
     slots: Vec<Option<Sent>>,
@@ -62,50 +97,60 @@ impl OpenSeries {
 
     /// The series of `gpu` named `name`.
     pub(super) fn get(&self, gpu: &str, name: &str) -> Option<&Sent> {
-        let i = *self.index.get(gpu)?.get(name)?;
+        let i = *self.index.get(gpu)?.names.get(name)?;
         self.slots[i].as_ref()
     }
 
-    /// A point of `gpu`'s series `name` with `labels` at `ts`, current
-    /// until `until`.
+    /// `base` as `gpu`'s series keep it: the one they share when it is the
+    /// same.
+    pub(super) fn base(&self, gpu: &str, base: Base) -> Arc<Base> {
+        match self.index.get(gpu).and_then(|g| g.base.as_ref()) {
+            Some(b) if **b == base => b.clone(),
+            _ => Arc::new(base),
+        }
+    }
+
+    /// A point of `gpu`'s series `name` with the labels `base` (from
+    /// [`OpenSeries::base`]) at `ts`, current until `until`.
     pub(super) fn note(
         &mut self,
         gpu: &str,
         name: &str,
-        labels: &[u8],
+        base: &Arc<Base>,
         ts: i64,
         until: i64,
     ) -> Noted {
-        if let Some(&i) = self.index.get(gpu).and_then(|m| m.get(name)) {
-            self.until[i] = until;
-            if let Some(s) = self.slots[i].as_mut() {
-                if *s.labels == *labels {
-                    s.last_ts = ts;
-                    return Noted::Same;
+        if let Some(g) = self.index.get_mut(gpu) {
+            if !g.base.as_ref().is_some_and(|b| Arc::ptr_eq(b, base)) {
+                g.base = Some(base.clone());
+            }
+            if let Some(&i) = g.names.get(name) {
+                self.until[i] = until;
+                if let Some(s) = self.slots[i].as_mut() {
+                    if Arc::ptr_eq(&s.base, base) || *s.base == **base {
+                        s.last_ts = ts;
+                        return Noted::Same;
+                    }
+                    let before = std::mem::replace(&mut s.base, base.clone());
+                    let last = std::mem::replace(&mut s.last_ts, ts);
+                    return Noted::Relabelled(before, last);
                 }
-                let before = std::mem::replace(&mut s.labels, labels.into());
-                let last = std::mem::replace(&mut s.last_ts, ts);
-                return Noted::Relabelled(before, last);
             }
         }
-        self.insert(gpu, name, labels.into(), ts, until);
+        self.insert(gpu, name, base.clone(), ts, until);
         Noted::New
     }
 
-    /// Adds the series of `gpu` named `name` (not open) with `labels`,
-    /// its newest sample at `last_ts`, current until `until`.
+    /// Adds the series of `gpu` named `name` (not open) with the labels
+    /// `base`, its newest sample at `last_ts`, current until `until`.
     pub(super) fn insert(
         &mut self,
         gpu: &str,
         name: &str,
-        labels: Box<[u8]>,
+        base: Arc<Base>,
         last_ts: i64,
         until: i64,
     ) {
-        let gpu = match self.index.get_key_value(gpu) {
-            Some((k, _)) => k.clone(),
-            None => Arc::from(gpu),
-        };
         let name = match self.names.get(name) {
             Some(n) => n.clone(),
             None => {
@@ -114,11 +159,13 @@ impl OpenSeries {
                 n
             }
         };
-        let s = Sent {
-            gpu,
-            name,
-            labels,
-            last_ts,
+        let gpu = match self.index.get_key_value(gpu) {
+            Some((k, _)) => k.clone(),
+            None => {
+                let k: Arc<str> = Arc::from(gpu);
+                self.index.insert(k.clone(), Gpu::default());
+                k
+            }
         };
         let i = match self.free.pop() {
             Some(i) => i,
@@ -128,11 +175,16 @@ impl OpenSeries {
                 self.slots.len() - 1
             }
         };
-        self.index
-            .entry(s.gpu.clone())
-            .or_default()
-            .insert(s.name.clone(), i);
-        self.slots[i] = Some(s);
+        if let Some(g) = self.index.get_mut(&gpu) {
+            g.base.get_or_insert_with(|| base.clone());
+            g.names.insert(name.clone(), i);
+        }
+        self.slots[i] = Some(Sent {
+            gpu,
+            name,
+            base,
+            last_ts,
+        });
         self.until[i] = until;
     }
 
@@ -148,9 +200,9 @@ impl OpenSeries {
             let Some(s) = self.slots[i].take() else {
                 continue;
             };
-            if let Some(m) = self.index.get_mut(&s.gpu) {
-                m.remove(&s.name);
-                if m.is_empty() {
+            if let Some(g) = self.index.get_mut(&s.gpu) {
+                g.names.remove(&s.name);
+                if g.names.is_empty() {
                     self.index.remove(&s.gpu);
                 }
             }
@@ -165,32 +217,51 @@ impl OpenSeries {
 mod tests {
     use super::*;
 
-    fn l(v: &str) -> Box<[u8]> {
-        let mut b = Vec::new();
-        super::super::wire::label_into("job_id", v, &mut b);
-        b.into()
+    fn l(v: &str) -> Base {
+        let mut before = Vec::new();
+        super::super::wire::label_into("UUID", "G", &mut before);
+        let mut after = Vec::new();
+        super::super::wire::label_into("job_id", v, &mut after);
+        Base { before, after }
     }
 
     #[test]
     fn series_continue_relabel_expire_and_reuse_their_slots() {
         let mut o = OpenSeries::default();
-        assert_eq!(o.note("g1", "ofu", &l("a"), 10, 100), Noted::New);
-        assert_eq!(o.note("g1", "power", &l("a"), 10, 100), Noted::New);
-        assert_eq!(o.note("g1", "ofu", &l("a"), 20, 200), Noted::Same);
+        let a = o.base("g1", l("a"));
+        assert_eq!(o.note("g1", "ofu", &a, 10, 100), Noted::New);
+        assert_eq!(o.note("g1", "power", &a, 10, 100), Noted::New);
+        // The next batch's labels, equal: the ones kept, shared.
+        let a2 = o.base("g1", l("a"));
+        assert!(Arc::ptr_eq(&a, &a2));
+        assert_eq!(o.note("g1", "ofu", &a2, 20, 200), Noted::Same);
         assert_eq!(o.get("g1", "ofu").unwrap().last_ts, 20);
-        assert_eq!(
-            o.note("g1", "ofu", &l("b"), 30, 300),
-            Noted::Relabelled(l("a"), 20)
-        );
+        let b = o.base("g1", l("b"));
+        assert!(!Arc::ptr_eq(&a, &b));
+        match o.note("g1", "ofu", &b, 30, 300) {
+            Noted::Relabelled(old, 20) => assert_eq!(*old, l("a")),
+            n => panic!("{n:?}"),
+        }
+        // A series whose labels equal the GPU's but not by identity is
+        // the same series.
+        assert_eq!(o.note("g1", "ofu", &Arc::new(l("b")), 31, 300), Noted::Same);
+        let labels = o.get("g1", "ofu").unwrap().labels();
+        assert_eq!(labels, l("b").with_name("ofu"));
         assert_eq!(o.len(), 2);
         // power's deadline (100) passed at 150; ofu's (300) not.
         let gone = o.expire(150);
         assert_eq!(gone.len(), 1);
         assert_eq!((&*gone[0].name, gone[0].last_ts), ("power", 10));
+        assert_eq!(
+            *gone[0].base,
+            l("a"),
+            "power kept the labels it was sent with"
+        );
         assert!(o.get("g1", "power").is_none());
         assert_eq!(o.len(), 1);
         // Its slot is reused; nothing expires twice.
-        assert_eq!(o.note("g2", "ofu", &l("c"), 5, 50), Noted::New);
+        let c = o.base("g2", l("c"));
+        assert_eq!(o.note("g2", "ofu", &c, 5, 50), Noted::New);
         assert_eq!(o.slots.len(), 2);
         assert!(o.expire(150).iter().all(|s| &*s.gpu == "g2"));
         assert!(o.expire(10_000).iter().all(|s| &*s.gpu == "g1"));

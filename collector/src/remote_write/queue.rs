@@ -17,7 +17,7 @@
 //! `kill -9` included — a series that does not come back still gets its
 //! marker ([`RemoteQueue::restore`]).
 
-use super::open::{Noted, OpenSeries};
+use super::open::{Base, Noted, OpenSeries};
 use super::wire;
 use super::STALE_NAN;
 use crate::live::GpuLive;
@@ -27,7 +27,7 @@ use crate::store::{CommitSet, Store, StoreError};
 use flopwatch_proto::metrics as m;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// What a batch sends of one series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,7 +133,7 @@ impl RemoteQueue {
     /// A GPU's series' labels but their name, on the wire: the GPU's, and
     /// the external ones it lacks, the empty ones left out (as the
     /// specification asks), sorted; split where `__name__` goes.
-    fn base(&self, g: &GpuLive) -> (Vec<u8>, Vec<u8>) {
+    fn base(&self, g: &GpuLive) -> Base {
         let mut l = gpu_labels(g);
         for (k, v) in &self.external {
             if !l.iter().any(|(n, _)| n == k) {
@@ -151,7 +151,7 @@ impl RemoteQueue {
             };
             wire::label_into(k, v, b);
         }
-        (before, after)
+        Base { before, after }
     }
 
     /// The journal entry of a batch whose GPUs are `gpus`
@@ -170,16 +170,10 @@ impl RemoteQueue {
         let mut entry = Entry::default();
         let mut open = Vec::new();
         for g in gpus {
-            let (before, after) = self.base(g);
-            // The GPU's points: name, labels, time, value, when it goes
-            // stale.
-            let mut new: Vec<(String, Vec<u8>, i64, f64, i64)> = Vec::new();
+            // The GPU's points: name, time, value, when it goes stale.
+            let mut new: Vec<(String, i64, f64, i64)> = Vec::new();
             let mut push = |name: &str, ts: i64, value: f64, until: i64| {
-                let mut l = Vec::with_capacity(before.len() + after.len() + name.len() + 14);
-                l.extend_from_slice(&before);
-                wire::label_into("__name__", name, &mut l);
-                l.extend_from_slice(&after);
-                new.push((name.to_string(), l, ts, value, until));
+                new.push((name.to_string(), ts, value, until));
             };
             let ofu_ts = g.counters.get(m::TENSOR_ACTIVE).map(|c| c.0);
             if let (Some(ts), Some(ofu)) = (ofu_ts, g.ofu) {
@@ -265,14 +259,15 @@ impl RemoteQueue {
                     _ => push(&name, *ts, v * f.scale, until),
                 }
             }
-            for (l, ts) in self.note_sent(&g.uuid, &new, &mut open) {
+            let (base, markers) = self.note_sent(&g.uuid, self.base(g), &new, &mut open);
+            for (l, ts) in markers {
                 entry.push(&l, ts, f64::from_bits(STALE_NAN));
             }
             entry.0.group(
-                &before,
-                &after,
+                &base.before,
+                &base.after,
                 new.iter()
-                    .map(|(name, _, ts, v, _)| (Some(name.as_str()), *ts, *v)),
+                    .map(|(name, ts, v, _)| (Some(name.as_str()), *ts, *v)),
             );
         }
         (entry.finish(), open)
@@ -285,27 +280,29 @@ impl RemoteQueue {
     fn note_sent(
         &self,
         gpu: &str,
-        new: &[(String, Vec<u8>, i64, f64, i64)],
+        base: Base,
+        new: &[(String, i64, f64, i64)],
         open: &mut OpenEntries,
-    ) -> Vec<(Box<[u8]>, i64)> {
+    ) -> (Arc<Base>, Vec<(Vec<u8>, i64)>) {
         let Ok(mut sent) = self.sent.lock() else {
-            return Vec::new();
+            return (Arc::new(base), Vec::new());
         };
+        let base = sent.base(gpu, base);
         let mut markers = Vec::new();
-        for (name, labels, ts, _, until_ms) in new {
-            match sent.note(gpu, name, labels, *ts, *until_ms) {
+        for (name, ts, _, until_ms) in new {
+            match sent.note(gpu, name, &base, *ts, *until_ms) {
                 Noted::Same => continue,
                 Noted::New => {}
                 Noted::Relabelled(before, last_ts) => {
-                    markers.push((before, (*ts).max(last_ts + 1)));
+                    markers.push((before.with_name(name), (*ts).max(last_ts + 1)));
                 }
             }
             // The register entry: the series' labels and newest time.
             let mut reg = Vec::new();
-            wire::series_into(labels, *ts, 0.0, &mut reg);
+            wire::series_into(&base.with_name(name), *ts, 0.0, &mut reg);
             open.push((journal::open_key(gpu, name), reg));
         }
-        markers
+        (base, markers)
     }
 
     /// After a restart: takes back the series a previous run sent and did
@@ -329,14 +326,16 @@ impl RemoteQueue {
                 raw.clear();
                 let parsed = journal::open_key_parts(k)
                     .zip(wire::read(v, &mut raw).and_then(|()| raw.first()));
-                let Some(((gpu, name), p)) = parsed else {
+                let Some(((gpu, name), p, (before, after))) =
+                    parsed.and_then(|(k, p)| Some((k, p, wire::split_name(p.labels)?)))
+                else {
                     tracing::warn!("malformed remote-write open-series entry dropped");
                     closed.push(k.clone());
                     continue;
                 };
                 match sent.get(&gpu, &name) {
                     // Continued by this run already.
-                    Some(s) if *s.labels == *p.labels => {}
+                    Some(s) if s.labels() == p.labels => {}
                     // Relabelled by this run (its entry already replaced).
                     Some(s) => markers.push(
                         p.labels,
@@ -345,13 +344,12 @@ impl RemoteQueue {
                     ),
                     None => {
                         n += 1;
-                        sent.insert(
-                            &gpu,
-                            &name,
-                            p.labels.into(),
-                            p.ts_ms,
-                            now_ms.saturating_add(grace_ms),
-                        );
+                        let base = Base {
+                            before: before.to_vec(),
+                            after: after.to_vec(),
+                        };
+                        let base = sent.base(&gpu, base);
+                        sent.insert(&gpu, &name, base, p.ts_ms, now_ms.saturating_add(grace_ms));
                     }
                 }
             }
@@ -388,7 +386,7 @@ impl RemoteQueue {
             for s in sent.expire(now_ms) {
                 closed.push(journal::open_key(&s.gpu, &s.name));
                 out.push(
-                    &s.labels,
+                    &s.labels(),
                     now_ms.max(s.last_ts + 1),
                     f64::from_bits(STALE_NAN),
                 );

@@ -184,6 +184,22 @@ pub(super) fn metric_name(labels: &[u8]) -> Option<&[u8]> {
     None
 }
 
+/// `labels` split around their `__name__` field: the fields before it and
+/// those after it; `None` without one.
+pub(super) fn split_name(labels: &[u8]) -> Option<(&[u8], &[u8])> {
+    let mut b = labels;
+    loop {
+        let at = labels.len() - b.len();
+        let f = field(&mut b)?;
+        let mut l = f.bytes;
+        while let Some(g) = field(&mut l) {
+            if (g.tag, g.wire) == (1, 2) && g.bytes == b"__name__" {
+                return Some((&labels[..at], b));
+            }
+        }
+    }
+}
+
 /// A hash of a series' labels, for sharding.
 pub(super) fn series_hash(labels: &[u8]) -> u64 {
     use std::hash::{Hash, Hasher};
@@ -641,6 +657,23 @@ mod tests {
                 prop_assert!(arena.is_empty() && spans.is_empty());
             }
         }
+    }
+
+    #[test]
+    fn labels_split_around_their_name() {
+        let mut l = Vec::new();
+        label_into("UUID", "G", &mut l);
+        let at = l.len();
+        label_into("__name__", "x", &mut l);
+        let end = l.len();
+        label_into("job_id", "j", &mut l);
+        let (before, after) = split_name(&l).unwrap();
+        assert_eq!((before, after), (&l[..at], &l[end..]));
+        let mut only = Vec::new();
+        label_into("__name__", "x", &mut only);
+        assert_eq!(split_name(&only), Some((&[][..], &[][..])));
+        assert_eq!(split_name(&l[..at]), None);
+        assert_eq!(split_name(b"\xff\xff"), None);
     }
 
     #[test]
