@@ -141,12 +141,14 @@ fn read_into<'a>(mut body: &'a [u8], out: &mut Vec<RawPoint<'a>>) -> Option<()> 
     Some(())
 }
 
-/// The labels of `labels` (a [`RawPoint`]'s) as name–value pairs, in wire
-/// order; bytes that are not UTF-8 are replaced.
-pub(super) fn pairs(labels: &[u8]) -> Vec<(String, String)> {
-    let mut out = Vec::new();
+/// The label fields of `labels`, in wire order: each one's name, value,
+/// and where it starts and ends in `labels`; ends at bytes that are not a
+/// field.
+fn label_fields(labels: &[u8]) -> impl Iterator<Item = (&[u8], &[u8], usize, usize)> {
     let mut b = labels;
-    while let Some(f) = field(&mut b) {
+    std::iter::from_fn(move || {
+        let at = labels.len() - b.len();
+        let f = field(&mut b)?;
         let (mut name, mut value) = (&[][..], &[][..]);
         let mut l = f.bytes;
         while let Some(g) = field(&mut l) {
@@ -156,48 +158,34 @@ pub(super) fn pairs(labels: &[u8]) -> Vec<(String, String)> {
                 _ => {}
             }
         }
-        out.push((
-            String::from_utf8_lossy(name).into_owned(),
-            String::from_utf8_lossy(value).into_owned(),
-        ));
-    }
-    out
+        Some((name, value, at, labels.len() - b.len()))
+    })
+}
+
+/// The labels of `labels` (a [`RawPoint`]'s) as name–value pairs, in wire
+/// order; bytes that are not UTF-8 are replaced.
+pub(super) fn pairs(labels: &[u8]) -> Vec<(String, String)> {
+    label_fields(labels)
+        .map(|(name, value, _, _)| {
+            (
+                String::from_utf8_lossy(name).into_owned(),
+                String::from_utf8_lossy(value).into_owned(),
+            )
+        })
+        .collect()
 }
 
 /// The value of the label `__name__` in `labels`, if any.
 pub(super) fn metric_name(labels: &[u8]) -> Option<&[u8]> {
-    let mut b = labels;
-    while let Some(f) = field(&mut b) {
-        let (mut name, mut value) = (&[][..], &[][..]);
-        let mut l = f.bytes;
-        while let Some(g) = field(&mut l) {
-            match (g.tag, g.wire) {
-                (1, 2) => name = g.bytes,
-                (2, 2) => value = g.bytes,
-                _ => {}
-            }
-        }
-        if name == b"__name__" {
-            return Some(value);
-        }
-    }
-    None
+    label_fields(labels).find_map(|(name, value, _, _)| (name == b"__name__").then_some(value))
 }
 
 /// `labels` split around their `__name__` field: the fields before it and
 /// those after it; `None` without one.
 pub(super) fn split_name(labels: &[u8]) -> Option<(&[u8], &[u8])> {
-    let mut b = labels;
-    loop {
-        let at = labels.len() - b.len();
-        let f = field(&mut b)?;
-        let mut l = f.bytes;
-        while let Some(g) = field(&mut l) {
-            if (g.tag, g.wire) == (1, 2) && g.bytes == b"__name__" {
-                return Some((&labels[..at], b));
-            }
-        }
-    }
+    label_fields(labels)
+        .find(|(name, ..)| *name == b"__name__")
+        .map(|(_, _, at, end)| (&labels[..at], &labels[end..]))
 }
 
 /// A hash of a series' labels, for sharding.
