@@ -394,8 +394,10 @@ impl Session {
         .await
         .map_err(|e| Status::internal(e.to_string()))?
         .map_err(CollectorError::from)?;
-        drop((slot, claims));
+        // The GPUs are known in memory before the locks go: the next Hello
+        // naming one of them finds it under this node (crate::ownership).
         c.remember_gpus(&tenant, &gpus);
+        drop((slot, claims));
         info!(tenant = %tenant, agent = %agent.agent_id, gpus = gpus.len(), acked, "agent connected");
         Ok(Self {
             gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
