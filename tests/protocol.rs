@@ -353,3 +353,78 @@ async fn stopping_compacts_the_sealed_hours() {
         .unwrap();
     assert_eq!(got.len(), 200);
 }
+
+/// An OFU range counts each sample for the part of its window inside the
+/// range. With adaptive sampling the first sample after a workload change
+/// can carry a long window of the workload before (the agent snaps at the
+/// capture that shows the change, a sample stamped at its window's end):
+/// a 5-s window at 90 % stamped 100 ms into a phase at 10 % must weigh
+/// 100 ms there, not 5 s (what a real H200 showed: docs/GPU-VALIDATION.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ofu_range_counts_only_the_part_of_a_window_inside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = TestCollector::start(dir.path()).await;
+    let mut client = IngestClient::connect(c.url.clone()).await.unwrap();
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(hello("n1", "GPU-a")).await.unwrap();
+    let mut inbound = client
+        .stream(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(
+        next(&mut inbound).await,
+        collector_message::Msg::Welcome(_)
+    ));
+    // The phase starts at `p`: one long window ending 100 ms after it,
+    // then nine 100-ms windows at 10 %.
+    let p = SystemClock.now_ms() - 5_000;
+    let mut samples = vec![(p + 100, 5_100u32, 0.9)];
+    samples.extend((2..=10).map(|i| (p + i * 100, 100, 0.1)));
+    let (ts, windows, tpa): (Vec<i64>, Vec<u32>, Vec<f64>) =
+        samples.iter().fold(Default::default(), |mut acc, &(t, w, v)| {
+            acc.0.push(t);
+            acc.1.push(w);
+            acc.2.push(v);
+            acc
+        });
+    let mut b = batch(1, "GPU-a", p, &tpa);
+    if let Some(agent_message::Msg::Batch(b)) = &mut b.msg {
+        for s in &mut b.series {
+            s.timestamps_ms = ts.clone();
+        }
+        b.series[0].window_ms = windows;
+    }
+    tx.send(b).await.unwrap();
+    let collector_message::Msg::Ack(a) = next(&mut inbound).await else {
+        panic!("no ack")
+    };
+    assert!(a.rejected.is_empty(), "{a:?}");
+    let q = c.query().await;
+    let mean = |start_ms: i64, end_ms: i64| {
+        let mut q = q.clone();
+        async move {
+            q.ofu(v1::OfuRequest {
+                scope: Some(v1::ofu_request::Scope::GpuUuid("GPU-a".into())),
+                start_ms,
+                end_ms,
+                step_ms: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .summary
+            .unwrap()
+        }
+    };
+    // The phase: 100 ms at 90 % and 900 ms at 10 % (clock at the tensor
+    // peak, so OFU = TPA). Counting the whole window would give 0.78.
+    let s = mean(p, p + 1_001).await;
+    assert_eq!(s.samples, 10);
+    assert!((s.mean - 0.18).abs() < 1e-9, "{}", s.mean);
+    // A range holding the whole window weighs all of it.
+    let s = mean(p - 5_000, p + 1_001).await;
+    assert!((s.mean - 0.78).abs() < 1e-9, "{}", s.mean);
+    drop(tx);
+    c.stop().await;
+}

@@ -66,6 +66,19 @@ struct Target {
     job: Option<String>,
 }
 
+/// The part of a sample's window `(ts − window, ts]` that lies at or after
+/// `start`: what the sample weighs in a range that starts there. A sample
+/// is stamped at the end of its window, so the first sample of a range
+/// can cover time before it — with adaptive sampling a long window of a
+/// workload that ended just before `start` (docs/GPU-VALIDATION.md: a
+/// 2-s window of a 90 % phase, stamped 0.2 s into the next one). Its mean
+/// counts for the time it covers inside the range only. A window-less
+/// sample (0) stays as it is.
+fn window_from(ts: i64, window_ms: u32, start: i64) -> u32 {
+    let inside = u32::try_from((ts - start).max(0)).unwrap_or(u32::MAX);
+    window_ms.min(inside.max(1))
+}
+
 /// Computes an OFU response for `targets` (sync: runs on a blocking thread).
 fn compute(
     c: &Collector,
@@ -100,7 +113,8 @@ fn compute(
                 let (ts, part) = match piece {
                     OfuPiece::Sample(s) => {
                         let mut p = Mean::default();
-                        p.add(s.ofu, s.tensor_active, s.sm_clock_mhz, s.window_ms);
+                        let w = window_from(s.ts_ms, s.window_ms, start);
+                        p.add(s.ofu, s.tensor_active, s.sm_clock_mhz, w);
                         (s.ts_ms, p)
                     }
                     OfuPiece::Agg { ts_ms, agg, .. } => (ts_ms, agg),
@@ -557,5 +571,24 @@ impl v1::query_server::Query for QueryService {
             events.drain(..events.len() - limit);
         }
         Ok(Response::new(v1::EventList { events }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::window_from;
+
+    #[test]
+    fn a_window_counts_from_the_start_of_the_range() {
+        // Wholly inside: unchanged.
+        assert_eq!(window_from(10_000, 100, 5_000), 100);
+        assert_eq!(window_from(10_000, 5_000, 5_000), 5_000);
+        // Straddling the start: only the part after it.
+        assert_eq!(window_from(5_200, 2_000, 5_000), 200);
+        // Stamped at the start: its window lies before the range; the
+        // least weight a sample has.
+        assert_eq!(window_from(5_000, 2_000, 5_000), 1);
+        // Window-less samples stay window-less.
+        assert_eq!(window_from(5_200, 0, 5_000), 0);
     }
 }

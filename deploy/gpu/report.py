@@ -168,11 +168,18 @@ class Flopwatch:
 # collect
 
 
-def weighted(rows, interval_ms):
-    """rows: (ts, value, window_ms|None) → (Σw·v/Σw, Σw) or (None, 0)."""
+def weighted(rows, interval_ms, start=None):
+    """rows: (ts, value, window_ms|None) → (Σw·v/Σw, Σw) or (None, 0).
+
+    With `start`, a window counts only from there, as the collector's OFU
+    query counts it (collector/src/query.rs: a sample is stamped at its
+    window's end, and the first one of a range can cover time before it)."""
     num = den = 0.0
-    for _, v, w in rows:
-        w = max(w if w else interval_ms, 1)
+    for t, v, w in rows:
+        w = w if w else interval_ms
+        if start is not None:
+            w = min(w, t - start)
+        w = max(w, 1)
         num += w * v
         den += w
     return (num / den if den else None), den
@@ -205,6 +212,7 @@ def collect(a):
         "interval_ms": a.interval_ms,
         "phases": [],
     }
+    smi = read_smi_trace(a.smi_trace) if a.smi_trace else []
     tiles = {}
     for ph in load["phases"]:
         start, end = ph["start_ms"], ph["end_ms"]
@@ -246,23 +254,88 @@ def collect(a):
         pt = {t: v for t, v, _ in s["sm_clock_mhz"]}
         avg = {t: v for t, v, _ in s["sm_clock_avg_mhz"]}
         r["samples"] = len(tpa)
-        r["tpa"], covered = weighted(tpa, a.interval_ms)
+        r["tpa"], covered = weighted(tpa, a.interval_ms, qa)
         r["coverage"] = covered / (qb - qa) if tpa and all(w for _, _, w in tpa) else None
         r["early_samples"] = sum(1 for t, _, w in tpa if w and t - w < start)
         r["ofu_point"], _ = weighted([(t, ofu_eq1(v, pt[t], fmax), w) for t, v, w in tpa if t in pt],
-                                     a.interval_ms)
+                                     a.interval_ms, qa)
         # The collector's rule (collector/src/ingest.rs): the averaged clock,
         # else the point clock of the same capture. A check on the stored OFU.
         r["ofu_recomputed"], _ = weighted(
             [(t, ofu_eq1(v, avg.get(t, pt.get(t)), fmax), w) for t, v, w in tpa if t in avg or t in pt],
-            a.interval_ms)
-        r["clock_point_mhz"], _ = weighted(s["sm_clock_mhz"], a.interval_ms)
-        r["clock_avg_mhz"], _ = weighted(s["sm_clock_avg_mhz"], a.interval_ms)
+            a.interval_ms, qa)
+        # The same with the SM boost clock NVML reports as the
+        # denominator instead of the tensor clock f_max: how far the
+        # paper's tensor-clock domain (§IV-D) explains what this GPU does.
+        fboost = float(gpu.get("max_sm_clock_mhz") or 0)
+        if fboost > 0:
+            r["ofu_boost"], _ = weighted(
+                [(t, ofu_eq1(v, avg.get(t, pt.get(t)), fboost), w) for t, v, w in tpa if t in avg or t in pt],
+                a.interval_ms, qa)
+        if smi:
+            r["smi"] = smi_phase(smi, start, end)
+        r["clock_point_mhz"], _ = weighted(s["sm_clock_mhz"], a.interval_ms, qa)
+        r["clock_avg_mhz"], _ = weighted(s["sm_clock_avg_mhz"], a.interval_ms, qa)
         if load.get("mode") == "dry-run":
             r["stand_in_tpa"] = stand_in_level(ph)
         out["phases"].append(r)
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1, ensure_ascii=False)
+
+
+# Clock event ("throttle") reasons as nvidia-smi reports them (NVML's
+# nvmlClocksEventReasons bits).
+EVENT_REASONS = {
+    0x1: "GPU idle",
+    0x2: "applications clocks setting",
+    0x4: "SW power cap",
+    0x8: "HW slowdown",
+    0x20: "SW thermal slowdown",
+    0x40: "HW thermal slowdown",
+    0x80: "HW power brake",
+    0x100: "display clock setting",
+}
+
+
+def read_smi_trace(path):
+    """`nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,
+    clocks_event_reasons.active --format=csv,noheader,nounits -lms N` lines →
+    [(unix ms, clock MHz, power W, temperature C, reasons bitmask)]."""
+    from datetime import datetime, timezone
+    rows = []
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError:
+        return rows
+    with f:
+        for line in f:
+            cells = [c.strip() for c in line.split(",")]
+            if len(cells) < 5:
+                continue
+            try:
+                t = datetime.strptime(cells[0], "%Y/%m/%d %H:%M:%S.%f").astimezone(timezone.utc)
+                rows.append((int(t.timestamp() * 1000), float(cells[1]), float(cells[2]), float(cells[3]),
+                             int(cells[4], 16)))
+            except ValueError:
+                continue
+    return rows
+
+
+def smi_phase(rows, start, end):
+    """Mean clock, power and temperature over a phase, and the clock event
+    reasons seen with the share of readings showing each."""
+    inside = [r for r in rows if start <= r[0] < end]
+    if not inside:
+        return None
+    n = len(inside)
+    reasons = {}
+    for bit, name in EVENT_REASONS.items():
+        k = sum(1 for r in inside if r[4] & bit)
+        if k:
+            reasons[name] = k / n
+    return {"readings": n, "clock_mhz": sum(r[1] for r in inside) / n,
+            "power_w": sum(r[2] for r in inside) / n, "temperature_c": max(r[3] for r in inside),
+            "reasons": reasons}
 
 
 def stand_in_level(ph):
@@ -355,10 +428,13 @@ def render(a):
     w("tensor cores executed with the tile padding of OFU eq. 2–4 (`flopwatch tile`, tile shape from the")
     w("cuBLAS kernel name where it carries one); **OFU (avg clock)** is flopwatch's stored OFU")
     w("(`flopwatch query ofu --gpu UUID --start --end`: eq. 1 with the window-averaged SM clock, eq. 11")
-    w("window-weighted); **OFU (point clock)** is eq. 1 with the instantaneous SM clock, from the raw")
-    w(f"series. Query window: [phase start + {p0['guard_ms']} ms, phase end); **Coverage** is the time")
-    w("the samples' windows cover over the query window. OFU counts padded FLOPs, so it should track")
-    w("MFU padded (OFU paper Table II: ≤ 2 pp after the correction on H100).")
+    w("window-weighted, a window counting only from the query's start); **OFU (point clock)** is eq. 1")
+    w(f"with the instantaneous SM clock, from the raw series. Query window: [phase start + {p0['guard_ms']} ms,")
+    w("phase end); **Coverage** is the time the samples' windows cover inside the query window. OFU")
+    w("counts padded FLOPs, so it should track MFU padded (OFU paper Table II: ≤ 2 pp after the")
+    w("correction on H100). **TPA × f/f_boost** is not flopwatch's OFU: eq. 1 with the SM boost clock")
+    w("NVML reports in place of the tensor clock f_max, to show how much of a gap the tensor clock")
+    w("domain of §IV-D explains on this GPU.")
     for name, p in passes:
         w("")
         w(f"## Pass: {name}")
@@ -367,7 +443,7 @@ def render(a):
         w("")
         hdr = ["Phase", "Window (s)", "Samples", "Coverage", "Load TFLOP/s", "MFU", "MFU padded",
                "OFU (avg clock)", "OFU (point clock)", "TPA", "SM clock avg (MHz)", "SM clock point (MHz)",
-               "OFU − MFU padded (pp)"]
+               "OFU − MFU padded (pp)", "TPA × f/f_boost", "f_boost − MFU padded (pp)"]
         if dry:
             hdr.append("Stand-in TPA")
         w("| " + " | ".join(hdr) + " |")
@@ -377,11 +453,15 @@ def render(a):
             d = None
             if r.get("ofu_flopwatch") is not None and r.get("mfu_padded") is not None:
                 d = 100 * (r["ofu_flopwatch"] - r["mfu_padded"])
+            db = None
+            if r.get("ofu_boost") is not None and r.get("mfu_padded") is not None:
+                db = 100 * (r["ofu_boost"] - r["mfu_padded"])
             row = [r["name"], f"{(r['end_ms'] - r['start_ms']) / 1e3:.1f}", str(r.get("samples", 0)),
                    pct(r.get("coverage"), 0), tflops(r.get("tflops")), pct(r.get("mfu"), 4 if dry else 2),
                    pct(r.get("mfu_padded"), 4 if dry else 2), pct(r.get("ofu_flopwatch")),
                    pct(r.get("ofu_point")), pct(r.get("tpa")), num(r.get("clock_avg_mhz")),
-                   num(r.get("clock_point_mhz")), num(d, "{:+.2f}")]
+                   num(r.get("clock_point_mhz")), num(d, "{:+.2f}"), pct(r.get("ofu_boost")),
+                   num(db, "{:+.2f}")]
             if dry:
                 row.append(pct(r.get("stand_in_tpa")))
             w("| " + " | ".join(row) + " |")
@@ -407,6 +487,24 @@ def render(a):
             w(f"Mean absolute error (OFU paper eq. 9) over the {len(gemm)} busy phases: OFU vs MFU {mae('mfu')}, "
               f"OFU vs MFU padded {mae('mfu_padded')}. tensor_active samples in the pass: "
               f"{p['tensor_active_samples']}.")
+            xs = [abs(r["ofu_boost"] - r["mfu_padded"]) for r in gemm
+                  if r.get("ofu_boost") is not None and r.get("mfu_padded") is not None]
+            if xs:
+                w("")
+                w(f"With the SM boost clock as the denominator (TPA × f/f_boost, not flopwatch's OFU): "
+                  f"{100 * sum(xs) / len(xs):.2f} pp against MFU padded.")
+        smi_rows = [(r["name"], r["smi"]) for r in p["phases"] if r.get("smi")]
+        if smi_rows:
+            w("")
+            w("`nvidia-smi` every 200 ms during the phase (mean clock and power, highest temperature, the")
+            w("clock event reasons with the share of readings that showed each):")
+            w("")
+            w("| Phase | Readings | SM clock (MHz) | Power (W) | Temp. (°C) | Clock event reasons |")
+            w("|---|---:|---:|---:|---:|---|")
+            for ph, m in smi_rows:
+                rs = ", ".join(f"{k} {100 * v:.0f} %" for k, v in m["reasons"].items()) or "none"
+                w(f"| {ph} | {m['readings']} | {m['clock_mhz']:.0f} | {m['power_w']:.0f} | "
+                  f"{m['temperature_c']:.0f} | {rs} |")
         tiles = list(dict.fromkeys((r["name"], part.get("kernel") or "unknown", part.get("tile") or "n/a")
                                    for r in p["phases"] for part in r["parts"]))
         if tiles and name == passes[0][0]:
@@ -468,6 +566,7 @@ def main():
     c.add_argument("--guard-ms", type=int, default=200)
     c.add_argument("--interval-ms", type=int, default=100)
     c.add_argument("--tile", default="256x128x64:2x1", help="TMxTNxTK[:CMxCN] when the kernel name has none")
+    c.add_argument("--smi-trace", help="nvidia-smi -lms trace of the pass (real runs)")
     c.add_argument("--out", required=True)
     r = sub.add_parser("render")
     r.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME=PASS.json")

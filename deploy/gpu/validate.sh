@@ -19,7 +19,9 @@
 # config/gpus.toml, with and without the tile padding of OFU eq. 2-4) and
 # writes the report: OFU with the window-averaged and the point SM clock,
 # the clocks, GPM availability and whether GPM needed extra permissions,
-# the driver and the GPU model.
+# the driver and the GPU model. A real run also reads `nvidia-smi` every
+# 200 ms while the load runs (clock, power, temperature, clock event
+# reasons such as the power cap) and the report gives them per phase.
 #
 # This script NEVER changes clocks, power limits or MIG mode and never
 # resets the GPU: no `nvidia-smi -lgc/-rgc/-pl/-mig/-r/-pm`, only
@@ -323,13 +325,23 @@ for g in json.load(sys.stdin):
     if [[ $dry == 1 ]]; then
         load_args+=(--dry-run --schedule "$dir/schedule.txt")
     fi
+    # Clocks, power and clock event reasons while the load runs (reads only).
+    local smi_pid= collect_smi=()
+    if [[ $dry == 0 ]]; then
+        "$nvidia_smi" -i "$gpu" --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
+            --format=csv,noheader,nounits -lms 200 >"$dir/smi-trace.csv" 2>/dev/null &
+        smi_pid=$!
+        pids+=("$smi_pid")
+        collect_smi=(--smi-trace "$dir/smi-trace.csv")
+    fi
     echo "   load on $uuid:" >&2
     "$py" "$here/load.py" "${load_args[@]}" >&2 || die "the load failed"
     # Let the last samples reach the collector (flush_interval 500 ms).
     sleep 2
+    [[ -z $smi_pid ]] || stop_pid "$smi_pid"
     "$py" "$here/report.py" collect --phases "$dir/phases.json" --bin "$bin" --collector "$url" \
         --gpu "$uuid" --gpus-toml "$repo/config/gpus.toml" --guard-ms "$guard_ms" --interval-ms 100 \
-        --tile "$tile" --out "$dir/pass.json" || die "querying the $name pass failed"
+        --tile "$tile" "${collect_smi[@]}" --out "$dir/pass.json" || die "querying the $name pass failed"
     stop_pid "$agent_pid"
     stop_pid "$collector_pid"
 }
