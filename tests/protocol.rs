@@ -382,12 +382,14 @@ async fn an_ofu_range_counts_only_the_part_of_a_window_inside_it() {
     let mut samples = vec![(p + 100, 5_100u32, 0.9)];
     samples.extend((2..=10).map(|i| (p + i * 100, 100, 0.1)));
     let (ts, windows, tpa): (Vec<i64>, Vec<u32>, Vec<f64>) =
-        samples.iter().fold(Default::default(), |mut acc, &(t, w, v)| {
-            acc.0.push(t);
-            acc.1.push(w);
-            acc.2.push(v);
-            acc
-        });
+        samples
+            .iter()
+            .fold(Default::default(), |mut acc, &(t, w, v)| {
+                acc.0.push(t);
+                acc.1.push(w);
+                acc.2.push(v);
+                acc
+            });
     let mut b = batch(1, "GPU-a", p, &tpa);
     if let Some(agent_message::Msg::Batch(b)) = &mut b.msg {
         for s in &mut b.series {
