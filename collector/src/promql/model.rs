@@ -369,14 +369,7 @@ impl Model<'_> {
                 .collect::<Result<Vec<_>, _>>()?;
             return Ok(derived::at_times(&lists, *op, times));
         }
-        // A GPU's series under an owner it did not have in the range (the
-        // common case of a fleet-wide selector: each GPU's series without
-        // its job) has nothing to read.
-        if matches!(s.source, Source::Ofu { .. } | Source::Raw { .. })
-            && s.spans
-                .iter()
-                .all(|&(a, b)| a.max(from) >= b.min(to.saturating_add(1)))
-        {
+        if self.nothing_in(s, from, to) {
             return Ok(vec![None; times.len()]);
         }
         if steps.on_minutes {
@@ -387,6 +380,17 @@ impl Model<'_> {
         let pts = self.timeline(s, from, to)?;
         let mut j = 0;
         Ok(times.iter().map(|&t| newest_at(&pts, t, &mut j)).collect())
+    }
+
+    /// Whether `s` has, for certain, no sample of its own in `[from, to]`:
+    /// a GPU's series under an owner it did not have in the range (the
+    /// common case of a fleet-wide selector: each GPU's series without
+    /// its job). Nothing is read to tell.
+    pub(super) fn nothing_in(&self, s: &SeriesRef, from: i64, to: i64) -> bool {
+        matches!(s.source, Source::Ofu { .. } | Source::Raw { .. })
+            && s.spans
+                .iter()
+                .all(|&(a, b)| a.max(from) >= b.min(to.saturating_add(1)))
     }
 
     /// [`Model::at_times`] of an OFU ratio series at times on whole
@@ -415,18 +419,32 @@ impl Model<'_> {
         // Per minute of the range: its newest sample (time, value, last
         // instant current), and the value of a sample on its start (where
         // the minute's bit in `has_start` is set).
-        let m0 = from.div_euclid(MINUTE_MS) * MINUTE_MS;
-        let n = usize::try_from((to - m0) / MINUTE_MS + 1).unwrap_or(0);
-        let mut minutes: Vec<Minute> = vec![Minute::EMPTY; n];
-        let mut has_start: Vec<u64> = vec![0; n.div_ceil(64)];
-        let mut read = 0usize;
-        let slot = |ts: i64| usize::try_from((ts - m0).div_euclid(MINUTE_MS)).ok();
         // Reads run to the end of the last step's minute: its later
         // samples set only that minute's newest, which no step reads (a
         // step reads its own minute's sample on the start, and the newest
         // of the minutes before), and a minute wholly inside the read
         // comes from the minute lasts instead of its hour's chunk.
         let minute_end = (to.div_euclid(MINUTE_MS) + 1).saturating_mul(MINUTE_MS);
+        // The series' samples lie in its spans: the minutes kept are those
+        // from the first span's start in the range to the last one's end
+        // (a GPU's series without its job often holds only the lookback
+        // before its job began).
+        let (lo_all, hi_all) = s
+            .spans
+            .iter()
+            .filter(|&&(a, b)| a.max(from) < b.min(to.saturating_add(1)))
+            .fold((i64::MAX, i64::MIN), |(l, h), &(a, b)| {
+                (l.min(a.max(from)), h.max(b.min(minute_end)))
+            });
+        if lo_all >= hi_all {
+            return Ok(Some(vec![None; times.len()]));
+        }
+        let m0 = lo_all.div_euclid(MINUTE_MS) * MINUTE_MS;
+        let n = usize::try_from((hi_all - 1 - m0) / MINUTE_MS + 1).unwrap_or(0);
+        let mut minutes: Vec<Minute> = vec![Minute::EMPTY; n];
+        let mut has_start: Vec<u64> = vec![0; n.div_ceil(64)];
+        let mut read = 0usize;
+        let slot = |ts: i64| usize::try_from((ts - m0).div_euclid(MINUTE_MS)).ok();
         for &(a, b) in &s.spans {
             if a.max(from) >= b.min(to.saturating_add(1)) {
                 continue;
@@ -494,8 +512,13 @@ impl Model<'_> {
         // last minute before it with one (a minute's samples lie in it).
         let (mut before, mut upto) = (None::<&Minute>, 0usize);
         for &t in times {
-            // `t` lies on a whole minute at or after `m0` (`from ≤ t`).
-            let i = (t.saturating_sub(m0).max(0) as u64 / MINUTE_MS as u64).min(n as u64) as usize;
+            // Before the first minute kept, the series has no sample.
+            if t < m0 {
+                out.push(None);
+                continue;
+            }
+            // `t` lies on a whole minute at or after `m0`.
+            let i = ((t - m0) as u64 / MINUTE_MS as u64).min(n as u64) as usize;
             while upto < i {
                 let m = &minutes[upto];
                 if m.ts != i64::MIN {

@@ -869,3 +869,77 @@ fn derived_node_series_are_exact_at_every_instant() {
         assert_eq!(z.len(), 1);
     }
 }
+
+/// An aggregation over a selector folds each group on the thread that
+/// reads its members (`selector_groups`); over any other expression it
+/// aggregates the whole vector. Both give the same series, bit for bit,
+/// for every simple aggregation, with groups read on several threads
+/// (256 GPUs in 16 jobs), on whole-minute steps and off them.
+#[test]
+fn aggregations_over_a_selector_fold_as_over_a_vector() {
+    let s = Store::new(Arc::new(MemEngine::new()), false);
+    let mut set = CommitSet::default();
+    for g in 0..256i64 {
+        let uuid = format!("G{g:03}");
+        // Uneven values and gaps: GPU g is silent for a while in the middle.
+        let samples = (0..720i64)
+            .filter(|i| !(300 + g..330 + g).contains(i))
+            .map(|i| OfuSample {
+                ts_ms: 60_000 + i * 5_000 + g,
+                ofu: ((i * 7919 + g * 104_729) % 1_000) as f64 / 997.0,
+                tensor_active: 0.5,
+                sm_clock_mhz: 1500.0,
+                window_ms: 5_000,
+            })
+            .collect();
+        set.ofu.push((uuid.clone(), None, samples));
+        set.gpus.push(GpuRecord {
+            uuid: uuid.clone(),
+            node_id: format!("n{}", g / 8),
+            index: (g % 8) as u32,
+            model: "H100".into(),
+            ..Default::default()
+        });
+        set.jobs.push(JobRecord {
+            job_id: format!("j{}", g % 16),
+            gpu_uuid: uuid,
+            first_seen_ms: 0,
+            last_seen_ms: 4_000_000,
+            ..Default::default()
+        });
+    }
+    for n in 0..32 {
+        set.nodes.push(NodeRecord {
+            node_id: format!("n{n}"),
+            hostname: format!("host-{n}"),
+            ..Default::default()
+        });
+    }
+    s.commit("a", &set).unwrap();
+    let scope = Scope::Tenant("a".into());
+    for op in [
+        "sum", "avg", "min", "max", "count", "group", "stddev", "stdvar",
+    ] {
+        for grouping in ["by (job_id)", "by (node)", "without (UUID, gpu)"] {
+            for (start, end, step) in [(0, 3_720_000, 60_000), (1_234, 3_700_000, 17_000)] {
+                let folded = format!("{op} {grouping} (flopwatch_ofu_ratio)");
+                let whole = format!("{op} {grouping} (flopwatch_ofu_ratio + 0)");
+                type Bits = Vec<(i64, u64)>;
+                let bits = |q: &str| -> Vec<(Vec<(String, String)>, Bits)> {
+                    unnamed(matrix(&s, &scope, q, start, end, step))
+                        .into_iter()
+                        .map(|r| {
+                            (
+                                r.labels,
+                                r.points.iter().map(|p| (p.0, p.1.to_bits())).collect(),
+                            )
+                        })
+                        .collect()
+                };
+                let (a, b) = (bits(&folded), bits(&whole));
+                assert!(a.len() >= 16, "{folded}: {} series", a.len());
+                assert_eq!(a, b, "{folded} at {start}..{end} step {step}");
+            }
+        }
+    }
+}

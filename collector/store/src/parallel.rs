@@ -13,24 +13,55 @@ pub fn in_parallel<T: Send, R: Send, E: Send>(
     per_thread: usize,
     f: &(dyn Fn(T) -> Result<R, E> + Sync),
 ) -> Vec<Result<Vec<R>, E>> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Mutex;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = cores.min(items.len() / per_thread.max(1)).max(1);
-    let run = |part: Vec<T>| part.into_iter().map(f).collect::<Result<Vec<R>, E>>();
     if threads == 1 {
-        return vec![run(items)];
+        return vec![items.into_iter().map(f).collect()];
     }
     let per = items.len().div_ceil(threads);
-    let mut parts: Vec<Mutex<Option<Vec<T>>>> = Vec::with_capacity(threads);
+    let mut parts: Vec<Vec<T>> = Vec::with_capacity(threads);
     let mut items = items.into_iter();
     loop {
         let part: Vec<T> = items.by_ref().take(per).collect();
         if part.is_empty() {
             break;
         }
-        parts.push(Mutex::new(Some(part)));
+        parts.push(part);
     }
+    in_parts(parts, threads, f)
+}
+
+/// `f` of each of `items`, each item a part of its own taken by the next
+/// free thread of up to one per core, in order: items of uneven cost
+/// spread evenly when the costliest come first. Each item's result.
+pub fn each_in_parallel<T: Send, R: Send, E: Send>(
+    items: Vec<T>,
+    f: &(dyn Fn(T) -> Result<R, E> + Sync),
+) -> Vec<Result<R, E>> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cores.min(items.len()).max(1);
+    if threads == 1 {
+        return items.into_iter().map(f).collect();
+    }
+    let parts = items.into_iter().map(|i| vec![i]).collect();
+    in_parts(parts, threads, f)
+        .into_iter()
+        .map(|r| r.map(|mut v| v.remove(0)))
+        .collect()
+}
+
+/// Each of `parts` read by `f` on `threads` threads (this one among
+/// them), each thread taking the next part not yet taken.
+fn in_parts<T: Send, R: Send, E: Send>(
+    parts: Vec<Vec<T>>,
+    threads: usize,
+    f: &(dyn Fn(T) -> Result<R, E> + Sync),
+) -> Vec<Result<Vec<R>, E>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let run = |part: Vec<T>| part.into_iter().map(f).collect::<Result<Vec<R>, E>>();
+    let parts: Vec<Mutex<Option<Vec<T>>>> =
+        parts.into_iter().map(|p| Mutex::new(Some(p))).collect();
     type Slot<R, E> = Mutex<Option<Result<Vec<R>, E>>>;
     let results: Vec<Slot<R, E>> = parts.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);

@@ -6,11 +6,11 @@
 //! distinct value, labelled with it). `by (…)` keeps only the listed
 //! labels, `without (…)` drops them and `__name__`.
 
-use super::{unsupported, Collect, Evaluator, StepSeries, Val};
+use super::{unsupported, unwrap_parens, Collect, Evaluator, StepSeries, Val};
 use crate::promql::functions::{format_value, quantile};
 use crate::promql::QueryError;
 use crate::series::Labels;
-use promql_parser::parser::{AggregateExpr, LabelModifier};
+use promql_parser::parser::{AggregateExpr, Expr, LabelModifier};
 use std::collections::HashMap;
 
 /// A group's running state at one step.
@@ -106,6 +106,19 @@ impl Acc {
     }
 }
 
+/// One member's values at every step added to its group's running
+/// states.
+fn fold(acc: &mut [Option<Acc>], vals: impl Iterator<Item = Option<f64>>, op: Kind) {
+    for (a, v) in acc.iter_mut().zip(vals) {
+        if let Some(v) = v {
+            match a {
+                None => *a = Some(Acc::first(v, op)),
+                Some(a) => a.add(v, op),
+            }
+        }
+    }
+}
+
 /// Whether `name` is a valid label name (Prometheus 2.42's syntax).
 pub(in crate::promql) fn is_label_name(name: &str) -> bool {
     let mut c = name.chars();
@@ -150,7 +163,6 @@ impl Evaluator<'_> {
                 param = Some(self.scalar_arg(p, op)?);
             }
         }
-        let input = self.vector_arg(&a.expr, &format!("aggregation {op}"))?;
         let key = |l: &Labels| -> Labels {
             match &a.modifier {
                 None => Vec::new(),
@@ -166,6 +178,34 @@ impl Evaluator<'_> {
                     .collect(),
             }
         };
+        // Over a selector, the simple aggregations fold each group on the
+        // thread that reads its members: no member's values are kept.
+        if !matches!(op, "topk" | "bottomk" | "count_values" | "quantile") {
+            if let Expr::VectorSelector(vs) = unwrap_parens(&a.expr) {
+                let kind = Kind::of(op);
+                self.model.budget.check()?;
+                let groups = self.selector_groups(
+                    vs,
+                    &key,
+                    &|| vec![None; self.n],
+                    &|acc: &mut Vec<Option<Acc>>, vals| {
+                        fold(acc, vals.iter().map(|p| p.map(|p| p.1)), kind)
+                    },
+                )?;
+                if let Some(groups) = groups {
+                    return Ok(Val::Vector(
+                        groups
+                            .into_iter()
+                            .map(|(labels, acc)| StepSeries {
+                                labels,
+                                vals: acc.into_iter().map(|a| a.map(|a| a.result(kind))).collect(),
+                            })
+                            .collect(),
+                    ));
+                }
+            }
+        }
+        let input = self.vector_arg(&a.expr, &format!("aggregation {op}"))?;
         // Each input series' group, groups in order of first appearance.
         let mut groups: Vec<(Labels, Vec<usize>)> = Vec::new();
         let mut index: HashMap<Labels, usize> = HashMap::new();
@@ -203,14 +243,7 @@ impl Evaluator<'_> {
                     // the same order, so the arithmetic is the same.
                     let mut acc: Vec<Option<Acc>> = vec![None; self.n];
                     for &m in &members {
-                        for (a, v) in acc.iter_mut().zip(&input[m].vals) {
-                            if let Some(v) = *v {
-                                match a {
-                                    None => *a = Some(Acc::first(v, op)),
-                                    Some(a) => a.add(v, op),
-                                }
-                            }
-                        }
+                        fold(&mut acc, input[m].vals.iter().copied(), op);
                     }
                     let vals = acc.into_iter().map(|a| a.map(|a| a.result(op))).collect();
                     Ok::<_, std::convert::Infallible>(StepSeries { labels, vals })

@@ -7,6 +7,7 @@ use crate::promql::syntax::matchers;
 use crate::promql::{QueryError, LOOKBACK_MS};
 use crate::series::Labels;
 use promql_parser::parser::{Expr, MatrixSelector, SubqueryExpr, VectorSelector};
+use std::collections::HashMap;
 
 pub(in crate::promql) use crate::promql::model::StepSamples;
 
@@ -20,6 +21,16 @@ pub(in crate::promql) const DEFAULT_SUBQUERY_STEP_MS: i64 = 60_000;
 /// Series a thread reads at the least: below twice this, one thread.
 const SERIES_PER_THREAD: usize = 64;
 
+/// What an instant selector reads ([`Evaluator::step_read`]).
+struct StepRead {
+    series: Vec<SeriesRef>,
+    times: StepTimes,
+    from: i64,
+    to: i64,
+    /// `@`: every step takes the sample at the one time.
+    pinned: bool,
+}
+
 impl Evaluator<'_> {
     /// The times an `@`-pinned or ordinary selector reads at each step.
     fn read_times(&self, at: Option<i64>, off: i64) -> (i64, i64) {
@@ -29,16 +40,9 @@ impl Evaluator<'_> {
         }
     }
 
-    /// Each selected series with its sample (time and value) at every
-    /// step — the newest in the lookback window before the step's time
-    /// (less `offset`, or at the `@` time) — turned by `each` into what
-    /// the caller keeps, on the threads that read the series.
-    pub(crate) fn selector_series<R: Send>(
-        &self,
-        vs: &VectorSelector,
-        each: &(dyn Fn(SeriesRef, StepSamples) -> R + Sync),
-    ) -> Result<Vec<R>, QueryError> {
-        let m = matchers(vs)?;
+    /// What an instant selector reads at the steps: its matchers, the
+    /// times it takes a sample at, and the range it reads them from.
+    fn step_read(&self, vs: &VectorSelector) -> Result<StepRead, QueryError> {
         let off = offset_ms(&vs.offset);
         let at = self.at_ms(&vs.at);
         let (first, last) = self.read_times(at, off);
@@ -46,22 +50,133 @@ impl Evaluator<'_> {
             Some(t) => vec![t - off],
             None => (0..self.n).map(|i| self.t(i) - off).collect(),
         });
+        Ok(StepRead {
+            series: self.model.select(&matchers(vs)?)?,
+            times,
+            from: first - LOOKBACK_MS,
+            to: last,
+            pinned: at.is_some(),
+        })
+    }
+
+    /// A selected series' sample (time and value) at every step — the
+    /// newest in the lookback window before the step's time (less
+    /// `offset`, or at the `@` time) — or `None` where it has none.
+    fn read_steps(&self, r: &StepRead, s: &SeriesRef) -> Result<Option<StepSamples>, QueryError> {
+        if self.model.nothing_in(s, r.from, r.to) {
+            return Ok(None);
+        }
+        let mut vals = self.model.at_times(s, &r.times, r.from, r.to)?;
+        if r.pinned {
+            vals = vec![vals[0]; self.n];
+        }
+        if vals.iter().any(Option::is_some) {
+            self.model.budget.samples(self.n)?;
+            return Ok(Some(vals));
+        }
+        Ok(None)
+    }
+
+    /// Each selected series with its sample at every step
+    /// ([`Evaluator::read_steps`]), turned by `each` into what the caller
+    /// keeps, on the threads that read the series.
+    pub(crate) fn selector_series<R: Send>(
+        &self,
+        vs: &VectorSelector,
+        each: &(dyn Fn(SeriesRef, StepSamples) -> R + Sync),
+    ) -> Result<Vec<R>, QueryError> {
+        let mut r = self.step_read(vs)?;
+        let series = std::mem::take(&mut r.series);
         let read = |s: SeriesRef| -> Result<Option<R>, QueryError> {
-            let mut vals = self.model.at_times(&s, &times, first - LOOKBACK_MS, last)?;
-            if at.is_some() {
-                vals = vec![vals[0]; self.n];
-            }
-            if vals.iter().any(Option::is_some) {
-                self.model.budget.samples(self.n)?;
-                return Ok(Some(each(s, vals)));
-            }
-            Ok(None)
+            Ok(self.read_steps(&r, &s)?.map(|vals| each(s, vals)))
         };
         let mut out = Vec::new();
-        for part in crate::parallel::in_parallel(self.model.select(&m)?, SERIES_PER_THREAD, &read) {
+        for part in crate::parallel::in_parallel(series, SERIES_PER_THREAD, &read) {
             out.extend(part?.into_iter().flatten());
         }
         Ok(out)
+    }
+
+    /// An instant selector's series in groups by `key`, each group's
+    /// members read in selection order and folded into one `A` on the
+    /// thread that reads them (`fold` takes a member's samples at every
+    /// step), so no member's samples outlive its fold: what an
+    /// aggregation of a selector reads. The groups come in the order of
+    /// their first member with a sample, as an aggregation over
+    /// [`Evaluator::selector_series`]' output finds them, and a group none
+    /// of whose members has a sample is left out. `None` where the groups
+    /// cannot keep every core busy; the caller then reads the series one
+    /// by one.
+    pub(crate) fn selector_groups<A: Send>(
+        &self,
+        vs: &VectorSelector,
+        key: &(dyn Fn(&Labels) -> Labels + Sync),
+        init: &(dyn Fn() -> A + Sync),
+        fold: &(dyn Fn(&mut A, &StepSamples) + Sync),
+    ) -> Result<Option<Vec<(Labels, A)>>, QueryError> {
+        let r = self.step_read(vs)?;
+        let mut groups: Vec<(Labels, Vec<usize>)> = Vec::new();
+        let mut index: HashMap<Labels, usize> = HashMap::new();
+        for (i, s) in r.series.iter().enumerate() {
+            // Nothing to read: no member of any group.
+            if self.model.nothing_in(s, r.from, r.to) {
+                continue;
+            }
+            let k = key(&s.labels);
+            let g = match index.get(&k) {
+                Some(&g) => g,
+                None => {
+                    index.insert(k.clone(), groups.len());
+                    groups.push((k, Vec::new()));
+                    groups.len() - 1
+                }
+            };
+            groups[g].1.push(i);
+        }
+        let to_read: usize = groups.iter().map(|g| g.1.len()).sum();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // On every core, a group is read by one thread: too few groups,
+        // or one with more than a core's share of the members, would
+        // leave cores idle.
+        let largest = groups.iter().map(|g| g.1.len()).max().unwrap_or(0);
+        if cores > 1
+            && to_read >= 2 * SERIES_PER_THREAD
+            && (groups.len() < 4 * cores || largest * cores > to_read)
+        {
+            return Ok(None);
+        }
+        // Per group: its first member with a sample (for the order) and
+        // its fold.
+        let read = |(labels, members): (Labels, Vec<usize>)| {
+            let mut acc = init();
+            let (mut first, mut read) = (None, 0usize);
+            for m in members {
+                if let Some(vals) = self.read_steps(&r, &r.series[m])? {
+                    first = first.or(Some(m));
+                    read += 1;
+                    fold(&mut acc, &vals);
+                }
+            }
+            Ok::<_, QueryError>(first.map(|f| (f, read, labels, acc)))
+        };
+        let mut out = Vec::with_capacity(groups.len());
+        if to_read >= 2 * SERIES_PER_THREAD {
+            // Largest groups first, each taken by the next free thread:
+            // the threads finish together. The order is restored below.
+            groups.sort_by_key(|g| std::cmp::Reverse(g.1.len()));
+            for g in crate::parallel::each_in_parallel(groups, &read) {
+                out.extend(g?);
+            }
+        } else {
+            for g in groups {
+                out.extend(read(g)?);
+            }
+        }
+        // As `eval` counts the selector's vector on the other path.
+        let members: usize = out.iter().map(|g| g.1).sum();
+        self.model.budget.samples(members.saturating_mul(self.n))?;
+        out.sort_by_key(|g| g.0);
+        Ok(Some(out.into_iter().map(|(_, _, l, a)| (l, a)).collect()))
     }
 
     pub(crate) fn instant_selector(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
