@@ -67,18 +67,30 @@ async fn next(s: &mut tonic::Streaming<v1::CollectorMessage>) -> collector_messa
     s.message().await.unwrap().unwrap().msg.unwrap()
 }
 
+/// A stream opened with `hello`: its sender and what the collector sends.
+async fn open(
+    client: &mut IngestClient<tonic::transport::Channel>,
+    hello: AgentMessage,
+) -> (
+    mpsc::Sender<AgentMessage>,
+    tonic::Streaming<v1::CollectorMessage>,
+) {
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(hello).await.unwrap();
+    let inbound = client
+        .stream(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, inbound)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acks_rejects_and_replays_on_one_stream() {
     let dir = tempfile::tempdir().unwrap();
     let c = TestCollector::start(dir.path()).await;
     let mut client = IngestClient::connect(c.url.clone()).await.unwrap();
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(hello("n1", "GPU-a")).await.unwrap();
-    let mut inbound = client
-        .stream(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut inbound) = open(&mut client, hello("n1", "GPU-a")).await;
     let collector_message::Msg::Welcome(w) = next(&mut inbound).await else {
         panic!("no welcome")
     };
@@ -365,13 +377,7 @@ async fn an_ofu_range_counts_only_the_part_of_a_window_inside_it() {
     let dir = tempfile::tempdir().unwrap();
     let c = TestCollector::start(dir.path()).await;
     let mut client = IngestClient::connect(c.url.clone()).await.unwrap();
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(hello("n1", "GPU-a")).await.unwrap();
-    let mut inbound = client
-        .stream(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut inbound) = open(&mut client, hello("n1", "GPU-a")).await;
     assert!(matches!(
         next(&mut inbound).await,
         collector_message::Msg::Welcome(_)
@@ -379,17 +385,9 @@ async fn an_ofu_range_counts_only_the_part_of_a_window_inside_it() {
     // The phase starts at `p`: one long window ending 100 ms after it,
     // then nine 100-ms windows at 10 %.
     let p = SystemClock.now_ms() - 5_000;
-    let mut samples = vec![(p + 100, 5_100u32, 0.9)];
-    samples.extend((2..=10).map(|i| (p + i * 100, 100, 0.1)));
-    let (ts, windows, tpa): (Vec<i64>, Vec<u32>, Vec<f64>) =
-        samples
-            .iter()
-            .fold(Default::default(), |mut acc, &(t, w, v)| {
-                acc.0.push(t);
-                acc.1.push(w);
-                acc.2.push(v);
-                acc
-            });
+    let ts: Vec<i64> = (1..=10).map(|i| p + i * 100).collect();
+    let windows: Vec<u32> = std::iter::once(5_100).chain([100; 9]).collect();
+    let tpa: Vec<f64> = std::iter::once(0.9).chain([0.1; 9]).collect();
     let mut b = batch(1, "GPU-a", p, &tpa);
     if let Some(agent_message::Msg::Batch(b)) = &mut b.msg {
         for s in &mut b.series {
@@ -402,30 +400,15 @@ async fn an_ofu_range_counts_only_the_part_of_a_window_inside_it() {
         panic!("no ack")
     };
     assert!(a.rejected.is_empty(), "{a:?}");
-    let q = c.query().await;
-    let mean = |start_ms: i64, end_ms: i64| {
-        let mut q = q.clone();
-        async move {
-            q.ofu(v1::OfuRequest {
-                scope: Some(v1::ofu_request::Scope::GpuUuid("GPU-a".into())),
-                start_ms,
-                end_ms,
-                step_ms: 0,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .summary
-            .unwrap()
-        }
-    };
+    let mut q = c.query().await;
+    let gpu = || v1::ofu_request::Scope::GpuUuid("GPU-a".into());
     // The phase: 100 ms at 90 % and 900 ms at 10 % (clock at the tensor
     // peak, so OFU = TPA). Counting the whole window would give 0.78.
-    let s = mean(p, p + 1_001).await;
+    let s = flopwatch_tests::ofu_summary(&mut q, gpu(), p, p + 1_001).await;
     assert_eq!(s.samples, 10);
     assert!((s.mean - 0.18).abs() < 1e-9, "{}", s.mean);
     // A range holding the whole window weighs all of it.
-    let s = mean(p - 5_000, p + 1_001).await;
+    let s = flopwatch_tests::ofu_summary(&mut q, gpu(), p - 5_000, p + 1_001).await;
     assert!((s.mean - 0.78).abs() < 1e-9, "{}", s.mean);
     drop(tx);
     c.stop().await;
