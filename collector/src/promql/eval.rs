@@ -93,15 +93,7 @@ impl Evaluator<'_> {
     /// An evaluator of the same query over other steps.
     fn at_steps(&self, start: i64, step: i64, n: usize) -> Evaluator<'_> {
         Evaluator {
-            model: Model {
-                store: self.model.store,
-                scope: self.model.scope,
-                budget: self.model.budget,
-                remote: self.model.remote,
-                base_only: self.model.base_only,
-                specs: self.model.specs,
-                staleness: self.model.staleness,
-            },
+            model: self.model,
             start,
             step,
             n,

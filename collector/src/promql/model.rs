@@ -73,7 +73,8 @@ impl Minute {
 use super::{QueryError, LOOKBACK_MS};
 use crate::auth::Scope;
 use crate::series::Labels;
-use crate::store::{LastsPiece, OfuPiece, Store, MINUTE_MS};
+use crate::store::{LastsPiece, OfuPiece, OfuSample, Reader, Store, StoreError, MINUTE_MS};
+use flopwatch_proto::model::Point;
 use promql_parser::label::Matcher;
 
 /// Which column of a GPU's OFU samples a series is.
@@ -162,8 +163,12 @@ pub(super) fn matches(m: &[Matcher], labels: &Labels) -> bool {
 }
 
 /// The series visible to a scope ([`super::select`] finds them).
+#[derive(Clone, Copy)]
 pub(super) struct Model<'a> {
     pub store: &'a Store,
+    /// Where the series' samples are read: one view shared by the reads of
+    /// many series ([`Model::reading`]), or a view per read.
+    pub reader: Option<&'a Reader<'a>>,
     pub scope: &'a Scope,
     /// Counts the series selected and samples read.
     pub budget: &'a Budget,
@@ -180,6 +185,66 @@ pub(super) struct Model<'a> {
 }
 
 impl Model<'_> {
+    /// `f` with this model reading every series under one view of the
+    /// store: a reading thread's group of series.
+    pub(super) fn reading<R>(&self, f: impl FnOnce(&Model<'_>) -> R) -> Result<R, QueryError> {
+        if self.reader.is_some() {
+            return Ok(f(self));
+        }
+        Ok(self.store.reading(|r| {
+            f(&Model {
+                reader: Some(r),
+                ..*self
+            })
+        })?)
+    }
+
+    /// [`Store::ofu`] of every job, through the reader if there is one.
+    fn ofu(
+        &self,
+        tenant: &str,
+        gpu: &str,
+        from: i64,
+        to: i64,
+        f: &mut dyn FnMut(OfuSample),
+    ) -> Result<(), StoreError> {
+        match self.reader {
+            Some(r) => r.ofu(tenant, gpu, from, to, None, f),
+            None => self.store.ofu(tenant, gpu, from, to, None, f),
+        }
+    }
+
+    /// [`Store::ofu_lasts`], through the reader if there is one.
+    fn ofu_lasts(
+        &self,
+        tenant: &str,
+        gpu: &str,
+        from: i64,
+        to: i64,
+        f: &mut dyn FnMut(LastsPiece<'_>),
+    ) -> Result<(), StoreError> {
+        match self.reader {
+            Some(r) => r.ofu_lasts(tenant, gpu, from, to, f),
+            None => self.store.ofu_lasts(tenant, gpu, from, to, f),
+        }
+    }
+
+    /// [`Store::series`], through the reader if there is one.
+    fn series(
+        &self,
+        tenant: &str,
+        key: &str,
+        metric: &str,
+        from: i64,
+        to: i64,
+        limit: usize,
+    ) -> Result<Vec<Point>, StoreError> {
+        match self.reader {
+            Some(r) => r.series(tenant, key, metric, from, to, limit),
+            None => self.store.series(tenant, key, metric, from, to, limit),
+        }
+    }
+
     /// The samples of `s` with `from ≤ t ≤ to`, in time order, in the
     /// family's unit.
     pub(super) fn samples(&self, s: &SeriesRef, from: i64, to: i64) -> Result<Points, QueryError> {
@@ -250,7 +315,7 @@ impl Model<'_> {
             let first = out.len();
             match &s.source {
                 Source::Ofu { tenant, gpu, col } => {
-                    self.store.ofu(tenant, gpu, lo, hi, None, &mut |x| {
+                    self.ofu(tenant, gpu, lo, hi, &mut |x| {
                         out.push((
                             x.ts_ms,
                             ofu_column(*col, x.ofu, x.tensor_active, x.sm_clock_mhz),
@@ -264,7 +329,7 @@ impl Model<'_> {
                     metric,
                     scale,
                 } => {
-                    for p in self.store.series(tenant, key, metric, lo, hi, usize::MAX)? {
+                    for p in self.series(tenant, key, metric, lo, hi, usize::MAX)? {
                         out.push((
                             p.ts_ms,
                             p.value * scale,
@@ -314,7 +379,7 @@ impl Model<'_> {
         Ok(match &s.source {
             Source::Ofu { tenant, gpu, .. } => {
                 let mut next = None;
-                self.store.ofu(tenant, gpu, end, to, None, &mut |x| {
+                self.ofu(tenant, gpu, end, to, &mut |x| {
                     next = Some(next.map_or(x.ts_ms, |n: i64| n.min(x.ts_ms)));
                 })?;
                 next
@@ -325,7 +390,6 @@ impl Model<'_> {
                 metric,
                 ..
             } => self
-                .store
                 .series(tenant, key, metric, end, to, 1)?
                 .first()
                 .map(|p| p.ts_ms),
@@ -471,29 +535,28 @@ impl Model<'_> {
                     has_start[i / 64] |= 1 << (i % 64);
                 }
             };
-            self.store
-                .ofu_lasts(tenant, gpu, lo, hi, &mut |p| match p {
-                    LastsPiece::Sample(x) => {
-                        read += 1;
-                        let on = (x.ts_ms.rem_euclid(MINUTE_MS) == 0).then_some(x.ofu);
-                        if let Some(i) = slot(x.ts_ms) {
-                            put(i, (x.ts_ms, x.ofu), Some(x.window_ms), on);
+            self.ofu_lasts(tenant, gpu, lo, hi, &mut |p| match p {
+                LastsPiece::Sample(x) => {
+                    read += 1;
+                    let on = (x.ts_ms.rem_euclid(MINUTE_MS) == 0).then_some(x.ofu);
+                    if let Some(i) = slot(x.ts_ms) {
+                        put(i, (x.ts_ms, x.ofu), Some(x.window_ms), on);
+                    }
+                }
+                LastsPiece::Hour(h) => {
+                    read += h.len();
+                    // The hour's first minute, in slots (before the
+                    // range's first minute where the range starts inside
+                    // the hour: those minutes are not handed over).
+                    let first = (h.hour() - m0).div_euclid(MINUTE_MS);
+                    h.for_each(|m| {
+                        let k = (m.minute - h.hour()) / MINUTE_MS;
+                        if let Ok(i) = usize::try_from(first + k) {
+                            put(i, m.last, m.window_ms, m.at_start);
                         }
-                    }
-                    LastsPiece::Hour(h) => {
-                        read += h.len();
-                        // The hour's first minute, in slots (before the
-                        // range's first minute where the range starts inside
-                        // the hour: those minutes are not handed over).
-                        let first = (h.hour() - m0).div_euclid(MINUTE_MS);
-                        h.for_each(|m| {
-                            let k = (m.minute - h.hour()) / MINUTE_MS;
-                            if let Ok(i) = usize::try_from(first + k) {
-                                put(i, m.last, m.window_ms, m.at_start);
-                            }
-                        });
-                    }
-                })?;
+                    });
+                }
+            })?;
             // A span that ends inside the range ends where its successor
             // under other labels begins.
             if set.0 < set.1 && b <= to {

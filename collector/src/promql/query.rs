@@ -15,6 +15,7 @@ use crate::series::Labels;
 use crate::store::Store;
 use promql_parser::label::{MatchOp, Matcher};
 use promql_parser::parser::{self, Expr};
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 
 /// Milliseconds of a duration such as `1m0.1s` or `1h30m` (Go's
@@ -118,6 +119,7 @@ impl<'a> Ctx<'a> {
     {
         Model {
             store: self.store,
+            reader: None,
             scope: self.scope,
             budget: self.budget,
             remote,
@@ -282,23 +284,32 @@ pub(super) fn range(
         Val::Vector(v) => {
             // Series with one label set (a job's spans, a topk's members
             // at different steps) are one series of the result.
-            let mut merged: BTreeMap<Labels, BTreeMap<i64, f64>> = BTreeMap::new();
+            let mut merged: BTreeMap<Labels, Vec<Option<f64>>> = BTreeMap::new();
             for StepSeries { labels, vals } in v {
-                let e = merged.entry(labels).or_default();
-                for (t, v) in times(
-                    &mut vals
-                        .into_iter()
-                        .enumerate()
-                        .filter_map(|(i, v)| v.map(|v| (i, v))),
-                ) {
-                    e.insert(t, v);
+                match merged.entry(labels) {
+                    Entry::Vacant(e) => {
+                        e.insert(vals);
+                    }
+                    // The later series' value wins at a step both have.
+                    Entry::Occupied(mut e) => {
+                        for (m, v) in e.get_mut().iter_mut().zip(vals) {
+                            if v.is_some() {
+                                *m = v;
+                            }
+                        }
+                    }
                 }
             }
             merged
                 .into_iter()
-                .map(|(labels, pts)| RangeSeries {
+                .map(|(labels, vals)| RangeSeries {
                     labels,
-                    points: pts.into_iter().collect(),
+                    points: times(
+                        &mut vals
+                            .into_iter()
+                            .enumerate()
+                            .filter_map(|(i, v)| v.map(|v| (i, v))),
+                    ),
                 })
                 .collect()
         }

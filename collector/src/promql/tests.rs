@@ -497,6 +497,7 @@ fn rollup_buckets_answer_as_the_samples_do() {
         let budget = Budget::unlimited();
         let m = Model {
             store: s,
+            reader: None,
             scope: &Scope::All,
             budget: &budget,
             remote: None,

@@ -45,6 +45,7 @@ mod ofu_chunk;
 pub mod parallel;
 mod precision;
 mod raw;
+mod reader;
 mod records;
 mod retention;
 pub mod rocks;
@@ -62,6 +63,7 @@ pub use limbo::{LimboBatch, Settle};
 pub use membership::SeqRanges;
 pub use model::Store;
 pub use precision::{round_decimals, Precision};
+pub use reader::Reader;
 pub use records::{
     AgentKey, CommitSet, Derivation, DeviceRecord, EventRecord, GpuRecord, JobRecord, LastsPiece,
     NodeRecord, OfuPiece, OfuSample, StoredSeries, OFU_CLOCKS,
@@ -138,7 +140,7 @@ pub enum Step {
 
 /// A consistent read-only view: every scan through one view sees the
 /// store at the same instant, whatever is written meanwhile.
-pub trait View {
+pub trait View: Sync {
     /// Visits keys in `[from, to)` in order until `f` returns false.
     fn scan(
         &self,

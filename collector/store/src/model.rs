@@ -13,7 +13,7 @@ use super::records::{
 use super::retention::Retention;
 use super::rollup::Rollup;
 use super::scan::scan_series;
-use super::{corrupt, Cf, Engine, Put, StoreError};
+use super::{corrupt, Cf, Engine, Put, StoreError, View};
 use flopwatch_proto::model::Point;
 use serde::{de::DeserializeOwned, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -475,11 +475,26 @@ impl Store {
         end: i64,
         limit: usize,
     ) -> Result<Vec<Point>, StoreError> {
+        self.series_in(None, tenant, gpu, metric, start, end, limit)
+    }
+
+    /// [`Store::series`] under `at`, or a view of its own.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn series_in(
+        &self,
+        at: Option<&dyn View>,
+        tenant: &str,
+        gpu: &str,
+        metric: &str,
+        start: i64,
+        end: i64,
+        limit: usize,
+    ) -> Result<Vec<Point>, StoreError> {
         let start = self.clamp(tenant, start);
         let mut out = Vec::new();
         let prefix = keys::raw_prefix(tenant, gpu, metric);
         let bundles = keys::ofu_prefix(tenant, gpu);
-        self.engine.view(&mut |view| {
+        self.in_view(at, &mut |view| {
             let mut reader = RawReader::new(view, &prefix);
             // Chunks, then bundles in the head and limbo.
             let sources = [
@@ -530,8 +545,23 @@ impl Store {
         job: Option<&str>,
         f: &mut dyn FnMut(OfuSample),
     ) -> Result<(), StoreError> {
-        self.ofu_pieces(tenant, gpu, start, end, job, None, &mut |p| {
-            if let OfuPiece::Sample(s) = p {
+        self.ofu_in(None, tenant, gpu, start, end, job, f)
+    }
+
+    /// [`Store::ofu`] under `at`, or a view of its own.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn ofu_in(
+        &self,
+        at: Option<&dyn View>,
+        tenant: &str,
+        gpu: &str,
+        start: i64,
+        end: i64,
+        job: Option<&str>,
+        f: &mut dyn FnMut(OfuSample),
+    ) -> Result<(), StoreError> {
+        self.ofu_read(at, tenant, gpu, start, end, job, None, false, &mut |r| {
+            if let Read::Piece(OfuPiece::Sample(s)) = r {
                 f(s)
             }
         })
@@ -558,11 +588,21 @@ impl Store {
         buckets: Option<i64>,
         f: &mut dyn FnMut(OfuPiece),
     ) -> Result<(), StoreError> {
-        self.ofu_read(tenant, gpu, start, end, job, buckets, false, &mut |r| {
-            if let Read::Piece(p) = r {
-                f(p)
-            }
-        })
+        self.ofu_read(
+            None,
+            tenant,
+            gpu,
+            start,
+            end,
+            job,
+            buckets,
+            false,
+            &mut |r| {
+                if let Read::Piece(p) = r {
+                    f(p)
+                }
+            },
+        )
     }
 
     /// OFU of one GPU in `[start, end)` as samples and, for the sealed
@@ -579,9 +619,23 @@ impl Store {
         end: i64,
         f: &mut dyn FnMut(LastsPiece<'_>),
     ) -> Result<(), StoreError> {
+        self.ofu_lasts_in(None, tenant, gpu, start, end, f)
+    }
+
+    /// [`Store::ofu_lasts`] under `at`, or a view of its own.
+    pub(super) fn ofu_lasts_in(
+        &self,
+        at: Option<&dyn View>,
+        tenant: &str,
+        gpu: &str,
+        start: i64,
+        end: i64,
+        f: &mut dyn FnMut(LastsPiece<'_>),
+    ) -> Result<(), StoreError> {
         // Step 0: any minute wholly inside the range; no rollup buckets
         // are asked for, so every piece is a sample or an hour.
         self.ofu_read(
+            at,
             tenant,
             gpu,
             start,
@@ -602,6 +656,7 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     fn ofu_read(
         &self,
+        at: Option<&dyn View>,
         tenant: &str,
         gpu: &str,
         start: i64,
@@ -631,7 +686,7 @@ impl Store {
                 && from + len <= end
                 && (bucket(from) == bucket(from + len - 1) || (coarse && len == MINUTE_MS))
         };
-        self.engine.view(&mut |view| {
+        self.in_view(at, &mut |view| {
             // Hours with head blocks are read sample by sample.
             let mut in_head = std::collections::HashSet::new();
             // Covered minutes per hour (all 60 bits: the whole hour).

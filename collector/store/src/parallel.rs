@@ -13,10 +13,20 @@ pub fn in_parallel<T: Send, R: Send, E: Send>(
     per_thread: usize,
     f: &(dyn Fn(T) -> Result<R, E> + Sync),
 ) -> Vec<Result<Vec<R>, E>> {
+    parts_in_parallel(items, per_thread, &|part| part.into_iter().map(f).collect())
+}
+
+/// [`in_parallel`], with `f` taking a whole part (what it sets up once
+/// for a part, such as a view of the store, serves all its items).
+pub fn parts_in_parallel<T: Send, R: Send, E: Send>(
+    items: Vec<T>,
+    per_thread: usize,
+    f: &(dyn Fn(Vec<T>) -> Result<Vec<R>, E> + Sync),
+) -> Vec<Result<Vec<R>, E>> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = cores.min(items.len() / per_thread.max(1)).max(1);
     if threads == 1 {
-        return vec![items.into_iter().map(f).collect()];
+        return vec![f(items)];
     }
     let per = items.len().div_ceil(threads);
     let mut parts: Vec<Vec<T>> = Vec::with_capacity(threads);
@@ -44,22 +54,22 @@ pub fn each_in_parallel<T: Send, R: Send, E: Send>(
         return items.into_iter().map(f).collect();
     }
     let parts = items.into_iter().map(|i| vec![i]).collect();
-    in_parts(parts, threads, f)
+    let run = |part: Vec<T>| part.into_iter().map(f).collect();
+    in_parts(parts, threads, &run)
         .into_iter()
         .map(|r| r.map(|mut v| v.remove(0)))
         .collect()
 }
 
-/// Each of `parts` read by `f` on `threads` threads (this one among
+/// Each of `parts` read by `run` on `threads` threads (this one among
 /// them), each thread taking the next part not yet taken.
 fn in_parts<T: Send, R: Send, E: Send>(
     parts: Vec<Vec<T>>,
     threads: usize,
-    f: &(dyn Fn(T) -> Result<R, E> + Sync),
+    run: &(dyn Fn(Vec<T>) -> Result<Vec<R>, E> + Sync),
 ) -> Vec<Result<Vec<R>, E>> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
-    let run = |part: Vec<T>| part.into_iter().map(f).collect::<Result<Vec<R>, E>>();
     let parts: Vec<Mutex<Option<Vec<T>>>> =
         parts.into_iter().map(|p| Mutex::new(Some(p))).collect();
     type Slot<R, E> = Mutex<Option<Result<Vec<R>, E>>>;

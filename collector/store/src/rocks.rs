@@ -17,7 +17,7 @@ use rocksdb::{
     WriteOptions, DB,
 };
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// RocksDB under a directory.
 pub struct RocksEngine {
@@ -213,11 +213,23 @@ impl RocksEngine {
 }
 
 /// Scans under one RocksDB snapshot (none on a secondary, which does not
-/// change while open).
+/// change while open). Each family's iterator is kept from one scan to
+/// the next: a view that reads many series (a [`crate::Reader`]) seeks
+/// it again instead of building a new one per scan.
 struct SnapView<'a> {
+    /// Declared before the snapshot: dropped before it.
+    kept: Mutex<Vec<(Cf, rocksdb::DBRawIterator<'a>)>>,
     engine: &'a RocksEngine,
     snap: Option<rocksdb::Snapshot<'a>>,
 }
+
+/// Hidden keys (tombstones, older versions) a kept iterator may pass over
+/// in one seek. A kept iterator has no upper bound (it serves many
+/// ranges), so in the head, whose keys are deleted as their hours are
+/// sealed, a seek into a range holding only tombstones would walk on
+/// through the tombstones of the series after it. Past this many, the
+/// scan goes on with an iterator bounded to its range.
+const SKIPPABLE: u64 = 256;
 
 impl View for SnapView<'_> {
     fn scan(
@@ -227,11 +239,75 @@ impl View for SnapView<'_> {
         to: &[u8],
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), StoreError> {
-        let mut ro = ReadOptions::default();
-        if let Some(s) = &self.snap {
-            ro.set_snapshot(s);
+        let engine = self.engine;
+        if from >= to || (engine.secondary && engine.db.cf_handle(cf.name()).is_none()) {
+            return Ok(());
         }
-        self.engine.scan_with(ro, cf, from, to, f)
+        let options = || {
+            let mut ro = ReadOptions::default();
+            if let Some(s) = &self.snap {
+                ro.set_snapshot(s);
+            }
+            ro
+        };
+        // A scan made from inside another's callback on the same family
+        // finds none kept and builds its own.
+        let kept = {
+            let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+            let at = kept.iter().position(|(c, _)| *c == cf);
+            at.map(|i| kept.swap_remove(i).1)
+        };
+        let mut it = match kept {
+            Some(it) => it,
+            None => {
+                let mut ro = options();
+                ro.set_max_skippable_internal_keys(SKIPPABLE);
+                engine.db.raw_iterator_cf_opt(engine.cf(cf)?, ro)
+            }
+        };
+        // The last key handed to `f`, where the bounded scan goes on.
+        let mut last: Option<Vec<u8>> = None;
+        it.seek(from);
+        while it.valid() {
+            let (Some(k), Some(v)) = (it.key(), it.value()) else {
+                break;
+            };
+            if k >= to {
+                break;
+            }
+            if !f(k, v) {
+                return self.keep(cf, it);
+            }
+            let l = last.get_or_insert_with(Vec::new);
+            l.clear();
+            l.extend_from_slice(k);
+            it.next();
+        }
+        match it.status() {
+            Err(e) if e.kind() == rocksdb::ErrorKind::Incomplete => {
+                let resume = match last {
+                    Some(mut k) => {
+                        k.push(0);
+                        k
+                    }
+                    None => from.to_vec(),
+                };
+                engine.scan_with(options(), cf, &resume, to, f)
+            }
+            Err(e) => Err(err(e)),
+            Ok(()) => self.keep(cf, it),
+        }
+    }
+}
+
+impl<'a> SnapView<'a> {
+    /// Keeps `it` for the next scan of `cf` (one per family).
+    fn keep(&self, cf: Cf, it: rocksdb::DBRawIterator<'a>) -> Result<(), StoreError> {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if !kept.iter().any(|(c, _)| *c == cf) {
+            kept.push((cf, it));
+        }
+        Ok(())
     }
 }
 
@@ -336,6 +412,7 @@ impl Engine for RocksEngine {
         f: &mut dyn FnMut(&dyn View) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let v = SnapView {
+            kept: Mutex::new(Vec::new()),
             engine: self,
             snap: (!self.secondary).then(|| self.db.snapshot()),
         };
@@ -479,6 +556,69 @@ impl Engine for RocksEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The keys `view` finds in `[from, to)` of the head.
+    fn keys_in(view: &dyn View, from: &[u8], to: &[u8]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        view.scan(Cf::Head, from, to, &mut |k, _| {
+            out.push(k.to_vec());
+            true
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn a_view_seeks_its_kept_iterators_past_tombstones_without_losing_or_repeating_a_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = RocksEngine::open(dir.path()).unwrap();
+        let key = |series: u8, i: u32| [&[series][..], &i.to_be_bytes()].concat();
+        // Series 1: two live keys, then far more deleted ones than a seek
+        // may pass over, then a live one. Series 2: only deleted keys.
+        // Series 3: one live key.
+        let dead = 4 * SKIPPABLE as u32;
+        let mut ops: Vec<Op> = Vec::new();
+        for i in 0..dead + 3 {
+            ops.push(Op::Put(Cf::Head, key(1, i), vec![1]));
+        }
+        for i in 0..dead {
+            ops.push(Op::Put(Cf::Head, key(2, i), vec![2]));
+        }
+        ops.push(Op::Put(Cf::Head, key(3, 0), vec![3]));
+        e.apply(ops, false).unwrap();
+        let mut dels: Vec<Op> = (2..dead + 2)
+            .map(|i| Op::Delete(Cf::Head, key(1, i)))
+            .collect();
+        dels.extend((0..dead).map(|i| Op::Delete(Cf::Head, key(2, i))));
+        e.apply(dels, false).unwrap();
+        let all = |series: u8| (key(series, 0), key(series + 1, 0));
+        e.view(&mut |view| {
+            // Twice over one view: the second time every iterator is a
+            // kept one.
+            for _ in 0..2 {
+                let (a, b) = all(1);
+                assert_eq!(
+                    keys_in(view, &a, &b),
+                    vec![key(1, 0), key(1, 1), key(1, dead + 2)]
+                );
+                let (a, b) = all(2);
+                assert!(keys_in(view, &a, &b).is_empty());
+                let (a, b) = all(3);
+                assert_eq!(keys_in(view, &a, &b), vec![key(3, 0)]);
+                // A scan of the same family from inside another's callback.
+                let (a, b) = all(1);
+                let mut inner = Vec::new();
+                view.scan(Cf::Head, &a, &b, &mut |_, _| {
+                    let (c, d) = all(3);
+                    inner.push(keys_in(view, &c, &d));
+                    true
+                })?;
+                assert_eq!(inner, vec![vec![key(3, 0)]; 3]);
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
 
     /// What a GPU-hour's OFU rollup looks like on disk: a mask, then
     /// fixed-width little-endian counts and slowly varying sums.

@@ -1,7 +1,7 @@
 //! Selectors and subqueries: what a query reads from the series model.
 
 use super::{offset_ms, unwrap_parens, Evaluator, RangeInput, StepSeries, Val};
-use crate::promql::model::{SeriesRef, StepTimes};
+use crate::promql::model::{Model, SeriesRef, StepTimes};
 use crate::promql::points::{window, Points};
 use crate::promql::syntax::matchers;
 use crate::promql::{QueryError, LOOKBACK_MS};
@@ -62,16 +62,21 @@ impl Evaluator<'_> {
     /// A selected series' sample (time and value) at every step — the
     /// newest in the lookback window before the step's time (less
     /// `offset`, or at the `@` time) — or `None` where it has none.
-    fn read_steps(&self, r: &StepRead, s: &SeriesRef) -> Result<Option<StepSamples>, QueryError> {
-        if self.model.nothing_in(s, r.from, r.to) {
+    fn read_steps(
+        &self,
+        model: &Model,
+        r: &StepRead,
+        s: &SeriesRef,
+    ) -> Result<Option<StepSamples>, QueryError> {
+        if model.nothing_in(s, r.from, r.to) {
             return Ok(None);
         }
-        let mut vals = self.model.at_times(s, &r.times, r.from, r.to)?;
+        let mut vals = model.at_times(s, &r.times, r.from, r.to)?;
         if r.pinned {
             vals = vec![vals[0]; self.n];
         }
         if vals.iter().any(Option::is_some) {
-            self.model.budget.samples(self.n)?;
+            model.budget.samples(self.n)?;
             return Ok(Some(vals));
         }
         Ok(None)
@@ -87,12 +92,21 @@ impl Evaluator<'_> {
     ) -> Result<Vec<R>, QueryError> {
         let mut r = self.step_read(vs)?;
         let series = std::mem::take(&mut r.series);
-        let read = |s: SeriesRef| -> Result<Option<R>, QueryError> {
-            Ok(self.read_steps(&r, &s)?.map(|vals| each(s, vals)))
+        // A part's series are read under one view of the store.
+        let read = |part: Vec<SeriesRef>| -> Result<Vec<R>, QueryError> {
+            self.model.reading(|model| {
+                let mut out = Vec::new();
+                for s in part {
+                    if let Some(vals) = self.read_steps(model, &r, &s)? {
+                        out.push(each(s, vals));
+                    }
+                }
+                Ok(out)
+            })?
         };
         let mut out = Vec::new();
-        for part in crate::parallel::in_parallel(series, SERIES_PER_THREAD, &read) {
-            out.extend(part?.into_iter().flatten());
+        for part in crate::parallel::parts_in_parallel(series, SERIES_PER_THREAD, &read) {
+            out.extend(part?);
         }
         Ok(out)
     }
@@ -147,17 +161,20 @@ impl Evaluator<'_> {
         }
         // Per group: its first member with a sample (for the order) and
         // its fold.
+        // A group's members are read under one view of the store.
         let read = |(labels, members): (Labels, Vec<usize>)| {
-            let mut acc = init();
-            let (mut first, mut read) = (None, 0usize);
-            for m in members {
-                if let Some(vals) = self.read_steps(&r, &r.series[m])? {
-                    first = first.or(Some(m));
-                    read += 1;
-                    fold(&mut acc, &vals);
+            self.model.reading(|model| {
+                let mut acc = init();
+                let (mut first, mut read) = (None, 0usize);
+                for m in members {
+                    if let Some(vals) = self.read_steps(model, &r, &r.series[m])? {
+                        first = first.or(Some(m));
+                        read += 1;
+                        fold(&mut acc, &vals);
+                    }
                 }
-            }
-            Ok::<_, QueryError>(first.map(|f| (f, read, labels, acc)))
+                Ok::<_, QueryError>(first.map(|f| (f, read, labels, acc)))
+            })?
         };
         let mut out = Vec::with_capacity(groups.len());
         if to_read >= 2 * SERIES_PER_THREAD {
