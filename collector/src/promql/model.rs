@@ -73,8 +73,7 @@ impl Minute {
 use super::{QueryError, LOOKBACK_MS};
 use crate::auth::Scope;
 use crate::series::Labels;
-use crate::store::{LastsPiece, OfuPiece, OfuSample, Reader, Store, StoreError, MINUTE_MS};
-use flopwatch_proto::model::Point;
+use crate::store::{LastsPiece, OfuPiece, Reader, Store, MINUTE_MS};
 use promql_parser::label::Matcher;
 
 /// Which column of a GPU's OFU samples a series is.
@@ -199,52 +198,6 @@ impl Model<'_> {
         })?)
     }
 
-    /// [`Store::ofu`] of every job, through the reader if there is one.
-    fn ofu(
-        &self,
-        tenant: &str,
-        gpu: &str,
-        from: i64,
-        to: i64,
-        f: &mut dyn FnMut(OfuSample),
-    ) -> Result<(), StoreError> {
-        match self.reader {
-            Some(r) => r.ofu(tenant, gpu, from, to, None, f),
-            None => self.store.ofu(tenant, gpu, from, to, None, f),
-        }
-    }
-
-    /// [`Store::ofu_lasts`], through the reader if there is one.
-    fn ofu_lasts(
-        &self,
-        tenant: &str,
-        gpu: &str,
-        from: i64,
-        to: i64,
-        f: &mut dyn FnMut(LastsPiece<'_>),
-    ) -> Result<(), StoreError> {
-        match self.reader {
-            Some(r) => r.ofu_lasts(tenant, gpu, from, to, f),
-            None => self.store.ofu_lasts(tenant, gpu, from, to, f),
-        }
-    }
-
-    /// [`Store::series`], through the reader if there is one.
-    fn series(
-        &self,
-        tenant: &str,
-        key: &str,
-        metric: &str,
-        from: i64,
-        to: i64,
-        limit: usize,
-    ) -> Result<Vec<Point>, StoreError> {
-        match self.reader {
-            Some(r) => r.series(tenant, key, metric, from, to, limit),
-            None => self.store.series(tenant, key, metric, from, to, limit),
-        }
-    }
-
     /// The samples of `s` with `from ≤ t ≤ to`, in time order, in the
     /// family's unit.
     pub(super) fn samples(&self, s: &SeriesRef, from: i64, to: i64) -> Result<Points, QueryError> {
@@ -315,13 +268,14 @@ impl Model<'_> {
             let first = out.len();
             match &s.source {
                 Source::Ofu { tenant, gpu, col } => {
-                    self.ofu(tenant, gpu, lo, hi, &mut |x| {
-                        out.push((
-                            x.ts_ms,
-                            ofu_column(*col, x.ofu, x.tensor_active, x.sm_clock_mhz),
-                            self.current_until(x.ts_ms, Some(x.window_ms)),
-                        ));
-                    })?;
+                    self.store
+                        .ofu_in(self.reader, tenant, gpu, lo, hi, None, &mut |x| {
+                            out.push((
+                                x.ts_ms,
+                                ofu_column(*col, x.ofu, x.tensor_active, x.sm_clock_mhz),
+                                self.current_until(x.ts_ms, Some(x.window_ms)),
+                            ));
+                        })?;
                 }
                 Source::Raw {
                     tenant,
@@ -329,7 +283,15 @@ impl Model<'_> {
                     metric,
                     scale,
                 } => {
-                    for p in self.series(tenant, key, metric, lo, hi, usize::MAX)? {
+                    for p in self.store.series_in(
+                        self.reader,
+                        tenant,
+                        key,
+                        metric,
+                        lo,
+                        hi,
+                        usize::MAX,
+                    )? {
                         out.push((
                             p.ts_ms,
                             p.value * scale,
@@ -379,9 +341,10 @@ impl Model<'_> {
         Ok(match &s.source {
             Source::Ofu { tenant, gpu, .. } => {
                 let mut next = None;
-                self.ofu(tenant, gpu, end, to, &mut |x| {
-                    next = Some(next.map_or(x.ts_ms, |n: i64| n.min(x.ts_ms)));
-                })?;
+                self.store
+                    .ofu_in(self.reader, tenant, gpu, end, to, None, &mut |x| {
+                        next = Some(next.map_or(x.ts_ms, |n: i64| n.min(x.ts_ms)));
+                    })?;
                 next
             }
             Source::Raw {
@@ -390,7 +353,8 @@ impl Model<'_> {
                 metric,
                 ..
             } => self
-                .series(tenant, key, metric, end, to, 1)?
+                .store
+                .series_in(self.reader, tenant, key, metric, end, to, 1)?
                 .first()
                 .map(|p| p.ts_ms),
             _ => None,
@@ -535,28 +499,29 @@ impl Model<'_> {
                     has_start[i / 64] |= 1 << (i % 64);
                 }
             };
-            self.ofu_lasts(tenant, gpu, lo, hi, &mut |p| match p {
-                LastsPiece::Sample(x) => {
-                    read += 1;
-                    let on = (x.ts_ms.rem_euclid(MINUTE_MS) == 0).then_some(x.ofu);
-                    if let Some(i) = slot(x.ts_ms) {
-                        put(i, (x.ts_ms, x.ofu), Some(x.window_ms), on);
-                    }
-                }
-                LastsPiece::Hour(h) => {
-                    read += h.len();
-                    // The hour's first minute, in slots (before the
-                    // range's first minute where the range starts inside
-                    // the hour: those minutes are not handed over).
-                    let first = (h.hour() - m0).div_euclid(MINUTE_MS);
-                    h.for_each(|m| {
-                        let k = (m.minute - h.hour()) / MINUTE_MS;
-                        if let Ok(i) = usize::try_from(first + k) {
-                            put(i, m.last, m.window_ms, m.at_start);
+            self.store
+                .ofu_lasts_in(self.reader, tenant, gpu, lo, hi, &mut |p| match p {
+                    LastsPiece::Sample(x) => {
+                        read += 1;
+                        let on = (x.ts_ms.rem_euclid(MINUTE_MS) == 0).then_some(x.ofu);
+                        if let Some(i) = slot(x.ts_ms) {
+                            put(i, (x.ts_ms, x.ofu), Some(x.window_ms), on);
                         }
-                    });
-                }
-            })?;
+                    }
+                    LastsPiece::Hour(h) => {
+                        read += h.len();
+                        // The hour's first minute, in slots (before the
+                        // range's first minute where the range starts inside
+                        // the hour: those minutes are not handed over).
+                        let first = (h.hour() - m0).div_euclid(MINUTE_MS);
+                        h.for_each(|m| {
+                            let k = (m.minute - h.hour()) / MINUTE_MS;
+                            if let Ok(i) = usize::try_from(first + k) {
+                                put(i, m.last, m.window_ms, m.at_start);
+                            }
+                        });
+                    }
+                })?;
             // A span that ends inside the range ends where its successor
             // under other labels begins.
             if set.0 < set.1 && b <= to {

@@ -13,7 +13,7 @@ use super::records::{
 use super::retention::Retention;
 use super::rollup::Rollup;
 use super::scan::scan_series;
-use super::{corrupt, Cf, Engine, Put, StoreError, View};
+use super::{corrupt, Cf, Engine, Put, Reader, StoreError, View};
 use flopwatch_proto::model::Point;
 use serde::{de::DeserializeOwned, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -478,11 +478,11 @@ impl Store {
         self.series_in(None, tenant, gpu, metric, start, end, limit)
     }
 
-    /// [`Store::series`] under `at`, or a view of its own.
+    /// [`Store::series`] under `reader`'s view, or a view of its own.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn series_in(
+    pub fn series_in(
         &self,
-        at: Option<&dyn View>,
+        reader: Option<&Reader<'_>>,
         tenant: &str,
         gpu: &str,
         metric: &str,
@@ -494,7 +494,7 @@ impl Store {
         let mut out = Vec::new();
         let prefix = keys::raw_prefix(tenant, gpu, metric);
         let bundles = keys::ofu_prefix(tenant, gpu);
-        self.in_view(at, &mut |view| {
+        self.in_view(reader.map(|r| r.view), &mut |view| {
             let mut reader = RawReader::new(view, &prefix);
             // Chunks, then bundles in the head and limbo.
             let sources = [
@@ -548,11 +548,11 @@ impl Store {
         self.ofu_in(None, tenant, gpu, start, end, job, f)
     }
 
-    /// [`Store::ofu`] under `at`, or a view of its own.
+    /// [`Store::ofu`] under `reader`'s view, or a view of its own.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn ofu_in(
+    pub fn ofu_in(
         &self,
-        at: Option<&dyn View>,
+        reader: Option<&Reader<'_>>,
         tenant: &str,
         gpu: &str,
         start: i64,
@@ -560,6 +560,7 @@ impl Store {
         job: Option<&str>,
         f: &mut dyn FnMut(OfuSample),
     ) -> Result<(), StoreError> {
+        let at = reader.map(|r| r.view);
         self.ofu_read(at, tenant, gpu, start, end, job, None, false, &mut |r| {
             if let Read::Piece(OfuPiece::Sample(s)) = r {
                 f(s)
@@ -622,10 +623,10 @@ impl Store {
         self.ofu_lasts_in(None, tenant, gpu, start, end, f)
     }
 
-    /// [`Store::ofu_lasts`] under `at`, or a view of its own.
-    pub(super) fn ofu_lasts_in(
+    /// [`Store::ofu_lasts`] under `reader`'s view, or a view of its own.
+    pub fn ofu_lasts_in(
         &self,
-        at: Option<&dyn View>,
+        reader: Option<&Reader<'_>>,
         tenant: &str,
         gpu: &str,
         start: i64,
@@ -635,7 +636,7 @@ impl Store {
         // Step 0: any minute wholly inside the range; no rollup buckets
         // are asked for, so every piece is a sample or an hour.
         self.ofu_read(
-            at,
+            reader.map(|r| r.view),
             tenant,
             gpu,
             start,

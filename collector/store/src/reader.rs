@@ -4,14 +4,13 @@
 //! and fresh iterators per series.
 
 use super::model::Store;
-use super::records::{LastsPiece, OfuSample};
 use super::{StoreError, View};
-use flopwatch_proto::model::Point;
 
 /// A view of the store that several reads share ([`Store::reading`]).
+/// The store's reads that take one (`Store::ofu_in`, `Store::ofu_lasts_in`,
+/// `Store::series_in`) run under its view.
 pub struct Reader<'a> {
-    store: &'a Store,
-    view: &'a dyn View,
+    pub(super) view: &'a dyn View,
 }
 
 impl Store {
@@ -21,7 +20,7 @@ impl Store {
         let mut out = None;
         self.engine.view(&mut |view| {
             if let Some(f) = f.take() {
-                out = Some(f(&Reader { store: self, view }));
+                out = Some(f(&Reader { view }));
             }
             Ok(())
         })?;
@@ -38,48 +37,5 @@ impl Store {
             Some(view) => f(view),
             None => self.engine.view(f),
         }
-    }
-}
-
-impl Reader<'_> {
-    /// [`Store::ofu`] under this reader's view.
-    pub fn ofu(
-        &self,
-        tenant: &str,
-        gpu: &str,
-        start: i64,
-        end: i64,
-        job: Option<&str>,
-        f: &mut dyn FnMut(OfuSample),
-    ) -> Result<(), StoreError> {
-        self.store
-            .ofu_in(Some(self.view), tenant, gpu, start, end, job, f)
-    }
-
-    /// [`Store::ofu_lasts`] under this reader's view.
-    pub fn ofu_lasts(
-        &self,
-        tenant: &str,
-        gpu: &str,
-        start: i64,
-        end: i64,
-        f: &mut dyn FnMut(LastsPiece<'_>),
-    ) -> Result<(), StoreError> {
-        self.store
-            .ofu_lasts_in(Some(self.view), tenant, gpu, start, end, f)
-    }
-
-    /// [`Store::series`] under this reader's view.
-    pub fn series(
-        &self,
-        tenant: &str,
-        gpu: &str,
-        metric: &str,
-        start: i64,
-        end: i64,
-        limit: usize,
-    ) -> Result<Vec<Point>, StoreError> {
-        self.store
-            .series_in(Some(self.view), tenant, gpu, metric, start, end, limit)
     }
 }
