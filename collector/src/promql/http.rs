@@ -739,7 +739,24 @@ fn format_sample(v: f64) -> String {
 fn sample_into(out: &mut String, v: f64) {
     let a = v.abs();
     if a != 0.0 && a.is_finite() && !(1e-6..1e21).contains(&a) {
-        out.push_str(&go_exponent(v));
+        let mut b = ryu::Buffer::new();
+        let (neg, digits, exp) = shortest(b.format_finite(v));
+        // Go's 'e' with precision -1: `1e-07`, `1.5e+21`.
+        if neg {
+            out.push('-');
+        }
+        out.push_str(&digits[..1]);
+        if digits.len() > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        let e = exp - 1;
+        let _ = write!(
+            out,
+            "e{}{:02}",
+            if e < 0 { '-' } else { '+' },
+            e.unsigned_abs()
+        );
     } else {
         scalar_into(out, v);
     }
@@ -761,27 +778,63 @@ fn scalar_into(out: &mut String, v: f64) {
     } else if v == f64::NEG_INFINITY {
         out.push_str("-Inf");
     } else {
-        // The shortest round-trip form, never in exponent notation: Go's
-        // 'f' with precision -1. ryu writes that form for magnitudes from
-        // 1e-5 to 1e16 (with `.0` on whole numbers, which Go leaves off);
-        // Rust's Display, the same digits more slowly, writes the rest.
+        // The shortest round-trip digits, never in exponent notation:
+        // Go's 'f' with precision -1. ryu's digits are Go's (an exact tie
+        // between two shortest forms goes to the even digit, where Rust's
+        // Display rounds up); it writes them positionally for magnitudes
+        // from 1e-5 to 1e16 (with `.0` on whole numbers, which Go leaves
+        // off), in exponent form otherwise, placed here.
         let mut b = ryu::Buffer::new();
         let s = b.format_finite(v);
-        if s.bytes().any(|c| c == b'e' || c == b'E') {
-            let _ = write!(out, "{v}");
-        } else {
+        if !s.bytes().any(|c| c == b'e' || c == b'E') {
             out.push_str(s.strip_suffix(".0").unwrap_or(s));
+            return;
+        }
+        let (neg, digits, exp) = shortest(s);
+        if neg {
+            out.push('-');
+        }
+        // The point lies `exp` digits after the first one's place.
+        match usize::try_from(exp) {
+            Ok(at) if at >= digits.len() => {
+                out.push_str(&digits);
+                out.extend(std::iter::repeat_n('0', at - digits.len()));
+            }
+            Ok(at) if at > 0 => {
+                out.push_str(&digits[..at]);
+                out.push('.');
+                out.push_str(&digits[at..]);
+            }
+            _ => {
+                out.push_str("0.");
+                out.extend(std::iter::repeat_n('0', exp.unsigned_abs() as usize));
+                out.push_str(&digits);
+            }
         }
     }
 }
 
-/// Go's `'e'` format with precision -1: `1e-07`, `1.5e+21`.
-fn go_exponent(v: f64) -> String {
-    let s = format!("{v:e}");
-    let (mantissa, exp) = s.split_once('e').unwrap_or((&s, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let sign = if exp < 0 { '-' } else { '+' };
-    format!("{mantissa}e{sign}{:02}", exp.unsigned_abs())
+/// ryu's form of a finite value as its sign, significant digits (no
+/// leading or trailing zeros; "0" for zero) and decimal exponent: the
+/// value is `0.digits × 10^exp`.
+fn shortest(s: &str) -> (bool, String, i32) {
+    let (neg, s) = match s.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, s),
+    };
+    let (mantissa, e) = match s.split_once(['e', 'E']) {
+        Some((m, e)) => (m, e.parse::<i32>().unwrap_or(0)),
+        None => (s, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all = format!("{int}{frac}");
+    let lead = all.len() - all.trim_start_matches('0').len();
+    let digits = all.trim_matches('0');
+    if digits.is_empty() {
+        return (neg, "0".into(), 1);
+    }
+    let exp = e + int.len() as i32 - lead as i32;
+    (neg, digits.to_string(), exp)
 }
 
 /// Prometheus's label-name syntax (2.42: `[a-zA-Z_][a-zA-Z0-9_]*`).

@@ -1284,6 +1284,7 @@ fn minute_lasts_answer_as_the_samples_do_at_the_ranges_edges() {
             (T0 + 60_000, T0 + 3 * H + 97_400),
             (T0 + 61_000, T0 + 2 * H + 120_000),
             (T0 + 2 * H + 59_000, T0 + 4 * H + 50_000),
+            (T0 + H + 97_500, T0 + 4 * H + 20_000),
         ] {
             let mut want = Minutes::new();
             store
@@ -1305,7 +1306,10 @@ fn minute_lasts_answer_as_the_samples_do_at_the_ranges_edges() {
                     LastsPiece::Hour(h) => {
                         hours += 1;
                         h.for_each(|m| {
-                            assert!(m.minute >= start && m.last.0 < end, "{name}");
+                            assert!(m.last.0 >= start && m.last.0 < end, "{name}");
+                            // A minute the range starts inside gives no
+                            // sample on its start.
+                            assert!(m.minute >= start || m.at_start.is_none(), "{name}");
                             from_lasts.insert(m.minute);
                             fold_minute(&mut got, m.minute, m.last, m.at_start);
                         });
@@ -1322,6 +1326,12 @@ fn minute_lasts_answer_as_the_samples_do_at_the_ranges_edges() {
             }
             if end == T0 + 3 * H + 30_500 {
                 assert!(!from_lasts.contains(&end_minute), "{name}");
+            }
+            // The minute it starts inside, when its newest sample lies in
+            // the range.
+            if start == T0 + 30_500 || start == T0 + 61_000 {
+                let start_minute = start.div_euclid(60_000) * 60_000;
+                assert!(from_lasts.contains(&start_minute), "{name}");
             }
         }
     }

@@ -95,6 +95,9 @@ pub struct HourLasts<'a> {
     on_start: u64,
     /// The minutes handed over (the reader's range).
     wanted: u64,
+    /// Minutes whose sample on the start is not handed over (it lies
+    /// before the reader's range).
+    no_start: u64,
     /// Bytes per minute entry (16 with windows, 12 without).
     each: usize,
     windows: bool,
@@ -124,6 +127,7 @@ impl<'a> HourLasts<'a> {
             have,
             on_start,
             wanted: u64::MAX,
+            no_start: 0,
             each,
             windows,
             b,
@@ -134,6 +138,14 @@ impl<'a> HourLasts<'a> {
     pub(super) fn only(self, mask: u64) -> Self {
         Self {
             wanted: self.wanted & mask,
+            ..self
+        }
+    }
+
+    /// Without the samples on the start of the minutes of `mask`.
+    pub(super) fn without_start(self, mask: u64) -> Self {
+        Self {
+            no_start: self.no_start | mask,
             ..self
         }
     }
@@ -178,7 +190,7 @@ impl<'a> HourLasts<'a> {
             let at = 16 + each * i;
             i += 1;
             let start = self.on_start & (1 << m) != 0;
-            let at_start = start.then(|| f64_at(starts + 8 * j));
+            let at_start = (start && self.no_start & (1 << m) == 0).then(|| f64_at(starts + 8 * j));
             j += usize::from(start);
             if self.wanted & (1 << m) == 0 {
                 continue;

@@ -610,7 +610,9 @@ impl Store {
     /// minutes lying wholly inside the range, their last samples, an hour
     /// at a time ([`LastsPiece::Hour`], from the hour's minute lasts: see
     /// `lasts.rs`) instead of their samples: what an instant selector at
-    /// steps on whole minutes reads. Hours with samples still in the
+    /// steps on whole minutes reads. So is the minute the range starts
+    /// inside, when its last sample lies in the range: that sample, and
+    /// no sample on the minute's start (it lies before the range). Hours with samples still in the
     /// head, or sealed before minute lasts were kept, come as samples.
     pub fn ofu_lasts(
         &self,
@@ -754,7 +756,24 @@ impl Store {
                             {
                                 mask |= 1 << i;
                             }
-                            let hour = hour.only(mask);
+                            // The minute the range starts inside: what of it
+                            // lies in the range is its newest sample where
+                            // that is at or after `start` (then all its
+                            // samples up to `end` are, and none is
+                            // otherwise), never its sample on the start.
+                            let i = (start - w).div_euclid(MINUTE_MS);
+                            let mut no_start = 0;
+                            if (0..60).contains(&i) && w + i * MINUTE_MS < start {
+                                match hour.last_of(i as u32) {
+                                    Some(t) if t >= end => {}
+                                    Some(t) if t >= start => {
+                                        mask |= 1 << i;
+                                        no_start |= 1 << i;
+                                    }
+                                    _ => outside |= 1 << i,
+                                }
+                            }
+                            let hour = hour.only(mask).without_start(no_start);
                             if !hour.is_empty() {
                                 f(Read::Hour(hour));
                             }

@@ -218,9 +218,22 @@ impl RocksEngine {
 /// it again instead of building a new one per scan.
 struct SnapView<'a> {
     /// Declared before the snapshot: dropped before it.
-    kept: Mutex<Vec<(Cf, rocksdb::DBRawIterator<'a>)>>,
+    kept: Mutex<Vec<Kept<'a>>>,
     engine: &'a RocksEngine,
     snap: Option<rocksdb::Snapshot<'a>>,
+}
+
+/// A family's iterator kept by a view, and where it is known to stand.
+struct Kept<'a> {
+    cf: Cf,
+    it: rocksdb::DBRawIterator<'a>,
+    /// The iterator stands on the first key at or after this one (or, no
+    /// longer valid with no error, there is none): a scan from any key
+    /// between this one and the key it stands on starts where it stands,
+    /// with no seek. A view reading series in key order (a group of GPUs)
+    /// finds the next series' first key where the last scan stopped, and
+    /// a seek walks every level of the tree. Empty: not known.
+    after: Vec<u8>,
 }
 
 /// Hidden keys (tombstones, older versions) a kept iterator may pass over
@@ -254,20 +267,35 @@ impl View for SnapView<'_> {
         // finds none kept and builds its own.
         let kept = {
             let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-            let at = kept.iter().position(|(c, _)| *c == cf);
-            at.map(|i| kept.swap_remove(i).1)
+            let at = kept.iter().position(|k| k.cf == cf);
+            at.map(|i| kept.swap_remove(i))
         };
-        let mut it = match kept {
-            Some(it) => it,
+        let Kept {
+            mut it, mut after, ..
+        } = match kept {
+            Some(k) => k,
             None => {
                 let mut ro = options();
                 ro.set_max_skippable_internal_keys(SKIPPABLE);
-                engine.db.raw_iterator_cf_opt(engine.cf(cf)?, ro)
+                Kept {
+                    cf,
+                    it: engine.db.raw_iterator_cf_opt(engine.cf(cf)?, ro),
+                    after: Vec::new(),
+                }
             }
         };
+        let stands = !after.is_empty()
+            && after.as_slice() <= from
+            && if it.valid() {
+                it.key().is_some_and(|k| k >= from)
+            } else {
+                it.status().is_ok()
+            };
+        if !stands {
+            it.seek(from);
+        }
         // The last key handed to `f`, where the bounded scan goes on.
         let mut last: Option<Vec<u8>> = None;
-        it.seek(from);
         while it.valid() {
             let (Some(k), Some(v)) = (it.key(), it.value()) else {
                 break;
@@ -276,7 +304,9 @@ impl View for SnapView<'_> {
                 break;
             }
             if !f(k, v) {
-                return self.keep(cf, it);
+                // It stands on a key handed over: not known.
+                after.clear();
+                return self.keep(Kept { cf, it, after });
             }
             let l = last.get_or_insert_with(Vec::new);
             l.clear();
@@ -295,17 +325,24 @@ impl View for SnapView<'_> {
                 engine.scan_with(options(), cf, &resume, to, f)
             }
             Err(e) => Err(err(e)),
-            Ok(()) => self.keep(cf, it),
+            Ok(()) => {
+                // It stands on the first key after the last one handed
+                // over (or after `from`), and that key is at or after
+                // `to` (or there is none): the first at or after `to`.
+                after.clear();
+                after.extend_from_slice(to);
+                self.keep(Kept { cf, it, after })
+            }
         }
     }
 }
 
 impl<'a> SnapView<'a> {
-    /// Keeps `it` for the next scan of `cf` (one per family).
-    fn keep(&self, cf: Cf, it: rocksdb::DBRawIterator<'a>) -> Result<(), StoreError> {
+    /// Keeps `k` for the next scan of its family (one per family).
+    fn keep(&self, k: Kept<'a>) -> Result<(), StoreError> {
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        if !kept.iter().any(|(c, _)| *c == cf) {
-            kept.push((cf, it));
+        if !kept.iter().any(|c| c.cf == k.cf) {
+            kept.push(k);
         }
         Ok(())
     }
@@ -618,6 +655,68 @@ mod tests {
             Ok(())
         })
         .unwrap();
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// Scans of any ranges, in any order, some stopped early, through
+        /// one view (whose kept iterators start a scan where the last one
+        /// stopped when they can) hand over what a fresh iterator bounded
+        /// to each range does.
+        #[test]
+        fn a_views_scans_in_any_order_find_what_fresh_ones_do(
+            live in proptest::collection::btree_set(0u16..400, 0..120),
+            dead in proptest::collection::btree_set(0u16..400, 0..120),
+            scans in proptest::collection::vec((0u16..420, 0u16..60, 0usize..6, proptest::bool::ANY), 1..40),
+        ) {
+            // A chained range starts where the one before it ended (as the
+            // next series of a group does).
+            let mut end = 0;
+            let scans: Vec<(u16, u16, usize)> = scans
+                .into_iter()
+                .map(|(a, len, stop, chained)| {
+                    let a = if chained { end } else { a };
+                    end = a + len;
+                    (a, len, stop)
+                })
+                .collect();
+            let dir = tempfile::tempdir().unwrap();
+            let e = RocksEngine::open(dir.path()).unwrap();
+            let key = |i: u16| [b"k".as_slice(), &i.to_be_bytes()].concat();
+            let puts = live.iter().chain(&dead).map(|&i| Op::Put(Cf::Head, key(i), vec![1])).collect();
+            e.apply(puts, false).unwrap();
+            let dels = dead.difference(&live).map(|&i| Op::Delete(Cf::Head, key(i))).collect();
+            e.apply(dels, false).unwrap();
+            // Each range as its own bounded scan would find it (the first
+            // `stop` keys where the callback stops it), then the same
+            // ranges through one view.
+            let fresh: Vec<Vec<Vec<u8>>> = scans
+                .iter()
+                .map(|&(a, len, stop)| {
+                    let mut got = Vec::new();
+                    e.scan(Cf::Head, &key(a), &key(a + len), &mut |k, _| {
+                        got.push(k.to_vec());
+                        got.len() != stop
+                    })
+                    .unwrap();
+                    got
+                })
+                .collect();
+            let mut viewed = Vec::new();
+            e.view(&mut |view| {
+                for &(a, len, stop) in &scans {
+                    let mut got = Vec::new();
+                    view.scan(Cf::Head, &key(a), &key(a + len), &mut |k, _| {
+                        got.push(k.to_vec());
+                        got.len() != stop
+                    })?;
+                    viewed.push(got);
+                }
+                Ok(())
+            })
+            .unwrap();
+            proptest::prop_assert_eq!(viewed, fresh);
+        }
     }
 
     /// What a GPU-hour's OFU rollup looks like on disk: a mask, then

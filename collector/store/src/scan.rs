@@ -1,6 +1,6 @@
 //! Scanning one series' blocks over a time range.
 
-use super::hours::window_of;
+use super::hours::{window_of, WINDOW_MS};
 use super::keys::{self};
 use super::{corrupt, Cf, StoreError, View};
 
@@ -20,7 +20,17 @@ pub(super) fn scan_series(
     end: i64,
     f: &mut BlockVisitor<'_>,
 ) -> Result<(), StoreError> {
-    let (from, to) = keys::scan_bounds(prefix, start);
+    let (from, mut to) = keys::scan_bounds(prefix, start);
+    // Keys whose hour starts at or after `end` are past the range: the
+    // scan is bounded at the first of them rather than stopped on it, so
+    // a view's kept iterator knows where it stands for the next series.
+    if let Some(past) = end
+        .checked_add(WINDOW_MS - 1)
+        .map(|e| e.div_euclid(WINDOW_MS) * WINDOW_MS)
+    {
+        to.truncate(prefix.len());
+        keys::put_ts(&mut to, past);
+    }
     let mut failure = None;
     view.scan(cf, &from, &to, &mut |k, v| {
         let Some(last) = keys::key_ts(k, prefix.len()) else {

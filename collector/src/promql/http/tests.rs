@@ -31,15 +31,54 @@ fn sample_values_are_formatted_as_go_formats_them() {
     assert_eq!(format_scalar(2.0), "2");
 }
 
+/// Significant digits of a plain or exponent-form decimal.
+fn significant(s: &str) -> String {
+    let m = s.split(['e', 'E']).next().unwrap_or(s);
+    m.chars()
+        .filter(char::is_ascii_digit)
+        .collect::<String>()
+        .trim_matches('0')
+        .to_string()
+}
+
+#[test]
+fn exact_ties_between_two_shortest_forms_go_to_the_even_digit_as_go_writes_them() {
+    // What Debian's Prometheus 2.42 answers for these scalars (`query=`
+    // the literal): Go's shortest digits round an exact tie to even, where
+    // Rust's Display rounds it up.
+    assert_eq!(format_scalar(1030303766277303.25), "1030303766277303.2");
+    assert_eq!(format_scalar(1030303766277303.75), "1030303766277303.8");
+    assert_eq!(format_scalar(-1030303766277303.25), "-1030303766277303.2");
+}
+
 proptest::proptest! {
-    /// The fast path writes what Rust's shortest round-trip Display
-    /// writes (Go's 'f' with precision -1), for any finite value.
+    /// For any finite value: the shortest digits that read back as the
+    /// value (as many as Rust's Display writes, the same but for the
+    /// last one on an exact tie), never in exponent form for a scalar, and
+    /// in Go's exponent form for a sample outside [1e-6, 1e21).
     #[test]
-    fn scalars_are_written_as_display_writes_them(bits in proptest::prelude::any::<u64>(), small in 0.0f64..1.0) {
+    fn values_are_written_in_their_shortest_round_trip_digits(bits in proptest::prelude::any::<u64>(), small in 0.0f64..1.0) {
         for v in [f64::from_bits(bits), small, small * 100.0, (small * 1e4).round()] {
-            if v.is_finite() {
-                proptest::prop_assert_eq!(format_scalar(v), format!("{v}"));
+            if !v.is_finite() {
+                continue;
             }
+            let s = format_scalar(v);
+            proptest::prop_assert!(!s.contains(['e', 'E']), "{s}");
+            proptest::prop_assert_eq!(s.parse::<f64>().ok(), Some(v), "{}", s);
+            let (ours, display) = (significant(&s), significant(&format!("{v}")));
+            proptest::prop_assert_eq!(ours.len(), display.len(), "{} {}", s, v);
+            let last = |d: &str| d.bytes().last().map_or(0, i32::from);
+            proptest::prop_assert!(
+                ours[..ours.len().saturating_sub(1)] == display[..display.len().saturating_sub(1)]
+                    && (last(&ours) - last(&display)).abs() <= 1,
+                "{} against {}", s, v
+            );
+            let sample = format_sample(v);
+            proptest::prop_assert_eq!(sample.parse::<f64>().ok(), Some(v), "{}", sample);
+            proptest::prop_assert_eq!(significant(&sample), ours);
+            let a = v.abs();
+            let exponent = a != 0.0 && !(1e-6..1e21).contains(&a);
+            proptest::prop_assert_eq!(sample.contains("e+") || sample.contains("e-"), exponent, "{}", sample);
         }
     }
 }
