@@ -46,9 +46,11 @@ fn exact_ties_between_two_shortest_forms_go_to_the_even_digit_as_go_writes_them(
     // What Debian's Prometheus 2.42 answers for these scalars (`query=`
     // the literal): Go's shortest digits round an exact tie to even, where
     // Rust's Display rounds it up.
-    assert_eq!(format_scalar(1030303766277303.25), "1030303766277303.2");
-    assert_eq!(format_scalar(1030303766277303.75), "1030303766277303.8");
-    assert_eq!(format_scalar(-1030303766277303.25), "-1030303766277303.2");
+    // Values 1/8 apart here: each sum is exact.
+    let whole = 1_030_303_766_277_303.0_f64;
+    assert_eq!(format_scalar(whole + 0.25), "1030303766277303.2");
+    assert_eq!(format_scalar(whole + 0.75), "1030303766277303.8");
+    assert_eq!(format_scalar(-(whole + 0.25)), "-1030303766277303.2");
 }
 
 proptest::proptest! {
