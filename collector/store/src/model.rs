@@ -16,7 +16,7 @@ use super::scan::scan_series;
 use super::{corrupt, Cf, Engine, Put, Reader, StoreError, View};
 use flopwatch_proto::model::Point;
 use serde::{de::DeserializeOwned, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -105,6 +105,39 @@ fn bundle<'m, 'a>(bundles: &'m mut Bundles<'a>, gpu: &'a str, last: i64) -> &'m 
 
 /// A mask of an hour's minutes, every minute set reading as all bits (an
 /// hour covered whole).
+/// Minutes `lo..hi` of an hour as bits (bit `i`: minute `i`).
+fn minute_bits(lo: i64, hi: i64) -> u64 {
+    let (lo, hi) = (lo.clamp(0, 60), hi.clamp(0, 60));
+    if lo >= hi {
+        return 0;
+    }
+    (u64::MAX >> (64 - (hi - lo))) << lo
+}
+
+/// A value per hour of one series' read, in hour order: the few hours a
+/// read keeps a note of, without a hash map per series.
+struct Hours<T>(Vec<(i64, T)>);
+
+impl<T> Default for Hours<T> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<T: Copy> Hours<T> {
+    fn insert(&mut self, w: i64, v: T) {
+        match self.0.binary_search_by_key(&w, |e| e.0) {
+            Ok(i) => self.0[i].1 = v,
+            Err(i) => self.0.insert(i, (w, v)),
+        }
+    }
+
+    fn get(&self, w: i64) -> Option<T> {
+        let i = self.0.binary_search_by_key(&w, |e| e.0).ok()?;
+        Some(self.0[i].1)
+    }
+}
+
 fn whole_hour_as_all(mask: u64) -> u64 {
     if mask == (1 << 60) - 1 {
         u64::MAX
@@ -691,9 +724,9 @@ impl Store {
         };
         self.in_view(at, &mut |view| {
             // Hours with head blocks are read sample by sample.
-            let mut in_head = std::collections::HashSet::new();
+            let mut in_head = Hours::default();
             // Covered minutes per hour (all 60 bits: the whole hour).
-            let mut covered: HashMap<i64, u64> = HashMap::new();
+            let mut covered: Hours<u64> = Hours::default();
             let mut raw_cache = RefCache::default();
             // The head's and limbo's samples, read once where the hours
             // they hold are needed first.
@@ -702,7 +735,7 @@ impl Store {
                 let mut buf = Vec::new();
                 for cf in [Cf::Head, Cf::Limbo] {
                     let mut take = |w: i64, v: &[u8]| -> Result<bool, StoreError> {
-                        in_head.insert(w);
+                        in_head.insert(w, ());
                         let (block_job, samples, _) =
                             ofu_samples(v, &mut resolver(view, &prefix, &mut raw_cache, w))?;
                         if job.is_none_or(|j| j == block_job) {
@@ -728,20 +761,24 @@ impl Store {
                         window_of(start),
                         end,
                         &mut |w, v| {
-                            if in_head.contains(&w) {
+                            if in_head.get(w).is_some() {
                                 return Ok(true);
                             }
-                            // The minutes handed over, and those outside the
-                            // range (nothing of theirs is read).
-                            let (mut mask, mut outside) = (0u64, 0u64);
-                            for i in 0..60 {
-                                let m = w + i * MINUTE_MS;
-                                if usable(m, MINUTE_MS) {
-                                    mask |= 1 << i;
-                                } else if m + MINUTE_MS <= start || m >= end {
-                                    outside |= 1 << i;
-                                }
-                            }
+                            // The minutes handed over (wholly inside the
+                            // range: lasts are read at step 0, one bucket),
+                            // and those outside it (nothing of theirs is read).
+                            let at = |t: i64, up: bool| {
+                                let m = t.saturating_sub(w);
+                                let i = if up {
+                                    m.saturating_add(MINUTE_MS - 1)
+                                } else {
+                                    m
+                                };
+                                i.div_euclid(MINUTE_MS).clamp(0, 60)
+                            };
+                            let mut mask = minute_bits(at(start, true), at(end, false));
+                            let mut outside =
+                                minute_bits(0, at(start, false)) | minute_bits(at(end, true), 60);
                             let hour = HourLasts::parse(w, v)
                                 .ok_or_else(|| corrupt(Cf::Rollup, "minute lasts"))?;
                             // The minute the range ends inside (a job's span
@@ -793,7 +830,7 @@ impl Store {
                         window_of(start),
                         end,
                         &mut |w, v| {
-                            if in_head.contains(&w) {
+                            if in_head.get(w).is_some() {
                                 return Ok(true);
                             }
                             let r =
@@ -842,8 +879,9 @@ impl Store {
             }
             // Chunks are read only between hours the rollups covered whole.
             let mut full: Vec<i64> = covered
+                .0
                 .iter()
-                .filter(|(_, m)| **m == u64::MAX)
+                .filter(|(_, m)| *m == u64::MAX)
                 .map(|(w, _)| *w)
                 .collect();
             full.sort_unstable();
@@ -868,7 +906,7 @@ impl Store {
             for ((cf, p, from, to), bundled) in ranges {
                 let mut visit = |w: i64, v: &[u8]| {
                     let mask = if cf == Cf::Ofu {
-                        covered.get(&w).copied().unwrap_or(0)
+                        covered.get(w).unwrap_or(0)
                     } else {
                         0
                     };
