@@ -2,7 +2,8 @@
 //! and the 30-day hourly OFU query.
 //!
 //! 1. Samples: the simulator's traces (`agent/traces/*.csv`, 100 ms, five
-//!    counters of one H100), one trace per GPU (cycled), tiled in time to
+//!    counters of one H100), each GPU starting on its own trace and going
+//!    on through the others in turn (a trace never follows itself), tiled in time to
 //!    `--hours`; once every capture as sent at a fixed 100 ms, once through
 //!    the agent's adaptive sampler (irregular intervals).
 //! 2. flopwatch: a collector in this process; every GPU is an agent stream
@@ -119,22 +120,38 @@ fn load_trace(path: &Path) -> anyhow::Result<Vec<Capture>> {
     }
 }
 
-/// Captures of `trace` from its `skip`-th on, cycled, re-stamped at the
-/// trace's interval from `t0` for `hours`; GPU 0 only.
-fn tiled(trace: &[Capture], skip: usize, t0: i64, hours: i64) -> Vec<Capture> {
-    let step = match trace {
-        [a, b, ..] => (b.ts_ms - a.ts_ms).max(1),
+/// Captures of the traces from the `skip`-th of trace `first` on, one
+/// whole trace after another (`first`, `first + 1`, … cycled), re-stamped
+/// at the first trace's interval from `t0` for `hours`; GPU 0 only. A
+/// trace follows a different one, never itself: a GPU repeating the same
+/// ten minutes would hand a store that compresses blocks with a
+/// dictionary coder (VictoriaMetrics' zstd, over blocks of up to 8,192
+/// samples: 13.6 minutes at 100 ms) repeats no real GPU sends.
+fn tiled(traces: &[Vec<Capture>], first: usize, skip: usize, t0: i64, hours: i64) -> Vec<Capture> {
+    let step = match traces.get(first % traces.len().max(1)).map(Vec::as_slice) {
+        Some([a, b, ..]) => (b.ts_ms - a.ts_ms).max(1),
         _ => 100,
     };
     let n = ((hours * WINDOW_MS) / step) as usize;
-    (0..n)
-        .map(|i| {
-            let mut c = trace[(i + skip) % trace.len()].clone();
-            c.ts_ms = t0 + i as i64 * step;
+    let mut out = Vec::with_capacity(n);
+    let (mut k, mut at) = (first, skip);
+    while out.len() < n {
+        let trace = &traces[k % traces.len()];
+        if trace.is_empty() {
+            break;
+        }
+        for c in trace.iter().skip(at % trace.len()) {
+            if out.len() == n {
+                break;
+            }
+            let mut c = c.clone();
+            c.ts_ms = t0 + out.len() as i64 * step;
             c.gpus.retain(|g| g.gpu == 0);
-            c
-        })
-        .collect()
+            out.push(c);
+        }
+        (k, at) = (k + 1, 0);
+    }
+    out
 }
 
 /// What the bench's agents send: each GPU's batches, and the samples in
@@ -154,7 +171,6 @@ fn agents(traces: &[Vec<Capture>], gpus: usize, t0: i64, hours: i64, adaptive: b
         samples: Samples::new(),
     };
     for g in 0..gpus {
-        let trace = &traces[g % traces.len()];
         let uuid = format!("GPU-bench-{g:03}");
         let inventory = [GpuInfo {
             uuid: uuid.clone(),
@@ -173,7 +189,7 @@ fn agents(traces: &[Vec<Capture>], gpus: usize, t0: i64, hours: i64, adaptive: b
         // The node `flopwatch_bytes` streams this GPU's batches as.
         let node = format!("bench-node-{g:03}");
         // GPUs sharing a trace start at different points of it.
-        for mut c in tiled(trace, (g / traces.len()) * 997, t0, hours) {
+        for mut c in tiled(traces, g, (g / traces.len()) * 997, t0, hours) {
             let plan = sampler.due(c.ts_ms);
             carry.apply(&plan, &mut c);
             sampler.observe(&mut c);
@@ -908,4 +924,46 @@ pub(super) async fn run(a: StorageArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(&tmp);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flopwatch_agent::GpuCapture;
+
+    /// A trace of `n` captures 100 ms apart, each marked `mark + i` (in
+    /// its GPU's window, which the bench does not look at here).
+    fn trace(mark: u32, n: u32) -> Vec<Capture> {
+        (0..n)
+            .map(|i| Capture {
+                ts_ms: i64::from(i) * 100,
+                gpus: vec![GpuCapture {
+                    gpu: 0,
+                    window_ms: mark + i,
+                    readings: Vec::new(),
+                }],
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_gpu_goes_on_through_the_other_traces_and_never_repeats_one_back_to_back() {
+        let traces = [trace(0, 3), trace(10, 2)];
+        let t0 = 7 * WINDOW_MS;
+        let caps = tiled(&traces, 0, 1, t0, 1);
+        assert_eq!(caps.len(), (WINDOW_MS / 100) as usize);
+        let marks: Vec<u32> = caps.iter().map(|c| c.gpus[0].window_ms).collect();
+        // From the second capture of the first trace, then the whole second
+        // trace, then the first again from its start.
+        assert_eq!(marks[..9], [1, 2, 10, 11, 0, 1, 2, 10, 11]);
+        assert!(caps
+            .iter()
+            .enumerate()
+            .all(|(i, c)| c.ts_ms == t0 + i as i64 * 100));
+        // A GPU starting on the second trace.
+        let caps = tiled(&traces, 1, 0, t0, 1);
+        let marks: Vec<u32> = caps.iter().take(5).map(|c| c.gpus[0].window_ms).collect();
+        assert_eq!(marks, [10, 11, 0, 1, 2]);
+    }
 }
