@@ -383,22 +383,6 @@ pub(super) fn quantile(q: f64, v: &mut [f64]) -> f64 {
     v[lower as usize] * (1.0 - weight) + v[upper as usize] * weight
 }
 
-/// A number as Go's `strconv.FormatFloat(v, 'f', -1, 64)` writes it:
-/// Prometheus's scalars, `count_values` labels.
-pub(super) fn format_value(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".into()
-    } else if v == f64::INFINITY {
-        "+Inf".into()
-    } else if v == f64::NEG_INFINITY {
-        "-Inf".into()
-    } else {
-        // Rust's Display is the shortest round-trip form, never in
-        // exponent notation: Go's 'f' with precision -1.
-        format!("{v}")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 mod derived;
 mod eval;
+mod float;
 mod functions;
 mod model;
 pub mod peers;

@@ -7,7 +7,8 @@
 //! labels, `without (…)` drops them and `__name__`.
 
 use super::{unsupported, unwrap_parens, Collect, Evaluator, StepSeries, Val};
-use crate::promql::functions::{format_value, quantile};
+use crate::promql::float::format_scalar;
+use crate::promql::functions::quantile;
 use crate::promql::QueryError;
 use crate::series::Labels;
 use promql_parser::parser::{AggregateExpr, Expr, LabelModifier};
@@ -338,7 +339,7 @@ impl Evaluator<'_> {
                 let mut counts: Vec<(String, f64)> = Vec::new();
                 for &m in members {
                     if let Some(v) = input[m].vals[i] {
-                        let text = format_value(v);
+                        let text = format_scalar(v);
                         match counts.iter_mut().find(|(t, _)| *t == text) {
                             Some(c) => c.1 += 1.0,
                             None => counts.push((text, 1.0)),
