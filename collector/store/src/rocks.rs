@@ -296,8 +296,12 @@ impl View for SnapView<'_> {
         }
         // The last key handed to `f`, where the bounded scan goes on.
         let mut last: Option<Vec<u8>> = None;
+        // Whether the scan ended on the first key at or after `to`, or
+        // found none (where the iterator then stands is known).
+        let mut bounded = true;
         while it.valid() {
             let (Some(k), Some(v)) = (it.key(), it.value()) else {
+                bounded = false;
                 break;
             };
             if k >= to {
@@ -330,7 +334,9 @@ impl View for SnapView<'_> {
                 // over (or after `from`), and that key is at or after
                 // `to` (or there is none): the first at or after `to`.
                 after.clear();
-                after.extend_from_slice(to);
+                if bounded {
+                    after.extend_from_slice(to);
+                }
                 self.keep(Kept { cf, it, after })
             }
         }
