@@ -645,8 +645,9 @@ impl Store {
     /// `lasts.rs`) instead of their samples: what an instant selector at
     /// steps on whole minutes reads. So is the minute the range starts
     /// inside, when its last sample lies in the range: that sample, and
-    /// no sample on the minute's start (it lies before the range). Hours with samples still in the
-    /// head, or sealed before minute lasts were kept, come as samples.
+    /// no sample on the minute's start (it lies before the range). Hours
+    /// with samples still in the head, or sealed before minute lasts were
+    /// kept, come as samples.
     pub fn ofu_lasts(
         &self,
         tenant: &str,
