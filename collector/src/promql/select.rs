@@ -442,17 +442,40 @@ impl Model<'_> {
                 }
             }
         }
+        // No OFU sample of the GPU lies before `ofu_from`: its OFU series'
+        // spans start there at the earliest, so the lookback before its
+        // first job, where its series outside every job has no sample, is
+        // known to be empty without a read.
+        let ofu_from = if ofu.is_empty() {
+            i64::MIN
+        } else {
+            self.store.ofu_from(tenant, e)?
+        };
+        let ofu_spans: Vec<Vec<(i64, i64)>> = owners
+            .iter()
+            .map(|(_, spans)| {
+                spans
+                    .iter()
+                    .map(|&(a, b)| (a.max(ofu_from), b))
+                    .filter(|&(a, b)| a < b)
+                    .collect()
+            })
+            .collect();
         for (n, source) in families {
-            for (l, spans) in &owners {
+            for (k, (l, spans)) in owners.iter().enumerate() {
                 let mut labels = l.clone();
                 labels.push(("__name__".into(), n.clone()));
                 let labels = sorted(labels);
                 if matches(m, &labels) {
                     self.budget.series(1)?;
+                    let spans = match source {
+                        Source::Ofu { .. } => ofu_spans[k].clone(),
+                        _ => spans.clone(),
+                    };
                     out.push(SeriesRef {
                         labels,
                         source: source.clone(),
-                        spans: spans.clone(),
+                        spans,
                     });
                 }
             }

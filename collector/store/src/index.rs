@@ -16,11 +16,18 @@
 //! - It mirrors the records as stored (a job record is replaced by each
 //!   commit, so is its entry); series whose samples retention or a limbo
 //!   settlement removed stay listed, with no samples to read.
+//! - **Where a GPU's OFU begins** ([`OfuFrom`]): a time no OFU sample of
+//!   the GPU lies before, found in the store the first time a query asks
+//!   ([`Store::ofu_from`]) and moved earlier by every commit that brings
+//!   an earlier sample, before its write and again after it. A GPU's
+//!   series outside its jobs mostly cover the lookback before its first
+//!   job, where it has no sample; with this bound a query knows that
+//!   without reading.
 
 use super::records::{CommitSet, GpuRecord, JobRecord, NodeRecord};
 use super::{Store, StoreError};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard};
 
 /// A field GPUs are selected by.
@@ -106,6 +113,46 @@ pub struct GpuEntry {
     pub model: String,
     pub node: String,
     pub jobs: Vec<JobEntry>,
+    ofu_from: OfuFrom,
+}
+
+/// A time no OFU sample of a GPU lies before, once known: the earliest
+/// hour the store held any of its OFU when first asked, lowered by every
+/// commit of an earlier sample since. It may lie before the first sample
+/// (retention and limbo settlements remove samples, never raise it), never
+/// after one.
+#[derive(Debug)]
+struct OfuFrom {
+    first: AtomicI64,
+    known: AtomicBool,
+}
+
+impl OfuFrom {
+    fn new() -> Self {
+        Self {
+            first: AtomicI64::new(i64::MAX),
+            known: AtomicBool::new(false),
+        }
+    }
+
+    /// A commit brings samples from `ts` on. Kept even before the bound is
+    /// known: the store read that makes it known may miss this commit.
+    fn lower(&self, ts: i64) {
+        self.first.fetch_min(ts, Ordering::AcqRel);
+    }
+
+    fn get(&self) -> Option<i64> {
+        self.known
+            .load(Ordering::Acquire)
+            .then(|| self.first.load(Ordering::Acquire))
+    }
+
+    /// The bound the store held when read (`i64::MAX`: no OFU at all).
+    fn found(&self, ts: i64) -> i64 {
+        let v = self.first.fetch_min(ts, Ordering::AcqRel).min(ts);
+        self.known.store(true, Ordering::Release);
+        v
+    }
 }
 
 /// A node device.
@@ -246,6 +293,7 @@ impl TenantIndex {
             model: g.model.clone(),
             node: g.node_id.clone(),
             jobs: Vec::new(),
+            ofu_from: OfuFrom::new(),
         });
         self.by_uuid.insert(g.uuid.clone(), id);
         let host = self.hostname(&g.node_id).to_string();
@@ -350,6 +398,21 @@ impl Index {
         }
     }
 
+    /// Lowers the OFU bounds of the GPUs whose samples `set` brings.
+    fn lower_ofu_from(&self, tenant: &str, set: &CommitSet) {
+        let Some(t) = self.tenants.get(tenant) else {
+            return;
+        };
+        for (gpu, _, samples) in &set.ofu {
+            let Some(first) = samples.iter().map(|s| s.ts_ms).min() else {
+                continue;
+            };
+            if let Some(&id) = t.by_uuid.get(gpu) {
+                t.gpus[id as usize].ofu_from.lower(first);
+            }
+        }
+    }
+
     /// Whether applying `set` would change anything but job times, which
     /// it moves meanwhile.
     fn is_news(&self, tenant: &str, set: &CommitSet) -> bool {
@@ -401,8 +464,12 @@ impl SeriesIndex {
             let Ok(g) = self.inner.read() else { return };
             match g.as_ref() {
                 None => return,
-                Some(i) if !i.is_news(tenant, set) => return,
-                Some(_) => {}
+                Some(i) => {
+                    i.lower_ofu_from(tenant, set);
+                    if !i.is_news(tenant, set) {
+                        return;
+                    }
+                }
             }
         }
         if let Ok(mut g) = self.inner.write() {
@@ -411,9 +478,59 @@ impl SeriesIndex {
             }
         }
     }
+
+    /// Moves the OFU bounds of `set`'s GPUs to its earliest samples before
+    /// it is written, so no read sees a sample before its GPU's bound
+    /// ([`SeriesIndex::observe`] does it again, for a GPU its commit
+    /// brought into the index).
+    pub fn before_write(&self, tenant: &str, set: &CommitSet) {
+        if let Ok(g) = self.inner.read() {
+            if let Some(i) = g.as_ref() {
+                i.lower_ofu_from(tenant, set);
+            }
+        }
+    }
 }
 
 impl Store {
+    /// A time no OFU sample of GPU `g` of `tenant` lies before (`i64::MAX`
+    /// when it has none): read from the store the first time it is asked,
+    /// then kept by the commits ([`OfuFrom`]).
+    pub fn ofu_from(&self, tenant: &str, g: &GpuEntry) -> Result<i64, StoreError> {
+        if let Some(t) = g.ofu_from.get() {
+            return Ok(t);
+        }
+        Ok(g.ofu_from.found(self.ofu_first_hour(tenant, &g.uuid)?))
+    }
+
+    /// The earliest hour of any key holding OFU of `gpu` in any family a
+    /// read takes it from (the head, limbo, the chunks, the minute lasts
+    /// and the rollups); `i64::MAX` when there is none. A key's time lies
+    /// in the hour of its samples.
+    fn ofu_first_hour(&self, tenant: &str, gpu: &str) -> Result<i64, StoreError> {
+        let prefix = super::keys::ofu_prefix(tenant, gpu);
+        let bundles = super::keys::kind_prefix(super::keys::KIND_GPU, &prefix);
+        let lasts = super::keys::kind_prefix(super::keys::KIND_LAST, &prefix);
+        let rollups = super::keys::kind_prefix(super::keys::KIND_OFU, &prefix);
+        let mut first = i64::MAX;
+        self.engine.view(&mut |view| {
+            for (cf, p) in [
+                (super::Cf::Head, &bundles),
+                (super::Cf::Limbo, &bundles),
+                (super::Cf::Ofu, &prefix),
+                (super::Cf::Rollup, &lasts),
+                (super::Cf::Rollup, &rollups),
+            ] {
+                super::scan::scan_series(view, cf, p, i64::MIN, i64::MAX, &mut |w, _| {
+                    first = first.min(w);
+                    Ok(false)
+                })?;
+            }
+            Ok(())
+        })?;
+        Ok(first)
+    }
+
     /// A read of the index, loading it first if no read has yet.
     pub fn index(&self) -> Result<IndexRead<'_>, StoreError> {
         {
@@ -681,5 +798,93 @@ mod tests {
             assert_eq!(r.metrics("a", "G1"), ["power_w", "temp_c"]);
             assert!(r.gpus_where("b", Field::JobId, &|_| true).is_empty());
         }
+    }
+
+    fn ofu(gpu: &str, job: Option<&str>, ts: &[i64]) -> CommitSet {
+        let samples = ts
+            .iter()
+            .map(|&t| crate::OfuSample {
+                ts_ms: t,
+                ofu: 0.5,
+                tensor_active: 0.5,
+                sm_clock_mhz: 1755.0,
+                window_ms: 1000,
+            })
+            .collect();
+        CommitSet {
+            ofu: vec![(gpu.into(), job.map(String::from), samples)],
+            ..Default::default()
+        }
+    }
+
+    /// The first sample of `gpu` any read of the store finds.
+    fn first_sample(s: &Store, gpu: &str) -> i64 {
+        let mut first = i64::MAX;
+        s.ofu("a", gpu, i64::MIN, i64::MAX, None, &mut |x| {
+            first = first.min(x.ts_ms)
+        })
+        .unwrap();
+        first
+    }
+
+    fn ofu_from(s: &Store, gpu: &str) -> i64 {
+        let r = s.index().unwrap();
+        let id = r.gpus_with("a", Field::Uuid, gpu);
+        let g = r.gpu("a", *id.first().unwrap()).unwrap();
+        s.ofu_from("a", g.entry).unwrap()
+    }
+
+    /// No OFU sample of a GPU lies before its bound, wherever its samples
+    /// are (the head; chunks and minute lasts after a seal), whenever the
+    /// bound was first read, and when a commit brings an earlier sample.
+    #[test]
+    fn no_ofu_sample_lies_before_its_gpus_bound() {
+        const H: i64 = crate::WINDOW_MS;
+        let s = Store::new(Arc::new(MemEngine::new()), false);
+        s.commit("a", &set("G1", "n1", "h1", Some("j1"), "power_w", 5 * H))
+            .unwrap();
+        s.commit("a", &set("G2", "n1", "h1", None, "power_w", 5 * H))
+            .unwrap();
+        s.commit(
+            "a",
+            &ofu("G1", Some("j1"), &[5 * H + 600_000, 5 * H + 601_000]),
+        )
+        .unwrap();
+        // In the head: its hour.
+        let b = ofu_from(&s, "G1");
+        assert_eq!(b, 5 * H);
+        assert!(b <= first_sample(&s, "G1"));
+        // A head bundle holds a GPU's raw blocks and its OFU alike: G2's
+        // bound is its raw samples' hour.
+        assert_eq!(ofu_from(&s, "G2"), 5 * H);
+        // An earlier sample lowers the known bound, also of a GPU that had
+        // no OFU when it was read.
+        s.commit("a", &ofu("G1", None, &[2 * H + 1_800_000]))
+            .unwrap();
+        s.commit("a", &ofu("G2", None, &[3 * H + 5])).unwrap();
+        assert_eq!(ofu_from(&s, "G1"), 2 * H + 1_800_000);
+        assert_eq!(first_sample(&s, "G1"), 2 * H + 1_800_000);
+        assert_eq!(ofu_from(&s, "G2"), 3 * H + 5);
+        // Sealed into chunks and minute lasts, read by a fresh store.
+        s.compact(10 * H, 0).unwrap();
+        let fresh = Store::new(s.engine.clone(), false);
+        for (gpu, hour) in [("G1", 2 * H), ("G2", 3 * H)] {
+            assert_eq!(ofu_from(&fresh, gpu), hour);
+            assert!(ofu_from(&fresh, gpu) <= first_sample(&fresh, gpu));
+        }
+        // A GPU with nothing stored has no sample before any time; known
+        // before its first OFU arrives, the commit lowers it.
+        let record = CommitSet {
+            gpus: vec![GpuRecord {
+                uuid: "G3".into(),
+                node_id: "n1".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        s.commit("a", &record).unwrap();
+        assert_eq!(ofu_from(&s, "G3"), i64::MAX);
+        s.commit("a", &ofu("G3", None, &[7 * H + 1])).unwrap();
+        assert_eq!(ofu_from(&s, "G3"), 7 * H + 1);
     }
 }

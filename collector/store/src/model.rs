@@ -361,6 +361,9 @@ impl Store {
             return Ok(());
         }
         sort_puts(&mut puts);
+        for set in sets {
+            self.index.before_write(tenant, set);
+        }
         self.engine.write(puts, self.sync)?;
         drop(tickets);
         for (set, (low, written)) in sets.iter().zip(after) {
