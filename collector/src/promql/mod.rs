@@ -31,6 +31,7 @@ mod derived;
 mod eval;
 mod float;
 mod functions;
+mod minute_steps;
 mod model;
 pub mod peers;
 mod points;

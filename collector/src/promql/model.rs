@@ -32,6 +32,7 @@
 
 use super::budget::Budget;
 use super::derived::{self, Across};
+use super::minute_steps::InOrder;
 use super::points::{newest_at, window, Points, Timeline};
 
 /// A series' sample (time and value) at each of a query's times.
@@ -467,6 +468,11 @@ impl Model<'_> {
         if lo_all >= hi_all {
             return Ok(Some(vec![None; times.len()]));
         }
+        if let Some(v) = self.minutes_in_order(s, tenant, gpu, times, from, to, minute_end)? {
+            return Ok(Some(v));
+        }
+        // Minutes handed over out of order (a sealed hour reopened by late
+        // samples): a slot per minute, filled in any order.
         let m0 = lo_all.div_euclid(MINUTE_MS) * MINUTE_MS;
         let n = usize::try_from((hi_all - 1 - m0) / MINUTE_MS + 1).unwrap_or(0);
         let mut minutes: Vec<Minute> = vec![Minute::EMPTY; n];
@@ -561,6 +567,67 @@ impl Model<'_> {
             });
         }
         Ok(Some(out))
+    }
+
+    /// [`Model::at_minutes`] in one pass over the minutes
+    /// ([`InOrder`]): each span's sealed hours come in time order, and
+    /// its samples (hours not sealed, or sealed before minute lasts were
+    /// kept), sorted, after them. `None` where a sample lies before a
+    /// minute already handed over; the caller then fills a slot per
+    /// minute.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn minutes_in_order(
+        &self,
+        s: &SeriesRef,
+        tenant: &str,
+        gpu: &str,
+        times: &[i64],
+        from: i64,
+        to: i64,
+        minute_end: i64,
+    ) -> Result<Option<StepSamples>, QueryError> {
+        let mut steps = InOrder::new(times);
+        let mut read = 0usize;
+        let mut samples: Vec<(i64, f64, i64)> = Vec::new();
+        let mut order = Ok(());
+        for &(a, b) in &s.spans {
+            if a.max(from) >= b.min(to.saturating_add(1)) {
+                continue;
+            }
+            let (lo, hi) = (a.max(from), b.min(minute_end));
+            // A span that ends inside the range ends where its successor
+            // under other labels begins.
+            let cut = match b <= to {
+                true => self.relabelled_at(s, b, to)?.map_or(i64::MAX, |n| n - 1),
+                false => i64::MAX,
+            };
+            let until = |ts: i64, window: Option<u32>| self.current_until(ts, window).min(cut);
+            samples.clear();
+            self.store
+                .ofu_lasts_in(self.reader, tenant, gpu, lo, hi, &mut |p| match p {
+                    LastsPiece::Sample(x) => {
+                        read += 1;
+                        samples.push((x.ts_ms, x.ofu, until(x.ts_ms, Some(x.window_ms))));
+                    }
+                    LastsPiece::Hour(h) => {
+                        read += h.len();
+                        if order.is_ok() {
+                            order = steps.put_hour(&h, until);
+                        }
+                    }
+                })?;
+            samples.sort_by_key(|p| p.0);
+            for &(t, v, until) in &samples {
+                if order.is_ok() {
+                    order = steps.sample(t, v, until);
+                }
+            }
+            if order.is_err() {
+                break;
+            }
+        }
+        self.budget.samples(read)?;
+        Ok(order.ok().map(|()| steps.finish()))
     }
 
     /// The pieces of an OFU ratio series `s` with `from ≤ t ≤ to`, in

@@ -944,3 +944,140 @@ fn aggregations_over_a_selector_fold_as_over_a_vector() {
         }
     }
 }
+
+/// A GPU's OFU every 7 s for four hours (a sample on a minute's start
+/// every 7 minutes), in job `j1` and then `j2`: its series under `j1`
+/// ends where its successor begins, 8 s before a minute its last sample
+/// would still be current at. Sealed or not; with
+/// a late sample committed into the sealed third hour, which reopens it.
+fn minute_steps_store(seal: bool, reopen: bool) -> Store {
+    const T0: i64 = 1_699_999_200_000;
+    let s = Store::new(Arc::new(MemEngine::new()), false);
+    let sample = |i: i64| OfuSample {
+        ts_ms: T0 + i * 7_000,
+        ofu: ((i * 37) % 101) as f64 / 100.0,
+        tensor_active: 0.5,
+        sm_clock_mhz: 1500.0,
+        window_ms: 7_000,
+    };
+    let job = |id: &str, from: i64, to: i64| JobRecord {
+        job_id: id.into(),
+        gpu_uuid: "G1".into(),
+        first_seen_ms: T0 + from,
+        last_seen_ms: T0 + to,
+        ..Default::default()
+    };
+    let set = CommitSet {
+        seq: 1,
+        ofu: vec![(
+            "G1".into(),
+            None,
+            (0..4 * 3_600_000 / 7_000).map(sample).collect(),
+        )],
+        gpus: vec![GpuRecord {
+            uuid: "G1".into(),
+            node_id: "n1".into(),
+            ..Default::default()
+        }],
+        jobs: vec![
+            job("j1", 600_000, 5_985_000),
+            job("j2", 5_992_000, 4 * 3_600_000),
+        ],
+        ..Default::default()
+    };
+    s.commit("a", &set).unwrap();
+    if seal {
+        s.compact(T0 + 6 * 3_600_000, 0).unwrap();
+    }
+    if reopen {
+        let late = CommitSet {
+            seq: 2,
+            ofu: vec![(
+                "G1".into(),
+                None,
+                vec![OfuSample {
+                    ts_ms: T0 + 2 * 3_600_000 + 1_800_003,
+                    ..sample(0)
+                }],
+            )],
+            ..Default::default()
+        };
+        s.commit("a", &late).unwrap();
+    }
+    s
+}
+
+/// An instant selector at steps on whole minutes, read in one pass over
+/// the minutes where the store hands them over in order and a slot per
+/// minute where it does not (an hour reopened by late samples), gives
+/// each step the sample the samples themselves give it: the one on the
+/// step, else the newest before it while current, a job's series cut
+/// where its successor begins.
+#[test]
+fn minute_steps_take_the_samples_the_samples_give() {
+    use super::model::StepTimes;
+    use super::points::newest_at;
+    const T0: i64 = 1_699_999_200_000;
+    const M: i64 = 60_000;
+    for (seal, reopen) in [(false, false), (true, false), (true, true)] {
+        let s = minute_steps_store(seal, reopen);
+        let budget = Budget::unlimited();
+        let m = Model {
+            store: &s,
+            reader: None,
+            scope: &Scope::All,
+            budget: &budget,
+            remote: None,
+            base_only: false,
+            specs: None,
+            staleness: true,
+        };
+        let series: Vec<_> = m
+            .select(&[])
+            .unwrap()
+            .into_iter()
+            .filter(|s| label_of(&s.labels, "__name__") == "flopwatch_ofu_ratio")
+            .collect();
+        assert_eq!(series.len(), 3, "outside every job, j1 and j2");
+        let mut in_order = 0;
+        for every in [1, 5] {
+            let times: Vec<i64> = (0..=260 / every)
+                .map(|i| T0 - 5 * M + i * every * M)
+                .collect();
+            let (from, to) = (times[0] - super::LOOKBACK_MS, *times.last().unwrap());
+            for x in &series {
+                let tl = m.timeline(x, from, to).unwrap();
+                let mut j = 0;
+                let want: Vec<_> = times.iter().map(|&t| newest_at(&tl, t, &mut j)).collect();
+                let got = m
+                    .at_times(x, &StepTimes::new(times.clone()), from, to)
+                    .unwrap();
+                assert_eq!(
+                    got, want,
+                    "sealed {seal}, reopened {reopen}, {:?}",
+                    x.labels
+                );
+                assert!(got.iter().any(Option::is_some));
+                let src = match &x.source {
+                    super::model::Source::Ofu { tenant, gpu, .. } => (tenant.clone(), gpu.clone()),
+                    _ => unreachable!(),
+                };
+                let minute_end = (to.div_euclid(M) + 1) * M;
+                in_order += m
+                    .minutes_in_order(x, &src.0, &src.1, &times, from, to, minute_end)
+                    .unwrap()
+                    .is_some() as usize;
+            }
+        }
+        // The reopened hour's samples come after the hour sealed after it
+        // for j2's series, whose span holds both (j1's ends before them).
+        let expected = if reopen { 4 } else { 6 };
+        assert_eq!(in_order, expected, "sealed {seal}, reopened {reopen}");
+    }
+}
+
+fn label_of<'a>(l: &'a [(String, String)], k: &str) -> &'a str {
+    l.iter()
+        .find(|(x, _)| x == k)
+        .map_or("", |(_, v)| v.as_str())
+}

@@ -1,0 +1,268 @@
+//! An instant selector's samples at steps on whole minutes, built in one
+//! pass from a series' minutes handed over in time order: what
+//! [`super::model::Model::at_minutes`] does without a slot per minute
+//! when the store hands its minutes over in order (sealed hours' minute
+//! lasts, then the few samples of unsealed hours).
+//!
+//! The sample a step at `t` (on a whole minute) takes is the one on `t`
+//! if there is one, else the newest of the minutes before `t` while it is
+//! current. So each minute, once no later piece can change it, settles
+//! the steps up to its own start and becomes the newest for the steps
+//! after it.
+
+use super::model::StepSamples;
+use crate::store::{HourLasts, MINUTE_MS};
+
+/// A minute's newest sample (time, value, last instant current) and the
+/// value of a sample on its start.
+#[derive(Clone, Copy)]
+struct Minute {
+    start_ms: i64,
+    last: (i64, f64, i64),
+    on_start: Option<f64>,
+}
+
+/// The steps' samples, built from minutes in time order.
+pub(super) struct InOrder<'t> {
+    times: &'t [i64],
+    out: StepSamples,
+    /// The minute pieces still arrive for.
+    open: Option<Minute>,
+    /// The newest sample of the minutes settled.
+    newest: Option<(i64, f64, i64)>,
+    /// The start of the last minute settled: no piece may come for it or
+    /// an earlier one.
+    floor: i64,
+}
+
+/// `newest` (time, value, last instant current) at `t`, while current.
+#[inline]
+fn current(newest: Option<(i64, f64, i64)>, t: i64) -> Option<(i64, f64)> {
+    newest.filter(|n| n.0 <= t && t <= n.2).map(|n| (n.0, n.1))
+}
+
+/// A piece arrived for a minute before one already settled: the minutes
+/// were not handed over in order.
+#[derive(Debug, PartialEq)]
+pub(super) struct OutOfOrder;
+
+impl<'t> InOrder<'t> {
+    /// For steps at `times` (ascending, each on a whole minute).
+    pub(super) fn new(times: &'t [i64]) -> Self {
+        Self {
+            times,
+            out: Vec::with_capacity(times.len()),
+            open: None,
+            newest: None,
+            floor: i64::MIN,
+        }
+    }
+
+    /// A sample (time, value, last instant current) of the minute
+    /// starting at `start_ms`, which is that minute's newest if no later
+    /// piece of it is newer; `on_start`: the value of a sample on the
+    /// minute's start.
+    pub(super) fn put(
+        &mut self,
+        start_ms: i64,
+        last: (i64, f64, i64),
+        on_start: Option<f64>,
+    ) -> Result<(), OutOfOrder> {
+        match &mut self.open {
+            Some(m) if m.start_ms == start_ms => {
+                if last.0 >= m.last.0 {
+                    m.last = last;
+                }
+                if on_start.is_some() {
+                    m.on_start = on_start;
+                }
+                return Ok(());
+            }
+            Some(m) if m.start_ms > start_ms => return Err(OutOfOrder),
+            None if start_ms <= self.floor => return Err(OutOfOrder),
+            _ => {}
+        }
+        self.settle();
+        self.open = Some(Minute {
+            start_ms,
+            last,
+            on_start,
+        });
+        Ok(())
+    }
+
+    /// The minutes of a sealed hour ([`HourLasts`]), each as
+    /// [`InOrder::put`] takes it, `until` giving a sample's last instant
+    /// current from its time and window: settled as they come, in one
+    /// loop that keeps its state in registers.
+    pub(super) fn put_hour(
+        &mut self,
+        h: &HourLasts<'_>,
+        until: impl Fn(i64, Option<u32>) -> i64,
+    ) -> Result<(), OutOfOrder> {
+        if self.open.is_some_and(|m| m.start_ms >= h.hour()) || h.hour() <= self.floor {
+            // Not after every minute so far: the order is checked minute
+            // by minute.
+            let mut r = Ok(());
+            h.for_each(|m| {
+                if r.is_ok() {
+                    let (t, v) = m.last;
+                    r = self.put(m.minute, (t, v, until(t, m.window_ms)), m.at_start);
+                }
+            });
+            return r;
+        }
+        self.settle();
+        let times = self.times;
+        let mut out = std::mem::take(&mut self.out);
+        let (mut newest, mut floor) = (self.newest, self.floor);
+        h.for_each(|m| {
+            while let Some(&s) = times.get(out.len()) {
+                if s >= m.minute {
+                    break;
+                }
+                out.push(current(newest, s));
+            }
+            if times.get(out.len()) == Some(&m.minute) {
+                let at = m.at_start.map(|v| (m.minute, v));
+                out.push(at.or_else(|| current(newest, m.minute)));
+            }
+            let (t, v) = m.last;
+            newest = Some((t, v, until(t, m.window_ms)));
+            floor = m.minute;
+        });
+        self.out = out;
+        (self.newest, self.floor) = (newest, floor);
+        Ok(())
+    }
+
+    /// A sample at `ts` (value `v`, current until `until`).
+    pub(super) fn sample(&mut self, ts: i64, v: f64, until: i64) -> Result<(), OutOfOrder> {
+        let start = ts.div_euclid(MINUTE_MS) * MINUTE_MS;
+        self.put(start, (ts, v, until), (ts == start).then_some(v))
+    }
+
+    /// Settles the open minute: the steps before it take the newest
+    /// sample so far, a step on its start its sample there (or that
+    /// newest), and it becomes the newest.
+    fn settle(&mut self) {
+        let Some(m) = self.open.take() else {
+            return;
+        };
+        self.steps_before(m.start_ms);
+        if let Some(&t) = self.times.get(self.out.len()) {
+            if t == m.start_ms {
+                let at = m.on_start.map(|v| (t, v)).or_else(|| self.current(t));
+                self.out.push(at);
+            }
+        }
+        self.newest = Some(m.last);
+        self.floor = m.start_ms;
+    }
+
+    /// The steps before `t` take the newest sample while it is current.
+    fn steps_before(&mut self, t: i64) {
+        while let Some(&s) = self.times.get(self.out.len()) {
+            if s >= t {
+                break;
+            }
+            let at = self.current(s);
+            self.out.push(at);
+        }
+    }
+
+    fn current(&self, t: i64) -> Option<(i64, f64)> {
+        current(self.newest, t)
+    }
+
+    /// The samples at every step.
+    pub(super) fn finish(mut self) -> StepSamples {
+        self.settle();
+        self.steps_before(i64::MAX);
+        self.out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The steps' samples by their definition: for each step, the sample
+    /// on it, else the newest before it while current.
+    fn by_definition(samples: &[(i64, f64, i64)], times: &[i64]) -> StepSamples {
+        times
+            .iter()
+            .map(|&t| {
+                if let Some(s) = samples.iter().rev().find(|s| s.0 == t) {
+                    return Some((t, s.1));
+                }
+                samples
+                    .iter()
+                    .filter(|s| s.0 < t)
+                    .max_by_key(|s| s.0)
+                    .filter(|s| t <= s.2)
+                    .map(|s| (s.0, s.1))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_step_takes_the_sample_on_it_or_the_newest_before_while_current() {
+        let times: Vec<i64> = (0..5).map(|i| i * MINUTE_MS).collect();
+        let mut b = InOrder::new(&times);
+        // Minute 0: on its start and later; minute 2: one sample, stale
+        // before the step at minute 4.
+        b.sample(0, 1.0, 100_000).unwrap();
+        b.sample(30_000, 2.0, 100_000).unwrap();
+        b.sample(150_000, 3.0, 200_000).unwrap();
+        assert_eq!(
+            b.finish(),
+            vec![
+                Some((0, 1.0)),
+                Some((30_000, 2.0)),
+                None,
+                Some((150_000, 3.0)),
+                None
+            ]
+        );
+    }
+
+    #[test]
+    fn a_piece_for_a_settled_minute_is_refused() {
+        let times = [0, MINUTE_MS];
+        let mut b = InOrder::new(&times);
+        b.sample(70_000, 1.0, i64::MAX).unwrap();
+        // The same minute still takes pieces, in any order.
+        b.sample(61_000, 1.0, i64::MAX).unwrap();
+        assert_eq!(b.sample(59_000, 1.0, i64::MAX), Err(OutOfOrder));
+    }
+
+    proptest! {
+        /// Samples in time order give what the definition gives, at any
+        /// steps on whole minutes.
+        #[test]
+        fn in_order_samples_give_the_steps_the_definition_gives(
+            gaps in prop::collection::vec((0i64..150_000, 0i64..400_000), 0..60),
+            first_step in -3i64..5,
+            every in 1i64..4,
+            steps in 1usize..40,
+        ) {
+            let mut ts = 0i64;
+            let mut samples = Vec::new();
+            for (k, (gap, current)) in gaps.into_iter().enumerate() {
+                // Some samples fall on a minute's start.
+                ts += if k % 5 == 0 { MINUTE_MS - ts.rem_euclid(MINUTE_MS) } else { gap + 1 };
+                samples.push((ts, k as f64, ts + current));
+            }
+            let times: Vec<i64> = (0..steps as i64)
+                .map(|i| (first_step + i * every) * MINUTE_MS)
+                .collect();
+            let mut b = InOrder::new(&times);
+            for &(t, v, until) in &samples {
+                b.sample(t, v, until).unwrap();
+            }
+            prop_assert_eq!(b.finish(), by_definition(&samples, &times));
+        }
+    }
+}
