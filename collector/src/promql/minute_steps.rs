@@ -10,8 +10,10 @@
 //! the steps up to its own start and becomes the newest for the steps
 //! after it.
 
-use super::model::StepSamples;
 use crate::store::{HourLasts, MINUTE_MS};
+
+/// A series' sample (time and value) at each of a query's steps.
+pub(super) type StepSamples = Vec<Option<(i64, f64)>>;
 
 /// A minute's newest sample (time, value, last instant current) and the
 /// value of a sample on its start.

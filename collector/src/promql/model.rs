@@ -36,7 +36,7 @@ use super::minute_steps::InOrder;
 use super::points::{newest_at, window, Points, Timeline};
 
 /// A series' sample (time and value) at each of a query's times.
-pub(super) type StepSamples = Vec<Option<(i64, f64)>>;
+pub(super) use super::minute_steps::StepSamples;
 
 /// A query's step times (ascending), and whether every one lies on a
 /// whole minute (checked once per query, not per series).
