@@ -449,7 +449,7 @@ impl Model<'_> {
         let ofu_from = if ofu.is_empty() {
             i64::MIN
         } else {
-            self.store.ofu_from(tenant, e)?
+            self.store.ofu_bounds(tenant, e)?.0
         };
         let ofu_spans: Vec<Vec<(i64, i64)>> = owners
             .iter()

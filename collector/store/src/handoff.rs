@@ -126,6 +126,10 @@ impl Engine for HandOff {
         self.inner.family_bytes(cf)
     }
 
+    fn last_key(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.last_key(cf, from, to)
+    }
+
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.get(cf, key)
     }

@@ -16,13 +16,14 @@
 //! - It mirrors the records as stored (a job record is replaced by each
 //!   commit, so is its entry); series whose samples retention or a limbo
 //!   settlement removed stay listed, with no samples to read.
-//! - **Where a GPU's OFU begins** ([`OfuFrom`]): a time no OFU sample of
-//!   the GPU lies before, found in the store the first time a query asks
-//!   ([`Store::ofu_from`]) and moved earlier by every commit that brings
-//!   an earlier sample, before its write and again after it. A GPU's
-//!   series outside its jobs mostly cover the lookback before its first
-//!   job, where it has no sample; with this bound a query knows that
-//!   without reading.
+//! - **Where a GPU's OFU begins and ends** ([`OfuBounds`]): times no
+//!   OFU sample of the GPU lies before or after, found in the store the
+//!   first time a query asks ([`Store::ofu_bounds`]) and widened by every
+//!   commit that brings an earlier or later sample, before its write and
+//!   again after it. A GPU's series outside its jobs mostly cover the
+//!   lookback before its first job, and a range often runs past a GPU's
+//!   last hour: with these bounds a query knows both are empty without
+//!   reading (a seek each, per series).
 
 use super::records::{CommitSet, GpuRecord, JobRecord, NodeRecord};
 use super::{Store, StoreError};
@@ -113,45 +114,56 @@ pub struct GpuEntry {
     pub model: String,
     pub node: String,
     pub jobs: Vec<JobEntry>,
-    ofu_from: OfuFrom,
+    ofu_bounds: OfuBounds,
 }
 
-/// A time no OFU sample of a GPU lies before, once known: the earliest
-/// hour the store held any of its OFU when first asked, lowered by every
-/// commit of an earlier sample since. It may lie before the first sample
-/// (retention and limbo settlements remove samples, never raise it), never
-/// after one.
+/// Times no OFU sample of a GPU lies before (`first`) or after (`last`),
+/// once known: the earliest and the latest hour the store held any of its
+/// OFU in when first asked, widened by every commit of an earlier or later
+/// sample since. They may lie outside its samples (retention and limbo
+/// settlements remove samples, never narrow them), never inside.
 #[derive(Debug)]
-struct OfuFrom {
+struct OfuBounds {
     first: AtomicI64,
+    last: AtomicI64,
     known: AtomicBool,
 }
 
-impl OfuFrom {
+impl OfuBounds {
     fn new() -> Self {
         Self {
             first: AtomicI64::new(i64::MAX),
+            last: AtomicI64::new(i64::MIN),
             known: AtomicBool::new(false),
         }
     }
 
-    /// A commit brings samples from `ts` on. Kept even before the bound is
-    /// known: the store read that makes it known may miss this commit.
-    fn lower(&self, ts: i64) {
-        self.first.fetch_min(ts, Ordering::AcqRel);
+    /// A commit brings samples from `first` to `last`. Kept even before
+    /// the bounds are known: the store read that makes them known may miss
+    /// this commit.
+    fn widen(&self, first: i64, last: i64) {
+        self.first.fetch_min(first, Ordering::AcqRel);
+        self.last.fetch_max(last, Ordering::AcqRel);
     }
 
-    fn get(&self) -> Option<i64> {
-        self.known
-            .load(Ordering::Acquire)
-            .then(|| self.first.load(Ordering::Acquire))
+    fn get(&self) -> Option<(i64, i64)> {
+        self.known.load(Ordering::Acquire).then(|| {
+            (
+                self.first.load(Ordering::Acquire),
+                self.last.load(Ordering::Acquire),
+            )
+        })
     }
 
-    /// The bound the store held when read (`i64::MAX`: no OFU at all).
-    fn found(&self, ts: i64) -> i64 {
-        let v = self.first.fetch_min(ts, Ordering::AcqRel).min(ts);
+    /// The bounds the store held when read (`(i64::MAX, i64::MIN)`: no
+    /// OFU at all).
+    fn found(&self, first: i64, last: i64) -> (i64, i64) {
+        self.widen(first, last);
         self.known.store(true, Ordering::Release);
-        v
+        (
+            self.first.load(Ordering::Acquire),
+            self.last.load(Ordering::Acquire),
+        )
     }
 }
 
@@ -293,7 +305,7 @@ impl TenantIndex {
             model: g.model.clone(),
             node: g.node_id.clone(),
             jobs: Vec::new(),
-            ofu_from: OfuFrom::new(),
+            ofu_bounds: OfuBounds::new(),
         });
         self.by_uuid.insert(g.uuid.clone(), id);
         let host = self.hostname(&g.node_id).to_string();
@@ -398,17 +410,20 @@ impl Index {
         }
     }
 
-    /// Lowers the OFU bounds of the GPUs whose samples `set` brings.
-    fn lower_ofu_from(&self, tenant: &str, set: &CommitSet) {
+    /// Widens the OFU bounds of the GPUs whose samples `set` brings.
+    fn widen_ofu_bounds(&self, tenant: &str, set: &CommitSet) {
         let Some(t) = self.tenants.get(tenant) else {
             return;
         };
         for (gpu, _, samples) in &set.ofu {
-            let Some(first) = samples.iter().map(|s| s.ts_ms).min() else {
+            let Some(&id) = t.by_uuid.get(gpu) else {
                 continue;
             };
-            if let Some(&id) = t.by_uuid.get(gpu) {
-                t.gpus[id as usize].ofu_from.lower(first);
+            let (first, last) = samples.iter().fold((i64::MAX, i64::MIN), |(a, b), s| {
+                (a.min(s.ts_ms), b.max(s.ts_ms))
+            });
+            if first <= last {
+                t.gpus[id as usize].ofu_bounds.widen(first, last);
             }
         }
     }
@@ -465,7 +480,7 @@ impl SeriesIndex {
             match g.as_ref() {
                 None => return,
                 Some(i) => {
-                    i.lower_ofu_from(tenant, set);
+                    i.widen_ofu_bounds(tenant, set);
                     if !i.is_news(tenant, set) {
                         return;
                     }
@@ -479,56 +494,80 @@ impl SeriesIndex {
         }
     }
 
-    /// Moves the OFU bounds of `set`'s GPUs to its earliest samples before
-    /// it is written, so no read sees a sample before its GPU's bound
+    /// Widens the OFU bounds of `set`'s GPUs to its samples before it is
+    /// written, so no read sees a sample before its GPU's bound
     /// ([`SeriesIndex::observe`] does it again, for a GPU its commit
     /// brought into the index).
     pub fn before_write(&self, tenant: &str, set: &CommitSet) {
         if let Ok(g) = self.inner.read() {
             if let Some(i) = g.as_ref() {
-                i.lower_ofu_from(tenant, set);
+                i.widen_ofu_bounds(tenant, set);
             }
         }
     }
 }
 
 impl Store {
-    /// A time no OFU sample of GPU `g` of `tenant` lies before (`i64::MAX`
-    /// when it has none): read from the store the first time it is asked,
-    /// then kept by the commits ([`OfuFrom`]).
-    pub fn ofu_from(&self, tenant: &str, g: &GpuEntry) -> Result<i64, StoreError> {
-        if let Some(t) = g.ofu_from.get() {
-            return Ok(t);
+    /// Times no OFU sample of GPU `g` of `tenant` lies before or after
+    /// (`(i64::MAX, i64::MIN)` when it has none): read from the store the
+    /// first time they are asked for, then kept by the commits
+    /// ([`OfuBounds`]).
+    pub fn ofu_bounds(&self, tenant: &str, g: &GpuEntry) -> Result<(i64, i64), StoreError> {
+        if let Some(b) = g.ofu_bounds.get() {
+            return Ok(b);
         }
-        Ok(g.ofu_from.found(self.ofu_first_hour(tenant, &g.uuid)?))
+        let (first, last) = self.ofu_hours(tenant, &g.uuid)?;
+        Ok(g.ofu_bounds.found(first, last))
     }
 
-    /// The earliest hour of any key holding OFU of `gpu` in any family a
-    /// read takes it from (the head, limbo, the chunks, the minute lasts
-    /// and the rollups); `i64::MAX` when there is none. A key's time lies
-    /// in the hour of its samples.
-    fn ofu_first_hour(&self, tenant: &str, gpu: &str) -> Result<i64, StoreError> {
-        let prefix = super::keys::ofu_prefix(tenant, gpu);
-        let bundles = super::keys::kind_prefix(super::keys::KIND_GPU, &prefix);
-        let lasts = super::keys::kind_prefix(super::keys::KIND_LAST, &prefix);
-        let rollups = super::keys::kind_prefix(super::keys::KIND_OFU, &prefix);
-        let mut first = i64::MAX;
-        self.engine.view(&mut |view| {
-            for (cf, p) in [
-                (super::Cf::Head, &bundles),
-                (super::Cf::Limbo, &bundles),
-                (super::Cf::Ofu, &prefix),
-                (super::Cf::Rollup, &lasts),
-                (super::Cf::Rollup, &rollups),
-            ] {
-                super::scan::scan_series(view, cf, p, i64::MIN, i64::MAX, &mut |w, _| {
-                    first = first.min(w);
-                    Ok(false)
-                })?;
+    /// [`Store::ofu_bounds`] of GPU `gpu` where a query already asked for
+    /// them; `None` otherwise (nothing is read).
+    pub(super) fn known_ofu_bounds(&self, tenant: &str, gpu: &str) -> Option<(i64, i64)> {
+        let g = self.index.inner.read().ok()?;
+        let t = g.as_ref()?.tenants.get(tenant)?;
+        let id = *t.by_uuid.get(gpu)?;
+        t.gpus[id as usize].ofu_bounds.get()
+    }
+
+    /// The start of the earliest hour and the end of the latest hour of
+    /// any key holding OFU of `gpu` in any family a read takes it from
+    /// (the head, limbo, the chunks, the minute lasts and the rollups);
+    /// `(i64::MAX, i64::MIN)` when there is none. A key's time lies in the
+    /// hour of its samples.
+    fn ofu_hours(&self, tenant: &str, gpu: &str) -> Result<(i64, i64), StoreError> {
+        use super::keys::{self, KIND_GPU, KIND_LAST, KIND_OFU};
+        use super::Cf;
+        let prefix = keys::ofu_prefix(tenant, gpu);
+        let bundles = keys::kind_prefix(KIND_GPU, &prefix);
+        let lasts = keys::kind_prefix(KIND_LAST, &prefix);
+        let rollups = keys::kind_prefix(KIND_OFU, &prefix);
+        let (mut first, mut last) = (i64::MAX, i64::MIN);
+        for (cf, p) in [
+            (Cf::Head, &bundles),
+            (Cf::Limbo, &bundles),
+            (Cf::Ofu, &prefix),
+            (Cf::Rollup, &lasts),
+            (Cf::Rollup, &rollups),
+        ] {
+            let (from, to) = keys::scan_bounds(p, i64::MIN);
+            let hour = |k: &[u8]| {
+                keys::key_ts(k, p.len())
+                    .map(super::hours::window_of)
+                    .ok_or_else(|| super::corrupt(cf, "key"))
+            };
+            let mut found = None;
+            self.engine.scan(cf, &from, &to, &mut |k, _| {
+                found = Some(k.to_vec());
+                false
+            })?;
+            if let Some(k) = found {
+                first = first.min(hour(&k)?);
             }
-            Ok(())
-        })?;
-        Ok(first)
+            if let Some(k) = self.engine.last_key(cf, &from, &to)? {
+                last = last.max(hour(&k)?.saturating_add(super::WINDOW_MS - 1));
+            }
+        }
+        Ok((first, last))
     }
 
     /// A read of the index, loading it first if no read has yet.
@@ -817,28 +856,44 @@ mod tests {
         }
     }
 
-    /// The first sample of `gpu` any read of the store finds.
-    fn first_sample(s: &Store, gpu: &str) -> i64 {
-        let mut first = i64::MAX;
+    /// The times of `gpu`'s samples any read of the store finds.
+    fn sample_times(s: &Store, gpu: &str) -> Vec<i64> {
+        let mut ts = Vec::new();
         s.ofu("a", gpu, i64::MIN, i64::MAX, None, &mut |x| {
-            first = first.min(x.ts_ms)
+            ts.push(x.ts_ms)
         })
         .unwrap();
-        first
+        ts.sort_unstable();
+        ts
     }
 
-    fn ofu_from(s: &Store, gpu: &str) -> i64 {
+    fn ofu_bounds(s: &Store, gpu: &str) -> (i64, i64) {
         let r = s.index().unwrap();
         let id = r.gpus_with("a", Field::Uuid, gpu);
         let g = r.gpu("a", *id.first().unwrap()).unwrap();
-        s.ofu_from("a", g.entry).unwrap()
+        s.ofu_bounds("a", g.entry).unwrap()
     }
 
-    /// No OFU sample of a GPU lies before its bound, wherever its samples
+    /// The bounds hold every sample, and a read with them known finds
+    /// what one without them found.
+    fn holds_every_sample(s: &Store, gpu: &str, before: &[i64]) {
+        let (first, last) = ofu_bounds(s, gpu);
+        let after = sample_times(s, gpu);
+        assert_eq!(after, before, "{gpu}");
+        if let (Some(a), Some(b)) = (after.first(), after.last()) {
+            assert!(
+                first <= *a && *b <= last,
+                "{gpu}: {first}..{last} against {a}..{b}"
+            );
+        }
+    }
+
+    /// No OFU sample of a GPU lies outside its bounds, wherever its samples
     /// are (the head; chunks and minute lasts after a seal), whenever the
-    /// bound was first read, and when a commit brings an earlier sample.
+    /// bounds were first read, and when a commit brings an earlier or a
+    /// later sample; a read past the last bound finds what it found before.
     #[test]
-    fn no_ofu_sample_lies_before_its_gpus_bound() {
+    fn no_ofu_sample_lies_outside_its_gpus_bounds() {
         const H: i64 = crate::WINDOW_MS;
         let s = Store::new(Arc::new(MemEngine::new()), false);
         s.commit("a", &set("G1", "n1", "h1", Some("j1"), "power_w", 5 * H))
@@ -851,29 +906,39 @@ mod tests {
         )
         .unwrap();
         // In the head: its hour.
-        let b = ofu_from(&s, "G1");
-        assert_eq!(b, 5 * H);
-        assert!(b <= first_sample(&s, "G1"));
+        let before = sample_times(&s, "G1");
+        assert_eq!(ofu_bounds(&s, "G1"), (5 * H, 6 * H - 1));
+        holds_every_sample(&s, "G1", &before);
         // A head bundle holds a GPU's raw blocks and its OFU alike: G2's
-        // bound is its raw samples' hour.
-        assert_eq!(ofu_from(&s, "G2"), 5 * H);
-        // An earlier sample lowers the known bound, also of a GPU that had
-        // no OFU when it was read.
+        // bounds are its raw samples' hour.
+        assert_eq!(ofu_bounds(&s, "G2"), (5 * H, 6 * H - 1));
+        // An earlier or a later sample widens the known bounds, also of a
+        // GPU that had no OFU when they were read.
         s.commit("a", &ofu("G1", None, &[2 * H + 1_800_000]))
             .unwrap();
+        s.commit("a", &ofu("G1", None, &[9 * H + 5])).unwrap();
         s.commit("a", &ofu("G2", None, &[3 * H + 5])).unwrap();
-        assert_eq!(ofu_from(&s, "G1"), 2 * H + 1_800_000);
-        assert_eq!(first_sample(&s, "G1"), 2 * H + 1_800_000);
-        assert_eq!(ofu_from(&s, "G2"), 3 * H + 5);
+        assert_eq!(ofu_bounds(&s, "G1"), (2 * H + 1_800_000, 9 * H + 5));
+        assert_eq!(
+            sample_times(&s, "G1"),
+            [
+                2 * H + 1_800_000,
+                5 * H + 600_000,
+                5 * H + 601_000,
+                9 * H + 5
+            ]
+        );
+        assert_eq!(ofu_bounds(&s, "G2"), (3 * H + 5, 6 * H - 1));
         // Sealed into chunks and minute lasts, read by a fresh store.
-        s.compact(10 * H, 0).unwrap();
+        s.compact(12 * H, 0).unwrap();
         let fresh = Store::new(s.engine.clone(), false);
-        for (gpu, hour) in [("G1", 2 * H), ("G2", 3 * H)] {
-            assert_eq!(ofu_from(&fresh, gpu), hour);
-            assert!(ofu_from(&fresh, gpu) <= first_sample(&fresh, gpu));
+        for (gpu, bounds) in [("G1", (2 * H, 10 * H - 1)), ("G2", (3 * H, 4 * H - 1))] {
+            let before = sample_times(&fresh, gpu);
+            assert_eq!(ofu_bounds(&fresh, gpu), bounds, "{gpu}");
+            holds_every_sample(&fresh, gpu, &before);
         }
-        // A GPU with nothing stored has no sample before any time; known
-        // before its first OFU arrives, the commit lowers it.
+        // A GPU with nothing stored has no sample anywhere; known before
+        // its first OFU arrives, the commit widens them.
         let record = CommitSet {
             gpus: vec![GpuRecord {
                 uuid: "G3".into(),
@@ -883,8 +948,9 @@ mod tests {
             ..Default::default()
         };
         s.commit("a", &record).unwrap();
-        assert_eq!(ofu_from(&s, "G3"), i64::MAX);
+        assert_eq!(ofu_bounds(&s, "G3"), (i64::MAX, i64::MIN));
         s.commit("a", &ofu("G3", None, &[7 * H + 1])).unwrap();
-        assert_eq!(ofu_from(&s, "G3"), 7 * H + 1);
+        assert_eq!(ofu_bounds(&s, "G3"), (7 * H + 1, 7 * H + 1));
+        assert_eq!(sample_times(&s, "G3"), [7 * H + 1]);
     }
 }

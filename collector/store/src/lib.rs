@@ -241,6 +241,17 @@ pub trait Engine: Send + Sync + 'static {
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), StoreError>;
 
+    /// The last key in `[from, to)`, if any. This default scans the range;
+    /// an engine with iterators seeks to its end.
+    fn last_key(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut last = None;
+        self.scan(cf, from, to, &mut |k, _| {
+            last = Some(k.to_vec());
+            true
+        })?;
+        Ok(last)
+    }
+
     /// Visits keys in `[from, to)` in order, each answered with where to
     /// go next. An engine with iterators walks with one, so skipping a run
     /// of keys costs a seek, where ending a [`Engine::scan`] and starting

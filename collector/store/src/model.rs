@@ -707,6 +707,13 @@ impl Store {
         f: &mut dyn FnMut(Read<'_>),
     ) -> Result<(), StoreError> {
         let start = self.clamp(tenant, start);
+        // Past a GPU's last OFU a query asked for (`Store::ofu_bounds`)
+        // nothing lies: not read (a range past a GPU's last hour would
+        // seek each family there). The start stays: buckets align on it.
+        let end = match self.known_ofu_bounds(tenant, gpu) {
+            Some((_, last)) => end.min(last.saturating_add(1)),
+            None => end,
+        };
         if start >= end {
             return Ok(());
         }

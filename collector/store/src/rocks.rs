@@ -383,6 +383,20 @@ impl RocksEngine {
 }
 
 impl Engine for RocksEngine {
+    fn last_key(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if from >= to || (self.secondary && self.db.cf_handle(cf.name()).is_none()) {
+            return Ok(None);
+        }
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(from.to_vec());
+        ro.set_iterate_upper_bound(to.to_vec());
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(cf)?, ro);
+        it.seek_to_last();
+        let last = it.valid().then(|| it.key().map(<[u8]>::to_vec)).flatten();
+        it.status().map_err(err)?;
+        Ok(last)
+    }
+
     fn apply(&self, ops: Vec<Op>, sync: bool) -> Result<(), StoreError> {
         let mut batch = WriteBatch::default();
         for op in ops {
@@ -670,7 +684,7 @@ mod tests {
         /// stopped when they can) hand over what a fresh iterator bounded
         /// to each range does.
         #[test]
-        fn a_views_scans_in_any_order_find_what_fresh_ones_do(
+        fn views_scans_in_any_order_and_last_keys_find_what_fresh_scans_do(
             live in proptest::collection::btree_set(0u16..400, 0..120),
             dead in proptest::collection::btree_set(0u16..400, 0..120),
             scans in proptest::collection::vec((0u16..420, 0u16..60, 0usize..6, proptest::bool::ANY), 1..40),
@@ -722,6 +736,12 @@ mod tests {
             })
             .unwrap();
             proptest::prop_assert_eq!(viewed, fresh);
+            // The last live key of each range, past deleted ones.
+            for &(a, len, _) in &scans {
+                let want = live.range(a..a + len).next_back().map(|&i| key(i));
+                let got = e.last_key(Cf::Head, &key(a), &key(a + len)).unwrap();
+                proptest::prop_assert_eq!(got, want, "[{}, {})", a, a + len);
+            }
         }
     }
 
