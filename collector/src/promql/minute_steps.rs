@@ -37,6 +37,37 @@ pub(super) struct InOrder<'t> {
     floor: i64,
 }
 
+/// Settles the minute starting at `start_ms` into `out` (the samples of
+/// `times` so far): the steps before it take `newest` while it is
+/// current, a step on its start the sample there (`on_start`) or that
+/// newest.
+#[inline(always)]
+fn settle_minute(
+    times: &[i64],
+    out: &mut StepSamples,
+    newest: Option<(i64, f64, i64)>,
+    start_ms: i64,
+    on_start: Option<f64>,
+) {
+    steps_before(times, out, newest, start_ms);
+    if times.get(out.len()) == Some(&start_ms) {
+        let at = on_start.map(|v| (start_ms, v));
+        out.push(at.or_else(|| current(newest, start_ms)));
+    }
+}
+
+/// The steps of `times` still to answer that lie before `t` take `newest`
+/// while it is current.
+#[inline(always)]
+fn steps_before(times: &[i64], out: &mut StepSamples, newest: Option<(i64, f64, i64)>, t: i64) {
+    while let Some(&s) = times.get(out.len()) {
+        if s >= t {
+            break;
+        }
+        out.push(current(newest, s));
+    }
+}
+
 /// `newest` (time, value, last instant current) at `t`, while current.
 #[inline]
 fn current(newest: Option<(i64, f64, i64)>, t: i64) -> Option<(i64, f64)> {
@@ -119,16 +150,7 @@ impl<'t> InOrder<'t> {
         let mut out = std::mem::take(&mut self.out);
         let (mut newest, mut floor) = (self.newest, self.floor);
         h.for_each(|m| {
-            while let Some(&s) = times.get(out.len()) {
-                if s >= m.minute {
-                    break;
-                }
-                out.push(current(newest, s));
-            }
-            if times.get(out.len()) == Some(&m.minute) {
-                let at = m.at_start.map(|v| (m.minute, v));
-                out.push(at.or_else(|| current(newest, m.minute)));
-            }
+            settle_minute(times, &mut out, newest, m.minute, m.at_start);
             let (t, v) = m.last;
             newest = Some((t, v, until(t, m.window_ms)));
             floor = m.minute;
@@ -151,36 +173,21 @@ impl<'t> InOrder<'t> {
         let Some(m) = self.open.take() else {
             return;
         };
-        self.steps_before(m.start_ms);
-        if let Some(&t) = self.times.get(self.out.len()) {
-            if t == m.start_ms {
-                let at = m.on_start.map(|v| (t, v)).or_else(|| self.current(t));
-                self.out.push(at);
-            }
-        }
+        settle_minute(
+            self.times,
+            &mut self.out,
+            self.newest,
+            m.start_ms,
+            m.on_start,
+        );
         self.newest = Some(m.last);
         self.floor = m.start_ms;
-    }
-
-    /// The steps before `t` take the newest sample while it is current.
-    fn steps_before(&mut self, t: i64) {
-        while let Some(&s) = self.times.get(self.out.len()) {
-            if s >= t {
-                break;
-            }
-            let at = self.current(s);
-            self.out.push(at);
-        }
-    }
-
-    fn current(&self, t: i64) -> Option<(i64, f64)> {
-        current(self.newest, t)
     }
 
     /// The samples at every step.
     pub(super) fn finish(mut self) -> StepSamples {
         self.settle();
-        self.steps_before(i64::MAX);
+        steps_before(self.times, &mut self.out, self.newest, i64::MAX);
         self.out
     }
 }

@@ -380,6 +380,20 @@ fn time_and_one_to_one_vector_matching() {
 /// One GPU's OFU each second for three hours from `T0` (samples on every
 /// minute and hour boundary), job `j1` from mid-minute to mid-minute;
 /// compacted (hours sealed: rollups) or not (every sample in the head).
+/// The series model over `s` for every tenant, with staleness on.
+fn all_scope_model<'a>(s: &'a Store, budget: &'a Budget) -> Model<'a> {
+    Model {
+        store: s,
+        reader: None,
+        scope: &Scope::All,
+        budget,
+        remote: None,
+        base_only: false,
+        specs: None,
+        staleness: true,
+    }
+}
+
 fn ofu_store(compacted: bool) -> Store {
     const T0: i64 = 1_699_999_200_000;
     let s = Store::new(Arc::new(MemEngine::new()), false);
@@ -495,16 +509,7 @@ fn rollup_buckets_answer_as_the_samples_do() {
     // The sealed store answered from buckets; the other had none to give.
     let buckets = |s: &Store| {
         let budget = Budget::unlimited();
-        let m = Model {
-            store: s,
-            reader: None,
-            scope: &Scope::All,
-            budget: &budget,
-            remote: None,
-            base_only: false,
-            specs: None,
-            staleness: true,
-        };
+        let m = all_scope_model(s, &budget);
         let series = m.select(&[]).unwrap();
         let ofu = series
             .iter()
@@ -1022,21 +1027,12 @@ fn minute_steps_take_the_samples_the_samples_give() {
     for (seal, reopen) in [(false, false), (true, false), (true, true)] {
         let s = minute_steps_store(seal, reopen);
         let budget = Budget::unlimited();
-        let m = Model {
-            store: &s,
-            reader: None,
-            scope: &Scope::All,
-            budget: &budget,
-            remote: None,
-            base_only: false,
-            specs: None,
-            staleness: true,
-        };
+        let m = all_scope_model(&s, &budget);
         let series: Vec<_> = m
             .select(&[])
             .unwrap()
             .into_iter()
-            .filter(|s| label_of(&s.labels, "__name__") == "flopwatch_ofu_ratio")
+            .filter(|s| super::syntax::label(&s.labels, "__name__") == "flopwatch_ofu_ratio")
             .collect();
         assert_eq!(series.len(), 3, "outside every job, j1 and j2");
         let mut in_order = 0;
@@ -1074,10 +1070,4 @@ fn minute_steps_take_the_samples_the_samples_give() {
         let expected = if reopen { 4 } else { 6 };
         assert_eq!(in_order, expected, "sealed {seal}, reopened {reopen}");
     }
-}
-
-fn label_of<'a>(l: &'a [(String, String)], k: &str) -> &'a str {
-    l.iter()
-        .find(|(x, _)| x == k)
-        .map_or("", |(_, v)| v.as_str())
 }
