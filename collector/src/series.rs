@@ -33,13 +33,13 @@ pub(crate) fn gpu_labels(g: &GpuLive) -> Labels {
     l
 }
 
+/// The names of a GPU's job labels, in the order they are given.
+pub(crate) const JOB_LABELS: [&str; 5] = ["job_id", "pod", "namespace", "container", "hpc_job"];
+
 /// Appends a GPU's job labels (`job_id`, `pod`, `namespace`, `container`,
 /// `hpc_job`, in that order, as given), leaving out the empty ones.
 pub(crate) fn push_job_labels(l: &mut Labels, values: [&String; 5]) {
-    for (k, v) in ["job_id", "pod", "namespace", "container", "hpc_job"]
-        .into_iter()
-        .zip(values)
-    {
+    for (k, v) in JOB_LABELS.into_iter().zip(values) {
         if !v.is_empty() {
             l.push((k.into(), v.clone()));
         }

@@ -14,9 +14,8 @@ use super::derived::{Across, JOB_GPUS, JOB_OFU, NODE_OFU};
 use super::model::{matches, LedgerCol, Model, OfuCol, SeriesRef, Source};
 use super::syntax::label;
 use super::QueryError;
-use crate::series::{family_of, push_job_labels, Labels, On};
-use crate::store::index::{Field, GpuView, IndexRead};
-use crate::store::JobRecord;
+use crate::series::{family_of, Labels, On, JOB_LABELS};
+use crate::store::index::{Field, GpuView, IndexRead, JobEntry};
 use promql_parser::label::{MatchOp, Matcher};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -57,21 +56,22 @@ fn field_of(label: &str) -> Option<Field> {
     })
 }
 
-/// Job spans of one GPU: constant-owner pieces of the time line, with the
-/// index of the owning job record (or `None`).
-pub(super) fn job_segments(jobs: &[JobRecord]) -> Vec<(i64, i64, Option<usize>)> {
+/// Job spans of one GPU from its jobs' times (first and last seen, ms):
+/// constant-owner pieces of the time line, with the index of the owning
+/// job (or `None`).
+pub(super) fn job_segments(jobs: &[(i64, i64)]) -> Vec<(i64, i64, Option<usize>)> {
     let mut cuts = vec![i64::MIN, i64::MAX];
-    for j in jobs {
-        cuts.push(j.first_seen_ms);
-        cuts.push(j.last_seen_ms.saturating_add(1));
+    for &(first, last) in jobs {
+        cuts.push(first);
+        cuts.push(last.saturating_add(1));
     }
     cuts.sort_unstable();
     cuts.dedup();
     let owner = |t: i64| {
         jobs.iter()
             .enumerate()
-            .filter(|(_, j)| j.first_seen_ms <= t && t <= j.last_seen_ms)
-            .max_by_key(|(_, j)| j.first_seen_ms)
+            .filter(|(_, j)| j.0 <= t && t <= j.1)
+            .max_by_key(|(_, j)| j.0)
             .map(|(i, _)| i)
     };
     let mut out: Vec<(i64, i64, Option<usize>)> = Vec::new();
@@ -113,14 +113,107 @@ fn device_families() -> &'static [String] {
     })
 }
 
-/// A catalog metric's family name and scale, per metric name.
+/// A catalog metric's family name and scale, per metric name, where the
+/// selector wants the family.
 type FamilyCache = HashMap<String, Option<(String, f64)>>;
 
-fn family_cached(cache: &mut FamilyCache, metric: &str, on: On) -> Option<(String, f64)> {
-    cache
-        .entry(metric.to_string())
-        .or_insert_with(|| family_of(metric, on).map(|f| (f.sample_name(), f.scale)))
-        .clone()
+fn family_cached(
+    cache: &mut FamilyCache,
+    metric: &str,
+    on: On,
+    wants: &dyn Fn(&str) -> bool,
+) -> Option<(String, f64)> {
+    if let Some(f) = cache.get(metric) {
+        return f.clone();
+    }
+    let f = family_of(metric, on)
+        .map(|f| (f.sample_name(), f.scale))
+        .filter(|(n, _)| wants(n));
+    cache.insert(metric.to_string(), f.clone());
+    f
+}
+
+/// The families of GPU series a selector may want, decided once per
+/// selector rather than per GPU.
+struct Wanted {
+    ofu: Vec<(&'static str, OfuCol)>,
+    ledger: Vec<(&'static str, LedgerCol)>,
+    /// Whether a raw metric's family (`flopwatch_gpu_…`) can match.
+    raw: bool,
+}
+
+impl Wanted {
+    fn new(name: Option<&Matcher>) -> Self {
+        let wants = |family: &str| name.is_none_or(|x| x.is_match(family));
+        Self {
+            ofu: OFU_FAMILIES
+                .iter()
+                .filter(|f| wants(f.0))
+                .copied()
+                .collect(),
+            ledger: LEDGER_FAMILIES
+                .iter()
+                .filter(|f| wants(f.0))
+                .copied()
+                .collect(),
+            raw: name.is_none_or(|x| {
+                !matches!(x.op, MatchOp::Equal) || x.value.starts_with(GPU_FAMILY_PREFIX)
+            }),
+        }
+    }
+}
+
+/// What every raw GPU family's name starts with ([`crate::series::family`]).
+const GPU_FAMILY_PREFIX: &str = "flopwatch_gpu_";
+
+/// One owner of a GPU's samples (a job, or none) in [`Model::gpu_series`]:
+/// its labels, borrowed from the index, and its spans.
+struct Owner<'e> {
+    job: Option<usize>,
+    /// Sorted by name, empty values left out, no `__name__`.
+    labels: Vec<(&'e str, &'e str)>,
+    spans: Vec<(i64, i64)>,
+}
+
+/// A GPU's labels `base` and those of its job `j`, sorted by name, empty
+/// values left out: an [`Owner`]'s.
+fn owner_labels<'e>(
+    base: &[(&'e str, &'e str)],
+    j: Option<&'e JobEntry>,
+) -> Vec<(&'e str, &'e str)> {
+    let mut l = base.to_vec();
+    if let Some(j) = j {
+        let values = [&j.job_id, &j.pod, &j.namespace, &j.container, &j.hpc_job];
+        l.extend(JOB_LABELS.into_iter().zip(values.map(String::as_str)));
+    }
+    l.retain(|(_, v)| !v.is_empty());
+    l.sort_unstable();
+    l
+}
+
+/// Whether the matchers accept a series of family `name` with labels `l`
+/// (sorted by name, without `__name__`; a label not there is "").
+fn matches_named(m: &[Matcher], l: &[(&str, &str)], name: &str) -> bool {
+    m.iter().all(|x| {
+        let v = if x.name == "__name__" {
+            name
+        } else {
+            l.binary_search_by(|(k, _)| (*k).cmp(x.name.as_str()))
+                .map_or("", |i| l[i].1)
+        };
+        x.is_match(v)
+    })
+}
+
+/// Labels `l` (sorted by name, without `__name__`) and the name `name`,
+/// owned and in order.
+fn owned_named(l: &[(&str, &str)], name: &str) -> Labels {
+    let at = l.partition_point(|(k, _)| *k < "__name__");
+    let mut out = Vec::with_capacity(l.len() + 1);
+    out.extend(l[..at].iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    out.push(("__name__".to_string(), name.to_string()));
+    out.extend(l[at..].iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    out
 }
 
 impl Model<'_> {
@@ -179,6 +272,7 @@ impl Model<'_> {
             self.select_derived(m, &mut out)?;
         }
         out.sort_by(|a, b| a.labels.cmp(&b.labels));
+
         Ok(out)
     }
 
@@ -190,16 +284,12 @@ impl Model<'_> {
         let wants = |family: &str| name.is_none_or(|x| x.is_match(family));
         let mut out = Vec::new();
         let mut cache = FamilyCache::new();
-        for tenant in self.tenants(&index, m) {
-            // GPU series: the OFU columns and the raw families.
-            let ofu: Vec<(&str, OfuCol)> = OFU_FAMILIES
-                .iter()
-                .filter(|f| wants(f.0))
-                .copied()
-                .collect();
+        // GPU series: the OFU columns, the ledger's and the raw families.
+        let wanted = Wanted::new(name);
+        let gpu_families = !wanted.ofu.is_empty() || !wanted.ledger.is_empty() || wanted.raw;
+        for tenant in self.tenants(&index, m).into_iter().filter(|_| gpu_families) {
             let mut gpus = self.candidates(&index, tenant, m, None).unwrap_or_default();
-            let ledger = LEDGER_FAMILIES.iter().any(|f| wants(f.0));
-            if ofu.is_empty() && !ledger {
+            if wanted.ofu.is_empty() && wanted.ledger.is_empty() {
                 // Only GPUs with a raw metric of a wanted family.
                 let with = index.gpus_where(tenant, Field::Metric, &|metric| {
                     family_of(metric, On::Gpu).is_some_and(|f| wants(&f.sample_name()))
@@ -211,8 +301,10 @@ impl Model<'_> {
                 let Some(g) = index.gpu(tenant, id) else {
                     continue;
                 };
-                self.gpu_series(&index, tenant, g, &ofu, &wants, m, &mut cache, &mut out)?;
+                self.gpu_series(&index, tenant, g, &wanted, &wants, m, &mut cache, &mut out)?;
             }
+        }
+        for tenant in self.tenants(&index, m) {
             if device_families().iter().any(|f| wants(f)) && only_on(m, &DEVICE_LABELS) {
                 self.device_series(&index, tenant, m, &wants, &mut cache, &mut out)?;
             }
@@ -338,48 +430,50 @@ impl Model<'_> {
     }
 
     /// GPU `g`'s series of the wanted families: one per family and job
-    /// owner (the GPU's labels plus the job's), each with its spans.
+    /// owner (the GPU's labels plus the job's), each with its spans. An
+    /// OFU series none of whose spans can hold a sample (all outside the
+    /// GPU's OFU bounds, [`crate::store::Store::ofu_bounds`]) has no
+    /// sample at all, and is no series. Labels are matched borrowed from
+    /// the index, and owned only by the series selected.
     #[allow(clippy::too_many_arguments)]
     fn gpu_series(
         &self,
         index: &IndexRead,
         tenant: &str,
         g: GpuView,
-        ofu: &[(&str, OfuCol)],
+        wanted: &Wanted,
         wants: &dyn Fn(&str) -> bool,
         m: &[Matcher],
         cache: &mut FamilyCache,
         out: &mut Vec<SeriesRef>,
     ) -> Result<(), QueryError> {
         let e = g.entry;
-        let jobs: Vec<JobRecord> = e.jobs.iter().map(|j| j.record(&e.uuid, &e.node)).collect();
-        let base = vec![
-            ("gpu".to_string(), e.index.to_string()),
-            ("UUID".to_string(), e.uuid.clone()),
-            ("modelName".to_string(), e.model.clone()),
-            ("hostname".to_string(), g.hostname.to_string()),
-            ("node".to_string(), e.node.clone()),
-            ("tenant".to_string(), tenant.to_string()),
+        let seen: Vec<(i64, i64)> = e.jobs.iter().map(|j| j.seen()).collect();
+        let gpu_index = e.index.to_string();
+        let base: [(&str, &str); 6] = [
+            ("gpu", &gpu_index),
+            ("UUID", &e.uuid),
+            ("modelName", &e.model),
+            ("hostname", g.hostname),
+            ("node", &e.node),
+            ("tenant", tenant),
         ];
-        // One label set per owner: the GPU's, plus the job's.
-        let mut owners: Vec<(Labels, Vec<(i64, i64)>)> = Vec::new();
-        let mut seen: HashMap<Option<usize>, usize> = HashMap::new();
-        for (a, b, o) in job_segments(&jobs) {
-            let i = *seen.entry(o).or_insert_with(|| {
-                let mut l = base.clone();
-                if let Some(j) = o {
-                    let j = &jobs[j];
-                    push_job_labels(
-                        &mut l,
-                        [&j.job_id, &j.pod, &j.namespace, &j.container, &j.hpc_job],
-                    );
-                }
-                owners.push((l, Vec::new()));
-                owners.len() - 1
-            });
-            owners[i].1.push((a, b));
+        // One label set per owner (the GPU's, plus the job's), sorted by
+        // name, empty values left out, `__name__` not yet in; and its
+        // spans.
+        let mut owners: Vec<Owner> = Vec::new();
+        for (a, b, o) in job_segments(&seen) {
+            match owners.iter_mut().find(|x| x.job == o) {
+                Some(at) => at.spans.push((a, b)),
+                None => owners.push(Owner {
+                    job: o,
+                    labels: owner_labels(&base, o.map(|j| &e.jobs[j])),
+                    spans: vec![(a, b)],
+                }),
+            }
         }
-        let mut families: Vec<(String, Source)> = ofu
+        let mut families: Vec<(String, Source)> = wanted
+            .ofu
             .iter()
             .map(|&(n, col)| {
                 (
@@ -392,9 +486,9 @@ impl Model<'_> {
                 )
             })
             .collect();
-        for metric in index.metrics(tenant, &e.uuid) {
-            if let Some((n, scale)) = family_cached(cache, metric, On::Gpu) {
-                if wants(&n) {
+        if wanted.raw {
+            for metric in index.metrics(tenant, &e.uuid) {
+                if let Some((n, scale)) = family_cached(cache, metric, On::Gpu, wants) {
                     families.push((
                         n,
                         Source::Raw {
@@ -408,31 +502,24 @@ impl Model<'_> {
             }
         }
         // The ledger's counters, one per job record of the GPU.
-        let ledger: Vec<_> = LEDGER_FAMILIES.iter().filter(|f| wants(f.0)).collect();
-        if !ledger.is_empty() {
+        if !wanted.ledger.is_empty() {
             let peak_flops = self
                 .specs
                 .and_then(|s| s.lookup(&e.model))
                 .and_then(|s| s.peak_tflops(flopwatch_config::Precision::Fp16))
                 .unwrap_or(0.0)
                 * 1e12;
-            for j in &jobs {
-                let mut l = base.clone();
-                push_job_labels(
-                    &mut l,
-                    [&j.job_id, &j.pod, &j.namespace, &j.container, &j.hpc_job],
-                );
-                for &&(n, col) in &ledger {
-                    let mut labels = l.clone();
-                    labels.push(("__name__".into(), n.to_string()));
-                    let labels = sorted(labels);
-                    if matches(m, &labels) {
+            for j in &e.jobs {
+                let job = j.record(&e.uuid, &e.node);
+                let l = owner_labels(&base, Some(j));
+                for &(n, col) in &wanted.ledger {
+                    if matches_named(m, &l, n) {
                         self.budget.series(1)?;
                         out.push(SeriesRef {
-                            labels,
+                            labels: owned_named(&l, n),
                             source: Source::Ledger {
                                 tenant: tenant.to_string(),
-                                job: Box::new(j.clone()),
+                                job: Box::new(job.clone()),
                                 col,
                                 peak_flops,
                             },
@@ -442,40 +529,39 @@ impl Model<'_> {
                 }
             }
         }
-        // No OFU sample of the GPU lies before `ofu_from`: its OFU series'
-        // spans start there at the earliest, so the lookback before its
-        // first job, where its series outside every job has no sample, is
-        // known to be empty without a read.
-        let ofu_from = if ofu.is_empty() {
-            i64::MIN
+        // No OFU sample of the GPU lies before its first bound or after
+        // its last: its OFU series' spans start at the first at the
+        // earliest (the lookback before its first job, where its series
+        // outside every job has no sample, is known empty without a
+        // read), and a span starting after the last holds none.
+        let (ofu_from, ofu_to) = if wanted.ofu.is_empty() {
+            (i64::MIN, i64::MAX)
         } else {
-            self.store.ofu_bounds(tenant, e)?.0
+            self.store.ofu_bounds(tenant, e)?
         };
         let ofu_spans: Vec<Vec<(i64, i64)>> = owners
             .iter()
-            .map(|(_, spans)| {
-                spans
+            .map(|o| {
+                o.spans
                     .iter()
                     .map(|&(a, b)| (a.max(ofu_from), b))
-                    .filter(|&(a, b)| a < b)
+                    .filter(|&(a, b)| a < b && a <= ofu_to)
                     .collect()
             })
             .collect();
         for (n, source) in families {
-            for (k, (l, spans)) in owners.iter().enumerate() {
-                let mut labels = l.clone();
-                labels.push(("__name__".into(), n.clone()));
-                let labels = sorted(labels);
-                if matches(m, &labels) {
+            for (k, o) in owners.iter().enumerate() {
+                let spans = match source {
+                    Source::Ofu { .. } if ofu_spans[k].is_empty() => continue,
+                    Source::Ofu { .. } => &ofu_spans[k],
+                    _ => &o.spans,
+                };
+                if matches_named(m, &o.labels, &n) {
                     self.budget.series(1)?;
-                    let spans = match source {
-                        Source::Ofu { .. } => ofu_spans[k].clone(),
-                        _ => spans.clone(),
-                    };
                     out.push(SeriesRef {
-                        labels,
+                        labels: owned_named(&o.labels, &n),
                         source: source.clone(),
-                        spans,
+                        spans: spans.clone(),
                     });
                 }
             }
@@ -506,12 +592,9 @@ impl Model<'_> {
             }
             for d in &n.devices {
                 for metric in index.metrics(tenant, &d.id) {
-                    let Some((f, scale)) = family_cached(cache, metric, On::Device) else {
+                    let Some((f, scale)) = family_cached(cache, metric, On::Device, wants) else {
                         continue;
                     };
-                    if !wants(&f) {
-                        continue;
-                    }
                     let labels = sorted(vec![
                         ("__name__".into(), f),
                         ("kind".into(), d.kind.clone()),
@@ -545,19 +628,9 @@ impl Model<'_> {
 mod tests {
     use super::*;
 
-    fn job(id: &str, a: i64, b: i64) -> JobRecord {
-        JobRecord {
-            job_id: id.into(),
-            first_seen_ms: a,
-            last_seen_ms: b,
-            ..Default::default()
-        }
-    }
-
     #[test]
     fn job_segments_cover_the_time_line_once() {
-        let (a, b) = (job("a", 100, 199), job("b", 150, 300));
-        let s = job_segments(&[a, b]);
+        let s = job_segments(&[(100, 199), (150, 300)]);
         assert_eq!(
             s,
             vec![

@@ -1071,3 +1071,91 @@ fn minute_steps_take_the_samples_the_samples_give() {
         assert_eq!(in_order, expected, "sealed {seal}, reopened {reopen}");
     }
 }
+
+/// A GPU's series is selected where it holds a sample, and only there:
+/// a GPU whose samples all lie in its job has no series outside it (its
+/// OFU bounds say so without a read), one with samples after its job
+/// has both, sealed or in the head. Every series selected holds a
+/// sample, and every owner (job or none) a sample has is selected.
+#[test]
+fn only_series_that_can_hold_a_sample_are_selected() {
+    use std::collections::BTreeSet;
+    const T0: i64 = 1_699_999_200_000;
+    const H: i64 = 3_600_000;
+    for seal in [false, true] {
+        let s = Store::new(Arc::new(MemEngine::new()), false);
+        let samples: Vec<OfuSample> = (1..360)
+            .map(|i| OfuSample {
+                ts_ms: T0 + i * 10_000,
+                ofu: 0.25,
+                tensor_active: 0.5,
+                sm_clock_mhz: 1500.0,
+                window_ms: 10_000,
+            })
+            .collect();
+        // G1's job holds its whole hour; G2's ends halfway through it.
+        let jobs = [("G1", "j1", T0 + H - 1), ("G2", "j2", T0 + H / 2)];
+        let set = CommitSet {
+            seq: 1,
+            ofu: jobs
+                .iter()
+                .map(|(g, _, _)| (g.to_string(), None, samples.clone()))
+                .collect(),
+            gpus: jobs
+                .iter()
+                .map(|(g, _, _)| GpuRecord {
+                    uuid: g.to_string(),
+                    node_id: "n1".into(),
+                    ..Default::default()
+                })
+                .collect(),
+            jobs: jobs
+                .iter()
+                .map(|&(g, j, last)| JobRecord {
+                    job_id: j.into(),
+                    gpu_uuid: g.into(),
+                    first_seen_ms: T0,
+                    last_seen_ms: last,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        s.commit("a", &set).unwrap();
+        if seal {
+            s.compact(T0 + 3 * H, 0).unwrap();
+        }
+        let budget = Budget::unlimited();
+        let m = all_scope_model(&s, &budget);
+        let name = promql_parser::label::Matcher::new(
+            promql_parser::label::MatchOp::Equal,
+            "__name__",
+            "flopwatch_ofu_ratio",
+        );
+        let selected: BTreeSet<(String, String)> = m
+            .select(&[name])
+            .unwrap()
+            .iter()
+            .map(|x| {
+                assert!(
+                    !m.timeline(x, i64::MIN, i64::MAX).unwrap().is_empty(),
+                    "sealed {seal}: {:?} holds no sample",
+                    x.labels
+                );
+                let l = |k| super::syntax::label(&x.labels, k).to_string();
+                (l("UUID"), l("job_id"))
+            })
+            .collect();
+        let owners: BTreeSet<(String, String)> = jobs
+            .iter()
+            .flat_map(|&(g, j, last)| {
+                samples.iter().map(move |x| {
+                    let owner = if x.ts_ms <= last { j } else { "" };
+                    (g.to_string(), owner.to_string())
+                })
+            })
+            .collect();
+        assert_eq!(selected, owners, "sealed {seal}");
+        assert_eq!(selected.len(), 3, "sealed {seal}");
+    }
+}

@@ -90,6 +90,15 @@ impl JobEntry {
             && self.hpc_job == j.hpc_job
     }
 
+    /// When the job was first and last seen on its GPU (ms), as last
+    /// committed.
+    pub fn seen(&self) -> (i64, i64) {
+        (
+            self.first_seen.load(Ordering::Relaxed),
+            self.last_seen.load(Ordering::Relaxed),
+        )
+    }
+
     /// The record as last committed.
     pub fn record(&self, gpu: &str, node: &str) -> JobRecord {
         JobRecord {
@@ -100,8 +109,8 @@ impl JobEntry {
             namespace: self.namespace.clone(),
             container: self.container.clone(),
             hpc_job: self.hpc_job.clone(),
-            first_seen_ms: self.first_seen.load(Ordering::Relaxed),
-            last_seen_ms: self.last_seen.load(Ordering::Relaxed),
+            first_seen_ms: self.seen().0,
+            last_seen_ms: self.seen().1,
         }
     }
 }
