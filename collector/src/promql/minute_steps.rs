@@ -10,7 +10,7 @@
 //! the steps up to its own start and becomes the newest for the steps
 //! after it.
 
-use crate::store::{HourLasts, MINUTE_MS};
+use crate::store::{HourLasts, WholeHour, MINUTE_MS};
 
 /// A series' sample (time and value) at each of a query's steps.
 pub(super) type StepSamples = Vec<Option<(i64, f64)>>;
@@ -27,7 +27,10 @@ struct Minute {
 /// The steps' samples, built from minutes in time order.
 pub(super) struct InOrder<'t> {
     times: &'t [i64],
+    /// A sample per step, `None` from `k` on.
     out: StepSamples,
+    /// The next step to answer.
+    k: usize,
     /// The minute pieces still arrive for.
     open: Option<Minute>,
     /// The newest sample of the minutes settled.
@@ -37,42 +40,36 @@ pub(super) struct InOrder<'t> {
     floor: i64,
 }
 
-/// Settles the minute starting at `start_ms` into `out` (the samples of
-/// `times` so far): the steps before it take `newest` while it is
-/// current, a step on its start the sample there (`on_start`) or that
-/// newest.
+/// The steps of `times` from `k` on that lie at or before `t` take
+/// `newest` while it is current (time, value, last instant current; none
+/// when the time is `i64::MAX`), a step on `t` itself the sample on `t`
+/// where there is one (`on_t`); the next step to answer.
 #[inline(always)]
-fn settle_minute(
+fn settle_to(
     times: &[i64],
-    out: &mut StepSamples,
-    newest: Option<(i64, f64, i64)>,
-    start_ms: i64,
-    on_start: Option<f64>,
-) {
-    steps_before(times, out, newest, start_ms);
-    if times.get(out.len()) == Some(&start_ms) {
-        let at = on_start.map(|v| (start_ms, v));
-        out.push(at.or_else(|| current(newest, start_ms)));
-    }
-}
-
-/// The steps of `times` still to answer that lie before `t` take `newest`
-/// while it is current.
-#[inline(always)]
-fn steps_before(times: &[i64], out: &mut StepSamples, newest: Option<(i64, f64, i64)>, t: i64) {
-    while let Some(&s) = times.get(out.len()) {
-        if s >= t {
+    out: &mut [Option<(i64, f64)>],
+    mut k: usize,
+    (nt, nv, nu): (i64, f64, i64),
+    t: i64,
+    on_t: Option<f64>,
+) -> usize {
+    let n = times.len().min(out.len());
+    while k < n {
+        let s = times[k];
+        if s > t {
             break;
         }
-        out.push(current(newest, s));
+        out[k] = match on_t {
+            Some(v) if s == t => Some((t, v)),
+            _ => (nt <= s && s <= nu).then_some((nt, nv)),
+        };
+        k += 1;
     }
+    k
 }
 
-/// `newest` (time, value, last instant current) at `t`, while current.
-#[inline]
-fn current(newest: Option<(i64, f64, i64)>, t: i64) -> Option<(i64, f64)> {
-    newest.filter(|n| n.0 <= t && t <= n.2).map(|n| (n.0, n.1))
-}
+/// No newest sample: never current.
+const NONE: (i64, f64, i64) = (i64::MAX, 0.0, i64::MIN);
 
 /// A piece arrived for a minute before one already settled: the minutes
 /// were not handed over in order.
@@ -84,7 +81,8 @@ impl<'t> InOrder<'t> {
     pub(super) fn new(times: &'t [i64]) -> Self {
         Self {
             times,
-            out: Vec::with_capacity(times.len()),
+            out: vec![None; times.len()],
+            k: 0,
             open: None,
             newest: None,
             floor: i64::MIN,
@@ -125,17 +123,23 @@ impl<'t> InOrder<'t> {
     }
 
     /// The minutes of a sealed hour ([`HourLasts`]), each as
-    /// [`InOrder::put`] takes it, `until` giving a sample's last instant
-    /// current from its time and window: settled as they come, in one
-    /// loop that keeps its state in registers.
+    /// [`InOrder::put`] takes it, current for `stays(window)` ms after
+    /// its time (`None`: window not recorded) and never after `cut`:
+    /// settled as they come. An hour handed over whole (nearly every one)
+    /// is walked entry by entry in one loop whose state lives in
+    /// registers.
     pub(super) fn put_hour(
         &mut self,
         h: &HourLasts<'_>,
-        until: impl Fn(i64, Option<u32>) -> i64,
+        stays: impl Fn(Option<u32>) -> i64,
+        cut: i64,
     ) -> Result<(), OutOfOrder> {
-        if self.open.is_some_and(|m| m.start_ms >= h.hour()) || h.hour() <= self.floor {
-            // Not after every minute so far: the order is checked minute
-            // by minute.
+        let hour = h.hour();
+        // An hour after every minute so far, handed over whole, takes the
+        // one loop; any other the checks of `put`, minute by minute.
+        let after = self.open.is_none_or(|m| m.start_ms < hour) && hour > self.floor;
+        let Some(x) = h.whole().filter(|_| after) else {
+            let until = |t: i64, w: Option<u32>| t.saturating_add(stays(w)).min(cut);
             let mut r = Ok(());
             h.for_each(|m| {
                 if r.is_ok() {
@@ -144,19 +148,41 @@ impl<'t> InOrder<'t> {
                 }
             });
             return r;
-        }
+        };
         self.settle();
         let times = self.times;
-        let mut out = std::mem::take(&mut self.out);
-        let (mut newest, mut floor) = (self.newest, self.floor);
-        h.for_each(|m| {
-            settle_minute(times, &mut out, newest, m.minute, m.at_start);
-            let (t, v) = m.last;
-            newest = Some((t, v, until(t, m.window_ms)));
-            floor = m.minute;
-        });
-        self.out = out;
-        (self.newest, self.floor) = (newest, floor);
+        let out = self.out.as_mut_slice();
+        let mut k = self.k;
+        let (mut nt, mut nv, mut nu) = self.newest.unwrap_or(NONE);
+        // A window's staleness, kept for the next minute's (one window
+        // per series, nearly always).
+        let (mut seen, mut stay) = (None, 0i64);
+        let (mut bits, mut last_minute) = (x.have, None);
+        let (mut entries, mut starts) = (x.entries.iter(), x.starts.iter());
+        while bits != 0 {
+            let m = bits.trailing_zeros();
+            bits &= bits - 1;
+            let Some(e) = entries.next() else { break };
+            let minute = hour + i64::from(m) * MINUTE_MS;
+            let on = match x.on_start >> m & 1 != 0 {
+                true => starts.next().map(|s| f64::from_le_bytes(*s)),
+                false => None,
+            };
+            k = settle_to(times, out, k, (nt, nv, nu), minute, on);
+            let (off, v, w) = WholeHour::entry(e);
+            if seen != Some(w) {
+                (seen, stay) = (Some(w), stays(Some(w)));
+            }
+            nt = hour + i64::from(off);
+            nv = v;
+            nu = nt.saturating_add(stay).min(cut);
+            last_minute = Some(minute);
+        }
+        self.k = k;
+        if let Some(m) = last_minute {
+            self.newest = Some((nt, nv, nu));
+            self.floor = m;
+        }
         Ok(())
     }
 
@@ -173,10 +199,12 @@ impl<'t> InOrder<'t> {
         let Some(m) = self.open.take() else {
             return;
         };
-        settle_minute(
+        let newest = self.newest.unwrap_or(NONE);
+        self.k = settle_to(
             self.times,
             &mut self.out,
-            self.newest,
+            self.k,
+            newest,
             m.start_ms,
             m.on_start,
         );
@@ -187,7 +215,8 @@ impl<'t> InOrder<'t> {
     /// The samples at every step.
     pub(super) fn finish(mut self) -> StepSamples {
         self.settle();
-        steps_before(self.times, &mut self.out, self.newest, i64::MAX);
+        let newest = self.newest.unwrap_or(NONE);
+        settle_to(self.times, &mut self.out, self.k, newest, i64::MAX, None);
         self.out
     }
 }

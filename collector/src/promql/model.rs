@@ -208,8 +208,14 @@ impl Model<'_> {
     /// The last instant a sample at `ts` sampled over `window_ms` is
     /// current.
     fn current_until(&self, ts: i64, window_ms: Option<u32>) -> i64 {
+        ts.saturating_add(self.stays_current(window_ms))
+    }
+
+    /// How long after its time a sample sampled over `window_ms` stays
+    /// current.
+    fn stays_current(&self, window_ms: Option<u32>) -> i64 {
         let w = window_ms.filter(|_| self.staleness);
-        ts.saturating_add(crate::staleness::stale_after_ms(w).min(LOOKBACK_MS))
+        crate::staleness::stale_after_ms(w).min(LOOKBACK_MS)
     }
 
     /// [`Model::samples`], each with the last instant it is current.
@@ -601,7 +607,8 @@ impl Model<'_> {
                 true => self.relabelled_at(s, b, to)?.map_or(i64::MAX, |n| n - 1),
                 false => i64::MAX,
             };
-            let until = |ts: i64, window: Option<u32>| self.current_until(ts, window).min(cut);
+            let stays = |window: Option<u32>| self.stays_current(window);
+            let until = |ts: i64, window: Option<u32>| ts.saturating_add(stays(window)).min(cut);
             samples.clear();
             self.store
                 .ofu_lasts_in(self.reader, tenant, gpu, lo, hi, &mut |p| match p {
@@ -612,7 +619,7 @@ impl Model<'_> {
                     LastsPiece::Hour(h) => {
                         read += h.len();
                         if order.is_ok() {
-                            order = steps.put_hour(&h, until);
+                            order = steps.put_hour(&h, stays, cut);
                         }
                     }
                 })?;

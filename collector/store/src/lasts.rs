@@ -179,29 +179,116 @@ impl<'a> HourLasts<'a> {
     /// The minutes, in order, to `f`.
     #[inline]
     pub fn for_each(&self, mut f: impl FnMut(MinuteLast)) {
-        let (b, each) = (self.b, self.each);
-        let starts = 16 + each * self.have.count_ones() as usize;
-        let f64_at = |at: usize| f64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
-        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default());
-        let (mut i, mut j, mut bits) = (0usize, 0usize, self.have);
+        let windows = self.windows;
+        self.for_each_entry(|m, off, v, w, at_start| {
+            f(MinuteLast {
+                minute: self.hour + i64::from(m) * MINUTE_MS,
+                last: (self.hour + i64::from(off), v),
+                window_ms: windows.then_some(w),
+                at_start,
+            })
+        });
+    }
+
+    /// The minutes, in order, to `f` as they lie in the record: the
+    /// minute of the hour (0–59), its last sample's offset from the hour
+    /// (ms) and value, that sample's window (ms; 0 where the record keeps
+    /// none, [`HourLasts::has_windows`]) and the value on the minute's
+    /// start. What a reader's inner loop takes: nothing is built per
+    /// minute and no entry is bounds-checked twice.
+    #[inline]
+    pub fn for_each_entry(&self, mut f: impl FnMut(u32, u32, f64, u32, Option<f64>)) {
+        // `parse` checked that the entries (`each` bytes, 12 or 16) and
+        // the values on starts fill the record exactly.
+        let body = self.b.get(16..).unwrap_or_default();
+        let n = self.have.count_ones() as usize;
+        let (entries, starts) = body.split_at(body.len().min(self.each * n));
+        let (starts, _) = starts.as_chunks::<8>();
+        let (mut entries, mut starts) = (entries.chunks_exact(self.each), starts.iter());
+        let (mut bits, on_start, given) = (self.have, self.on_start, self.wanted);
+        let (no_start, windows) = (self.no_start, self.windows);
         while bits != 0 {
             let m = bits.trailing_zeros();
             bits &= bits - 1;
-            let at = 16 + each * i;
-            i += 1;
-            let start = self.on_start & (1 << m) != 0;
-            let at_start = (start && self.no_start & (1 << m) == 0).then(|| f64_at(starts + 8 * j));
-            j += usize::from(start);
-            if self.wanted & (1 << m) == 0 {
+            let Some(e) = entries.next() else { return };
+            let at_start = match on_start >> m & 1 != 0 {
+                true => starts.next().map(|s| f64::from_le_bytes(*s)),
+                false => None,
+            };
+            if given >> m & 1 == 0 {
                 continue;
             }
-            f(MinuteLast {
-                minute: self.hour + i64::from(m) * MINUTE_MS,
-                last: (self.hour + i64::from(u32_at(at)), f64_at(at + 4)),
-                window_ms: self.windows.then(|| u32_at(at + 12)),
+            let (Some(off), Some(v)) = (e.first_chunk::<4>(), e.get(4..12)) else {
+                return;
+            };
+            let mut value = [0u8; 8];
+            value.copy_from_slice(v);
+            let w = match (windows, e.get(12..16)) {
+                (true, Some(w)) => u32::from_le_bytes([w[0], w[1], w[2], w[3]]),
+                _ => 0,
+            };
+            let at_start = at_start.filter(|_| no_start >> m & 1 == 0);
+            f(
+                m,
+                u32::from_le_bytes(*off),
+                f64::from_le_bytes(value),
+                w,
                 at_start,
-            });
+            );
         }
+    }
+
+    /// Whether the record keeps its samples' windows.
+    pub fn has_windows(&self) -> bool {
+        self.windows
+    }
+
+    /// The record's entries as they lie, where it hands over every minute
+    /// it has, each with its value on the start, and keeps its samples'
+    /// windows (the common case: an hour wholly inside a reader's range):
+    /// what a reader's tightest loop walks.
+    pub fn whole(&self) -> Option<WholeHour<'a>> {
+        if !self.windows || self.have & !self.wanted != 0 || self.no_start != 0 {
+            return None;
+        }
+        let n = self.have.count_ones() as usize;
+        let (entries, starts) = self.b.get(16..)?.split_at_checked(16 * n)?;
+        let (entries, _) = entries.as_chunks::<16>();
+        let (starts, _) = starts.as_chunks::<8>();
+        Some(WholeHour {
+            hour: self.hour,
+            have: self.have,
+            on_start: self.on_start,
+            entries,
+            starts,
+        })
+    }
+}
+
+/// A sealed hour's minute lasts, every one handed over
+/// ([`HourLasts::whole`]): for the `k`-th minute of `have` (in order),
+/// entry `k` (its last sample's offset from the hour, u32 ms; value, f64;
+/// window, u32 ms; little-endian); for the `j`-th minute of `on_start`,
+/// the value on its start, `starts[j]`.
+#[derive(Debug, Clone, Copy)]
+pub struct WholeHour<'a> {
+    pub hour: i64,
+    pub have: u64,
+    pub on_start: u64,
+    pub entries: &'a [[u8; 16]],
+    pub starts: &'a [[u8; 8]],
+}
+
+impl WholeHour<'_> {
+    /// An entry's offset from the hour (ms), value and window (ms).
+    #[inline(always)]
+    pub fn entry(e: &[u8; 16]) -> (u32, f64, u32) {
+        let [a, b, c, d, v0, v1, v2, v3, v4, v5, v6, v7, w0, w1, w2, w3] = *e;
+        (
+            u32::from_le_bytes([a, b, c, d]),
+            f64::from_le_bytes([v0, v1, v2, v3, v4, v5, v6, v7]),
+            u32::from_le_bytes([w0, w1, w2, w3]),
+        )
     }
 }
 
@@ -256,6 +343,45 @@ mod tests {
         assert_eq!(encode(h, std::iter::empty()).len(), 16);
     }
 
+    /// An hour handed over whole gives its entries and values on starts
+    /// as they lie: what `for_each` gives, minute by minute; an hour cut
+    /// by a reader's range, or without windows, is not whole.
+    #[test]
+    fn a_whole_hour_gives_what_its_minutes_give() {
+        let h = 1_700_000_000_000 / 3_600_000 * 3_600_000;
+        let samples: Vec<(i64, f64, u32)> = [0, 5, 60_000, 61_500, 180_000, 3_599_999]
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| (h + t, i as f64 / 8.0, 100 + i as u32))
+            .collect();
+        let b = encode(h, samples.iter().copied());
+        let lasts = HourLasts::parse(h, &b).unwrap();
+        let whole = lasts.whole().unwrap();
+        let mut from_whole = Vec::new();
+        let (mut bits, mut starts) = (whole.have, whole.starts.iter());
+        for e in whole.entries {
+            let m = bits.trailing_zeros();
+            bits &= bits - 1;
+            let (off, v, w) = WholeHour::entry(e);
+            let at_start =
+                (whole.on_start >> m & 1 != 0).then(|| f64::from_le_bytes(*starts.next().unwrap()));
+            from_whole.push(MinuteLast {
+                minute: h + i64::from(m) * MINUTE_MS,
+                last: (h + i64::from(off), v),
+                window_ms: Some(w),
+                at_start,
+            });
+        }
+        assert_eq!(bits, 0);
+        assert!(starts.next().is_none());
+        let mut got = Vec::new();
+        lasts.for_each(|m| got.push(m));
+        assert_eq!(from_whole, got);
+        assert_eq!(got.iter().filter(|m| m.at_start.is_some()).count(), 3);
+        assert!(lasts.only(0b1).whole().is_none());
+        assert!(lasts.without_start(0b1).whole().is_none());
+    }
+
     #[test]
     fn records_without_windows_still_read() {
         // The layout before windows: minute 0 only, 12 bytes a minute.
@@ -269,5 +395,6 @@ mod tests {
         HourLasts::parse(h, &b).unwrap().for_each(|m| got.push(m));
         assert_eq!(got.len(), 1);
         assert_eq!((got[0].last, got[0].window_ms), ((h + 7, 0.5), None));
+        assert!(HourLasts::parse(h, &b).unwrap().whole().is_none());
     }
 }

@@ -58,7 +58,7 @@ pub use fold::FoldReport;
 pub use format::FORMAT;
 pub use hours::{MINUTE_MS, WINDOW_MS};
 pub use job_hours::{JobHour, IDLE_TENSOR_ACTIVE};
-pub use lasts::{HourLasts, MinuteLast};
+pub use lasts::{HourLasts, MinuteLast, WholeHour};
 pub use limbo::{LimboBatch, Settle};
 pub use membership::SeqRanges;
 pub use model::Store;

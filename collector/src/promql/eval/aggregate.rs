@@ -55,6 +55,7 @@ impl Kind {
 }
 
 impl Acc {
+    #[inline(always)]
     fn first(v: f64, op: Kind) -> Self {
         Acc {
             count: 1.0,
@@ -67,6 +68,7 @@ impl Acc {
         }
     }
 
+    #[inline(always)]
     fn add(&mut self, v: f64, op: Kind) {
         self.count += 1.0;
         match op {
@@ -110,6 +112,22 @@ impl Acc {
 /// One member's values at every step added to its group's running
 /// states.
 fn fold(acc: &mut [Option<Acc>], vals: impl Iterator<Item = Option<f64>>, op: Kind) {
+    // One loop per kind, each with its arithmetic inlined: the kind is
+    // not matched again at every step.
+    match op {
+        Kind::Sum => fold_as(acc, vals, Kind::Sum),
+        Kind::Avg => fold_as(acc, vals, Kind::Avg),
+        Kind::Max => fold_as(acc, vals, Kind::Max),
+        Kind::Min => fold_as(acc, vals, Kind::Min),
+        Kind::Count => fold_as(acc, vals, Kind::Count),
+        Kind::Group => fold_as(acc, vals, Kind::Group),
+        Kind::Stddev => fold_as(acc, vals, Kind::Stddev),
+        Kind::Stdvar => fold_as(acc, vals, Kind::Stdvar),
+    }
+}
+
+#[inline(always)]
+fn fold_as(acc: &mut [Option<Acc>], vals: impl Iterator<Item = Option<f64>>, op: Kind) {
     for (a, v) in acc.iter_mut().zip(vals) {
         if let Some(v) = v {
             match a {
