@@ -251,7 +251,6 @@ impl Sampling {
         mfu.push(source.mfu_reports(at));
         let flow = match result {
             Ok(mut capture) => {
-                self.stats.captures.fetch_add(1, Ordering::Relaxed);
                 self.outage.succeeded(at);
                 if source.inventory() != self.inventory.as_slice() {
                     self.relist(source.as_ref(), &mut mfu, at);
@@ -277,6 +276,9 @@ impl Sampling {
                 }
                 self.sampler.observe(&mut capture);
                 self.batcher.add(capture, &self.owners);
+                // Counted once all it changed is in place: whoever sees the
+                // count sees the gauges this capture set.
+                self.stats.captures.fetch_add(1, Ordering::Release);
                 ControlFlow::Continue(())
             }
             Err(SourceError::Exhausted) => {

@@ -186,14 +186,12 @@ async fn refused_gpus_on_metrics() {
     // Polled until a capture is in; the bound only keeps a broken build
     // from hanging the run.
     let give_up = Deadline::after(Duration::from_secs(120));
-    let page = loop {
-        let mut page = String::new();
-        prometheus_client::encoding::text::encode(&mut page, &registry).unwrap();
-        if agent.stats.captures.load(Ordering::Relaxed) > 0 || give_up.passed() {
-            break page;
-        }
+    // The page is encoded after a capture is counted, never before.
+    while agent.stats.captures.load(Ordering::Acquire) == 0 && !give_up.passed() {
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    }
+    let mut page = String::new();
+    prometheus_client::encoding::text::encode(&mut page, &registry).unwrap();
     agent.stop().await;
     control::configure("gpus=2").unwrap();
     assert!(page.contains(&format!("# TYPE {family} gauge")), "{page}");

@@ -598,12 +598,13 @@ fn query_body(v: &Value, warnings: &[String]) -> String {
             out.reserve(series.iter().map(size).sum());
             out.push_str("{\"resultType\":\"matrix\",\"result\":[");
             let points: usize = series.iter().map(|s| s.points.len()).sum();
+            let stamps = Stamps::of(series);
             if points >= PARALLEL_POINTS {
                 // Large answers: each series written on one of the cores,
                 // then joined in order.
                 let write = |s: &RangeSeries| {
                     let mut o = String::with_capacity(size(s));
-                    range_series_json(&mut o, s);
+                    range_series_json(&mut o, s, &stamps);
                     Ok::<_, std::convert::Infallible>(o)
                 };
                 let parts = crate::parallel::in_parallel(series.iter().collect(), 1, &write);
@@ -621,7 +622,7 @@ fn query_body(v: &Value, warnings: &[String]) -> String {
                     if i > 0 {
                         out.push(',');
                     }
-                    range_series_json(&mut out, s);
+                    range_series_json(&mut out, s, &stamps);
                 }
             }
             out.push_str("]}");
@@ -635,17 +636,64 @@ fn query_body(v: &Value, warnings: &[String]) -> String {
 /// core.
 const PARALLEL_POINTS: usize = 1 << 15;
 
+/// The timestamps of a matrix answer's longest series, written once:
+/// a range query's series share its steps, so most points find theirs
+/// here instead of formatting it again.
+struct Stamps {
+    times: Vec<i64>,
+    /// `[t,"` of each time, one after another; `ends[i]`: where the
+    /// `i`-th ends.
+    text: String,
+    ends: Vec<usize>,
+}
+
+impl Stamps {
+    fn of(series: &[RangeSeries]) -> Self {
+        let longest = series.iter().max_by_key(|s| s.points.len());
+        let times: Vec<i64> =
+            longest.map_or(Vec::new(), |s| s.points.iter().map(|p| p.0).collect());
+        let mut text = String::with_capacity(16 * times.len());
+        let mut ends = Vec::with_capacity(times.len());
+        for &t in &times {
+            text.push('[');
+            timestamp_json(&mut text, t);
+            text.push_str(",\"");
+            ends.push(text.len());
+        }
+        Self { times, text, ends }
+    }
+
+    /// `[t,"` of `t` appended to `out`, `at` the position in `times` the
+    /// previous point of the series reached (points come in time order).
+    fn put(&self, out: &mut String, t: i64, at: &mut usize) {
+        while self.times.get(*at).is_some_and(|&x| x < t) {
+            *at += 1;
+        }
+        if self.times.get(*at) == Some(&t) {
+            let from = if *at == 0 { 0 } else { self.ends[*at - 1] };
+            out.push_str(&self.text[from..self.ends[*at]]);
+        } else {
+            out.push('[');
+            timestamp_json(out, t);
+            out.push_str(",\"");
+        }
+    }
+}
+
 /// One series of a matrix answer.
-fn range_series_json(out: &mut String, s: &RangeSeries) {
+fn range_series_json(out: &mut String, s: &RangeSeries, stamps: &Stamps) {
     out.push_str("{\"metric\":");
     labels_json(out, &s.labels);
     if !s.points.is_empty() {
         out.push_str(",\"values\":[");
+        let mut at = 0;
         for (j, &(t, v)) in s.points.iter().enumerate() {
             if j > 0 {
                 out.push(',');
             }
-            point_json(out, t, v);
+            stamps.put(out, t, &mut at);
+            sample_into(out, v);
+            out.push_str("\"]");
         }
         out.push(']');
     }
