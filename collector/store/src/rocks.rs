@@ -72,6 +72,12 @@ fn options() -> Options {
 /// megabytes.
 const ZSTD_BLOCK_BYTES: usize = 16 * 1024;
 
+/// Block size of the rollup family, read mostly by scans over a GPU's
+/// hours: a fleet-wide query walks one minute-lasts record (about 1.5 kB)
+/// per GPU-hour, and each block it enters costs a cache lookup and a
+/// block iterator, so larger blocks cut that cost per record.
+const ROLLUP_BLOCK_BYTES: usize = 64 * 1024;
+
 /// zstd level of the last level's files, where rollups and metadata spend
 /// their life (upper levels use RocksDB's default, zstd level 3). These
 /// families take a few kB per GPU-hour, so the slower level costs little.
@@ -133,7 +139,10 @@ fn family_options(cf: Cf, expiry: &ExpirySlot) -> Options {
             // dictionary.
             o.set_bottommost_compression_options(-14, ZSTD_BOTTOM_LEVEL, 0, 0, true);
             let mut t = BlockBasedOptions::default();
-            t.set_block_size(ZSTD_BLOCK_BYTES);
+            t.set_block_size(match cf {
+                Cf::Rollup => ROLLUP_BLOCK_BYTES,
+                _ => ZSTD_BLOCK_BYTES,
+            });
             o.set_block_based_table_factory(&t);
         }
         Cf::Raw | Cf::Ofu | Cf::Limbo => {}
