@@ -601,14 +601,17 @@ fn query_body(v: &Value, warnings: &[String]) -> String {
             let stamps = Stamps::of(series);
             if points >= PARALLEL_POINTS {
                 // Large answers: each series written on one of the cores,
-                // then joined in order.
+                // then joined in order. Each series is taken by the next
+                // free thread: a thread that starts late (a millisecond
+                // and more on a busy machine) takes fewer, instead of
+                // leaving half the answer to wait for it.
                 let write = |s: &RangeSeries| {
                     let mut o = String::with_capacity(size(s));
                     range_series_json(&mut o, s, &stamps);
                     Ok::<_, std::convert::Infallible>(o)
                 };
-                let parts = crate::parallel::in_parallel(series.iter().collect(), 1, &write);
-                let texts = parts.into_iter().flat_map(|p| match p {
+                let parts = crate::parallel::each_in_parallel(series.iter().collect(), &write);
+                let texts = parts.into_iter().map(|p| match p {
                     Ok(p) => p,
                 });
                 for (i, text) in texts.enumerate() {
