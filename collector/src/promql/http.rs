@@ -658,9 +658,7 @@ impl Stamps {
         let mut text = String::with_capacity(16 * times.len());
         let mut ends = Vec::with_capacity(times.len());
         for &t in &times {
-            text.push('[');
-            timestamp_json(&mut text, t);
-            text.push_str(",\"");
+            point_start(&mut text, t);
             ends.push(text.len());
         }
         Self { times, text, ends }
@@ -676,9 +674,7 @@ impl Stamps {
             let from = if *at == 0 { 0 } else { self.ends[*at - 1] };
             out.push_str(&self.text[from..self.ends[*at]]);
         } else {
-            out.push('[');
-            timestamp_json(out, t);
-            out.push_str(",\"");
+            point_start(out, t);
         }
     }
 }
@@ -705,11 +701,16 @@ fn range_series_json(out: &mut String, s: &RangeSeries, stamps: &Stamps) {
 
 /// `[t,"v"]`, written in place: a number's text needs no escaping.
 fn point_json(out: &mut String, t_ms: i64, v: f64) {
+    point_start(out, t_ms);
+    sample_into(out, v);
+    out.push_str("\"]");
+}
+
+/// A point's `[t,"`, up to its value.
+fn point_start(out: &mut String, t_ms: i64) {
     out.push('[');
     timestamp_json(out, t_ms);
     out.push_str(",\"");
-    sample_into(out, v);
-    out.push_str("\"]");
 }
 
 /// A label set as a JSON object, keys sorted (Go marshals label maps so).

@@ -66,16 +66,16 @@ fn options() -> Options {
     o
 }
 
-/// Block size of the zstd-compressed families: a GPU-hour's OFU rollup is
-/// about 3.4 kB, so a 16 KiB block holds several and compresses better
-/// than one record alone, and a 30-day read still decompresses only a few
-/// megabytes.
+/// Block size of the metadata family (zstd-compressed): a block holds
+/// several records and compresses better than one record alone.
 const ZSTD_BLOCK_BYTES: usize = 16 * 1024;
 
 /// Block size of the rollup family, read mostly by scans over a GPU's
 /// hours: a fleet-wide query walks one minute-lasts record (about 1.5 kB)
 /// per GPU-hour, and each block it enters costs a cache lookup and a
-/// block iterator, so larger blocks cut that cost per record.
+/// block iterator, so larger blocks cut that cost per record; a 30-day
+/// read of one GPU (its 720 hour rollups of about 3.4 kB) still
+/// decompresses only a few megabytes.
 const ROLLUP_BLOCK_BYTES: usize = 64 * 1024;
 
 /// zstd level of the last level's files, where rollups and metadata spend
