@@ -27,10 +27,9 @@ struct Minute {
 /// The steps' samples, built from minutes in time order.
 pub(super) struct InOrder<'t> {
     times: &'t [i64],
-    /// A sample per step, `None` from `k` on.
+    /// A sample per step answered so far (its length is the next step to
+    /// answer): filled in step order, so nothing is written twice.
     out: StepSamples,
-    /// The next step to answer.
-    k: usize,
     /// The minute pieces still arrive for.
     open: Option<Minute>,
     /// The newest sample of the minutes settled.
@@ -40,32 +39,27 @@ pub(super) struct InOrder<'t> {
     floor: i64,
 }
 
-/// The steps of `times` from `k` on that lie at or before `t` take
-/// `newest` while it is current (time, value, last instant current; none
-/// when the time is `i64::MAX`), a step on `t` itself the sample on `t`
-/// where there is one (`on_t`); the next step to answer.
+/// The steps of `times` not yet answered (from `out.len()` on) that lie
+/// at or before `t` take `newest` while it is current (time, value, last
+/// instant current; none when the time is `i64::MAX`), a step on `t`
+/// itself the sample on `t` where there is one (`on_t`).
 #[inline(always)]
 fn settle_to(
     times: &[i64],
-    out: &mut [Option<(i64, f64)>],
-    mut k: usize,
+    out: &mut StepSamples,
     (nt, nv, nu): (i64, f64, i64),
     t: i64,
     on_t: Option<f64>,
-) -> usize {
-    let n = times.len().min(out.len());
-    while k < n {
-        let s = times[k];
+) {
+    while let Some(&s) = times.get(out.len()) {
         if s > t {
             break;
         }
-        out[k] = match on_t {
+        out.push(match on_t {
             Some(v) if s == t => Some((t, v)),
             _ => (nt <= s && s <= nu).then_some((nt, nv)),
-        };
-        k += 1;
+        });
     }
-    k
 }
 
 /// No newest sample: never current.
@@ -81,8 +75,7 @@ impl<'t> InOrder<'t> {
     pub(super) fn new(times: &'t [i64]) -> Self {
         Self {
             times,
-            out: vec![None; times.len()],
-            k: 0,
+            out: Vec::with_capacity(times.len()),
             open: None,
             newest: None,
             floor: i64::MIN,
@@ -151,8 +144,7 @@ impl<'t> InOrder<'t> {
         };
         self.settle();
         let times = self.times;
-        let out = self.out.as_mut_slice();
-        let mut k = self.k;
+        let out = &mut self.out;
         let (mut nt, mut nv, mut nu) = self.newest.unwrap_or(NONE);
         // A window's staleness, kept for the next minute's (one window
         // per series, nearly always).
@@ -168,7 +160,7 @@ impl<'t> InOrder<'t> {
                 true => starts.next().map(|s| f64::from_le_bytes(*s)),
                 false => None,
             };
-            k = settle_to(times, out, k, (nt, nv, nu), minute, on);
+            settle_to(times, out, (nt, nv, nu), minute, on);
             let (off, v, w) = WholeHour::entry(e);
             if seen != Some(w) {
                 (seen, stay) = (Some(w), stays(Some(w)));
@@ -178,7 +170,6 @@ impl<'t> InOrder<'t> {
             nu = nt.saturating_add(stay).min(cut);
             last_minute = Some(minute);
         }
-        self.k = k;
         if let Some(m) = last_minute {
             self.newest = Some((nt, nv, nu));
             self.floor = m;
@@ -200,14 +191,7 @@ impl<'t> InOrder<'t> {
             return;
         };
         let newest = self.newest.unwrap_or(NONE);
-        self.k = settle_to(
-            self.times,
-            &mut self.out,
-            self.k,
-            newest,
-            m.start_ms,
-            m.on_start,
-        );
+        settle_to(self.times, &mut self.out, newest, m.start_ms, m.on_start);
         self.newest = Some(m.last);
         self.floor = m.start_ms;
     }
@@ -216,7 +200,7 @@ impl<'t> InOrder<'t> {
     pub(super) fn finish(mut self) -> StepSamples {
         self.settle();
         let newest = self.newest.unwrap_or(NONE);
-        settle_to(self.times, &mut self.out, self.k, newest, i64::MAX, None);
+        settle_to(self.times, &mut self.out, newest, i64::MAX, None);
         self.out
     }
 }

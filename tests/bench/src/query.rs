@@ -14,7 +14,10 @@
 //!    (the index loads at the first query), one GPU's 30-day query, one
 //!    GPU's day at `--step`, and the fleet-wide query.
 //!
-//! Each figure is the median of `--runs` runs over loopback HTTP;
+//! Each figure is the median of `--runs` runs over loopback HTTP (the
+//! fleet-wide query in rounds that ask flopwatch and each peer once in
+//! turn, so all are measured over the same minutes, with each round's
+//! ratio printed too);
 //! VictoriaMetrics is asked with `nocache=1` (its result cache would
 //! otherwise answer every run after the first).
 
@@ -94,61 +97,112 @@ fn ms(s: &str) -> anyhow::Result<i64> {
 /// A query's answer: label set (JSON text) → points.
 type Answer = BTreeMap<String, Vec<(i64, f64)>>;
 
+/// One `query_range` of `q` over `range` at `url`: its time in ms
+/// (request sent to body read) and its answer.
+async fn query_once(
+    http: &reqwest::Client,
+    url: &str,
+    q: &str,
+    (start, end, step): (i64, i64, i64),
+    extra: &[(&str, &str)],
+) -> anyhow::Result<(f64, Answer)> {
+    let secs = |ms: i64| format!("{}.{:03}", ms.div_euclid(1000), ms.rem_euclid(1000));
+    let mut form: Vec<(&str, String)> = vec![
+        ("query", q.to_string()),
+        ("start", secs(start)),
+        ("end", secs(end)),
+        ("step", secs(step)),
+    ];
+    form.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+    let t = Stopwatch::start();
+    let r = http
+        .post(format!("{url}/api/v1/query_range"))
+        .form(&form)
+        .send()
+        .await?;
+    let status = r.status();
+    let text = r.text().await?;
+    let took = t.elapsed().as_secs_f64() * 1000.0;
+    if !status.is_success() {
+        bail!("query_range `{q}` at {url}: {status}: {text}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    let mut answer = Answer::new();
+    for s in v["data"]["result"].as_array().cloned().unwrap_or_default() {
+        let pts = s["values"]
+            .as_array()
+            .map(|vs| {
+                vs.iter()
+                    .filter_map(|p| {
+                        let t = (p[0].as_f64()? * 1000.0).round() as i64;
+                        Some((t, p[1].as_str()?.parse::<f64>().ok()?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        answer.insert(s["metric"].to_string(), pts);
+    }
+    Ok((took, answer))
+}
+
 /// `query_range` of `q` over `range` at `url`, `runs` times (plus one
 /// unmeasured warm-up): sorted times in ms and the last answer.
 async fn range_query(
     http: &reqwest::Client,
     url: &str,
     q: &str,
-    (start, end, step): (i64, i64, i64),
+    range: (i64, i64, i64),
     runs: usize,
     extra: &[(&str, &str)],
 ) -> anyhow::Result<(Vec<f64>, Answer)> {
-    let secs = |ms: i64| format!("{}.{:03}", ms.div_euclid(1000), ms.rem_euclid(1000));
-    let mut times = Vec::new();
-    let mut answer = Answer::new();
-    for run in 0..=runs {
-        let mut form: Vec<(&str, String)> = vec![
-            ("query", q.to_string()),
-            ("start", secs(start)),
-            ("end", secs(end)),
-            ("step", secs(step)),
-        ];
-        form.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
-        let t = Stopwatch::start();
-        let r = http
-            .post(format!("{url}/api/v1/query_range"))
-            .form(&form)
-            .send()
-            .await?;
-        let status = r.status();
-        let text = r.text().await?;
-        let took = t.elapsed().as_secs_f64() * 1000.0;
-        if !status.is_success() {
-            bail!("query_range `{q}` at {url}: {status}: {text}");
-        }
-        if run > 0 {
-            times.push(took);
-        }
-        let v: serde_json::Value = serde_json::from_str(&text)?;
-        answer.clear();
-        for s in v["data"]["result"].as_array().cloned().unwrap_or_default() {
-            let pts = s["values"]
-                .as_array()
-                .map(|vs| {
-                    vs.iter()
-                        .filter_map(|p| {
-                            let t = (p[0].as_f64()? * 1000.0).round() as i64;
-                            Some((t, p[1].as_str()?.parse::<f64>().ok()?))
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            answer.insert(s["metric"].to_string(), pts);
-        }
+    let (_, mut answer) = query_once(http, url, q, range, extra).await?;
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let (took, a) = query_once(http, url, q, range, extra).await?;
+        times.push(took);
+        answer = a;
     }
     times.sort_by(|a, b| a.total_cmp(b));
     Ok((times, answer))
+}
+
+/// The same `query_range` at each of `targets` (URL and extra form
+/// fields), in rounds: after one unmeasured warm-up at each, `runs`
+/// rounds that ask every target once, each round starting at the next
+/// target, so every store is measured over the same minutes of a shared
+/// machine. Per target: its times in round order (ms) and its last
+/// answer.
+async fn interleaved(
+    http: &reqwest::Client,
+    targets: &[(&str, &[(&str, &str)])],
+    q: &str,
+    range: (i64, i64, i64),
+    runs: usize,
+) -> anyhow::Result<Vec<(Vec<f64>, Answer)>> {
+    let mut out = Vec::with_capacity(targets.len());
+    for (url, extra) in targets {
+        out.push((
+            Vec::with_capacity(runs),
+            query_once(http, url, q, range, extra).await?.1,
+        ));
+    }
+    for round in 0..runs {
+        for i in 0..targets.len() {
+            let j = (round + i) % targets.len();
+            let (url, extra) = targets[j];
+            let (took, a) = query_once(http, url, q, range, extra).await?;
+            out[j].0.push(took);
+            out[j].1 = a;
+        }
+    }
+    Ok(out)
+}
+
+/// `t` sorted (for [`median`] and the extremes).
+fn sorted(t: &[f64]) -> Vec<f64> {
+    let mut t = t.to_vec();
+    t.sort_by(|a, b| a.total_cmp(b));
+    t
 }
 
 /// Points compared and the largest relative difference, or why the two
@@ -566,13 +620,23 @@ async fn measure(a: &QueryArgs, work: &Path, interval: i64, step: i64) -> anyhow
     let (_c, srv) = server::Loopback::open(&config(&dir), clock.clone()).await?;
     let q = "avg by (job_id) (flopwatch_ofu_ratio)";
     let range = (start, end, step);
-    let (ours_t, ours) = range_query(&http, &srv.api_url, q, range, a.runs, &[]).await?;
+    // flopwatch and every peer asked in turn, round by round.
+    let mut targets: Vec<(&str, &[(&str, &str)])> = vec![(srv.api_url.as_str(), &[])];
+    targets.extend(
+        peers
+            .iter()
+            .map(|(_, url, extra)| (url.as_str(), extra.as_slice())),
+    );
+    let mut measured = interleaved(&http, &targets, q, range, a.runs).await?;
+    let (ours_rounds, ours) = measured.remove(0);
+    let ours_t = sorted(&ours_rounds);
     let points: usize = ours.values().map(Vec::len).sum();
     println!(
-        "\nfleet-wide `{q}`, {} h at {}: {} series, {points} points",
+        "\nfleet-wide `{q}`, {} h at {}: {} series, {points} points; {} rounds, each asking every store once in turn",
         a.hours,
         a.step,
-        ours.len()
+        ours.len(),
+        a.runs
     );
     println!(
         "  flopwatch: median {:.1} ms (min {:.1}, max {:.1}; {} runs)",
@@ -584,20 +648,31 @@ async fn measure(a: &QueryArgs, work: &Path, interval: i64, step: i64) -> anyhow
     if points == 0 {
         bail!("flopwatch answered nothing");
     }
-    for (name, url, extra) in &peers {
-        let (t, theirs) = range_query(&http, url, q, range, a.runs, extra).await?;
+    for ((name, _, _), (rounds, theirs)) in peers.iter().zip(measured) {
         let (n, worst) = compare(&ours, &theirs)
             .map_err(|e| anyhow::anyhow!("{name} answers `{q}` differently: {e}"))?;
         if worst > 1e-9 {
             bail!("{name} answers `{q}` differently: worst relative difference {worst:e}");
         }
+        let t = sorted(&rounds);
+        // The ratio within each round: both stores over the same moments.
+        let ratios = sorted(
+            &rounds
+                .iter()
+                .zip(&ours_rounds)
+                .map(|(theirs, ours)| theirs / ours)
+                .collect::<Vec<_>>(),
+        );
         println!(
-            "  {name}: median {:.1} ms (min {:.1}, max {:.1}; {} runs); {n} points equal to flopwatch's within {worst:.1e}; flopwatch {:.1}× faster",
+            "  {name}: median {:.1} ms (min {:.1}, max {:.1}; {} runs); {n} points equal to flopwatch's within {worst:.1e}; flopwatch {:.2}× faster (medians); per round {:.2}× median, {:.2}–{:.2}×",
             median(&t),
             t[0],
             t[t.len() - 1],
             t.len(),
-            median(&t) / median(&ours_t)
+            median(&t) / median(&ours_t),
+            median(&ratios),
+            ratios[0],
+            ratios[ratios.len() - 1],
         );
     }
     srv.stop().await?;
