@@ -155,15 +155,10 @@ async fn range_query(
     runs: usize,
     extra: &[(&str, &str)],
 ) -> anyhow::Result<(Vec<f64>, Answer)> {
-    let (_, mut answer) = query_once(http, url, q, range, extra).await?;
-    let mut times = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let (took, a) = query_once(http, url, q, range, extra).await?;
-        times.push(took);
-        answer = a;
-    }
-    times.sort_by(|a, b| a.total_cmp(b));
-    Ok((times, answer))
+    let (times, answer) = interleaved(http, &[(url, extra)], q, range, runs)
+        .await?
+        .remove(0);
+    Ok((sorted(&times), answer))
 }
 
 /// The same `query_range` at each of `targets` (URL and extra form
