@@ -38,6 +38,14 @@
 //! its store, every sample of `--verify-agents` agents: lost = produced −
 //! stored (and produced − acknowledged over all agents).
 //!
+//! With `--remote-write URL` the collector forwards to that endpoint; with
+//! `--remote-write sink` to a fourth process, [`super::sink`], a receiver
+//! that only decodes and counts (at nice 10, standing in for a store on
+//! machines of its own) and answers after `--sink-delay`. After the agents
+//! drain, the driver waits for the sink to hold one new point per
+//! acknowledged batch for each GPU's three OFU series, and prints what
+//! arrived, repeats included, and the delivery lag.
+//!
 //! The collector's `/metrics` is not scraped during the steady state;
 //! `--scrape` scrapes it once after, as served by default (bounded: no
 //! per-GPU families past `[exporter] max_gpus`) and with `gpus=all` (every
@@ -99,10 +107,22 @@ pub(super) struct FleetArgs {
     /// the collector's RSS before, at its peak during, and after.
     #[arg(long)]
     scrape: bool,
+    /// Forward to a remote-write endpoint (the collector's
+    /// `[remote_write] url`), or `sink`: a receiver of this bench's own in
+    /// a process at nice 10 (see [`super::sink`]), whose counts are checked
+    /// after the run against what the agents had acknowledged.
+    #[arg(long)]
+    remote_write: Option<String>,
+    /// How long the `sink` takes to answer each request (a slow receiver).
+    #[arg(long, default_value = "0s")]
+    sink_delay: String,
     /// Working directory (collector store, agent spools, logs); default:
     /// a temporary one, removed after.
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// The sink's port (sink process).
+    #[arg(long, hide = true, default_value_t = 0)]
+    sink_port: u16,
     /// Which process this is.
     #[arg(long, hide = true, value_enum, default_value_t = Role::Driver)]
     role: Role,
@@ -154,12 +174,20 @@ impl Warp {
 enum Role {
     Driver,
     Agents,
+    Sink,
 }
 
 pub(super) async fn run(a: FleetArgs) -> anyhow::Result<()> {
     match a.role {
         Role::Driver => driver(a).await,
         Role::Agents => agents(a).await,
+        Role::Sink => {
+            // Below the collector and the agents, standing in for a
+            // receiver on machines of its own.
+            // SAFETY: setpriority only changes this process' nice value.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
+            super::sink::run(a.sink_port, ms(&a.sink_delay)?).await
+        }
     }
 }
 
@@ -789,6 +817,19 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
                 .unwrap_or_default(),
         ),
     )?;
+    let mut sink = None;
+    if let Some(to) = &a.remote_write {
+        let url = if to == "sink" {
+            let s = Sink::start(&root, &a.sink_delay)?;
+            let url = s.url.clone();
+            sink = Some(s);
+            url
+        } else {
+            to.clone()
+        };
+        let mut f = std::fs::OpenOptions::new().append(true).open(&config)?;
+        writeln!(f, "\n[remote_write]\nurl = \"{url}\"")?;
+    }
     let log = root.join("collector.log");
     let mut col = start_collector(&config, &log)?;
     std::thread::sleep(Duration::from_millis(500));
@@ -802,16 +843,26 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
     };
     let gen = Generators::start(&root, &format!("http://127.0.0.1:{port}"), &load, &[])?;
     let mut gen = gen;
-    let result =
-        run_phases(&a, &root, &config, &log, &mut col, rss0, threads0, &gen).and_then(|steady| {
-            if a.scrape {
-                for query in ["", "?gpus=all"] {
-                    scrape(col.child.id(), metrics_port, query)?;
-                }
+    let result = run_phases(
+        &a,
+        &root,
+        &config,
+        &log,
+        &mut col,
+        rss0,
+        threads0,
+        &gen,
+        sink.as_ref(),
+    )
+    .and_then(|steady| {
+        if a.scrape {
+            for query in ["", "?gpus=all"] {
+                scrape(col.child.id(), metrics_port, query)?;
             }
-            Ok(steady)
-        });
-    let outcome = finish(&a, &root, &mut col, &mut gen, result);
+        }
+        Ok(steady)
+    });
+    let outcome = finish(&a, &root, &mut col, &mut gen, sink.as_mut(), result);
     // A temporary root goes whatever happened: a failed run of 10,000
     // agents leaves gigabytes of spools and store behind.
     if tmp {
@@ -829,16 +880,30 @@ fn finish(
     root: &Path,
     col: &mut Collector,
     gen: &mut Generators,
+    sink: Option<&mut Sink>,
     result: anyhow::Result<Steady>,
 ) -> anyhow::Result<()> {
     let n = a.agents;
     // Whatever happened: stop the agents' sources and let them drain.
     let drained = gen.drain(Duration::from_secs(240));
     gen.kill();
+    // What the collector forwards: one point per acknowledged batch for
+    // each of its GPUs' three OFU series (`fidelity = "mean"`).
+    let forwarded = match (&sink, &drained) {
+        (Some(s), Ok(done)) => {
+            let expected = field(done, "acked_batches") as u64 * a.gpus as u64 * 3;
+            Some((expected, s.settle(expected, Duration::from_secs(180))))
+        }
+        _ => None,
+    };
     let _ = Command::new("kill")
         .args(["-TERM", &col.child.id().to_string()])
         .status();
     let _ = col.child.wait();
+    // The receiver goes after the collector, which would log its going.
+    if let Some(s) = sink {
+        s.kill();
+    }
     let steady = result?;
     let done = drained.context("the agents did not drain")?;
     let produced = field(&done, "produced");
@@ -851,11 +916,102 @@ fn finish(
     println!(
         "after the run: {produced} samples produced, {acked} acknowledged, {pending} batches pending; store checked for {checked} agents: {counted} produced, {stored} stored"
     );
+    let forward = forwarded
+        .map(|(expected, l)| {
+            let h = hist(&l);
+            println!(
+                "remote write: {} requests ({:.1} MB), {} new points (expected {expected}: the acknowledged batches × GPUs × 3 OFU series), {} repeats, {} staleness markers, {} series; delivery lag (point's time to its request's arrival) p50 {} p99 {} max {}; steady state {:.0} points/s",
+                field(&l, "requests"),
+                field(&l, "bytes") / 1e6,
+                field(&l, "new"),
+                field(&l, "repeats"),
+                field(&l, "markers"),
+                field(&l, "series"),
+                fmt_ms(quantile(&h, 0.5)),
+                fmt_ms(quantile(&h, 0.99)),
+                fmt_ms(quantile(&h, 1.0)),
+                steady.forwarded_per_s,
+            );
+            format!(
+                " forwarded={} forward_expected={expected} forward_repeats={} forwarded_per_s={:.0}",
+                field(&l, "new"),
+                field(&l, "repeats"),
+                steady.forwarded_per_s
+            )
+        })
+        .unwrap_or_default();
     println!(
-        "fleet result: agents={n} connected={} stored_per_s={:.0} lost={lost} produced={produced} acked={acked} checked_agents={checked} checked_produced={counted} checked_stored={stored}",
+        "fleet result: agents={n} connected={} stored_per_s={:.0} lost={lost} produced={produced} acked={acked} checked_agents={checked} checked_produced={counted} checked_stored={stored}{forward}",
         steady.connected, steady.stored_per_s
     );
     Ok(())
+}
+
+/// The `sink` receiver's process (`--remote-write sink`).
+struct Sink {
+    child: Child,
+    out: Lines,
+    url: String,
+}
+
+impl Sink {
+    fn start(root: &Path, delay: &str) -> anyhow::Result<Self> {
+        let port = flopwatch_tests::procs::free_port();
+        let mut child = spawn(
+            "fleet",
+            "sink",
+            &[
+                "--sink-port".into(),
+                port.to_string(),
+                "--sink-delay".into(),
+                delay.into(),
+            ],
+            &root.join("sink.log"),
+        )?;
+        let out = lines(&mut child);
+        wait_for(&out, "sink listening", Duration::from_secs(30))?;
+        Ok(Self {
+            child,
+            out,
+            url: format!("http://127.0.0.1:{port}/api/v1/write"),
+        })
+    }
+
+    /// Its last status line.
+    fn status(&self) -> String {
+        self.out
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .rev()
+            .find(|l| l.starts_with("sink requests="))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Waits until `expected` new points have arrived, or none for 20 s,
+    /// or `limit`: the last status line.
+    fn settle(&self, expected: u64, limit: Duration) -> String {
+        let until = Deadline::after(limit);
+        let (mut seen, mut since) = (0.0, Stopwatch::start());
+        loop {
+            let l = self.status();
+            let new = field(&l, "new");
+            if new as u64 >= expected || since.elapsed() > Duration::from_secs(20) || until.passed()
+            {
+                return l;
+            }
+            if new > seen {
+                (seen, since) = (new, Stopwatch::start());
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// Counts, in the stopped collector's store, every sample of `k` agents
@@ -909,6 +1065,8 @@ pub(super) fn count_stored(
 struct Steady {
     connected: f64,
     stored_per_s: f64,
+    /// New points the sink received per second (`--remote-write sink`).
+    forwarded_per_s: f64,
 }
 
 /// Connect, steady state, storm (each printed as it ends).
@@ -922,6 +1080,7 @@ fn run_phases(
     rss0: u64,
     threads0: u64,
     ag: &Generators,
+    sink: Option<&Sink>,
 ) -> anyhow::Result<Steady> {
     let n = a.agents;
     let interval = ms(&a.interval)?;
@@ -970,6 +1129,7 @@ fn run_phases(
     let pid = col.child.id();
     let first = ag.status();
     let (c0, g0) = (cpu_seconds(pid).unwrap_or(0.0), ag.cpu_seconds());
+    let sunk0 = sink.map_or(0.0, |s| field(&s.status(), "new"));
     let w0 = Stopwatch::start();
     let (mut rss_max, mut threads_max, mut min_connected) = (0u64, 0u64, n);
     let mut rss_sum = 0.0;
@@ -1003,6 +1163,7 @@ fn run_phases(
     let secs = w0.elapsed().as_secs_f64();
     let last = ag.status();
     let (c1, g1) = (cpu_seconds(pid).unwrap_or(0.0), ag.cpu_seconds());
+    let forwarded_per_s = sink.map_or(0.0, |s| (field(&s.status(), "new") - sunk0) / secs);
     let (rss_end, hwm, _) = memory(pid).unwrap_or_default();
     let socks = sockets(pid);
     let h: Vec<u64> = hist(&last)
@@ -1043,6 +1204,7 @@ fn run_phases(
     let steady = Steady {
         connected: field(&last, "connected"),
         stored_per_s: stored,
+        forwarded_per_s,
     };
     if !a.storm {
         return Ok(steady);

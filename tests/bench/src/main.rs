@@ -20,6 +20,7 @@ mod ledger;
 mod peer;
 mod prom_query;
 mod query;
+mod sink;
 mod slow_engine;
 mod soak;
 mod storage;
