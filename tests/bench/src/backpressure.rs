@@ -237,6 +237,18 @@ pub(super) fn lines(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
     out
 }
 
+/// The newest of `lines` that starts with `prefix`, or "".
+pub(super) fn last_line(lines: &Mutex<Vec<String>>, prefix: &str) -> String {
+    lines
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .rev()
+        .find(|l| l.starts_with(prefix))
+        .cloned()
+        .unwrap_or_default()
+}
+
 pub(super) fn wait_for(
     lines: &Mutex<Vec<String>>,
     prefix: &str,
@@ -425,14 +437,7 @@ async fn driver(a: BackpressureArgs) -> anyhow::Result<()> {
             );
         };
         let t = started.elapsed().as_secs_f64();
-        let agents = ag_out
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .rev()
-            .find(|l| l.starts_with("agents t="))
-            .cloned()
-            .unwrap_or_default();
+        let agents = last_line(&ag_out, "agents t=");
         let page = scrape_page(&metrics).unwrap_or_default();
         let s = Sample {
             t,

@@ -51,7 +51,7 @@
 //! per-GPU families past `[exporter] max_gpus`) and with `gpus=all` (every
 //! GPU), measuring the page and the collector's memory.
 
-use super::backpressure::{field, lines, memory, mib, ms, spawn, wait_for};
+use super::backpressure::{field, last_line, lines, memory, mib, ms, spawn, wait_for};
 use anyhow::{bail, Context};
 use flopwatch_agent::client::{self, ClientOptions, ClientState};
 use flopwatch_agent::latency::{quantile, BUCKETS};
@@ -419,18 +419,13 @@ async fn agents(a: FleetArgs) -> anyhow::Result<()> {
                 *h += c;
             }
         }
-        let hist: Vec<String> = hist
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| **c > 0)
-            .map(|(i, c)| format!("{i}:{c}"))
-            .collect();
+        let hist = fmt_hist(&hist);
         println!(
             "{label} t={:.2} produced={} produced_batches={} acked={acked} acked_batches={acked_batches} pending={pending} connected={connected} connections={connections} hist={}",
             started.elapsed().as_secs_f64(),
             produced.samples.load(Ordering::Relaxed),
             produced.batches.load(Ordering::Relaxed),
-            hist.join(","),
+            hist,
         );
         let _ = std::io::stdout().flush();
         pending
@@ -583,13 +578,7 @@ fn start_collector(config: &Path, log: &Path) -> anyhow::Result<Collector> {
 type Lines = Arc<Mutex<Vec<String>>>;
 
 fn last_status(l: &Lines) -> String {
-    l.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .rev()
-        .find(|l| l.starts_with("agents t="))
-        .cloned()
-        .unwrap_or_default()
+    last_line(l, "agents t=")
 }
 
 /// The load generator's processes: each child, its directory and its
@@ -750,6 +739,18 @@ impl Generators {
         }
         Ok(Self::combine(done.into_iter()))
     }
+}
+
+/// A latency histogram as a status line's `hist=` value (what [`hist`]
+/// reads back): its non-empty buckets as `index:count`, comma-separated.
+pub(super) fn fmt_hist(counts: &[u64]) -> String {
+    let pairs: Vec<String> = counts
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c > 0)
+        .map(|(i, c)| format!("{i}:{c}"))
+        .collect();
+    pairs.join(",")
 }
 
 /// The latency histogram of a status line.
@@ -979,14 +980,7 @@ impl Sink {
 
     /// Its last status line.
     fn status(&self) -> String {
-        self.out
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .rev()
-            .find(|l| l.starts_with("sink requests="))
-            .cloned()
-            .unwrap_or_default()
+        last_line(&self.out, "sink requests=")
     }
 
     /// Waits until `expected` new points have arrived, or none for 20 s,

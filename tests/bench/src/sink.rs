@@ -83,14 +83,7 @@ impl Tally {
 
     fn line(&self) -> String {
         let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        let hist: Vec<String> = self
-            .lag
-            .counts()
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n > 0)
-            .map(|(i, n)| format!("{i}:{n}"))
-            .collect();
+        let hist = super::fleet::fmt_hist(&self.lag.counts());
         format!(
             "sink requests={} bytes={} new={} repeats={} markers={} bad={} series={} hist={}",
             c.requests,
@@ -100,7 +93,7 @@ impl Tally {
             c.markers,
             c.bad,
             c.newest.len(),
-            hist.join(",")
+            hist
         )
     }
 }
