@@ -52,6 +52,7 @@
 //! GPU), measuring the page and the collector's memory.
 
 use super::backpressure::{field, last_line, lines, memory, mib, ms, spawn, wait_for};
+use super::hist_line::{fmt_hist, hist};
 use anyhow::{bail, Context};
 use flopwatch_agent::client::{self, ClientOptions, ClientState};
 use flopwatch_agent::latency::{quantile, BUCKETS};
@@ -739,37 +740,6 @@ impl Generators {
         }
         Ok(Self::combine(done.into_iter()))
     }
-}
-
-/// A latency histogram as a status line's `hist=` value (what [`hist`]
-/// reads back): its non-empty buckets as `index:count`, comma-separated.
-pub(super) fn fmt_hist(counts: &[u64]) -> String {
-    let pairs: Vec<String> = counts
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| **c > 0)
-        .map(|(i, c)| format!("{i}:{c}"))
-        .collect();
-    pairs.join(",")
-}
-
-/// The latency histogram of a status line.
-pub(super) fn hist(line: &str) -> Vec<u64> {
-    let mut h = vec![0u64; BUCKETS];
-    let list = line
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("hist="))
-        .unwrap_or("");
-    for pair in list.split(',').filter(|p| !p.is_empty()) {
-        if let Some((i, c)) = pair.split_once(':') {
-            if let (Ok(i), Ok(c)) = (i.parse::<usize>(), c.parse::<u64>()) {
-                if i < BUCKETS {
-                    h[i] = c;
-                }
-            }
-        }
-    }
-    h
 }
 
 pub(super) fn fmt_ms(d: Option<Duration>) -> String {

@@ -16,6 +16,7 @@
 
 mod backpressure;
 mod fleet;
+mod hist_line;
 mod ledger;
 mod peer;
 mod prom_query;

@@ -83,7 +83,7 @@ impl Tally {
 
     fn line(&self) -> String {
         let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        let hist = super::fleet::fmt_hist(&self.lag.counts());
+        let hist = super::hist_line::fmt_hist(&self.lag.counts());
         format!(
             "sink requests={} bytes={} new={} repeats={} markers={} bad={} series={} hist={}",
             c.requests,

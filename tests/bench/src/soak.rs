@@ -33,7 +33,8 @@
 //! `--verify-agents` agents' samples against what they produced.
 
 use super::backpressure::{field, memory, mib, ms};
-use super::fleet::{count_stored, cpu_seconds, fmt_ms, hist, Generators, Load, Warp};
+use super::fleet::{count_stored, cpu_seconds, fmt_ms, Generators, Load, Warp};
+use super::hist_line::hist;
 use anyhow::Context;
 use flopwatch_agent::latency::quantile;
 use flopwatch_collector::server;
