@@ -43,12 +43,30 @@ pub(super) struct Sent {
     pub base: Arc<Base>,
     /// Its newest sample's time.
     pub last_ts: i64,
+    /// Whether `last_ts` is known: not for a series taken back after a
+    /// restart until a batch continues it (the register keeps the time of
+    /// the batch that opened it).
+    pub exact: bool,
 }
 
 impl Sent {
     /// Its labels, whole.
     pub(super) fn labels(&self) -> Vec<u8> {
         self.base.with_name(&self.name)
+    }
+
+    /// Its staleness marker's time when it goes stale at `now_ms`
+    /// (collector clock): just after its newest sample, so that points a
+    /// late batch brings (a spool replayed after a disconnect) come after
+    /// the marker rather than behind it, where a receiver refuses them as
+    /// out of order; at `now_ms` (or after its newest known time) when its
+    /// newest sample is not known.
+    pub(super) fn end_ms(&self, now_ms: i64) -> i64 {
+        if self.exact {
+            self.last_ts.saturating_add(1)
+        } else {
+            now_ms.max(self.last_ts.saturating_add(1))
+        }
     }
 }
 
@@ -128,27 +146,30 @@ impl OpenSeries {
                 self.until[i] = until;
                 if let Some(s) = self.slots[i].as_mut() {
                     if Arc::ptr_eq(&s.base, base) || *s.base == **base {
-                        s.last_ts = ts;
+                        s.last_ts = if s.exact { s.last_ts.max(ts) } else { ts };
+                        s.exact = true;
                         return Noted::Same;
                     }
                     let before = std::mem::replace(&mut s.base, base.clone());
                     let last = std::mem::replace(&mut s.last_ts, ts);
+                    s.exact = true;
                     return Noted::Relabelled(before, last);
                 }
             }
         }
-        self.insert(gpu, name, base.clone(), ts, until);
+        self.insert(gpu, name, base.clone(), (ts, true), until);
         Noted::New
     }
 
     /// Adds the series of `gpu` named `name` (not open) with the labels
-    /// `base`, its newest sample at `last_ts`, current until `until`.
+    /// `base`, its newest sample at `last_ts` (and whether that is known,
+    /// [`Sent::exact`]), current until `until`.
     pub(super) fn insert(
         &mut self,
         gpu: &str,
         name: &str,
         base: Arc<Base>,
-        last_ts: i64,
+        (last_ts, exact): (i64, bool),
         until: i64,
     ) {
         let name = match self.names.get(name) {
@@ -184,6 +205,7 @@ impl OpenSeries {
             name,
             base,
             last_ts,
+            exact,
         });
         self.until[i] = until;
     }

@@ -349,7 +349,13 @@ impl RemoteQueue {
                             after: after.to_vec(),
                         };
                         let base = sent.base(&gpu, base);
-                        sent.insert(&gpu, &name, base, p.ts_ms, now_ms.saturating_add(grace_ms));
+                        sent.insert(
+                            &gpu,
+                            &name,
+                            base,
+                            (p.ts_ms, false),
+                            now_ms.saturating_add(grace_ms),
+                        );
                     }
                 }
             }
@@ -375,7 +381,9 @@ impl RemoteQueue {
     }
 
     /// Journals a staleness marker for every series gone stale by `now_ms`
-    /// (collector clock), just after its last sample or at `now_ms`.
+    /// (collector clock), just after its newest sample (at `now_ms` for a
+    /// series taken back after a restart and not continued:
+    /// [`super::open::Sent::end_ms`]).
     pub fn expire(&self, now_ms: i64) -> Result<(), StoreError> {
         let (entry, closed) = {
             let Ok(mut sent) = self.sent.lock() else {
@@ -385,11 +393,7 @@ impl RemoteQueue {
             let mut closed = Vec::new();
             for s in sent.expire(now_ms) {
                 closed.push(journal::open_key(&s.gpu, &s.name));
-                out.push(
-                    &s.labels(),
-                    now_ms.max(s.last_ts + 1),
-                    f64::from_bits(STALE_NAN),
-                );
+                out.push(&s.labels(), s.end_ms(now_ms), f64::from_bits(STALE_NAN));
             }
             (out.finish(), closed)
         };
@@ -612,9 +616,17 @@ mod tests {
         assert_eq!(e.len(), 1);
         let pts = points_of(&e[0].body).unwrap();
         assert_eq!(pts.len(), 4);
-        assert!(pts
-            .iter()
-            .all(|p| p.value.to_bits() == STALE_NAN && p.ts_ms == 20_301));
+        // Each just after its newest sample (the agent's clock), not at
+        // the collector's time of expiry.
+        for p in &pts {
+            assert_eq!(p.value.to_bits(), STALE_NAN);
+            let want = if name(p) == "flopwatch_gpu_power_watts" {
+                6
+            } else {
+                2_001
+            };
+            assert_eq!(p.ts_ms, want, "{p:?}");
+        }
         assert!(pts
             .iter()
             .all(|p| !p.labels.iter().any(|l| l.name == "job_id")));
@@ -622,6 +634,20 @@ mod tests {
         // Each series ends once.
         q.expire(30_000).unwrap();
         assert_eq!(q.store.journal_read(0, u64::MAX).unwrap().0.len(), 1);
+        // A batch the agent kept through a disconnect arrives late, its
+        // points older than the collector's time of expiry: they come
+        // after the markers, so a receiver takes them in order, and their
+        // series start again.
+        let mut late = g.clone();
+        late.counters.insert(m::TENSOR_ACTIVE.into(), (15_000, 0.5));
+        late.counters.insert("power_w".into(), (15_000, 310.0));
+        let (entry, open) = q.forward(&[late], &CommitSet::default());
+        let pts = points(&entry);
+        assert_eq!(pts.len(), 4, "{pts:?}");
+        assert!(pts
+            .iter()
+            .all(|p| p.value.to_bits() != STALE_NAN && p.ts_ms == 15_000));
+        assert_eq!(open.len(), 4, "the series are open again");
     }
 
     #[test]
