@@ -155,6 +155,20 @@ impl Framer {
     }
 }
 
+/// What a request's messages decode to.
+pub(crate) trait Decode: Sized {
+    /// Decodes one message.
+    fn decode(bytes: Bytes) -> Result<Self, String>;
+}
+
+/// An agent's message, its batch decoded straight into the model's types
+/// (`flopwatch_proto::wire_batch`).
+impl Decode for flopwatch_proto::wire_batch::AgentFrame {
+    fn decode(bytes: Bytes) -> Result<Self, String> {
+        Self::decode(&bytes).map_err(|e| e.to_string())
+    }
+}
+
 /// A request body as a stream of decoded messages.
 pub(crate) struct Messages<M, B> {
     body: B,
@@ -177,7 +191,7 @@ impl<M, B> Messages<M, B> {
 
 impl<M, B> Stream for Messages<M, B>
 where
-    M: prost::Message + Default,
+    M: Decode,
     B: tonic::codegen::Body<Data = Bytes, Error = Status> + Unpin,
 {
     type Item = Result<M, Status>;
@@ -190,9 +204,7 @@ where
             }
             match this.framer.next_message() {
                 Ok(Some(bytes)) => {
-                    return Poll::Ready(Some(
-                        M::decode(bytes).map_err(|e| Status::internal(e.to_string())),
-                    ))
+                    return Poll::Ready(Some(M::decode(bytes).map_err(Status::internal)))
                 }
                 Ok(None) => {}
                 Err(status) => {

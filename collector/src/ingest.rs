@@ -29,8 +29,8 @@ use crate::CollectorError;
 use flopwatch_proto::clock::Stopwatch;
 use flopwatch_proto::metrics as m;
 use flopwatch_proto::model::{Batch, Hello, SeriesBatch};
-use flopwatch_proto::v1::{self, agent_message, collector_message, AgentMessage, CollectorMessage};
-use prost::Message;
+use flopwatch_proto::v1::{self, collector_message, CollectorMessage};
+use flopwatch_proto::wire_batch::{AgentFrame, WireBatch};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -127,7 +127,7 @@ impl IngestService {
         request: Request<S>,
     ) -> Result<Response<ReceiverStream<Result<CollectorMessage, Status>>>, Status>
     where
-        S: Stream<Item = Result<AgentMessage, Status>> + Unpin + Send + 'static,
+        S: Stream<Item = Result<AgentFrame, Status>> + Unpin + Send + 'static,
     {
         let mut creds = Credentials::of(&request);
         let mut inbound = request.into_inner();
@@ -136,7 +136,7 @@ impl IngestService {
             .await
             .transpose()?
             .ok_or_else(|| Status::invalid_argument("stream closed before Hello"))?;
-        let Some(agent_message::Msg::Hello(wire_hello)) = first.msg else {
+        let AgentFrame::Hello(wire_hello) = first else {
             return Err(Status::invalid_argument(
                 "the first message must be a Hello",
             ));
@@ -149,7 +149,7 @@ impl IngestService {
             self.collector.stats.auth_failure("ingest", &e);
             CollectorError::from(e)
         })?;
-        let hello = Hello::try_from(wire_hello)
+        let hello = Hello::try_from(*wire_hello)
             .map_err(|e| Status::invalid_argument(format!("hello: {e}")))?;
         // Held for the stream's life: memory stays bounded by max_agents
         // streams × one batch each.
@@ -204,12 +204,10 @@ impl IngestService {
                             break;
                         }
                     };
-                    let reply = match next.msg {
-                        Some(agent_message::Msg::Batch(b)) => session.batch(b).await,
-                        Some(agent_message::Msg::Hello(_)) => {
-                            Err(Status::invalid_argument("Hello sent twice"))
-                        }
-                        None => Err(Status::invalid_argument("empty message")),
+                    let reply = match next {
+                        AgentFrame::Batch(b) => session.batch(*b).await,
+                        AgentFrame::Hello(_) => Err(Status::invalid_argument("Hello sent twice")),
+                        AgentFrame::Empty => Err(Status::invalid_argument("empty message")),
                     };
                     let end = reply.is_err();
                     if tx.send(reply).await.is_err() || end {
@@ -295,7 +293,7 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for IngestRoute {
         let service = self.service.clone();
         let max = self.max_message;
         Box::pin(async move {
-            let response = match inbound::streaming_request::<AgentMessage>(request, max) {
+            let response = match inbound::streaming_request::<AgentFrame>(request, max) {
                 Ok(request) => service.open(request).await,
                 Err(status) => Err(status),
             };
@@ -544,11 +542,11 @@ impl Session {
     }
 
     /// Validates and commits one batch.
-    async fn batch(&mut self, wire: v1::Batch) -> Result<CollectorMessage, Status> {
+    async fn batch(&mut self, wire: WireBatch) -> Result<CollectorMessage, Status> {
         let arrived = Stopwatch::start();
         self.reauthorize()?;
-        let seq = wire.seq;
-        let size = wire.encoded_len();
+        let seq = wire.batch.seq;
+        let size = wire.len;
         if seq == 0 {
             return Ok(self.reject(
                 0,
@@ -587,8 +585,8 @@ impl Session {
                 ),
             ));
         }
-        if (!wire.agent_id.is_empty() && wire.agent_id != self.agent.agent_id)
-            || (!wire.boot_id.is_empty() && wire.boot_id != self.agent.boot_id)
+        if (!wire.batch.agent_id.is_empty() && wire.batch.agent_id != self.agent.agent_id)
+            || (!wire.batch.boot_id.is_empty() && wire.batch.boot_id != self.agent.boot_id)
         {
             self.consume(seq).await?;
             return Ok(self.reject(
@@ -598,7 +596,7 @@ impl Session {
                 "batch agent_id/boot_id differ from the stream's Hello".into(),
             ));
         }
-        let samples: usize = wire.series.iter().map(|s| s.timestamps_ms.len()).sum();
+        let samples = wire.samples;
         if let Err(RetryAfter(ms)) = self.c.limits.admit(&self.tenant, samples as u64, now) {
             return Ok(self.throttle(seq, ms, now, Defer::Rate));
         }
@@ -613,9 +611,9 @@ impl Session {
             let jitter = u64::from(arrived.elapsed().subsec_nanos()) % BUSY_RETRY_MS;
             return Ok(self.throttle(seq, BUSY_RETRY_MS + jitter, now, Defer::Busy));
         }
-        let mut batch = match Batch::try_from(wire) {
-            Ok(b) => b,
-            Err(e) => {
+        let mut batch = match wire.malformed {
+            None => wire.batch,
+            Some(e) => {
                 self.consume(seq).await?;
                 return Ok(self.reject(
                     seq,

@@ -9,7 +9,7 @@ use crate::model::{
 use crate::v1;
 
 /// A wire message that cannot become a domain value.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum ConvertError {
     /// A required field is empty.
     #[error("field `{0}` is required")]

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod model;
 pub mod ofu;
 pub mod stats;
+pub mod wire_batch;
 
 /// Generated `flopwatch.v1` messages, clients and servers.
 #[allow(clippy::all, missing_docs)]
