@@ -16,19 +16,32 @@ pub(crate) type Labels = Vec<(String, String)>;
 
 /// The labels of one GPU's series.
 pub(crate) fn gpu_labels(g: &GpuLive) -> Labels {
-    let mut l: Labels = vec![
-        ("gpu".into(), g.index.to_string()),
-        ("UUID".into(), g.uuid.clone()),
-        ("modelName".into(), g.model.clone()),
-        ("hostname".into(), g.hostname.clone()),
-        ("node".into(), g.node_id.clone()),
-        ("tenant".into(), g.tenant.clone()),
-    ];
+    let index = g.index.to_string();
+    gpu_label_refs(g, &index)
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// [`gpu_labels`], borrowed from `g`; `index` is its index written out.
+pub(crate) fn gpu_label_refs<'a>(g: &'a GpuLive, index: &'a str) -> Vec<(&'static str, &'a str)> {
+    let mut l = Vec::with_capacity(6 + JOB_LABELS.len());
+    l.extend([
+        ("gpu", index),
+        ("UUID", g.uuid.as_str()),
+        ("modelName", g.model.as_str()),
+        ("hostname", g.hostname.as_str()),
+        ("node", g.node_id.as_str()),
+        ("tenant", g.tenant.as_str()),
+    ]);
     if let Some(j) = &g.job {
-        push_job_labels(
-            &mut l,
-            [&j.job_id, &j.pod, &j.namespace, &j.container, &j.hpc_job],
-        );
+        l.extend(job_labels([
+            &j.job_id,
+            &j.pod,
+            &j.namespace,
+            &j.container,
+            &j.hpc_job,
+        ]));
     }
     l
 }
@@ -39,11 +52,17 @@ pub(crate) const JOB_LABELS: [&str; 5] = ["job_id", "pod", "namespace", "contain
 /// Appends a GPU's job labels (`job_id`, `pod`, `namespace`, `container`,
 /// `hpc_job`, in that order, as given), leaving out the empty ones.
 pub(crate) fn push_job_labels(l: &mut Labels, values: [&String; 5]) {
-    for (k, v) in JOB_LABELS.into_iter().zip(values) {
-        if !v.is_empty() {
-            l.push((k.into(), v.clone()));
-        }
-    }
+    l.extend(job_labels(values).map(|(k, v)| (k.to_string(), v.to_string())));
+}
+
+/// A GPU's job labels (names as [`JOB_LABELS`], values as given), the
+/// empty ones left out.
+fn job_labels(values: [&String; 5]) -> impl Iterator<Item = (&'static str, &str)> {
+    JOB_LABELS
+        .into_iter()
+        .zip(values)
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| (k, v.as_str()))
 }
 
 /// The labels of one node device's series.

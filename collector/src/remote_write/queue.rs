@@ -21,11 +21,11 @@ use super::open::{Base, Noted, OpenSeries};
 use super::wire;
 use super::STALE_NAN;
 use crate::live::GpuLive;
-use crate::series::{family_of, gpu_labels, On};
+use crate::series::{family_of, gpu_label_refs, Family, On};
 use crate::store::journal::{self, OpenEntries};
 use crate::store::{CommitSet, Store, StoreError};
 use flopwatch_proto::metrics as m;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -52,6 +52,18 @@ impl Fidelity {
     }
 }
 
+/// A counter remote write sends besides the OFU series, named once.
+#[derive(Debug)]
+struct Counter {
+    metric: String,
+    family: Family,
+    /// Its samples' name, and its summary's.
+    name: String,
+    max: String,
+    count: String,
+    fidelity: Fidelity,
+}
+
 /// Remote write's side of ingest, over the store's journal.
 pub struct RemoteQueue {
     /// Per series kind (`"ofu"` or a catalog name); else `fidelity`.
@@ -59,6 +71,10 @@ pub struct RemoteQueue {
     fidelity: Fidelity,
     pub(super) store: Store,
     metrics: Vec<String>,
+    /// `metrics`, to look a batch's series up in.
+    forwarded: HashSet<String>,
+    /// The catalog's among `metrics`, in their order.
+    counters: Vec<Counter>,
     external: Vec<(String, String)>,
     /// The series queued and not ended, by GPU and name (one label set
     /// each: a GPU's series changes labels only when its job does).
@@ -84,10 +100,27 @@ impl RemoteQueue {
     /// besides the OFU series, `external` labels are added to every
     /// series that does not have them.
     pub fn new(store: Store, metrics: Vec<String>, external: &BTreeMap<String, String>) -> Self {
+        let counters = metrics
+            .iter()
+            .filter_map(|metric| {
+                let family = family_of(metric, On::Gpu)?;
+                let name = family.sample_name();
+                Some(Counter {
+                    metric: metric.clone(),
+                    max: format!("{name}_max"),
+                    count: format!("{name}_count"),
+                    name,
+                    family,
+                    fidelity: Fidelity::Mean,
+                })
+            })
+            .collect();
         Self {
             fidelity_by: HashMap::new(),
             fidelity: Fidelity::Mean,
             store,
+            forwarded: metrics.iter().cloned().collect(),
+            counters,
             metrics,
             external: external
                 .iter()
@@ -107,6 +140,13 @@ impl RemoteQueue {
             .iter()
             .map(|(k, v)| (k.clone(), Fidelity::parse(v)))
             .collect();
+        for c in &mut self.counters {
+            c.fidelity = self
+                .fidelity_by
+                .get(&c.metric)
+                .copied()
+                .unwrap_or(self.fidelity);
+        }
         self
     }
 
@@ -117,7 +157,7 @@ impl RemoteQueue {
     /// Whether a batch's series of `metric` count in what it forwards
     /// (the OFU series' time comes from tensor activity's).
     pub fn forwards(&self, metric: &str) -> bool {
-        metric == m::TENSOR_ACTIVE || self.metrics.iter().any(|x| x == metric)
+        metric == m::TENSOR_ACTIVE || self.forwarded.contains(metric)
     }
 
     /// Points in the journal, as last counted.
@@ -134,17 +174,18 @@ impl RemoteQueue {
     /// the external ones it lacks, the empty ones left out (as the
     /// specification asks), sorted; split where `__name__` goes.
     fn base(&self, g: &GpuLive) -> Base {
-        let mut l = gpu_labels(g);
+        let index = g.index.to_string();
+        let mut l: Vec<(&str, &str)> = gpu_label_refs(g, &index);
         for (k, v) in &self.external {
             if !l.iter().any(|(n, _)| n == k) {
-                l.push((k.clone(), v.clone()));
+                l.push((k, v));
             }
         }
         l.retain(|(_, v)| !v.is_empty());
         l.sort();
         let (mut before, mut after) = (Vec::new(), Vec::new());
-        for (k, v) in &l {
-            let b = if k.as_str() < "__name__" {
+        for (k, v) in l {
+            let b = if k < "__name__" {
                 &mut before
             } else {
                 &mut after
@@ -166,14 +207,16 @@ impl RemoteQueue {
 
     /// [`RemoteQueue::entry`], and the open-series register entries of the
     /// series it starts or relabels (`CommitSet::forward_open`).
-    pub fn forward(&self, gpus: &[GpuLive], set: &CommitSet) -> (Vec<u8>, OpenEntries) {
+    pub fn forward<'a>(&'a self, gpus: &[GpuLive], set: &CommitSet) -> (Vec<u8>, OpenEntries) {
         let mut entry = Entry::default();
         let mut open = Vec::new();
+        let ofu_fidelity = self.fidelity_of("ofu");
+        // A GPU's points: name, time, value, when it goes stale.
+        let mut new: Vec<(&str, i64, f64, i64)> = Vec::new();
         for g in gpus {
-            // The GPU's points: name, time, value, when it goes stale.
-            let mut new: Vec<(String, i64, f64, i64)> = Vec::new();
-            let mut push = |name: &str, ts: i64, value: f64, until: i64| {
-                new.push((name.to_string(), ts, value, until));
+            new.clear();
+            let mut push = |name: &'a str, ts: i64, value: f64, until: i64| {
+                new.push((name, ts, value, until));
             };
             let ofu_ts = g.counters.get(m::TENSOR_ACTIVE).map(|c| c.0);
             if let (Some(ts), Some(ofu)) = (ofu_ts, g.ofu) {
@@ -183,7 +226,7 @@ impl RemoteQueue {
                     .iter()
                     .filter(|(gpu, _, _)| *gpu == g.uuid)
                     .flat_map(|(_, _, s)| s.iter());
-                match self.fidelity_of("ofu") {
+                match ofu_fidelity {
                     Fidelity::Full => {
                         for x in samples {
                             push("flopwatch_ofu_ratio", x.ts_ms, x.ofu, until);
@@ -227,36 +270,35 @@ impl RemoteQueue {
                 }
             }
             // The same families, names and base units as on /metrics.
-            for metric in &self.metrics {
-                let (Some((ts, v)), Some(f)) = (g.counters.get(metric), family_of(metric, On::Gpu))
-                else {
+            for c in &self.counters {
+                let Some((ts, v)) = g.counters.get(&c.metric) else {
                     continue;
                 };
-                let name = f.sample_name();
-                let fresh = g.fresh.get(metric).copied().unwrap_or_default();
+                let f = &c.family;
+                let fresh = g.fresh.get(&c.metric).copied().unwrap_or_default();
                 let until = fresh.seen_ms + fresh.for_ms;
                 let series = set
                     .series
                     .iter()
-                    .find(|s| s.gpu_uuid == g.uuid && s.metric == *metric);
-                match (self.fidelity_of(metric), series) {
+                    .find(|s| s.gpu_uuid == g.uuid && s.metric == c.metric);
+                match (c.fidelity, series) {
                     (Fidelity::Full, Some(s)) => {
                         for p in &s.points {
-                            push(&name, p.ts_ms, p.value * f.scale, until);
+                            push(&c.name, p.ts_ms, p.value * f.scale, until);
                         }
                     }
                     (Fidelity::Summary, Some(s)) if !f.counter => {
-                        push(&name, *ts, mean(s) * f.scale, until);
+                        push(&c.name, *ts, mean(s) * f.scale, until);
                         let max = s
                             .points
                             .iter()
                             .map(|p| p.value)
                             .fold(f64::NEG_INFINITY, f64::max);
-                        push(&format!("{name}_max"), *ts, max * f.scale, until);
-                        push(&format!("{name}_count"), *ts, s.points.len() as f64, until);
+                        push(&c.max, *ts, max * f.scale, until);
+                        push(&c.count, *ts, s.points.len() as f64, until);
                     }
-                    (_, Some(s)) if !f.counter => push(&name, *ts, mean(s) * f.scale, until),
-                    _ => push(&name, *ts, v * f.scale, until),
+                    (_, Some(s)) if !f.counter => push(&c.name, *ts, mean(s) * f.scale, until),
+                    _ => push(&c.name, *ts, v * f.scale, until),
                 }
             }
             let (base, markers) = self.note_sent(&g.uuid, self.base(g), &new, &mut open);
@@ -266,8 +308,7 @@ impl RemoteQueue {
             entry.0.group(
                 &base.before,
                 &base.after,
-                new.iter()
-                    .map(|(name, ts, v, _)| (Some(name.as_str()), *ts, *v)),
+                new.iter().map(|&(name, ts, v, _)| (Some(name), ts, v)),
             );
         }
         (entry.finish(), open)
@@ -281,7 +322,7 @@ impl RemoteQueue {
         &self,
         gpu: &str,
         base: Base,
-        new: &[(String, i64, f64, i64)],
+        new: &[(&str, i64, f64, i64)],
         open: &mut OpenEntries,
     ) -> (Arc<Base>, Vec<(Vec<u8>, i64)>) {
         let Ok(mut sent) = self.sent.lock() else {
