@@ -10,11 +10,24 @@
 //! know, so no read path carries code for old layouts. A change to what is
 //! on disk raises [`FORMAT`] and says in docs/STORAGE.md how a store of
 //! the previous format is carried over.
+//!
+//! Format 2 moved remote write's journal and its register of open series
+//! out of `meta` into families of their own (`journal`, `open_series`): a
+//! format 1 store opened for writing has them moved ([`carry_over`]) before
+//! anything else touches it; opened read-only it is read as it is (no
+//! read-only path reads the journal).
 
-use crate::{keys, Cf, Engine, StoreError};
+use crate::journal::{END, OPEN_END, OPEN_PREFIX, PREFIX};
+use crate::{keys, Cf, Engine, Op, StoreError};
 
 /// The format this build reads and writes.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
+
+/// Keys moved per write when a store is carried over: each write moves
+/// its keys whole (put in the new family, delete from the old), so a
+/// carry-over cut short by a crash goes on where it stopped at the next
+/// open.
+const MOVE_BATCH: usize = 10_000;
 
 /// Checks the format of the store behind `engine`; a store that holds
 /// nothing yet is stamped with [`FORMAT`] when `writable`.
@@ -24,8 +37,11 @@ pub(crate) fn settle(engine: &dyn Engine, writable: bool) -> Result<(), StoreErr
             let found = <[u8; 4]>::try_from(v.as_slice())
                 .map(u32::from_be_bytes)
                 .map_err(|_| crate::corrupt(Cf::Meta, "format version"))?;
-            if found == FORMAT {
+            // A format 1 store read-only is read as it is.
+            if found == FORMAT || (found == 1 && !writable) {
                 Ok(())
+            } else if found == 1 {
+                carry_over(engine)
             } else {
                 Err(StoreError::Format(format!(
                     "this store is format {found}; this build reads format {FORMAT}"
@@ -47,6 +63,37 @@ pub(crate) fn settle(engine: &dyn Engine, writable: bool) -> Result<(), StoreErr
         ),
         None => Ok(()),
     }
+}
+
+/// Carries a format 1 store over to format 2: the journal's entries and
+/// the register of open series move from `meta` to their families, then
+/// the store is stamped.
+fn carry_over(engine: &dyn Engine) -> Result<(), StoreError> {
+    for (from, to, cf) in [
+        (PREFIX, END, Cf::Journal),
+        (OPEN_PREFIX, OPEN_END, Cf::OpenSeries),
+    ] {
+        loop {
+            let mut ops = Vec::new();
+            engine.scan(Cf::Meta, from, to, &mut |k, v| {
+                ops.push(Op::Put(cf, k.to_vec(), v.to_vec()));
+                ops.push(Op::Delete(Cf::Meta, k.to_vec()));
+                ops.len() < 2 * MOVE_BATCH
+            })?;
+            if ops.is_empty() {
+                break;
+            }
+            engine.apply(ops, true)?;
+        }
+    }
+    engine.write(
+        vec![(
+            Cf::Meta,
+            keys::FORMAT.to_vec(),
+            FORMAT.to_be_bytes().to_vec(),
+        )],
+        true,
+    )
 }
 
 /// Whether any family holds a key.
@@ -93,7 +140,7 @@ mod tests {
         .unwrap();
         let err = settle(&e, true).unwrap_err().to_string();
         assert!(
-            err.contains("format 7") && err.contains("format 1"),
+            err.contains("format 7") && err.contains(&format!("format {FORMAT}")),
             "{err}"
         );
 
@@ -110,6 +157,55 @@ mod tests {
     }
 
     #[test]
+    fn a_format_1_store_has_its_journal_moved_out_of_meta() {
+        use crate::journal::{key, open_key, value};
+        let e = std::sync::Arc::new(MemEngine::new());
+        let register = open_key("GPU-1", "flopwatch_ofu_ratio");
+        let mut puts = vec![
+            (Cf::Meta, keys::FORMAT.to_vec(), 1u32.to_be_bytes().to_vec()),
+            (Cf::Meta, b"gother".to_vec(), b"kept".to_vec()),
+            (Cf::Meta, register.clone(), b"labels".to_vec()),
+        ];
+        // More entries than one write moves.
+        let n = MOVE_BATCH as u64 + 5;
+        for seq in 0..n {
+            puts.push((Cf::Meta, key(seq), value(1, seq as i64, &[7])));
+        }
+        e.write(puts, true).unwrap();
+        // Read-only: read as it is, nothing moved.
+        settle(&*e, false).unwrap();
+        assert_eq!(e.get(Cf::Meta, &key(0)).unwrap(), Some(value(1, 0, &[7])));
+
+        settle(&*e, true).unwrap();
+        assert_eq!(
+            e.get(Cf::Meta, keys::FORMAT).unwrap(),
+            Some(FORMAT.to_be_bytes().to_vec())
+        );
+        let mut left = Vec::new();
+        e.scan(Cf::Meta, &[], &[0xff, 0xff], &mut |k, _| {
+            left.push(k.to_vec());
+            true
+        })
+        .unwrap();
+        assert_eq!(left, [b"gother".to_vec(), keys::FORMAT.to_vec()]);
+        assert_eq!(
+            e.get(Cf::OpenSeries, &register).unwrap(),
+            Some(b"labels".to_vec())
+        );
+        // The store reads the whole journal back, in order, and numbers on.
+        let store = crate::Store::new(e.clone(), false);
+        let (got, _) = store.journal_read(0, u64::MAX).unwrap();
+        assert_eq!(got.len() as u64, n);
+        assert!(got.windows(2).all(|w| w[0].oldest_ms < w[1].oldest_ms));
+        store.journal_append(value(1, -1, &[8])).unwrap();
+        assert_eq!(
+            e.get(Cf::Journal, &key(n)).unwrap(),
+            Some(value(1, -1, &[8]))
+        );
+        assert_eq!(store.journal_open_series().unwrap().len(), 1);
+    }
+
+    #[test]
     fn rocksdb_stores_carry_the_format_from_their_first_open() {
         let dir = tempfile::tempdir().unwrap();
         {
@@ -119,14 +215,14 @@ mod tests {
                 Some(FORMAT.to_be_bytes().to_vec())
             );
             e.write(
-                vec![(Cf::Meta, keys::FORMAT.to_vec(), 2u32.to_be_bytes().to_vec())],
+                vec![(Cf::Meta, keys::FORMAT.to_vec(), 9u32.to_be_bytes().to_vec())],
                 true,
             )
             .unwrap();
         }
         let Err(err) = RocksEngine::open(dir.path()) else {
-            panic!("a store of format 2 opened");
+            panic!("a store of format 9 opened");
         };
-        assert!(err.to_string().contains("format 2"), "{err}");
+        assert!(err.to_string().contains("format 9"), "{err}");
     }
 }

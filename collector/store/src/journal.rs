@@ -13,8 +13,8 @@
 //! whose write is still under way (writes may land out of number order), so
 //! a read does not walk the deleted entries' tombstones.
 //!
-//! Keys: [`PREFIX`] · sequence number (u64, big-endian) in the meta
-//! family. Value: the number of points (u32), the oldest point's time (i64,
+//! Keys: [`PREFIX`] · sequence number (u64, big-endian) in the journal
+//! family ([`super::Cf::Journal`]). Value: the number of points (u32), the oldest point's time (i64,
 //! unix ms), both big-endian, then the points in remote write's compact
 //! layout (each GPU's labels and each series name once; the collector's
 //! `remote_write::wire`). Sequence numbers rise with each entry; after
@@ -24,13 +24,14 @@ use std::collections::BTreeSet;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-/// Key prefix of journal entries (meta family).
+/// Key prefix of journal entries (journal family).
 pub const PREFIX: &[u8] = b"~fwd/";
 
 /// The end of the journal's key range.
 pub(super) const END: &[u8] = b"~fwd0";
 
-/// Key prefix of the open-series register (meta family): the series
+/// Key prefix of the open-series register (open-series family,
+/// [`super::Cf::OpenSeries`]): the series
 /// remote write has sent and not yet ended, so that a restarted collector
 /// still ends them with staleness markers. One key per GPU and series name
 /// ([`open_key`]); the value is a remote-write 1.0 `WriteRequest` holding

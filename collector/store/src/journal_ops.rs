@@ -19,7 +19,7 @@ impl Store {
             .map_err(|_| StoreError::Engine("journal lock poisoned".into()))?;
         if !*loaded {
             let mut last = None;
-            self.engine.scan(Cf::Meta, PREFIX, END, &mut |k, _| {
+            self.engine.scan(Cf::Journal, PREFIX, END, &mut |k, _| {
                 last = seq_of(k);
                 true
             })?;
@@ -46,7 +46,7 @@ impl Store {
     /// ticket, to be dropped once the write ended.
     pub(super) fn journal_put(&self, value: Vec<u8>) -> Result<(Put, Ticket), StoreError> {
         let t = self.journal_seq()?;
-        Ok(((Cf::Meta, key(t.seq), value), t))
+        Ok(((Cf::Journal, key(t.seq), value), t))
     }
 
     /// Appends an entry on its own (staleness markers, which belong to no
@@ -62,7 +62,7 @@ impl Store {
     pub fn journal_close(&self, value: Vec<u8>, closed: Vec<Vec<u8>>) -> Result<(), StoreError> {
         let (put, _ticket) = self.journal_put(value)?;
         let mut ops = vec![Op::Put(put.0, put.1, put.2)];
-        ops.extend(closed.into_iter().map(|k| Op::Delete(Cf::Meta, k)));
+        ops.extend(closed.into_iter().map(|k| Op::Delete(Cf::OpenSeries, k)));
         self.engine.apply(ops, self.sync)
     }
 
@@ -70,7 +70,7 @@ impl Store {
     pub fn journal_open_series(&self) -> Result<OpenEntries, StoreError> {
         let mut out = Vec::new();
         self.engine
-            .scan(Cf::Meta, OPEN_PREFIX, OPEN_END, &mut |k, v| {
+            .scan(Cf::OpenSeries, OPEN_PREFIX, OPEN_END, &mut |k, v| {
                 out.push((k.to_vec(), v.to_vec()));
                 true
             })?;
@@ -98,22 +98,23 @@ impl Store {
             .lock()
             .ok()
             .and_then(|f| f.first().copied());
-        self.engine.scan(Cf::Meta, &key(from), END, &mut |k, v| {
-            match parse(k, v) {
-                Some(e) => {
-                    points += u64::from(e.points);
-                    next = seq_of(k).map_or(next, |s| s + 1);
-                    out.push(e);
+        self.engine
+            .scan(Cf::Journal, &key(from), END, &mut |k, v| {
+                match parse(k, v) {
+                    Some(e) => {
+                        points += u64::from(e.points);
+                        next = seq_of(k).map_or(next, |s| s + 1);
+                        out.push(e);
+                    }
+                    None => bad = Some(k.to_vec()),
                 }
-                None => bad = Some(k.to_vec()),
-            }
-            bad.is_none() && points < max_points
-        })?;
+                bad.is_none() && points < max_points
+            })?;
         if let Some(k) = bad {
             // A malformed entry can never be sent: deleted, and said.
             tracing::error!(key = ?k, "malformed remote-write journal entry deleted");
             self.engine
-                .apply(vec![Op::Delete(Cf::Meta, k)], self.sync)?;
+                .apply(vec![Op::Delete(Cf::Journal, k)], self.sync)?;
             return Ok((out, from));
         }
         Ok((out, pending.map_or(next, |p| next.min(p))))
@@ -124,7 +125,10 @@ impl Store {
         if keys.is_empty() {
             return Ok(());
         }
-        let ops = keys.into_iter().map(|k| Op::Delete(Cf::Meta, k)).collect();
+        let ops = keys
+            .into_iter()
+            .map(|k| Op::Delete(Cf::Journal, k))
+            .collect();
         self.engine.apply(ops, self.sync)
     }
 
@@ -132,7 +136,7 @@ impl Store {
     /// scan of the journal: at start, and for the gauges).
     pub fn journal_backlog(&self) -> Result<(u64, u64, Option<i64>), StoreError> {
         let (mut entries, mut points, mut oldest) = (0u64, 0u64, None::<i64>);
-        self.engine.scan(Cf::Meta, PREFIX, END, &mut |k, v| {
+        self.engine.scan(Cf::Journal, PREFIX, END, &mut |k, v| {
             if let Some(e) = parse(k, v) {
                 entries += 1;
                 points += u64::from(e.points);
@@ -195,5 +199,45 @@ mod tests {
             (got[0].points, got[0].oldest_ms, &got[0].body[..]),
             (2, 7, &b"wr"[..])
         );
+    }
+
+    /// The keys of family `cf`.
+    fn keys_of(e: &MemEngine, cf: Cf) -> Vec<Vec<u8>> {
+        use crate::Engine;
+        let mut out = Vec::new();
+        e.scan(cf, &[], &[0xff, 0xff], &mut |k, _| {
+            out.push(k.to_vec());
+            true
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn entries_and_the_register_keep_to_their_own_families() {
+        let engine = Arc::new(MemEngine::new());
+        let s = Store::new(engine.clone(), false);
+        let open = crate::journal::open_key("GPU-1", "flopwatch_ofu_ratio");
+        let set = CommitSet {
+            forward: value(1, 7, b"p"),
+            forward_open: vec![(open.clone(), b"labels".to_vec())],
+            ..Default::default()
+        };
+        s.commit("t", &set).unwrap();
+        // The metadata holds neither: their churn never rewrites it.
+        assert!(keys_of(&engine, Cf::Meta)
+            .iter()
+            .all(|k| !k.starts_with(PREFIX) && !k.starts_with(OPEN_PREFIX)));
+        assert_eq!(keys_of(&engine, Cf::Journal), [key(0)]);
+        assert_eq!(
+            keys_of(&engine, Cf::OpenSeries),
+            std::slice::from_ref(&open)
+        );
+        assert_eq!(s.journal_open_series().unwrap().len(), 1);
+        // The series' marker removes its register entry, in the marker's
+        // write.
+        s.journal_close(value(1, 8, b"m"), vec![open]).unwrap();
+        assert!(keys_of(&engine, Cf::OpenSeries).is_empty());
+        assert_eq!(keys_of(&engine, Cf::Journal), [key(0), key(1)]);
     }
 }

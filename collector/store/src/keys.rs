@@ -139,7 +139,7 @@ pub fn series_prefix(cf: super::Cf, key: &[u8]) -> Option<(usize, &str)> {
             KIND_OFU | KIND_GPU | KIND_LAST | KIND_JOBS => (1, 2),
             _ => return None,
         },
-        Cf::Meta => return None,
+        Cf::Meta | Cf::Journal | Cf::OpenSeries => return None,
     };
     let tenant_at = pos;
     for _ in 0..strings {

@@ -96,11 +96,30 @@ pub enum Cf {
     /// their head and meta keys, read with them, not compacted, until the
     /// cluster settles them (see `limbo`).
     Limbo,
+    /// Remote write's journal (`journal`): entries live for seconds,
+    /// deleted once sent. A family of its own, uncompressed, so that its
+    /// churn never makes RocksDB rewrite the metadata (zstd at its slow
+    /// bottom level) or the register of open series.
+    Journal,
+    /// Remote write's register of open series (`journal`): one key per
+    /// series sent and not yet ended, written when a series starts or ends
+    /// (rarely, next to the journal), so a compaction of the journal's
+    /// tombstones never rewrites it.
+    OpenSeries,
 }
 
 impl Cf {
     /// Every column family.
-    pub const ALL: [Cf; 6] = [Cf::Raw, Cf::Ofu, Cf::Meta, Cf::Head, Cf::Rollup, Cf::Limbo];
+    pub const ALL: [Cf; 8] = [
+        Cf::Raw,
+        Cf::Ofu,
+        Cf::Meta,
+        Cf::Head,
+        Cf::Rollup,
+        Cf::Limbo,
+        Cf::Journal,
+        Cf::OpenSeries,
+    ];
 
     /// The family's name on disk.
     pub fn name(self) -> &'static str {
@@ -111,6 +130,8 @@ impl Cf {
             Cf::Head => "head",
             Cf::Rollup => "rollup",
             Cf::Limbo => "limbo",
+            Cf::Journal => "journal",
+            Cf::OpenSeries => "open_series",
         }
     }
 }

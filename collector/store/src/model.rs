@@ -457,7 +457,7 @@ impl Store {
             puts.push((Cf::Meta, event_key(tenant, e), json(e)));
         }
         for (k, v) in &set.forward_open {
-            puts.push((Cf::Meta, k.clone(), v.clone()));
+            puts.push((Cf::OpenSeries, k.clone(), v.clone()));
         }
         // Held until the write ended (its number in flight).
         if !set.forward.is_empty() {

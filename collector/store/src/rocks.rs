@@ -145,7 +145,7 @@ fn family_options(cf: Cf, expiry: &ExpirySlot) -> Options {
             });
             o.set_block_based_table_factory(&t);
         }
-        Cf::Raw | Cf::Ofu | Cf::Limbo => {}
+        Cf::Raw | Cf::Ofu | Cf::Limbo | Cf::Journal | Cf::OpenSeries => {}
     }
     o
 }
@@ -199,9 +199,16 @@ impl RocksEngine {
     /// Opens `path` read-only as a secondary instance (a running collector
     /// is undisturbed); `scratch` holds the secondary's own logs.
     pub fn open_secondary(path: &Path, scratch: &Path) -> Result<Self, StoreError> {
-        let names: Vec<&str> = Cf::ALL.iter().map(|c| c.name()).collect();
         let mut o = options();
         o.set_max_open_files(-1);
+        // A store of an earlier format lacks the families added since
+        // (`format`): the secondary opens those it has.
+        let existing = DB::list_cf(&o, path).unwrap_or_default();
+        let names: Vec<&str> = Cf::ALL
+            .iter()
+            .map(|c| c.name())
+            .filter(|n| existing.is_empty() || existing.iter().any(|e| e == n))
+            .collect();
         let db = DB::open_cf_as_secondary(&o, path, scratch, names).map_err(err)?;
         db.try_catch_up_with_primary().map_err(err)?;
         let engine = Self {
@@ -622,6 +629,42 @@ impl Engine for RocksEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_format_1_store_opens_read_only_as_it_is_and_is_carried_over_when_written() {
+        use crate::journal::{key, open_key, value};
+        let dir = tempfile::tempdir().unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let register = open_key("GPU-1", "flopwatch_ofu_ratio");
+        // A format 1 store: the families before `journal` and
+        // `open_series`, the journal in `meta`.
+        {
+            let old = ["raw", "ofu", "meta", "head", "rollup", "limbo"];
+            let db = DB::open_cf(&options(), dir.path(), old).unwrap();
+            let meta = db.cf_handle("meta").unwrap();
+            db.put_cf(&meta, crate::keys::FORMAT, 1u32.to_be_bytes())
+                .unwrap();
+            db.put_cf(&meta, key(0), value(1, 5, &[1])).unwrap();
+            db.put_cf(&meta, &register, b"labels").unwrap();
+        }
+        let ro = RocksEngine::open_secondary(dir.path(), scratch.path()).unwrap();
+        assert_eq!(ro.get(Cf::Meta, &key(0)).unwrap(), Some(value(1, 5, &[1])));
+        drop(ro);
+        let e = RocksEngine::open(dir.path()).unwrap();
+        assert_eq!(e.get(Cf::Meta, &key(0)).unwrap(), None);
+        assert_eq!(
+            e.get(Cf::Journal, &key(0)).unwrap(),
+            Some(value(1, 5, &[1]))
+        );
+        assert_eq!(
+            e.get(Cf::OpenSeries, &register).unwrap(),
+            Some(b"labels".to_vec())
+        );
+        assert_eq!(
+            e.get(Cf::Meta, crate::keys::FORMAT).unwrap(),
+            Some(crate::FORMAT.to_be_bytes().to_vec())
+        );
+    }
 
     /// The keys `view` finds in `[from, to)` of the head.
     fn keys_in(view: &dyn View, from: &[u8], to: &[u8]) -> Vec<Vec<u8>> {

@@ -52,6 +52,7 @@
 //! GPU), measuring the page and the collector's memory.
 
 use super::backpressure::{field, last_line, lines, memory, mib, ms, spawn, wait_for};
+use super::cpus::CpuSet;
 use super::hist_line::{fmt_hist, hist};
 use anyhow::{bail, Context};
 use flopwatch_agent::client::{self, ClientOptions, ClientState};
@@ -121,6 +122,12 @@ pub(super) struct FleetArgs {
     /// a temporary one, removed after.
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Runs the collector on these CPUs (a list as `taskset -c` takes it,
+    /// e.g. `0`) and this driver, the load generator and the sink on the
+    /// others: the collector's figures are then its own, not decided by
+    /// the load generator taking its core. Default: all share every CPU.
+    #[arg(long)]
+    collector_cpus: Option<String>,
     /// The sink's port (sink process).
     #[arg(long, hide = true, default_value_t = 0)]
     sink_port: u16,
@@ -524,12 +531,34 @@ pub(super) fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / 100.0)
 }
 
+/// The collector's CPUs of `--collector-cpus`: binds this process (and
+/// so the load generator and the sink it starts) to the other CPUs and
+/// says which.
+fn pin(list: Option<&str>) -> anyhow::Result<Option<CpuSet>> {
+    let Some(list) = list else {
+        return Ok(None);
+    };
+    let collector = CpuSet::parse(list)?;
+    let rest = CpuSet::allowed()?.without(&collector);
+    if rest.is_empty() {
+        bail!("--collector-cpus {list} leaves no CPU for the load generator");
+    }
+    rest.bind_process()?;
+    println!("CPUs: collector on {collector}, driver, load generator and sink on {rest}");
+    Ok(Some(collector))
+}
+
+/// The collector's CPUs of `--collector-cpus`, parsed.
+fn pin_of(a: &FleetArgs) -> anyhow::Result<Option<CpuSet>> {
+    a.collector_cpus.as_deref().map(CpuSet::parse).transpose()
+}
+
 /// The collector process (and what it prints).
 struct Collector {
     child: Child,
 }
 
-fn start_collector(config: &Path, log: &Path) -> anyhow::Result<Collector> {
+fn start_collector(config: &Path, log: &Path, cpus: Option<&CpuSet>) -> anyhow::Result<Collector> {
     // Right after a kill the port or the store's lock may still be held
     // for a moment: retry.
     for _ in 0..100 {
@@ -537,16 +566,18 @@ fn start_collector(config: &Path, log: &Path) -> anyhow::Result<Collector> {
             .create(true)
             .append(true)
             .open(log)?;
-        let mut child = Command::new(super::flopwatch_exe()?)
-            .args(["collector", "--config"])
+        let mut cmd = Command::new(super::flopwatch_exe()?);
+        cmd.args(["collector", "--config"])
             .arg(config)
             // Warnings, and the compaction passes long enough to matter.
             .env("FLOPWATCH_LOG", "warn,flopwatch_collector::store=info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(err)
-            .spawn()
-            .context("starting the collector")?;
+            .stderr(err);
+        if let Some(c) = cpus {
+            c.bind_child(&mut cmd);
+        }
+        let mut child = cmd.spawn().context("starting the collector")?;
         let out = lines(&mut child);
         let until = Deadline::after(Duration::from_secs(60));
         loop {
@@ -747,6 +778,21 @@ pub(super) fn fmt_ms(d: Option<Duration>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
+/// A duration as a `key=value` field's value: milliseconds, `-` for none.
+fn ms_field(d: Option<Duration>) -> String {
+    d.map(|d| format!("{:.1}", d.as_secs_f64() * 1000.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// The median (the lower middle one of an even count) and the largest of
+/// the windows' figures that exist.
+fn median_and_max(v: &[Option<Duration>]) -> (Option<Duration>, Option<Duration>) {
+    let mut v: Vec<Duration> = v.iter().flatten().copied().collect();
+    v.sort_unstable();
+    let median = v.get(v.len().saturating_sub(1) / 2).copied();
+    (median, v.last().copied())
+}
+
 /// Sockets `pid` holds open.
 fn sockets(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -768,6 +814,7 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&root)?;
     let _ = std::fs::remove_file(root.join("stop"));
     let n = a.agents;
+    let cpus = pin(a.collector_cpus.as_deref())?;
     // Before the collector starts, so that it inherits the limit too.
     raise_nofile(n as u64 * 3 + 1024);
     // Below the kernel's ephemeral range (the harness's ports), so that
@@ -802,7 +849,7 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
         writeln!(f, "\n[remote_write]\nurl = \"{url}\"")?;
     }
     let log = root.join("collector.log");
-    let mut col = start_collector(&config, &log)?;
+    let mut col = start_collector(&config, &log, cpus.as_ref())?;
     std::thread::sleep(Duration::from_millis(500));
     let (rss0, _, threads0) = memory(col.child.id()).context("reading /proc/PID/status")?;
     let load = Load {
@@ -912,8 +959,13 @@ fn finish(
         })
         .unwrap_or_default();
     println!(
-        "fleet result: agents={n} connected={} stored_per_s={:.0} lost={lost} produced={produced} acked={acked} checked_agents={checked} checked_produced={counted} checked_stored={stored}{forward}",
-        steady.connected, steady.stored_per_s
+        "fleet result: agents={n} connected={} stored_per_s={:.0} ack_p50_ms={} ack_p99_ms={} window_p99_median_ms={} window_p99_max_ms={} lost={lost} produced={produced} acked={acked} checked_agents={checked} checked_produced={counted} checked_stored={stored}{forward}",
+        steady.connected,
+        steady.stored_per_s,
+        ms_field(steady.p50),
+        ms_field(steady.p99),
+        ms_field(steady.window_median),
+        ms_field(steady.window_max),
     );
     Ok(())
 }
@@ -1031,6 +1083,12 @@ struct Steady {
     stored_per_s: f64,
     /// New points the sink received per second (`--remote-write sink`).
     forwarded_per_s: f64,
+    /// Ack latency over the steady state: p50, p99.
+    p50: Option<Duration>,
+    p99: Option<Duration>,
+    /// The 5 s windows' p99s: their median and worst.
+    window_median: Option<Duration>,
+    window_max: Option<Duration>,
 }
 
 /// Connect, steady state, storm (each printed as it ends).
@@ -1100,7 +1158,7 @@ fn run_phases(
     let mut samples = 0u32;
     // The ack latency's p99 over each 5 s of the steady state: a stall
     // (a compaction pass, a flush) shows as one slow stretch.
-    let mut stretches: Vec<String> = Vec::new();
+    let mut stretches: Vec<Option<Duration>> = Vec::new();
     let mut stretch_from = hist(&first);
     while w0.elapsed() < duration {
         std::thread::sleep(Duration::from_secs(1));
@@ -1120,7 +1178,7 @@ fn run_phases(
                 .zip(&stretch_from)
                 .map(|(x, y)| x.saturating_sub(*y))
                 .collect();
-            stretches.push(fmt_ms(quantile(&d, 0.99)));
+            stretches.push(quantile(&d, 0.99));
             stretch_from = h;
         }
     }
@@ -1149,7 +1207,14 @@ fn run_phases(
         fmt_ms(quantile(&h, 0.99)),
         fmt_ms(quantile(&h, 1.0)),
     ));
-    say(format!("ack latency p99 per 5 s: {}", stretches.join(", ")));
+    let shown: Vec<String> = stretches.iter().map(|d| fmt_ms(*d)).collect();
+    say(format!("ack latency p99 per 5 s: {}", shown.join(", ")));
+    let (window_median, window_max) = median_and_max(&stretches);
+    say(format!(
+        "ack latency p99 of the 5 s windows: median {}, worst {}",
+        fmt_ms(window_median),
+        fmt_ms(window_max)
+    ));
     say(format!(
         "collector: VmRSS {:.1} MiB at the end, {:.1} MiB mean, {:.1} MiB max, VmHWM {:.1} MiB; beyond the {:.1} MiB before the agents: {:.1} KiB per stream (mean); threads at most {threads_max}",
         mib(rss_end),
@@ -1169,6 +1234,10 @@ fn run_phases(
         connected: field(&last, "connected"),
         stored_per_s: stored,
         forwarded_per_s,
+        p50: quantile(&h, 0.5),
+        p99: quantile(&h, 0.99),
+        window_median,
+        window_max,
     };
     if !a.storm {
         return Ok(steady);
@@ -1180,7 +1249,7 @@ fn run_phases(
         .args(["-KILL", &pid.to_string()])
         .status();
     let _ = col.child.wait();
-    *col = start_collector(config, log)?;
+    *col = start_collector(config, log, pin_of(a)?.as_ref())?;
     let restarted = killed.elapsed();
     let pid = col.child.id();
     let mut arrivals: Vec<(f64, usize)> = Vec::new();
@@ -1233,4 +1302,22 @@ fn run_phases(
         mib(peak),
     ));
     Ok(steady)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_windows_median_is_the_lower_middle_and_empty_windows_do_not_count() {
+        let d = |ms| Some(Duration::from_millis(ms));
+        assert_eq!(median_and_max(&[d(30), None, d(10), d(20)]), (d(20), d(30)));
+        assert_eq!(
+            median_and_max(&[d(40), d(10), d(30), d(20)]),
+            (d(20), d(40))
+        );
+        assert_eq!(median_and_max(&[None]), (None, None));
+        assert_eq!(ms_field(d(1500)), "1500.0");
+        assert_eq!(ms_field(None), "-");
+    }
 }

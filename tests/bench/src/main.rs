@@ -15,6 +15,7 @@
 //! The other benchmarks live in the modules below.
 
 mod backpressure;
+mod cpus;
 mod fleet;
 mod hist_line;
 mod ledger;
