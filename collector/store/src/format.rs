@@ -73,16 +73,21 @@ fn carry_over(engine: &dyn Engine) -> Result<(), StoreError> {
         (PREFIX, END, Cf::Journal),
         (OPEN_PREFIX, OPEN_END, Cf::OpenSeries),
     ] {
+        // Each scan starts past the last key moved, not over the
+        // tombstones of those before it.
+        let mut start = from.to_vec();
         loop {
             let mut ops = Vec::new();
-            engine.scan(Cf::Meta, from, to, &mut |k, v| {
+            engine.scan(Cf::Meta, &start, to, &mut |k, v| {
                 ops.push(Op::Put(cf, k.to_vec(), v.to_vec()));
                 ops.push(Op::Delete(Cf::Meta, k.to_vec()));
                 ops.len() < 2 * MOVE_BATCH
             })?;
-            if ops.is_empty() {
+            let Some(Op::Delete(_, last)) = ops.last() else {
                 break;
-            }
+            };
+            start = last.clone();
+            start.push(0);
             engine.apply(ops, true)?;
         }
     }
