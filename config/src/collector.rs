@@ -321,7 +321,9 @@ impl Default for AnalysisConfig {
 pub struct RemoteWriteConfig {
     /// Endpoint, e.g. `http://prometheus:9090/api/v1/write`.
     pub url: String,
-    /// How often the journal is looked at when it was found empty.
+    /// How long points wait at most for a request's worth
+    /// (`max_samples_per_request`) before they are sent anyway (as
+    /// Prometheus' `batch_send_deadline`).
     #[serde(with = "humantime_serde")]
     pub interval: Duration,
     /// Samples waiting in the journal at most; past it the oldest are

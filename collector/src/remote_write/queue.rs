@@ -83,6 +83,11 @@ pub struct RemoteQueue {
     pub(super) pending: AtomicI64,
     /// The oldest pending point's time (`i64::MAX`: none).
     pub(super) oldest_ms: AtomicI64,
+    /// Told when `pending` rises to `fill_at` (a request's worth): the
+    /// sender sends then rather than waiting out its `interval`.
+    pub(super) filled: tokio::sync::Notify,
+    /// The pending count that wakes the sender (`i64::MAX`: none yet).
+    pub(super) fill_at: AtomicI64,
 }
 
 impl std::fmt::Debug for RemoteQueue {
@@ -129,6 +134,8 @@ impl RemoteQueue {
             sent: Mutex::new(OpenSeries::default()),
             pending: AtomicI64::new(0),
             oldest_ms: AtomicI64::new(i64::MAX),
+            filled: tokio::sync::Notify::new(),
+            fill_at: AtomicI64::new(i64::MAX),
         }
     }
 
@@ -413,11 +420,16 @@ impl RemoteQueue {
         Ok(n)
     }
 
-    /// A batch with `entry` was committed: its points are pending.
+    /// A batch with `entry` was committed: its points are pending, and the
+    /// sender is woken when they fill a request.
     pub fn committed(&self, entry: &[u8]) {
         if let Some((n, oldest)) = head(entry) {
-            self.pending.fetch_add(i64::from(n), Ordering::Relaxed);
+            let before = self.pending.fetch_add(i64::from(n), Ordering::Relaxed);
             self.oldest_ms.fetch_min(oldest, Ordering::Relaxed);
+            let at = self.fill_at.load(Ordering::Relaxed);
+            if before < at && before + i64::from(n) >= at {
+                self.filled.notify_one();
+            }
         }
     }
 
@@ -474,13 +486,20 @@ impl Entry {
             .group(labels, &[], std::iter::once((None, ts_ms, value)));
     }
 
-    /// The entry (empty for no point).
+    /// The entry (empty for no point), its body snappy-compressed where
+    /// that is smaller ([`journal::PACKED`]).
     fn finish(self) -> Vec<u8> {
         let (n, oldest) = (self.0.points(), self.0.oldest_ms());
         if n == 0 {
             return Vec::new();
         }
-        journal::value(n, oldest, &self.0.finish())
+        let body = self.0.finish();
+        match snap::raw::Encoder::new().compress_vec(&body) {
+            Ok(packed) if packed.len() < body.len() && n < journal::PACKED => {
+                journal::value(n | journal::PACKED, oldest, &packed)
+            }
+            _ => journal::value(n, oldest, &body),
+        }
     }
 }
 
@@ -496,7 +515,7 @@ pub(super) fn entry_of(points: &[super::Point]) -> Vec<u8> {
 
 /// An entry's point count and oldest time.
 fn head(entry: &[u8]) -> Option<(u32, i64)> {
-    let n = u32::from_be_bytes(entry.get(..4)?.try_into().ok()?);
+    let n = u32::from_be_bytes(entry.get(..4)?.try_into().ok()?) & !journal::PACKED;
     let oldest = i64::from_be_bytes(entry.get(4..12)?.try_into().ok()?);
     Some((n, oldest))
 }
@@ -550,7 +569,8 @@ mod tests {
     /// The points of an entry.
     fn points(entry: &[u8]) -> Vec<Point> {
         let (n, _) = head(entry).unwrap();
-        let p = points_of(&entry[12..]).unwrap();
+        let packed = entry[0] & 0x80 != 0;
+        let p = points_of(&wire::unpack(packed, &entry[12..]).unwrap()).unwrap();
         assert_eq!(p.len() as u32, n);
         p
     }
@@ -609,6 +629,63 @@ mod tests {
     }
 
     #[test]
+    fn a_node_s_batch_is_journaled_packed_and_read_back_whole() {
+        // Eight GPUs of one node in one job: their labels differ in the
+        // UUID and index only, which the packed body stores about once.
+        let q = queue(&["power_w"], &[("cluster", "eu-west-1a")]);
+        let gpus: Vec<GpuLive> = (0..8u32)
+            .map(|i| {
+                let mut g = gpu(0.25 + f64::from(i) / 100.0, 1_000);
+                g.uuid = format!("GPU-3f2a9c1e-7b4d-4e8a-9c21-5d6e7f80{i:04x}");
+                g.index = i;
+                g.model = "NVIDIA H100 80GB HBM3".into();
+                g.hostname = "gpu-node-0421.cluster.example.com".into();
+                g.node_id = "gpu-node-0421".into();
+                g.job = Some(flopwatch_proto::v1::JobAssignment {
+                    gpu_uuid: g.uuid.clone(),
+                    job_id: "train-llama-70b-run-17".into(),
+                    pod: "trainer-0".into(),
+                    namespace: "research".into(),
+                    ..Default::default()
+                });
+                g
+            })
+            .collect();
+        let entry = q.entry(&gpus, &CommitSet::default());
+        assert_ne!(entry[0] & 0x80, 0, "packed");
+        let unpacked = wire::unpack(true, &entry[12..]).unwrap();
+        assert!(
+            entry.len() * 2 < unpacked.len(),
+            "packed {} B against {} B",
+            entry.len(),
+            unpacked.len()
+        );
+        let pts = points(&entry);
+        assert_eq!(pts.len(), 8 * 4, "OFU, tensor activity, SM clock, power");
+        let ofu: Vec<f64> = pts
+            .iter()
+            .filter(|p| name(p) == "flopwatch_ofu_ratio")
+            .map(|p| p.value)
+            .collect();
+        assert_eq!(ofu.len(), 8);
+        assert!((ofu[7] - 0.32).abs() < 1e-12, "{ofu:?}");
+        // What the store reads back counts the points without the flag.
+        q.store
+            .commit(
+                "t",
+                &CommitSet {
+                    forward: entry.clone(),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        q.committed(&entry);
+        assert_eq!(q.pending(), 32);
+        let (e, _) = q.store.journal_read(0, u64::MAX).unwrap();
+        assert_eq!((e[0].points, e[0].packed), (32, true));
+    }
+
+    #[test]
     fn series_that_stop_get_staleness_markers() {
         let q = queue(&["power_w"], &[]);
         let mut g = gpu(0.25, 1_000);
@@ -655,7 +732,7 @@ mod tests {
         q.expire(20_301).unwrap();
         let (e, _) = q.store.journal_read(0, u64::MAX).unwrap();
         assert_eq!(e.len(), 1);
-        let pts = points_of(&e[0].body).unwrap();
+        let pts = points_of(&wire::unpack(e[0].packed, &e[0].body).unwrap()).unwrap();
         assert_eq!(pts.len(), 4);
         // Each just after its newest sample (the agent's clock), not at
         // the collector's time of expiry.
@@ -787,7 +864,7 @@ mod tests {
         let marked = |q: &RemoteQueue| -> Vec<Point> {
             let (e, _) = q.store.journal_read(0, u64::MAX).unwrap();
             e.iter()
-                .flat_map(|e| points_of(&e.body).unwrap())
+                .flat_map(|e| points_of(&wire::unpack(e.packed, &e.body).unwrap()).unwrap())
                 .filter(|p| p.value.to_bits() == STALE_NAN && uuid(p).as_deref() == Some("GPU-2"))
                 .collect()
         };

@@ -12,6 +12,11 @@
 //! duplicates. A stop ends the round where it is and leaves its entries in
 //! the journal.
 //!
+//! A round starts as soon as the journal holds a request's worth of
+//! points (`max_samples_per_request`), else `interval` after the last:
+//! at a fleet's rate, requests go out in even steps as points arrive, and
+//! entries are deleted while still in RocksDB's memtable.
+//!
 //! The round's CPU work — its entries read back into points, each
 //! request encoded — runs on the sender's own thread ([`Worker`]) below
 //! ingest's CPU priority; the async tasks only wait on it and on the
@@ -106,6 +111,11 @@ pub(super) async fn sender(
         }
     }
     let window = (cfg.max_shards * cfg.max_samples_per_request) as u64;
+    // A request's worth pending wakes the sender.
+    queue.fill_at.store(
+        i64::try_from(cfg.max_samples_per_request.max(1)).unwrap_or(i64::MAX),
+        Ordering::Relaxed,
+    );
     // Where the next read starts (`store::journal`).
     let mut cursor = 0u64;
     let max_age_ms = i64::try_from(cfg.max_age.as_millis()).unwrap_or(i64::MAX);
@@ -144,14 +154,17 @@ pub(super) async fn sender(
             if queue.pending() == 0 {
                 queue.oldest_ms.store(i64::MAX, Ordering::Relaxed);
             }
-            wait(&mut shutdown, cfg.interval).await;
+            if !rest(&mut shutdown, queue, cfg.interval).await {
+                return;
+            }
             continue;
         }
         let now = clock.now_ms();
         let read: u64 = entries.iter().map(|e| u64::from(e.points)).sum();
         let keys: Vec<Vec<u8>> = entries.iter().map(|e| e.key.clone()).collect();
         let next_oldest = entries.last().map(|e| e.oldest_ms);
-        let bodies: Vec<Vec<u8>> = entries.into_iter().map(|e| e.body).collect();
+        let bodies: Vec<(bool, Vec<u8>)> =
+            entries.into_iter().map(|e| (e.packed, e.body)).collect();
         let (per, max_shards) = (cfg.max_samples_per_request.max(1), cfg.max_shards.max(1));
         let Some((round, too_old, full)) = worker
             .run(move || Round::read(bodies, over, now, max_age_ms, per, max_shards))
@@ -215,9 +228,12 @@ pub(super) async fn sender(
             queue.oldest_ms.store(t, Ordering::Relaxed);
         }
         // Less than a full round: the journal is drained; what arrives
-        // next goes out with what follows it, `interval` later, in few
-        // requests. A backlog goes out round after round.
-        if read < window && !wait(&mut shutdown, cfg.interval).await {
+        // next goes out once it fills a request, or `interval` later. A
+        // backlog goes out round after round.
+        if read < window
+            && queue.pending() < per as u64
+            && !rest(&mut shutdown, queue, cfg.interval).await
+        {
             return;
         }
     }
@@ -237,19 +253,21 @@ impl Round {
     /// `now`, over as many shards as they fill requests of `per` (at most
     /// `max_shards`); with how many were too old and how many over.
     fn read(
-        bodies: Vec<Vec<u8>>,
+        bodies: Vec<(bool, Vec<u8>)>,
         mut over: u64,
         now: i64,
         max_age_ms: i64,
         per: usize,
         max_shards: usize,
     ) -> (Self, u64, u64) {
-        let bytes: usize = bodies.iter().map(Vec::len).sum();
+        let bytes: usize = bodies.iter().map(|(_, b)| b.len()).sum();
         let (mut arena, mut spans) = (Vec::with_capacity(bytes * 3), Vec::new());
         let mut full = 0u64;
-        for body in &bodies {
+        for (packed, body) in &bodies {
             let (from, bytes_from) = (spans.len(), arena.len());
-            if wire::expand(body, &mut arena, &mut spans).is_none() {
+            let expanded =
+                wire::unpack(*packed, body).and_then(|b| wire::expand(&b, &mut arena, &mut spans));
+            if expanded.is_none() {
                 tracing::error!("malformed remote-write journal entry dropped");
                 continue;
             }
@@ -415,6 +433,18 @@ async fn send_round(
     })
 }
 
+/// Waits until the journal's pending points fill a request, at most `d`
+/// (as Prometheus' `batch_send_deadline`): at a fleet's rate the sender
+/// sends a request's worth as it arrives, in even steps, rather than
+/// `d`'s worth at once every `d`; `false` when `shutdown` flipped first.
+async fn rest(shutdown: &mut watch::Receiver<bool>, queue: &RemoteQueue, d: Duration) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => true,
+        _ = queue.filled.notified() => true,
+        _ = shutdown.wait_for(|s| *s) => false,
+    }
+}
+
 /// Waits `d`; `false` when `shutdown` flipped first.
 async fn wait(shutdown: &mut watch::Receiver<bool>, d: Duration) -> bool {
     tokio::select! {
@@ -494,6 +524,48 @@ mod tests {
         assert_eq!(Stats::get(&stats.remote_write_refused), 3);
         assert_eq!(Stats::get(&stats.remote_write_samples), 3);
         assert!(q.store.journal_read(0, u64::MAX).unwrap().0.is_empty());
+        assert_eq!(q.pending(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_request_s_worth_goes_out_at_once_less_waits_for_the_interval() {
+        let stub = Stub::start(Vec::new()).await;
+        let mut cfg = fast(&stub.url);
+        cfg.interval = Duration::from_secs(3_600);
+        cfg.max_samples_per_request = 4;
+        let endpoint = Endpoint::new(&cfg).unwrap();
+        let stats = Arc::new(Stats::default());
+        let q = queue(Arc::new(MemEngine::new()));
+        let (stop, stop_rx) = watch::channel(false);
+        let task = {
+            let (cfg, q, stats) = (cfg.clone(), q.clone(), stats.clone());
+            tokio::spawn(
+                async move { sender(&endpoint, &cfg, &q, &stats, &SystemClock, stop_rx).await },
+            )
+        };
+        // The sender has found the journal empty and rests.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = SystemClock.now_ms();
+        // Three points: less than a request, so they wait (here, for an
+        // hour).
+        commit(&q, "GPU-a", 3, now);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(stub.requests().is_empty(), "sent before a request filled");
+        // The fourth fills a request: sent now, all four.
+        commit(&q, "GPU-b", 1, now);
+        super::super::stub::wait_for("the filled request", || {
+            Stats::get(&stats.remote_write_samples) == 4
+        })
+        .await;
+        assert_eq!(stub.requests().len(), 1);
+        // And so on, batch after batch, without the interval between.
+        commit(&q, "GPU-c", 5, now);
+        super::super::stub::wait_for("the next request", || {
+            Stats::get(&stats.remote_write_samples) == 9
+        })
+        .await;
+        let _ = stop.send(true);
+        task.await.unwrap();
         assert_eq!(q.pending(), 0);
     }
 

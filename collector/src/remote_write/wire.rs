@@ -355,6 +355,18 @@ impl EntryWriter {
     }
 }
 
+/// A journal entry's body as [`expand`] reads it: decompressed when
+/// `packed` (`store::journal::PACKED`); `None` when that fails.
+pub(super) fn unpack(packed: bool, body: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
+    if !packed {
+        return Some(std::borrow::Cow::Borrowed(body));
+    }
+    snap::raw::Decoder::new()
+        .decompress_vec(body)
+        .ok()
+        .map(std::borrow::Cow::Owned)
+}
+
 /// A point of a journal entry, its labels a range of an arena.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Span {

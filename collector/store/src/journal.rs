@@ -17,7 +17,10 @@
 //! family ([`super::Cf::Journal`]). Value: the number of points (u32), the oldest point's time (i64,
 //! unix ms), both big-endian, then the points in remote write's compact
 //! layout (each GPU's labels and each series name once; the collector's
-//! `remote_write::wire`). Sequence numbers rise with each entry; after
+//! `remote_write::wire`), snappy-compressed when the count's top bit
+//! ([`PACKED`]) is set: a batch's GPUs share most of their labels, and
+//! the entry is written through the write-ahead log and a memtable with
+//! the batch, so its bytes count against ingest's. Sequence numbers rise with each entry; after
 //! a restart they continue past the highest one on disk.
 
 use std::collections::BTreeSet;
@@ -64,6 +67,10 @@ pub fn open_key_parts(k: &[u8]) -> Option<(String, String)> {
     Some((gpu.to_string(), name.to_string()))
 }
 
+/// Set in an entry's point count when its body is snappy-compressed (raw
+/// format); the count is the other 31 bits.
+pub const PACKED: u32 = 1 << 31;
+
 /// One journal entry read back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
@@ -73,6 +80,8 @@ pub struct Entry {
     pub points: u32,
     /// Its oldest point's time, unix ms.
     pub oldest_ms: i64,
+    /// Whether `body` is snappy-compressed ([`PACKED`]).
+    pub packed: bool,
     /// The points (the collector's `remote_write::wire` layout).
     pub body: Vec<u8>,
 }
@@ -108,7 +117,8 @@ pub(super) fn key(seq: u64) -> Vec<u8> {
     k
 }
 
-/// An entry's value.
+/// An entry's value; `points` with [`PACKED`] set for a compressed
+/// `body`.
 pub fn value(points: u32, oldest_ms: i64, body: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(12 + body.len());
     v.extend_from_slice(&points.to_be_bytes());
@@ -125,12 +135,13 @@ pub(super) fn seq_of(k: &[u8]) -> Option<u64> {
 }
 
 pub(super) fn parse(k: &[u8], v: &[u8]) -> Option<Entry> {
-    let points = u32::from_be_bytes(v.get(..4)?.try_into().ok()?);
+    let count = u32::from_be_bytes(v.get(..4)?.try_into().ok()?);
     let oldest_ms = i64::from_be_bytes(v.get(4..12)?.try_into().ok()?);
     Some(Entry {
         key: k.to_vec(),
-        points,
+        points: count & !PACKED,
         oldest_ms,
+        packed: count & PACKED != 0,
         body: v[12..].to_vec(),
     })
 }

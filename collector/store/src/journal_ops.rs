@@ -201,6 +201,20 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_packed_entry_counts_its_points_without_the_flag() {
+        let s = Store::new(Arc::new(MemEngine::new()), false);
+        s.journal_append(value(3 | crate::journal::PACKED, 5, b"zz"))
+            .unwrap();
+        s.journal_append(value(2, 6, b"p")).unwrap();
+        let (got, _) = s.journal_read(0, 3).unwrap();
+        assert_eq!(got.len(), 1, "3 points reach max_points");
+        assert_eq!((got[0].points, got[0].packed), (3, true));
+        let (all, _) = s.journal_read(0, u64::MAX).unwrap();
+        assert_eq!((all[1].points, all[1].packed), (2, false));
+        assert_eq!(s.journal_backlog().unwrap(), (2, 5, Some(5)));
+    }
+
     /// The keys of family `cf`.
     fn keys_of(e: &MemEngine, cf: Cf) -> Vec<Vec<u8>> {
         use crate::Engine;

@@ -40,7 +40,7 @@
 //!
 //! With `--remote-write URL` the collector forwards to that endpoint; with
 //! `--remote-write sink` to a fourth process, [`super::sink`], a receiver
-//! that only decodes and counts (at nice 10, standing in for a store on
+//! that only decodes and counts (at `--sink-nice`, 19 by default: standing in for a store on
 //! machines of its own) and answers after `--sink-delay`. After the agents
 //! drain, the driver waits for the sink to hold one new point per
 //! acknowledged batch for each GPU's three OFU series, and prints what
@@ -111,13 +111,19 @@ pub(super) struct FleetArgs {
     scrape: bool,
     /// Forward to a remote-write endpoint (the collector's
     /// `[remote_write] url`), or `sink`: a receiver of this bench's own in
-    /// a process at nice 10 (see [`super::sink`]), whose counts are checked
-    /// after the run against what the agents had acknowledged.
+    /// a process at `--sink-nice` (see [`super::sink`]), whose counts are
+    /// checked after the run against what the agents had acknowledged.
     #[arg(long)]
     remote_write: Option<String>,
     /// How long the `sink` takes to answer each request (a slow receiver).
     #[arg(long, default_value = "0s")]
     sink_delay: String,
+    /// The `sink`'s nice value: 19 (the lowest priority) by default, so
+    /// that on shared cores it takes only what the collector and the
+    /// agents leave, as a receiver on machines of its own would (10 in
+    /// runs before 2026-12-06).
+    #[arg(long, default_value_t = 19)]
+    sink_nice: i32,
     /// Working directory (collector store, agent spools, logs); default:
     /// a temporary one, removed after.
     #[arg(long)]
@@ -193,7 +199,7 @@ pub(super) async fn run(a: FleetArgs) -> anyhow::Result<()> {
             // Below the collector and the agents, standing in for a
             // receiver on machines of its own.
             // SAFETY: setpriority only changes this process' nice value.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, a.sink_nice) };
             super::sink::run(a.sink_port, ms(&a.sink_delay)?).await
         }
     }
@@ -838,7 +844,7 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
     let mut sink = None;
     if let Some(to) = &a.remote_write {
         let url = if to == "sink" {
-            let s = Sink::start(&root, &a.sink_delay)?;
+            let s = Sink::start(&root, &a.sink_delay, a.sink_nice)?;
             let url = s.url.clone();
             sink = Some(s);
             url
@@ -978,7 +984,7 @@ struct Sink {
 }
 
 impl Sink {
-    fn start(root: &Path, delay: &str) -> anyhow::Result<Self> {
+    fn start(root: &Path, delay: &str, nice: i32) -> anyhow::Result<Self> {
         let port = flopwatch_tests::procs::free_port();
         let mut child = spawn(
             "fleet",
@@ -988,6 +994,8 @@ impl Sink {
                 port.to_string(),
                 "--sink-delay".into(),
                 delay.into(),
+                "--sink-nice".into(),
+                nice.to_string(),
             ],
             &root.join("sink.log"),
         )?;
