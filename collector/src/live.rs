@@ -472,20 +472,112 @@ fn fold(
     }
 }
 
+/// One GPU as one batch tells it, borrowed from the batch (nothing is
+/// copied): what remote write forwards of it ([`batch_gpus`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BatchGpu<'a> {
+    pub tenant: &'a str,
+    pub uuid: &'a str,
+    pub index: u32,
+    pub model: &'a str,
+    pub node_id: &'a str,
+    pub hostname: &'a str,
+    /// Job attribution, when known.
+    pub job: Option<&'a JobAssignment>,
+    /// The batch's OFU of the GPU, when its inputs were in the batch.
+    pub ofu: Option<BatchOfu>,
+    /// How current the OFU is (that of its tensor-activity input).
+    pub ofu_fresh: Freshness,
+    /// The series kept: metric, newest point (time, value), how current.
+    pub counters: Vec<(&'a str, (i64, f64), Freshness)>,
+}
+
+impl BatchGpu<'_> {
+    /// The newest point of the series of `metric`, and how current it is.
+    pub(crate) fn counter(&self, metric: &str) -> Option<((i64, f64), Freshness)> {
+        self.counters
+            .iter()
+            .find(|(m, _, _)| *m == metric)
+            .map(|&(_, p, f)| (p, f))
+    }
+}
+
+#[cfg(test)]
+impl<'a> From<&'a GpuLive> for BatchGpu<'a> {
+    fn from(g: &'a GpuLive) -> Self {
+        Self {
+            tenant: &g.tenant,
+            uuid: &g.uuid,
+            index: g.index,
+            model: &g.model,
+            node_id: &g.node_id,
+            hostname: &g.hostname,
+            job: g.job.as_ref(),
+            ofu: g.ofu.map(|ofu| BatchOfu {
+                ofu,
+                tensor_active: g.tensor_active,
+                sm_clock_mhz: g.sm_clock_mhz,
+                ts_ms: g.ts_ms,
+            }),
+            ofu_fresh: g.ofu_fresh,
+            counters: g
+                .counters
+                .iter()
+                .map(|(m, &p)| (m.as_str(), p, g.fresh.get(m).copied().unwrap_or_default()))
+                .collect(),
+        }
+    }
+}
+
 /// The GPUs of batch `b` as the batch alone tells them (their values in
-/// it, nothing earlier), with the series of the metrics `keep` takes, in
-/// the batch's order: what remote write forwards for the batch.
-pub(crate) fn batch_gpus(
-    b: &BatchView<'_>,
+/// it, nothing earlier), with the newest point of each series of the
+/// metrics `keep` takes, in the node's order: what remote write forwards
+/// for the batch. Borrowed from the batch: no GPU's labels are copied.
+pub(crate) fn batch_gpus<'a>(
+    b: &BatchView<'a>,
     now_ms: i64,
     keep: impl Fn(&str) -> bool,
-) -> Vec<GpuLive> {
-    let mut m = HashMap::new();
-    fold(&mut m, b, now_ms, keep);
-    b.gpus
+) -> Vec<BatchGpu<'a>> {
+    let mut out: Vec<BatchGpu<'a>> = b
+        .gpus
         .iter()
-        .filter_map(|(uuid, _, _)| m.remove(&(b.tenant.to_string(), uuid.to_string())))
-        .collect()
+        .map(|&(uuid, index, model)| BatchGpu {
+            tenant: b.tenant,
+            uuid,
+            index,
+            model,
+            node_id: b.node_id,
+            hostname: b.hostname,
+            job: b.jobs.get(uuid).filter(|j| !j.job_id.is_empty()),
+            ofu: b.ofu.get(uuid).copied(),
+            ..Default::default()
+        })
+        .collect();
+    let intervals = intervals_of(b);
+    let interval = |uuid: &str, metric: &str| intervals.get(&(uuid, metric)).copied();
+    // A batch holds many series of few GPUs, in runs of one GPU.
+    let mut at: Option<usize> = None;
+    for s in b.series {
+        let Some(last) = s.points.last().filter(|_| keep(&s.metric)) else {
+            continue;
+        };
+        if at.is_none_or(|i| out[i].uuid != s.gpu_uuid) {
+            at = out.iter().position(|g| g.uuid == s.gpu_uuid);
+        }
+        let Some(g) = at.map(|i| &mut out[i]) else {
+            continue;
+        };
+        let f = freshness(s, interval(&s.gpu_uuid, &s.metric), b.sent_at_ms, now_ms);
+        if s.metric == flopwatch_proto::metrics::TENSOR_ACTIVE && g.ofu.is_some() {
+            g.ofu_fresh = f;
+        }
+        let point = (last.ts_ms, last.value);
+        match g.counters.iter_mut().find(|(m, _, _)| *m == s.metric) {
+            Some(c) => (c.1, c.2) = (point, f),
+            None => g.counters.push((s.metric.as_str(), point, f)),
+        }
+    }
+    out
 }
 
 /// What of `g` is current at `now_ms` ([`crate::staleness`]); `None` once
@@ -610,6 +702,80 @@ mod tests {
             pending: (100, 1),
             sent_at_ms: 0,
         }
+    }
+
+    #[test]
+    fn a_batch_s_gpus_are_told_by_the_batch_alone_with_the_kept_series_newest_points() {
+        let mut jobs = HashMap::new();
+        for (g, job) in [("GPU-a", "train"), ("GPU-b", "")] {
+            jobs.insert(
+                g.to_string(),
+                JobAssignment {
+                    gpu_uuid: g.into(),
+                    job_id: job.into(),
+                    ..Default::default()
+                },
+            );
+        }
+        let ofu = HashMap::from([(
+            "GPU-a".to_string(),
+            BatchOfu {
+                ofu: 0.4,
+                tensor_active: 0.5,
+                sm_clock_mhz: 1600.0,
+                ts_ms: 1_000,
+            },
+        )]);
+        let point = |ts_ms: i64, value: f64| Point {
+            ts_ms,
+            value,
+            peak: None,
+            window_ms: Some(100),
+        };
+        let series = vec![
+            SeriesBatch {
+                gpu_uuid: "GPU-a".into(),
+                metric: "tensor_active".into(),
+                points: vec![point(900, 0.3), point(1_000, 0.5)],
+            },
+            SeriesBatch {
+                gpu_uuid: "GPU-a".into(),
+                metric: "power_w".into(),
+                points: vec![point(1_000, 300.0)],
+            },
+            SeriesBatch {
+                gpu_uuid: "GPU-b".into(),
+                metric: "power_w".into(),
+                points: vec![point(950, 200.0)],
+            },
+            // A GPU the node does not have: not told.
+            SeriesBatch {
+                gpu_uuid: "GPU-z".into(),
+                metric: "tensor_active".into(),
+                points: vec![point(1_000, 0.9)],
+            },
+        ];
+        let v = view(&jobs, &ofu, &series, &[]);
+        let gpus = batch_gpus(&v, 5_000, |m| m == "tensor_active");
+        assert_eq!(
+            gpus.iter().map(|g| (g.uuid, g.index)).collect::<Vec<_>>(),
+            [("GPU-a", 0), ("GPU-b", 1)]
+        );
+        let (a, b) = (&gpus[0], &gpus[1]);
+        assert_eq!(a.job.map(|j| j.job_id.as_str()), Some("train"));
+        assert_eq!((a.hostname, a.node_id, a.tenant), ("host1", "n1", "t"));
+        assert_eq!(a.ofu.map(|o| o.ofu), Some(0.4));
+        // Only the kept metric, at its newest point, current as its
+        // window says; the OFU as current as its tensor input.
+        assert_eq!(a.counters.len(), 1);
+        let ((ts, value), fresh) = a.counter("tensor_active").unwrap();
+        assert_eq!((ts, value), (1_000, 0.5));
+        assert_eq!(fresh, freshness(&series[0], None, 0, 5_000));
+        assert_eq!(a.ofu_fresh, fresh);
+        assert!(a.counter("power_w").is_none());
+        // A job without an id is no job; no OFU, nothing kept.
+        assert!(b.job.is_none() && b.ofu.is_none() && b.counters.is_empty());
+        assert_eq!(b.ofu_fresh, Freshness::default());
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 use crate::live::{DeviceLive, GpuLive};
 use flopwatch_proto::metrics::{Aggregation, MetricDef};
+use flopwatch_proto::v1::JobAssignment;
 
 /// A series' labels, in order.
 pub(crate) type Labels = Vec<(String, String)>;
@@ -25,16 +26,30 @@ pub(crate) fn gpu_labels(g: &GpuLive) -> Labels {
 
 /// [`gpu_labels`], borrowed from `g`; `index` is its index written out.
 pub(crate) fn gpu_label_refs<'a>(g: &'a GpuLive, index: &'a str) -> Vec<(&'static str, &'a str)> {
+    label_refs(
+        index,
+        [&g.uuid, &g.model, &g.hostname, &g.node_id, &g.tenant],
+        g.job.as_ref(),
+    )
+}
+
+/// A GPU's labels, borrowed: `index` written out, then its UUID, model,
+/// hostname, node and tenant, and its job's when it has one.
+pub(crate) fn label_refs<'a>(
+    index: &'a str,
+    [uuid, model, hostname, node, tenant]: [&'a str; 5],
+    job: Option<&'a JobAssignment>,
+) -> Vec<(&'static str, &'a str)> {
     let mut l = Vec::with_capacity(6 + JOB_LABELS.len());
     l.extend([
         ("gpu", index),
-        ("UUID", g.uuid.as_str()),
-        ("modelName", g.model.as_str()),
-        ("hostname", g.hostname.as_str()),
-        ("node", g.node_id.as_str()),
-        ("tenant", g.tenant.as_str()),
+        ("UUID", uuid),
+        ("modelName", model),
+        ("hostname", hostname),
+        ("node", node),
+        ("tenant", tenant),
     ]);
-    if let Some(j) = &g.job {
+    if let Some(j) = job {
         l.extend(job_labels([
             &j.job_id,
             &j.pod,

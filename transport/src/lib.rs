@@ -9,7 +9,7 @@
 //! other: a node's agent build carries no collector code, and the
 //! collector no agent code.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod channel;
 pub mod metrics_http;

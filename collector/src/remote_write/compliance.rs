@@ -88,7 +88,7 @@ fn queue() -> Arc<RemoteQueue> {
 
 /// Commits one batch of `gpus` as ingest does (entry and register with it).
 fn commit(q: &RemoteQueue, gpus: &[GpuLive]) {
-    let (forward, forward_open) = q.forward(gpus, &CommitSet::default());
+    let (forward, forward_open) = q.forward_live(gpus, &CommitSet::default());
     let set = CommitSet {
         forward,
         forward_open,

@@ -20,8 +20,10 @@
 use super::open::{Base, Noted, OpenSeries};
 use super::wire;
 use super::STALE_NAN;
+use crate::live::BatchGpu;
+#[cfg(test)]
 use crate::live::GpuLive;
-use crate::series::{family_of, gpu_label_refs, Family, On};
+use crate::series::{family_of, label_refs, Family, On};
 use crate::store::journal::{self, OpenEntries};
 use crate::store::{CommitSet, Store, StoreError};
 use flopwatch_proto::metrics as m;
@@ -180,9 +182,13 @@ impl RemoteQueue {
     /// A GPU's series' labels but their name, on the wire: the GPU's, and
     /// the external ones it lacks, the empty ones left out (as the
     /// specification asks), sorted; split where `__name__` goes.
-    fn base(&self, g: &GpuLive) -> Base {
+    fn base(&self, g: &BatchGpu<'_>) -> Base {
         let index = g.index.to_string();
-        let mut l: Vec<(&str, &str)> = gpu_label_refs(g, &index);
+        let mut l: Vec<(&str, &str)> = label_refs(
+            &index,
+            [g.uuid, g.model, g.hostname, g.node_id, g.tenant],
+            g.job,
+        );
         for (k, v) in &self.external {
             if !l.iter().any(|(n, _)| n == k) {
                 l.push((k, v));
@@ -209,12 +215,23 @@ impl RemoteQueue {
     /// it.
     #[cfg(test)]
     pub fn entry(&self, gpus: &[GpuLive], set: &CommitSet) -> Vec<u8> {
-        self.forward(gpus, set).0
+        self.forward_live(gpus, set).0
+    }
+
+    /// [`RemoteQueue::forward`] of GPUs given whole.
+    #[cfg(test)]
+    pub fn forward_live(&self, gpus: &[GpuLive], set: &CommitSet) -> (Vec<u8>, OpenEntries) {
+        let gpus: Vec<BatchGpu<'_>> = gpus.iter().map(BatchGpu::from).collect();
+        self.forward(&gpus, set)
     }
 
     /// [`RemoteQueue::entry`], and the open-series register entries of the
     /// series it starts or relabels (`CommitSet::forward_open`).
-    pub fn forward<'a>(&'a self, gpus: &[GpuLive], set: &CommitSet) -> (Vec<u8>, OpenEntries) {
+    pub(crate) fn forward<'a>(
+        &'a self,
+        gpus: &[BatchGpu<'_>],
+        set: &CommitSet,
+    ) -> (Vec<u8>, OpenEntries) {
         let mut entry = Entry::default();
         let mut open = Vec::new();
         let ofu_fidelity = self.fidelity_of("ofu");
@@ -225,8 +242,8 @@ impl RemoteQueue {
             let mut push = |name: &'a str, ts: i64, value: f64, until: i64| {
                 new.push((name, ts, value, until));
             };
-            let ofu_ts = g.counters.get(m::TENSOR_ACTIVE).map(|c| c.0);
-            if let (Some(ts), Some(ofu)) = (ofu_ts, g.ofu) {
+            let ofu_ts = g.counter(m::TENSOR_ACTIVE).map(|((ts, _), _)| ts);
+            if let (Some(ts), Some(o)) = (ofu_ts, g.ofu) {
                 let until = g.ofu_fresh.seen_ms + g.ofu_fresh.for_ms;
                 let samples = set
                     .ofu
@@ -252,17 +269,17 @@ impl RemoteQueue {
                         }
                     }
                     f => {
-                        push("flopwatch_ofu_ratio", ts, ofu, until);
+                        push("flopwatch_ofu_ratio", ts, o.ofu, until);
                         push(
                             "flopwatch_ofu_tensor_active_ratio",
                             ts,
-                            g.tensor_active,
+                            o.tensor_active,
                             until,
                         );
                         push(
                             "flopwatch_ofu_sm_clock_hertz",
                             ts,
-                            g.sm_clock_mhz * 1e6,
+                            o.sm_clock_mhz * 1e6,
                             until,
                         );
                         if f == Fidelity::Summary {
@@ -278,11 +295,10 @@ impl RemoteQueue {
             }
             // The same families, names and base units as on /metrics.
             for c in &self.counters {
-                let Some((ts, v)) = g.counters.get(&c.metric) else {
+                let Some(((ts, v), fresh)) = g.counter(&c.metric) else {
                     continue;
                 };
                 let f = &c.family;
-                let fresh = g.fresh.get(&c.metric).copied().unwrap_or_default();
                 let until = fresh.seen_ms + fresh.for_ms;
                 let series = set
                     .series
@@ -295,20 +311,23 @@ impl RemoteQueue {
                         }
                     }
                     (Fidelity::Summary, Some(s)) if !f.counter => {
-                        push(&c.name, *ts, mean(s) * f.scale, until);
+                        push(&c.name, ts, mean(s) * f.scale, until);
                         let max = s
                             .points
                             .iter()
                             .map(|p| p.value)
                             .fold(f64::NEG_INFINITY, f64::max);
-                        push(&c.max, *ts, max * f.scale, until);
-                        push(&c.count, *ts, s.points.len() as f64, until);
+                        push(&c.max, ts, max * f.scale, until);
+                        push(&c.count, ts, s.points.len() as f64, until);
                     }
-                    (_, Some(s)) if !f.counter => push(&c.name, *ts, mean(s) * f.scale, until),
-                    _ => push(&c.name, *ts, v * f.scale, until),
+                    (_, Some(s)) if !f.counter => push(&c.name, ts, mean(s) * f.scale, until),
+                    _ => push(&c.name, ts, v * f.scale, until),
                 }
             }
-            let (base, markers) = self.note_sent(&g.uuid, self.base(g), &new, &mut open);
+            if new.is_empty() {
+                continue;
+            }
+            let (base, markers) = self.note_sent(g.uuid, self.base(g), &new, &mut open);
             for (l, ts) in markers {
                 entry.push(&l, ts, f64::from_bits(STALE_NAN));
             }
@@ -759,7 +778,7 @@ mod tests {
         let mut late = g.clone();
         late.counters.insert(m::TENSOR_ACTIVE.into(), (15_000, 0.5));
         late.counters.insert("power_w".into(), (15_000, 310.0));
-        let (entry, open) = q.forward(&[late], &CommitSet::default());
+        let (entry, open) = q.forward_live(&[late], &CommitSet::default());
         let pts = points(&entry);
         assert_eq!(pts.len(), 4, "{pts:?}");
         assert!(pts
@@ -787,7 +806,8 @@ mod tests {
         let mut b = gpu(0.5, 1_000);
         b.uuid = "GPU-2".into();
         for g in [&a, &b] {
-            let (forward, forward_open) = q.forward(std::slice::from_ref(g), &CommitSet::default());
+            let (forward, forward_open) =
+                q.forward_live(std::slice::from_ref(g), &CommitSet::default());
             assert_eq!(forward_open.len(), 4, "a new GPU registers its 4 series");
             let set = CommitSet {
                 forward,
@@ -799,7 +819,7 @@ mod tests {
         // The same series again: nothing more to register.
         let mut again = b.clone();
         again.counters.insert(m::TENSOR_ACTIVE.into(), (1_500, 0.5));
-        assert!(q.forward(&[again], &CommitSet::default()).1.is_empty());
+        assert!(q.forward_live(&[again], &CommitSet::default()).1.is_empty());
         drop(q);
         // The restarted collector takes them back before ingest starts.
         // GPU-1 comes back without its job (its job's series end at
@@ -818,7 +838,7 @@ mod tests {
         for f in a.fresh.values_mut() {
             f.seen_ms = 200_000;
         }
-        let (forward, forward_open) = q.forward(&[a.clone()], &CommitSet::default());
+        let (forward, forward_open) = q.forward_live(&[a.clone()], &CommitSet::default());
         assert_eq!(
             forward_open.len(),
             4,

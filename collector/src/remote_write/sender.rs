@@ -18,8 +18,8 @@
 //! entries are deleted while still in RocksDB's memtable.
 //!
 //! The round's CPU work — its entries read back into points, each
-//! request encoded — runs on the sender's own thread ([`Worker`]) below
-//! ingest's CPU priority; the async tasks only wait on it and on the
+//! request encoded — runs on the sender's own thread ([`Worker`]) in the
+//! idle scheduling class; the async tasks only wait on it and on the
 //! endpoint.
 
 use super::endpoint::{backoff, encode, ErrorLog};
@@ -305,24 +305,23 @@ impl Round {
 }
 
 /// The sender's CPU work — reading entries back, encoding requests — on a
-/// thread of its own, below ingest's CPU priority (as RocksDB's
-/// compactions): a round of tens of thousands of points never holds the
-/// threads that serve the agents' streams, and a busy machine acks
-/// batches before it forwards them. Ends with its owner.
+/// thread of its own in Linux's idle scheduling class
+/// ([`flopwatch_transport::priority::idle_thread`]): a round of tens of
+/// thousands of points never holds the threads that serve the agents'
+/// streams, a thread of theirs that wakes takes the CPU from it at once,
+/// and a busy machine acks batches before it forwards them (the journal
+/// holds what waits; the pending gauges show it). Ends with its owner.
 struct Worker {
     jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
 }
 
 impl Worker {
-    /// How much lower than ingest the thread runs (a nice value).
-    const NICE: i32 = 10;
-
     fn start() -> std::io::Result<Self> {
         let (jobs, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
         std::thread::Builder::new()
             .name("remote-write".into())
             .spawn(move || {
-                lower_priority(Self::NICE);
+                flopwatch_transport::priority::idle_thread("remote write");
                 while let Ok(job) = rx.recv() {
                     job();
                 }
@@ -340,24 +339,6 @@ impl Worker {
             .ok()?;
         rx.await.ok()
     }
-}
-
-/// Lowers the calling thread's CPU priority to the nice value `nice`
-/// (Linux: a thread has its own).
-fn lower_priority(nice: i32) {
-    #[cfg(target_os = "linux")]
-    {
-        let me = Some(rustix::thread::gettid());
-        // Never higher than the collector's own.
-        let now = rustix::process::getpriority_process(me).unwrap_or(0);
-        if now < nice {
-            if let Err(e) = rustix::process::setpriority_process(me, nice) {
-                tracing::debug!(error = %e, "remote write keeps ingest's CPU priority");
-            }
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = nice;
 }
 
 /// Sends a round's shards concurrently, each in requests of at most
@@ -703,14 +684,22 @@ mod tests {
 
     #[cfg(target_os = "linux")]
     #[tokio::test]
-    async fn encoding_runs_below_ingest_s_priority() {
-        let here = rustix::process::getpriority_process(None).unwrap();
+    async fn encoding_runs_in_the_idle_class_and_ingest_does_not() {
+        use flopwatch_transport::priority::is_idle_thread;
         let w = Worker::start().unwrap();
-        let there = w
-            .run(|| rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap())
+        let (idle, nice) = w
+            .run(|| {
+                let nice = rustix::process::getpriority_process(Some(rustix::thread::gettid()));
+                (is_idle_thread(), nice.unwrap())
+            })
             .await
             .unwrap();
-        assert_eq!(there, Worker::NICE.max(here));
+        // The idle class, or nice 19 where a sandbox refuses it.
+        assert!(
+            idle || nice == 19,
+            "encoding thread: idle {idle}, nice {nice}"
+        );
+        assert!(!is_idle_thread());
         drop(w);
     }
 

@@ -40,8 +40,9 @@
 //!
 //! With `--remote-write URL` the collector forwards to that endpoint; with
 //! `--remote-write sink` to a fourth process, [`super::sink`], a receiver
-//! that only decodes and counts (at `--sink-nice`, 19 by default: standing in for a store on
-//! machines of its own) and answers after `--sink-delay`. After the agents
+//! that only decodes and counts (in the idle scheduling class by default,
+//! `--sink-idle`: standing in for a store on machines of its own) and
+//! answers after `--sink-delay`. After the agents
 //! drain, the driver waits for the sink to hold one new point per
 //! acknowledged batch for each GPU's three OFU series, and prints what
 //! arrived, repeats included, and the delivery lag.
@@ -111,23 +112,37 @@ pub(super) struct FleetArgs {
     scrape: bool,
     /// Forward to a remote-write endpoint (the collector's
     /// `[remote_write] url`), or `sink`: a receiver of this bench's own in
-    /// a process at `--sink-nice` (see [`super::sink`]), whose counts are
+    /// a process of its own (`--sink-idle`, see [`super::sink`]), whose counts are
     /// checked after the run against what the agents had acknowledged.
     #[arg(long)]
     remote_write: Option<String>,
     /// How long the `sink` takes to answer each request (a slow receiver).
     #[arg(long, default_value = "0s")]
     sink_delay: String,
-    /// The `sink`'s nice value: 19 (the lowest priority) by default, so
-    /// that on shared cores it takes only what the collector and the
-    /// agents leave, as a receiver on machines of its own would (10 in
-    /// runs before 2026-12-06).
+    /// The `sink`'s nice value, with `--sink-idle false`: 19 (the lowest
+    /// priority) by default.
     #[arg(long, default_value_t = 19)]
     sink_nice: i32,
+    /// Runs the `sink` in Linux's idle scheduling class (`SCHED_IDLE`),
+    /// every thread of it: on shared cores it takes only the CPU time the
+    /// collector and the agents leave, and gives it up at once when one
+    /// of theirs wakes, as a receiver on machines of its own would. With
+    /// `false`, at `--sink-nice`. (Before 2026-12-06, late, only the
+    /// sink's main thread was niced; its runtime's threads ran at nice 0.)
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    sink_idle: bool,
     /// Working directory (collector store, agent spools, logs); default:
     /// a temporary one, removed after.
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Where the agents' spools go (a directory made in it, removed
+    /// after); default: the working directory. On a fleet each agent
+    /// writes its spool to its own node's disk; a tmpfs here (e.g.
+    /// `/dev/shm`) keeps 10,000 agents' writes off the disk the
+    /// collector's write-ahead log syncs to, where ext4 would make the
+    /// collector's fsyncs wait for them.
+    #[arg(long)]
+    spools: Option<PathBuf>,
     /// Runs the collector on these CPUs (a list as `taskset -c` takes it,
     /// e.g. `0`) and this driver, the load generator and the sink on the
     /// others: the collector's figures are then its own, not decided by
@@ -157,6 +172,22 @@ pub(super) struct FleetArgs {
     /// Sample time at `--epoch-ms` (default: the same instant).
     #[arg(long, hide = true)]
     origin_ms: Option<i64>,
+}
+
+impl FleetArgs {
+    /// What the process does before its runtime's threads start, so that
+    /// they inherit it: the sink's scheduling (`--sink-idle`,
+    /// `--sink-nice`).
+    pub(super) fn before_runtime(&self) {
+        if !matches!(self.role, Role::Sink) {
+            return;
+        }
+        if self.sink_idle {
+            flopwatch_transport::priority::idle_thread("sink");
+        } else {
+            flopwatch_transport::priority::lower_thread_priority(self.sink_nice, "sink");
+        }
+    }
 }
 
 /// Sample time that starts at `origin_ms` when the wall clock reads
@@ -195,13 +226,7 @@ pub(super) async fn run(a: FleetArgs) -> anyhow::Result<()> {
     match a.role {
         Role::Driver => driver(a).await,
         Role::Agents => agents(a).await,
-        Role::Sink => {
-            // Below the collector and the agents, standing in for a
-            // receiver on machines of its own.
-            // SAFETY: setpriority only changes this process' nice value.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, a.sink_nice) };
-            super::sink::run(a.sink_port, ms(&a.sink_delay)?).await
-        }
+        Role::Sink => super::sink::run(a.sink_port, ms(&a.sink_delay)?).await,
     }
 }
 
@@ -373,7 +398,7 @@ async fn agents(a: FleetArgs) -> anyhow::Result<()> {
         let node = format!("fleet-{:05}", a.first + i);
         let spool = Spool::open(
             &SpoolOptions {
-                dir: dir.join(&node),
+                dir: a.spools.as_deref().unwrap_or(&dir).join(&node),
                 max_bytes: 1 << 30,
                 fsync_interval: Duration::from_secs(1),
             },
@@ -635,6 +660,8 @@ pub(super) struct Load {
     pub(super) interval: String,
     /// Agents start spread over this long (wall time).
     pub(super) ramp: String,
+    /// Where the agents' spools go (default: with each process' files).
+    pub(super) spools: Option<PathBuf>,
 }
 
 impl Generators {
@@ -679,6 +706,11 @@ impl Generators {
                 "--ramp".into(),
                 load.ramp.clone(),
             ];
+            if let Some(spools) = &load.spools {
+                let spools = spools.join(format!("p{j}"));
+                std::fs::create_dir_all(&spools)?;
+                args.extend(["--spools".into(), spools.display().to_string()]);
+            }
             args.extend_from_slice(extra);
             let mut child = spawn(
                 "fleet",
@@ -821,6 +853,10 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(root.join("stop"));
     let n = a.agents;
     let cpus = pin(a.collector_cpus.as_deref())?;
+    let spools = a
+        .spools
+        .as_ref()
+        .map(|d| d.join(format!("flopwatch-spools-{}", std::process::id())));
     // Before the collector starts, so that it inherits the limit too.
     raise_nofile(n as u64 * 3 + 1024);
     // Below the kernel's ephemeral range (the harness's ports), so that
@@ -844,7 +880,7 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
     let mut sink = None;
     if let Some(to) = &a.remote_write {
         let url = if to == "sink" {
-            let s = Sink::start(&root, &a.sink_delay, a.sink_nice)?;
+            let s = Sink::start(&root, &a.sink_delay, (a.sink_idle, a.sink_nice))?;
             let url = s.url.clone();
             sink = Some(s);
             url
@@ -864,6 +900,7 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
         metrics: a.metrics,
         interval: a.interval.clone(),
         ramp: a.ramp.clone(),
+        spools: spools.clone(),
     };
     let gen = Generators::start(&root, &format!("http://127.0.0.1:{port}"), &load, &[])?;
     let mut gen = gen;
@@ -887,6 +924,9 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
         Ok(steady)
     });
     let outcome = finish(&a, &root, &mut col, &mut gen, sink.as_mut(), result);
+    if let Some(s) = &spools {
+        let _ = std::fs::remove_dir_all(s);
+    }
     // A temporary root goes whatever happened: a failed run of 10,000
     // agents leaves gigabytes of spools and store behind.
     if tmp {
@@ -984,7 +1024,7 @@ struct Sink {
 }
 
 impl Sink {
-    fn start(root: &Path, delay: &str, nice: i32) -> anyhow::Result<Self> {
+    fn start(root: &Path, delay: &str, (idle, nice): (bool, i32)) -> anyhow::Result<Self> {
         let port = flopwatch_tests::procs::free_port();
         let mut child = spawn(
             "fleet",
@@ -996,6 +1036,8 @@ impl Sink {
                 delay.into(),
                 "--sink-nice".into(),
                 nice.to_string(),
+                "--sink-idle".into(),
+                idle.to_string(),
             ],
             &root.join("sink.log"),
         )?;
@@ -1118,7 +1160,7 @@ fn run_phases(
     let duration = ms(&a.duration)?;
     let say = |s: String| println!("{s}");
     say(format!(
-        "fleet: {n} agents × {} GPUs × {} metrics, one point per series per {} (± 20 %), started over {}, in {} load-generator process(es); collector pid {}, VmRSS before the agents {:.1} MiB, {threads0} threads; root {}",
+        "fleet: {n} agents × {} GPUs × {} metrics, one point per series per {} (± 20 %), started over {}, in {} load-generator process(es); collector pid {}, VmRSS before the agents {:.1} MiB, {threads0} threads; root {}; agents' spools {}",
         a.gpus,
         a.metrics,
         a.interval,
@@ -1126,7 +1168,10 @@ fn run_phases(
         ag.procs.len(),
         col.child.id(),
         mib(rss0),
-        root.display()
+        root.display(),
+        a.spools
+            .as_ref()
+            .map_or("with the agents' files".into(), |d| format!("under {}", d.display())),
     ));
     // 1. Every agent connected.
     let t0 = Stopwatch::start();

@@ -212,6 +212,10 @@ fn main() -> std::process::ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    // Before the runtime's threads start, so that they inherit it.
+    if let What::Fleet(f) = &a.what {
+        f.before_runtime();
+    }
     let done = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -185,10 +185,10 @@ mod tests {
         assert_eq!((c.new, c.repeats, c.markers), (4, 1, 1));
         assert_eq!((c.requests, c.bytes, c.newest.len()), (2, 20, 2));
         drop(c);
-        // Lags 1,500, 500, 1,500 and 500 ms: the median at most 19 % over.
+        // Lags 1,500, 500, 1,500 and 500 ms: the median at most 4.4 % over.
         let lag = t.lag.counts();
         let median = flopwatch_agent::latency::quantile(&lag, 0.5).unwrap();
-        assert!(median >= Duration::from_millis(500) && median < Duration::from_millis(600));
+        assert!(median >= Duration::from_millis(500) && median <= Duration::from_millis(522));
         assert_eq!(lag.iter().sum::<u64>(), 4);
     }
 }

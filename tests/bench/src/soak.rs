@@ -178,6 +178,7 @@ async fn soak(a: &SoakArgs, root: &std::path::Path) -> anyhow::Result<()> {
         metrics: a.metrics,
         interval: a.interval.clone(),
         ramp: a.ramp.clone(),
+        spools: None,
     };
     let extra = [
         "--warp".to_string(),
