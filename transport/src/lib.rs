@@ -12,6 +12,7 @@
 #![deny(unsafe_code)]
 
 pub mod channel;
+pub mod memory;
 pub mod metrics_http;
 pub mod priority;
 pub mod process;

@@ -46,15 +46,31 @@ fn err(e: rocksdb::Error) -> StoreError {
 /// flushed.
 pub const MEMTABLE_BUDGET: usize = 64 * 1024 * 1024;
 
+/// WAL bytes before the families that still hold the oldest log are
+/// flushed. The head takes most of the WAL and is flushed by the memtable
+/// budget; every other family (metadata, raw chunks, rollups) is written
+/// a little with most commits and so is flushed at each WAL rollover, one
+/// small level-0 file per family each time. A larger WAL (was 256 MiB)
+/// makes them fewer, at the cost of more to replay after a crash (memory
+/// stays bounded by [`MEMTABLE_BUDGET`]).
+pub const MAX_TOTAL_WAL: u64 = 1024 * 1024 * 1024;
+
 fn options() -> Options {
     let mut o = Options::default();
     o.create_if_missing(true);
     o.create_missing_column_families(true);
     o.set_compression_type(rocksdb::DBCompressionType::None);
-    // Small machine defaults: two background jobs, a bounded WAL.
+    // One flush and three compactions at a time. With one compaction
+    // (RocksDB's default for two jobs) a family's long compaction held
+    // back every other family's: at 10,000 agents, while the head's ran at
+    // the lowest priority on a busy machine, the metadata's and the raw
+    // chunks' small level-0 files reached RocksDB's slowdown trigger (20)
+    // and writes were delayed for seconds (docs/BENCHMARKS.md, around the
+    // clock). Compactions take only the CPU ingest leaves
+    // (`lower_compaction_priority`), so more of them never take a core.
     o.increase_parallelism(2);
-    o.set_max_background_jobs(2);
-    o.set_max_total_wal_size(256 * 1024 * 1024);
+    o.set_max_background_jobs(4);
+    o.set_max_total_wal_size(MAX_TOTAL_WAL);
     // One memtable budget for every column family together (the default
     // is 64 MiB per family, twice over while one flushes): the collector's
     // memory stays bounded however the write load is spread.

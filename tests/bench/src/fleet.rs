@@ -143,6 +143,11 @@ pub(super) struct FleetArgs {
     /// collector's fsyncs wait for them.
     #[arg(long)]
     spools: Option<PathBuf>,
+    /// Each agent's spool cap (`spool.max_bytes`); its segments roll at
+    /// an eighth of it (16 KiB to 16 MiB), and a segment is deleted once
+    /// rolled and acknowledged, so an agent holds about a segment.
+    #[arg(long, default_value_t = 1 << 30)]
+    spool_max_bytes: u64,
     /// Runs the collector on these CPUs (a list as `taskset -c` takes it,
     /// e.g. `0`) and this driver, the load generator and the sink on the
     /// others: the collector's figures are then its own, not decided by
@@ -399,7 +404,7 @@ async fn agents(a: FleetArgs) -> anyhow::Result<()> {
         let spool = Spool::open(
             &SpoolOptions {
                 dir: a.spools.as_deref().unwrap_or(&dir).join(&node),
-                max_bytes: 1 << 30,
+                max_bytes: a.spool_max_bytes,
                 fsync_interval: Duration::from_secs(1),
             },
             Arc::new(SpoolStats::default()),
@@ -662,6 +667,8 @@ pub(super) struct Load {
     pub(super) ramp: String,
     /// Where the agents' spools go (default: with each process' files).
     pub(super) spools: Option<PathBuf>,
+    /// Each agent's spool cap, bytes.
+    pub(super) spool_max_bytes: u64,
 }
 
 impl Generators {
@@ -705,6 +712,8 @@ impl Generators {
                 load.interval.clone(),
                 "--ramp".into(),
                 load.ramp.clone(),
+                "--spool-max-bytes".into(),
+                load.spool_max_bytes.to_string(),
             ];
             if let Some(spools) = &load.spools {
                 let spools = spools.join(format!("p{j}"));
@@ -901,6 +910,7 @@ async fn driver(a: FleetArgs) -> anyhow::Result<()> {
         interval: a.interval.clone(),
         ramp: a.ramp.clone(),
         spools: spools.clone(),
+        spool_max_bytes: a.spool_max_bytes,
     };
     let gen = Generators::start(&root, &format!("http://127.0.0.1:{port}"), &load, &[])?;
     let mut gen = gen;

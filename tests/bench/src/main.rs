@@ -205,6 +205,9 @@ fn batch(node: &str, seq: u64, gpus: usize, metrics: usize, points: usize, t0: i
 }
 
 fn main() -> std::process::ExitCode {
+    // The shipped binary's memory settings (glibc's malloc, huge pages
+    // off), inherited by the collector and load generators it starts.
+    flopwatch_transport::memory::tune();
     let a = <BenchArgs as clap::Parser>::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("FLOPWATCH_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));

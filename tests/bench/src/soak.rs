@@ -96,6 +96,17 @@ pub(super) struct SoakArgs {
     /// temporary one, removed after.
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Where the agents' spools go (a directory made in it, removed
+    /// after); default: the working directory. A tmpfs (e.g. `/dev/shm`)
+    /// keeps 10,000 agents' writes off the disk the collector syncs its
+    /// write-ahead log to, as each agent's own node's disk would.
+    #[arg(long)]
+    spools: Option<PathBuf>,
+    /// Each agent's spool cap (`spool.max_bytes`; segments roll at an
+    /// eighth of it and go once acknowledged): 10,000 agents over hours
+    /// of sample time would otherwise keep up to 16 MiB each.
+    #[arg(long, default_value_t = 2 << 20)]
+    spool_max_bytes: u64,
 }
 
 /// What the windows saw, for the summary.
@@ -119,7 +130,14 @@ pub(super) async fn run(a: SoakArgs) -> anyhow::Result<()> {
     let tmp = a.dir.is_none();
     let root = a.dir.clone().unwrap_or_else(super::tempdir_path);
     std::fs::create_dir_all(&root)?;
-    let outcome = soak(&a, &root).await;
+    let spools = a
+        .spools
+        .as_ref()
+        .map(|d| d.join(format!("flopwatch-spools-{}", std::process::id())));
+    let outcome = soak(&a, &root, spools.as_deref()).await;
+    if let Some(s) = &spools {
+        let _ = std::fs::remove_dir_all(s);
+    }
     if tmp {
         let _ = std::fs::remove_dir_all(&root);
     } else {
@@ -128,7 +146,11 @@ pub(super) async fn run(a: SoakArgs) -> anyhow::Result<()> {
     outcome
 }
 
-async fn soak(a: &SoakArgs, root: &std::path::Path) -> anyhow::Result<()> {
+async fn soak(
+    a: &SoakArgs,
+    root: &std::path::Path,
+    spools: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     let warp = a.warp.max(1e-3);
     let epoch_ms = SystemClock.now_ms();
     let origin_ms = match &a.start_into_hour {
@@ -178,7 +200,8 @@ async fn soak(a: &SoakArgs, root: &std::path::Path) -> anyhow::Result<()> {
         metrics: a.metrics,
         interval: a.interval.clone(),
         ramp: a.ramp.clone(),
-        spools: None,
+        spools: spools.map(std::path::Path::to_path_buf),
+        spool_max_bytes: a.spool_max_bytes,
     };
     let extra = [
         "--warp".to_string(),
@@ -190,7 +213,7 @@ async fn soak(a: &SoakArgs, root: &std::path::Path) -> anyhow::Result<()> {
     ];
     let mut gen = Generators::start(root, &server.url, &load, &extra)?;
     println!(
-        "soak: {} agents × {} GPUs × {} metrics, one point per series per {} of sample time; warp {warp}× ({} of sample time in {:.0} s of wall time); compaction every {:?} (wall); seal spread {}, fold after {} (sample time); retention {}; RSS before the agents {:.1} MiB; root {}",
+        "soak: {} agents × {} GPUs × {} metrics, one point per series per {} of sample time; warp {warp}× ({} of sample time in {:.0} s of wall time); compaction every {:?} (wall); seal spread {}, fold after {} (sample time); retention {}; RSS before the agents {:.1} MiB; root {}; agents' spools {} (each ≤ {} B)",
         a.agents,
         a.gpus,
         a.metrics,
@@ -203,6 +226,8 @@ async fn soak(a: &SoakArgs, root: &std::path::Path) -> anyhow::Result<()> {
         a.retention,
         mib(rss0),
         root.display(),
+        spools.map_or_else(|| "in the root".to_string(), |s| s.display().to_string()),
+        a.spool_max_bytes,
     );
     let start_ms = clock.now_ms();
     let wall0 = tokio::time::Instant::now();
