@@ -102,9 +102,14 @@ pub async fn run_compactor(
     // Set when a stop arrives during a pass: the pass ends between two
     // GPU-hours (each one write, so nothing is left half done).
     let cancel = Arc::new(AtomicBool::new(false));
+    // A pass starts every interval; one that ran past the next start is
+    // followed at once by the next (folding fills what a pass leaves of
+    // its interval, so a backlog keeps the thread busy, not idle).
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let stopping = tokio::select! {
-            _ = tokio::time::sleep(every) => false,
+            _ = ticks.tick() => false,
             _ = stop.wait_for(|s| *s) => true,
         };
         if stopping {
@@ -128,14 +133,21 @@ pub async fn run_compactor(
         let pass = run(worker.as_ref(), move || {
             let halted = || halt.load(Ordering::SeqCst);
             let started = Stopwatch::start();
-            let folded = s.fold(now, &halted)?;
-            let fold_time = started.elapsed();
+            // Sealing first: an hour due is sealed from its bundles as
+            // they are, folded or not, and a GPU-hour sealed unfolded
+            // costs less than one folded and then sealed. On a machine
+            // short of CPU the fold is what waits (docs/STORAGE.md).
             let mut r: CompactionReport = s.compact_until(now, seal_ms, &halted)?;
-            let compacted = started.elapsed() - fold_time;
+            let compacted = started.elapsed();
             if expire && !halted() {
                 r.expired_ranges = s.expire()?.expired_ranges;
             }
-            let expired = started.elapsed() - fold_time - compacted;
+            let expired = started.elapsed() - compacted;
+            // Then folding, until the next pass is due; the GPUs it did
+            // not reach wait in the queue.
+            let next = Deadline::after(every.saturating_sub(started.elapsed()));
+            let folded = s.fold(now, &|| halted() || next.passed())?;
+            let fold_time = started.elapsed() - compacted - expired;
             Ok::<_, StoreError>((folded, r, fold_time, compacted, expired))
         });
         tokio::pin!(pass);

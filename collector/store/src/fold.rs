@@ -67,15 +67,17 @@ impl FoldQueue {
     }
 
     /// Takes the GPUs whose earliest unfolded bundle is due at `now_ms`:
-    /// `after_ms` old, plus the GPU's phase within `after_ms`.
-    fn take_due(&self, now_ms: i64, after_ms: i64) -> Vec<Vec<u8>> {
+    /// `after_ms` old, plus the GPU's phase within `after_ms`. Each comes
+    /// with that bundle's last timestamp: no unfolded bundle the queue was
+    /// told of is keyed earlier.
+    fn take_due(&self, now_ms: i64, after_ms: i64) -> Vec<(Vec<u8>, i64)> {
         let mut g = self.gpus.lock().unwrap_or_else(|e| e.into_inner());
-        let due: Vec<Vec<u8>> = g
+        let due: Vec<(Vec<u8>, i64)> = g
             .iter()
             .filter(|(p, t)| t.saturating_add(after_ms + phase(p, after_ms)) <= now_ms)
-            .map(|(p, _)| p.clone())
+            .map(|(p, t)| (p.clone(), *t))
             .collect();
-        for p in &due {
+        for (p, _) in &due {
             g.remove(p);
         }
         due
@@ -134,14 +136,14 @@ impl Store {
             return Ok(report);
         }
         let due = self.fold_queue.take_due(now_ms, after);
-        for (i, prefix) in due.iter().enumerate() {
+        for (i, (prefix, from)) in due.iter().enumerate() {
             if stop() {
-                for p in &due[i..] {
-                    self.fold_queue.note(p, i64::MIN);
+                for (p, t) in &due[i..] {
+                    self.fold_queue.note(p, *t);
                 }
                 break;
             }
-            match self.fold_gpu(prefix, now_ms, &mut report) {
+            match self.fold_gpu(prefix, *from, now_ms, &mut report) {
                 // Bad bytes under one GPU must not stop the others: they
                 // stay as they are, for the seal to report.
                 Err(e @ StoreError::Corrupt { .. }) => {
@@ -153,21 +155,26 @@ impl Store {
         Ok(report)
     }
 
-    /// Folds one GPU's unfolded bundles, hour by hour.
+    /// Folds one GPU's unfolded bundles keyed at `from_ms` or later, hour
+    /// by hour. Starting there skips what is folded already and the hours
+    /// left to the seal: a fold reads the minutes it folds, not the GPU's
+    /// whole head.
     fn fold_gpu(
         &self,
         prefix: &[u8],
+        from_ms: i64,
         now_ms: i64,
         report: &mut FoldReport,
     ) -> Result<(), StoreError> {
         let seal_delay = i64::try_from(self.schedule.1.as_millis()).unwrap_or(i64::MAX);
         let sealed_before = self.sealed_before(prefix, now_ms, seal_delay);
+        let from = keys::block_key(prefix, from_ms.max(sealed_before), 0);
         let mut to = prefix.to_vec();
         to.extend_from_slice(&[0xff; 17]);
         // Unfolded bundles by hour (key, value).
         let mut hours: BTreeMap<i64, Vec<Entry>> = BTreeMap::new();
         let mut bad = None;
-        self.engine.scan(Cf::Head, prefix, &to, &mut |k, v| {
+        self.engine.scan(Cf::Head, &from, &to, &mut |k, v| {
             let Some(ts) = keys::key_ts(k, prefix.len()) else {
                 bad = Some(corrupt(Cf::Head, "malformed head key"));
                 return false;
@@ -289,7 +296,7 @@ mod tests {
         let after = 100;
         let due_a = 500 + after + phase(b"a", after);
         assert!(q.take_due(due_a - 1, after).is_empty());
-        assert_eq!(q.take_due(due_a, after), vec![b"a".to_vec()]);
+        assert_eq!(q.take_due(due_a, after), vec![(b"a".to_vec(), 500)]);
         assert!(q.take_due(due_a, after).is_empty());
         assert_eq!(q.len(), 1);
     }

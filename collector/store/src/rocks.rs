@@ -99,6 +99,14 @@ const ROLLUP_BLOCK_BYTES: usize = 64 * 1024;
 /// families take a few kB per GPU-hour, so the slower level costs little.
 const ZSTD_BOTTOM_LEVEL: i32 = 9;
 
+/// Block size of the head (zstd-compressed). zstd builds its tables for
+/// every block it compresses or decompresses, which at RocksDB's default
+/// 4 KiB was a quarter of what the head's compactions cost at 10,000 agents
+/// (docs/BENCHMARKS.md, soak); a fold or a seal reads a GPU's bundles side
+/// by side, several kilobytes at a time, so larger blocks cost reads
+/// little.
+const HEAD_BLOCK_BYTES: usize = 16 * 1024;
+
 /// zstd level of the head's files: the fastest, since every head file is
 /// rewritten or deleted within the hour.
 const HEAD_ZSTD_LEVEL: i32 = 1;
@@ -147,6 +155,9 @@ fn family_options(cf: Cf, expiry: &ExpirySlot) -> Options {
             // bundles are packed already and pass through).
             o.set_compression_type(DBCompressionType::Zstd);
             o.set_compression_options(-14, HEAD_ZSTD_LEVEL, 0, 0);
+            let mut t = BlockBasedOptions::default();
+            t.set_block_size(HEAD_BLOCK_BYTES);
+            o.set_block_based_table_factory(&t);
         }
         Cf::Rollup | Cf::Meta => {
             o.set_compression_type(DBCompressionType::Zstd);
