@@ -436,6 +436,32 @@ mod tests {
     }
 
     #[test]
+    fn a_fold_reads_from_the_earliest_unfolded_bundle_on() {
+        let tap = Arc::new(crate::tap::Tap::default());
+        let s = Store::new(tap.clone(), false).with_spread(Duration::ZERO, Duration::from_secs(10));
+        let batches = |from: u64| {
+            for i in from..from + 30 {
+                s.commit("t", &gpu_batch(i + 1, T0 + i as i64 * 1_000))
+                    .unwrap();
+            }
+        };
+        batches(0);
+        let first = tap.scanned();
+        assert_eq!(s.fold(T0 + 50_000, &|| false).unwrap().bundles, 30);
+        assert_eq!(
+            tap.scanned() - first,
+            30,
+            "the first fold reads its 30 bundles"
+        );
+        batches(30);
+        let second = tap.scanned();
+        assert_eq!(s.fold(T0 + 110_000, &|| false).unwrap().bundles, 30);
+        // The folded bundle before them is not read again.
+        assert_eq!(tap.scanned() - second, 30);
+        assert_eq!(head_keys(&s).len(), 2);
+    }
+
+    #[test]
     fn a_sealed_hour_is_left_to_the_seal_and_a_stop_requeues() {
         let folding = Store::new(Arc::new(MemEngine::default()), false)
             .with_compaction(Duration::from_secs(60), Duration::ZERO)

@@ -1,5 +1,6 @@
 //! A test engine that forwards to another and records how it was used:
-//! the thread of every write and read, the walks, and an error to answer
+//! the thread of every write and read, the walks, the entries scanned,
+//! and an error to answer
 //! writes with.
 
 use super::memory::MemEngine;
@@ -29,6 +30,8 @@ pub(super) struct Tap {
     pub writes: Mutex<Vec<Caller>>,
     pub reads: Mutex<Vec<Caller>>,
     walks: AtomicUsize,
+    /// Entries handed to `scan`'s callers.
+    scanned: AtomicUsize,
     /// Every write fails with this.
     pub fail: Mutex<Option<String>>,
 }
@@ -47,6 +50,7 @@ impl Tap {
             writes: Mutex::default(),
             reads: Mutex::default(),
             walks: AtomicUsize::new(0),
+            scanned: AtomicUsize::new(0),
             fail: Mutex::default(),
         }
     }
@@ -54,6 +58,11 @@ impl Tap {
     /// Walks so far.
     pub(super) fn walks(&self) -> usize {
         self.walks.load(Ordering::SeqCst)
+    }
+
+    /// Entries scans have handed out so far.
+    pub(super) fn scanned(&self) -> usize {
+        self.scanned.load(Ordering::SeqCst)
     }
 
     fn wrote(&self) -> Result<(), StoreError> {
@@ -89,7 +98,10 @@ impl Engine for Tap {
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), StoreError> {
         self.reads.lock().unwrap().push(caller());
-        self.inner.scan(cf, from, to, f)
+        self.inner.scan(cf, from, to, &mut |k, v| {
+            self.scanned.fetch_add(1, Ordering::SeqCst);
+            f(k, v)
+        })
     }
     fn walk(
         &self,
