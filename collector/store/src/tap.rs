@@ -1,7 +1,6 @@
 //! A test engine that forwards to another and records how it was used:
 //! the thread of every write and read, the walks, the entries scanned,
-//! and an error to answer
-//! writes with.
+//! and an error to answer writes with.
 
 use super::memory::MemEngine;
 use super::{Cf, Engine, Op, Step, StoreError, View};
