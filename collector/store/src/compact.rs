@@ -15,9 +15,11 @@
 //! chunks under one snapshot, so every sample is seen exactly once, during
 //! a compaction and after it.
 //!
-//! A pass walks the head once (a seek past each series not yet sealed)
-//! and is skipped while nothing in the head can be sealed yet (the store's
-//! `head_low`).
+//! A pass walks the head once (a seek past each GPU-hour not yet due, and
+//! past the open hour whole: the head leads with the hour) and is skipped
+//! while nothing in the head can be sealed yet (the store's `head_low`).
+//! Once every GPU's hours before some hour are sealed, the head's files
+//! holding them are compacted away (`Store::clear_head`).
 //!
 //! Retention: RocksDB drops every chunk, head block and rollup of hours
 //! wholly before its tenant's cutoff whenever it rewrites the file holding
@@ -177,26 +179,46 @@ impl Store {
         }
         let mut unsealed = i64::MAX;
         let due = |prefix: &[u8]| self.sealed_before(prefix, now_ms, seal_delay_ms);
-        let whole = self.pass(&due, stop, &mut report, &mut unsealed);
+        let whole = self.pass(sealed_before, &due, stop, &mut report, &mut unsealed);
         // What this pass left for later: the hours it passed over, and,
         // when it did not finish, whatever it was asked to look at.
         self.head_low.fetch_min(unsealed, Ordering::SeqCst);
         if matches!(whole, Ok(true)) {
             self.head_left.store(unsealed, Ordering::SeqCst);
             self.whole_passes.fetch_add(1, Ordering::SeqCst);
+            // Every hour before both is sealed for every GPU.
+            self.clear_head(unsealed.min(sealed_before))?;
         } else {
             self.head_low.fetch_min(seen, Ordering::SeqCst);
         }
         whole.map(|_| report)
     }
 
-    /// One walk over the head, compacting every sealed series-hour; false
-    /// when `stop` stopped it. `unsealed` gets the earliest hour of
+    /// Once every GPU's hours before `hour` are sealed, has the engine
+    /// rewrite the head's files holding them: they hold only deleted
+    /// bundles and their tombstones (the head leads with the hour), so
+    /// they go, rather than staying on disk until RocksDB's own
+    /// compactions reach them (at 10,000 agents the head held up to 6.7
+    /// bytes a sample while the hour before was sealed; docs/STORAGE.md,
+    /// *Head*). Once per hour: a later pass with nothing new sealed asks
+    /// nothing. Logical, not a file deletion: a late batch of such an
+    /// hour, written meanwhile, stays (and is sealed by the next pass).
+    fn clear_head(&self, hour: i64) -> Result<(), StoreError> {
+        if self.head_cleared.fetch_max(hour, Ordering::SeqCst) >= hour {
+            return Ok(());
+        }
+        self.engine
+            .compact_range(Cf::Head, &[keys::KIND_GPU], &keys::head_hour(hour))
+    }
+
+    /// One walk over the head, compacting every sealed series-hour (none
+    /// of an hour at or after `latest`); false when `stop` stopped it. `unsealed` gets the earliest hour of
     /// the series it passed over. A series-hour that cannot be compacted
     /// (corrupt, too large) is logged and left, and not counted there: it
     /// is tried again by the next pass that runs, not made to run passes.
     fn pass(
         &self,
+        latest: i64,
         sealed_before: &dyn Fn(&[u8]) -> i64,
         stop: &dyn Fn() -> bool,
         report: &mut CompactionReport,
@@ -208,7 +230,7 @@ impl Store {
             if stop() {
                 return Ok(false);
             }
-            let group = self.next_group(&mut cursor, &end, sealed_before, unsealed)?;
+            let group = self.next_group(&mut cursor, &end, latest, sealed_before, unsealed)?;
             let Some(g) = group else {
                 return Ok(true);
             };
@@ -223,14 +245,16 @@ impl Store {
         }
     }
 
-    /// The next sealed series-hour of the head at or after `cursor`,
-    /// moving `cursor` past it. One walk: a series whose first block is
-    /// not sealed is passed over with a seek, so a pass over a head of a
-    /// million series with nothing sealed is one iterator, not a million.
+    /// The next sealed GPU-hour of the head at or after `cursor`, moving
+    /// `cursor` past it. One walk: a GPU whose hour is not sealed yet is
+    /// passed over with a seek, and an hour in which no GPU is sealed yet
+    /// (at or after `latest`) with one seek to the next hour, so a pass
+    /// reads nothing of the open hour.
     fn next_group(
         &self,
         cursor: &mut Vec<u8>,
         end: &[u8],
+        latest: i64,
         sealed_before: &dyn Fn(&[u8]) -> i64,
         unsealed: &mut i64,
     ) -> Result<Option<Group>, StoreError> {
@@ -252,25 +276,31 @@ impl Store {
                 let w = window_of(ts);
                 match &mut group {
                     None => {
-                        if w >= sealed_before(&k[..plen]) {
-                            // This series' later blocks are later still.
+                        if w >= latest {
+                            // No GPU's hour is sealed this late.
+                            *unsealed = (*unsealed).min(w);
+                            return match w.checked_add(WINDOW_MS) {
+                                Some(next) => Step::Seek(keys::head_hour(next)),
+                                None => Step::Stop,
+                            };
+                        }
+                        let gpu = &k[keys::HEAD_GPU_AT..plen];
+                        if w >= sealed_before(&keys::kind_prefix(keys::KIND_GPU, gpu)) {
+                            // This GPU's hour is not due yet.
                             *unsealed = (*unsealed).min(w);
                             return Step::Seek(upper(&k[..plen]));
                         }
                         group = Some(Group {
                             kind: k[0],
-                            prefix: k[1..plen].to_vec(),
+                            prefix: gpu.to_vec(),
                             window: w,
                             blocks: vec![(k.to_vec(), v.to_vec())],
                         });
                         Step::Next
                     }
                     Some(g) => {
-                        if k.len() >= plen
-                            && k[0] == g.kind
-                            && k[1..plen] == g.prefix[..]
-                            && w == g.window
-                        {
+                        // The same GPU and hour: the same run of keys.
+                        if k.len() >= plen && g.blocks[0].0.get(..plen) == Some(&k[..plen]) {
                             g.blocks.push((k.to_vec(), v.to_vec()));
                             Step::Next
                         } else {

@@ -139,6 +139,56 @@ fn a_pass_walks_the_head_only_once_an_hour_it_holds_is_sealed() {
     }
 }
 
+#[test]
+fn a_pass_reads_nothing_of_the_open_hour_and_has_a_sealed_hours_files_compacted_once() {
+    for (name, e, _dir) in engines() {
+        let tap = Arc::new(super::tap::Tap::new(e.clone()));
+        let store = Store::new(tap.clone(), false);
+        // One GPU's second of hour 1; 100 GPUs' seconds of hour 2, open.
+        let of = |gpu: &str, seq: u64, from: i64| {
+            let mut set = gpu_batch(seq, from);
+            for s in &mut set.series {
+                s.gpu_uuid = gpu.into();
+            }
+            for o in &mut set.ofu {
+                o.0 = gpu.into();
+            }
+            set
+        };
+        store.commit("t1", &of("GPU-0", 1, T0 + H)).unwrap();
+        for g in 0..100 {
+            store
+                .commit("t1", &of(&format!("GPU-{g}"), g + 2, T0 + 2 * H))
+                .unwrap();
+        }
+        let r = store.compact(T0 + 2 * H + 600_000, 300_000).unwrap();
+        assert_eq!(r.blocks, 1, "{name}");
+        assert_eq!(count(&*e, Cf::Head), 100, "{name}");
+        // The sealed bundle, and the open hour's first: one seek past it.
+        assert!(tap.walked() <= 3, "{} entries walked, {name}", tap.walked());
+        // Every hour before hour 2 is sealed: the head's files holding
+        // them are compacted, once.
+        let asked = tap.compactions.lock().unwrap().clone();
+        assert_eq!(
+            asked,
+            vec![(Cf::Head, vec![keys::KIND_GPU], keys::head_hour(T0 + 2 * H))],
+            "{name}"
+        );
+        ingest(&store, "t1", T0 + 2 * H + 1000, 1, 200);
+        store.compact(T0 + 2 * H + 660_000, 300_000).unwrap();
+        assert_eq!(tap.compactions.lock().unwrap().len(), 1, "{name}");
+        // Hour 2 sealed: once more, up to hour 3.
+        let r = store.compact(T0 + 3 * H + 600_000, 300_000).unwrap();
+        assert_eq!(r.blocks, 101, "{name}");
+        assert_eq!(count(&*e, Cf::Head), 0, "{name}");
+        assert_eq!(
+            tap.compactions.lock().unwrap().last().unwrap().2,
+            keys::head_hour(T0 + 3 * H),
+            "{name}"
+        );
+    }
+}
+
 fn series(gpu: &str, metric: &str, ts: &[i64]) -> SeriesBatch {
     SeriesBatch {
         gpu_uuid: gpu.into(),

@@ -22,7 +22,7 @@
 //! a restart it is empty, and whatever it forgot is sealed with its hour.
 
 use super::gpu_block;
-use super::hours::window_of;
+use super::hours::{window_of, WINDOW_MS};
 use super::keys;
 use super::ofu_chunk::{ofu_samples, ofu_value, Derivations, HourMap, HourRefs};
 use super::raw::Times;
@@ -168,25 +168,36 @@ impl Store {
     ) -> Result<(), StoreError> {
         let seal_delay = i64::try_from(self.schedule.1.as_millis()).unwrap_or(i64::MAX);
         let sealed_before = self.sealed_before(prefix, now_ms, seal_delay);
-        let from = keys::block_key(prefix, from_ms.max(sealed_before), 0);
-        let mut to = prefix.to_vec();
-        to.extend_from_slice(&[0xff; 17]);
-        // Unfolded bundles by hour (key, value).
+        let start = from_ms.max(sealed_before);
+        // The GPU (tenant · gpu) whose runs of head keys to read.
+        let gpu = &prefix[1..];
+        // Unfolded bundles by hour (key, value), from the first hour not
+        // due for sealing to the open one: the head leads with the hour,
+        // so each is the GPU's own run of keys. (A bundle of a later hour,
+        // from a clock ahead of ours, is left to its seal.)
         let mut hours: BTreeMap<i64, Vec<Entry>> = BTreeMap::new();
-        let mut bad = None;
-        self.engine.scan(Cf::Head, &from, &to, &mut |k, v| {
-            let Some(ts) = keys::key_ts(k, prefix.len()) else {
-                bad = Some(corrupt(Cf::Head, "malformed head key"));
-                return false;
-            };
-            let w = window_of(ts);
-            if w >= sealed_before && !gpu_block::is_folded(v) {
-                hours.entry(w).or_default().push((k.to_vec(), v.to_vec()));
+        let mut hour = window_of(start);
+        while hour <= window_of(now_ms) {
+            let run = keys::head_prefix(hour, gpu);
+            let (from, to) = keys::scan_bounds(&run, start);
+            let mut bad = None;
+            self.engine.scan(Cf::Head, &from, &to, &mut |k, v| {
+                if keys::key_ts(k, run.len()).is_none() {
+                    bad = Some(corrupt(Cf::Head, "malformed head key"));
+                    return false;
+                }
+                if !gpu_block::is_folded(v) {
+                    hours
+                        .entry(hour)
+                        .or_default()
+                        .push((k.to_vec(), v.to_vec()));
+                }
+                true
+            })?;
+            if let Some(e) = bad {
+                return Err(e);
             }
-            true
-        })?;
-        if let Some(e) = bad {
-            return Err(e);
+            hour += WINDOW_MS;
         }
         for (_, bundles) in hours {
             if bundles.len() < 2 {

@@ -16,12 +16,20 @@
 //! format 1 store opened for writing has them moved ([`carry_over`]) before
 //! anything else touches it; opened read-only it is read as it is (no
 //! read-only path reads the journal).
+//!
+//! Format 3 leads the head's keys with their hour (`'g' · hour · tenant ·
+//! gpu · last_ts · seq`, where format 2 had `'g' · tenant · gpu · last_ts
+//! · seq`; docs/STORAGE.md, *Head*). A format 2 store opened for writing
+//! has its head's and limbo's bundles rekeyed, and the keys limbo's
+//! records name with them ([`rekey_head`]), before anything else touches
+//! it. Opened read-only, a store of an earlier format is refused: its head
+//! would be misread.
 
 use crate::journal::{END, OPEN_END, OPEN_PREFIX, PREFIX};
 use crate::{keys, Cf, Engine, Op, StoreError};
 
 /// The format this build reads and writes.
-pub const FORMAT: u32 = 2;
+pub const FORMAT: u32 = 3;
 
 /// Keys moved per write when a store is carried over: each write moves
 /// its keys whole (put in the new family, delete from the old), so a
@@ -37,11 +45,19 @@ pub(crate) fn settle(engine: &dyn Engine, writable: bool) -> Result<(), StoreErr
             let found = <[u8; 4]>::try_from(v.as_slice())
                 .map(u32::from_be_bytes)
                 .map_err(|_| crate::corrupt(Cf::Meta, "format version"))?;
-            // A format 1 store read-only is read as it is.
-            if found == FORMAT || (found == 1 && !writable) {
+            if found == FORMAT {
                 Ok(())
+            } else if (found == 1 || found == 2) && !writable {
+                Err(StoreError::Format(format!(
+                    "this store is format {found}; this build reads format {FORMAT}: \
+                     open it once for writing (start the collector on it) to carry \
+                     it over"
+                )))
             } else if found == 1 {
-                carry_over(engine)
+                carry_over(engine)?;
+                rekey_head(engine)
+            } else if found == 2 {
+                rekey_head(engine)
             } else {
                 Err(StoreError::Format(format!(
                     "this store is format {found}; this build reads format {FORMAT}"
@@ -67,7 +83,7 @@ pub(crate) fn settle(engine: &dyn Engine, writable: bool) -> Result<(), StoreErr
 
 /// Carries a format 1 store over to format 2: the journal's entries and
 /// the register of open series move from `meta` to their families, then
-/// the store is stamped.
+/// the store is stamped format 2 (and carried on to 3 by the caller).
 fn carry_over(engine: &dyn Engine) -> Result<(), StoreError> {
     for (from, to, cf) in [
         (PREFIX, END, Cf::Journal),
@@ -92,6 +108,42 @@ fn carry_over(engine: &dyn Engine) -> Result<(), StoreError> {
         }
     }
     engine.write(
+        vec![(Cf::Meta, keys::FORMAT.to_vec(), 2u32.to_be_bytes().to_vec())],
+        true,
+    )
+}
+
+/// Carries a format 2 store over to format 3: every bundle of the head
+/// and limbo is put under its hour-led key and deleted under its old one
+/// (a batch per write), the keys limbo's records name likewise, then the
+/// store is stamped. Cut short by a crash, it goes on at the next open:
+/// keys already moved are recognised ([`rekeyed`]) and left.
+fn rekey_head(engine: &dyn Engine) -> Result<(), StoreError> {
+    for cf in [Cf::Head, Cf::Limbo] {
+        let mut start = vec![keys::KIND_GPU];
+        loop {
+            let mut ops = Vec::new();
+            let mut last = None;
+            engine.scan(cf, &start, &[keys::KIND_GPU + 1], &mut |k, v| {
+                last = Some(k.to_vec());
+                if let Some(new) = rekeyed(k) {
+                    ops.push(Op::Put(cf, new, v.to_vec()));
+                    ops.push(Op::Delete(cf, k.to_vec()));
+                }
+                ops.len() < 2 * MOVE_BATCH
+            })?;
+            let Some(mut next) = last else {
+                break;
+            };
+            if !ops.is_empty() {
+                engine.apply(ops, true)?;
+            }
+            next.push(0);
+            start = next;
+        }
+    }
+    crate::limbo::rekey_records(engine, &rekeyed, MOVE_BATCH)?;
+    engine.write(
         vec![(
             Cf::Meta,
             keys::FORMAT.to_vec(),
@@ -99,6 +151,29 @@ fn carry_over(engine: &dyn Engine) -> Result<(), StoreError> {
         )],
         true,
     )
+}
+
+/// The format 3 key of a format 2 head key (`'g' · tenant · gpu · last_ts
+/// · seq`); `None` for a key already in format 3 (its hour is the hour of
+/// its time, and its length is exact) or not a head bundle's key at all.
+fn rekeyed(k: &[u8]) -> Option<Vec<u8>> {
+    if k.first() != Some(&keys::KIND_GPU) {
+        return None;
+    }
+    let current = keys::series_prefix(Cf::Head, k).is_some_and(|(plen, _)| {
+        k.len() == plen + 16
+            && keys::key_ts(k, plen).map(crate::hours::window_of) == keys::get_ts(&k[1..])
+    });
+    if current {
+        return None;
+    }
+    let mut pos = 1;
+    keys::get_str(k, &mut pos)?;
+    keys::get_str(k, &mut pos)?;
+    let rest = k.get(pos..).filter(|r| r.len() == 16)?;
+    let last = keys::get_ts(rest)?;
+    let seq = u64::from_be_bytes(rest[8..].try_into().ok()?);
+    Some(keys::head_key(&k[1..pos], last, seq))
 }
 
 /// Whether any family holds a key.
@@ -177,8 +252,12 @@ mod tests {
             puts.push((Cf::Meta, key(seq), value(1, seq as i64, &[7])));
         }
         e.write(puts, true).unwrap();
-        // Read-only: read as it is, nothing moved.
-        settle(&*e, false).unwrap();
+        // Read-only: refused (its head would be misread), nothing moved.
+        let err = settle(&*e, false).unwrap_err().to_string();
+        assert!(
+            err.contains("format 1") && err.contains("for writing"),
+            "{err}"
+        );
         assert_eq!(e.get(Cf::Meta, &key(0)).unwrap(), Some(value(1, 0, &[7])));
 
         settle(&*e, true).unwrap();

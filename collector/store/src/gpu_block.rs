@@ -1,7 +1,7 @@
 //! GPU blocks: one head entry per GPU (or node device), batch and hour.
 //!
 //! An acknowledged batch lands in the head as one entry per GPU and hour,
-//! keyed `'g' · tenant · gpu · last_ts · seq`, whose value bundles the
+//! keyed `'g' · hour · tenant · gpu · last_ts · seq`, whose value bundles the
 //! blocks the batch holds for that GPU: one raw block per metric (as a
 //! series' own head block would hold it) and its OFU block. Keyed per
 //! series instead, a batch of 8 GPUs × 20 metrics was 168 RocksDB entries
@@ -12,9 +12,9 @@
 //!
 //! Readers take a series' blocks out of the bundles with [`parts`]; a
 //! compaction pass turns a GPU's bundles of an hour into its series'
-//! chunks and rollups in one write (`compact.rs`). Stores written before
-//! bundling hold one head entry per series (kinds `'r'` and `'o'`); those
-//! are read and compacted as before.
+//! chunks and rollups in one write (`compact.rs`). The key leads with the
+//! hour, so a GPU's bundles are read hour by hour ([`scan_bundles`]): a
+//! seek to each hour the head holds, then the GPU's run of keys in it.
 //!
 //! ```text
 //! u8 version (1; 2: a folded bundle, see `fold.rs`)
@@ -23,6 +23,8 @@
 //! ```
 //! Counts and lengths are little-endian.
 
+use super::hours::WINDOW_MS;
+use super::keys;
 use super::scan::{scan_series, BlockVisitor};
 use super::{corrupt, Cf, StoreError, View};
 
@@ -186,21 +188,102 @@ impl<'v> GpuBlock<'v> {
     }
 }
 
+/// The earliest hour at or after `from` in which `cf` (the head or limbo)
+/// holds a bundle of any GPU: one seek.
+pub(super) fn next_hour(view: &dyn View, cf: Cf, from: i64) -> Result<Option<i64>, StoreError> {
+    let start = keys::head_hour(from);
+    let mut found = None;
+    view.scan(cf, &start, &[keys::KIND_GPU + 1], &mut |k, _| {
+        found = Some(keys::get_ts(&k[1..]).ok_or_else(|| corrupt(cf, "head key")));
+        false
+    })?;
+    found.transpose()
+}
+
+/// Visits the bundles of `cf` (the head or limbo) of the GPU `gpu`
+/// (tenant · gpu) whose hour overlaps `[start, end)`, as [`scan_series`]
+/// visits a series' own blocks: hour by hour, `f` getting each bundle's
+/// hour and value and returning whether to go on. The head leads with the
+/// hour, so this is a seek per hour the head holds, and a scan of the
+/// GPU's run in each.
+pub(super) fn scan_bundles(
+    view: &dyn View,
+    cf: Cf,
+    gpu: &[u8],
+    start: i64,
+    end: i64,
+    f: &mut BlockVisitor<'_>,
+) -> Result<(), StoreError> {
+    let mut hour = start.div_euclid(WINDOW_MS).saturating_mul(WINDOW_MS);
+    while hour < end {
+        let Some(h) = next_hour(view, cf, hour)? else {
+            break;
+        };
+        if h >= end {
+            break;
+        }
+        let mut more = true;
+        scan_series(
+            view,
+            cf,
+            &keys::head_prefix(h, gpu),
+            start,
+            end,
+            &mut |w, v| {
+                more = f(w, v)?;
+                Ok(more)
+            },
+        )?;
+        if !more {
+            break;
+        }
+        hour = h.saturating_add(WINDOW_MS);
+        if hour == h {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// The hours in which `cf` (the head or limbo) holds a bundle of the GPU
+/// `gpu` (tenant · gpu), in order: two seeks per hour the head holds.
+pub(super) fn hours(view: &dyn View, cf: Cf, gpu: &[u8]) -> Result<Vec<i64>, StoreError> {
+    let mut out = Vec::new();
+    let mut hour = i64::MIN;
+    while let Some(h) = next_hour(view, cf, hour)? {
+        let from = keys::head_prefix(h, gpu);
+        let mut to = from.clone();
+        to.extend_from_slice(&[0xff; 17]);
+        let mut held = false;
+        view.scan(cf, &from, &to, &mut |_, _| {
+            held = true;
+            false
+        })?;
+        if held {
+            out.push(h);
+        }
+        match h.checked_add(WINDOW_MS) {
+            Some(next) => hour = next,
+            None => break,
+        }
+    }
+    Ok(out)
+}
+
 /// Visits the blocks of `part` held in the bundles of `cf` (the head or
-/// limbo) under `gpu_prefix` (tenant · gpu) whose hour overlaps `[start,
+/// limbo) of the GPU `gpu` (tenant · gpu) whose hour overlaps `[start,
 /// end)`, as [`scan_series`] visits a series' own blocks: `f` gets each
 /// block's hour and value and returns whether to go on.
 pub(super) fn scan_parts(
     view: &dyn View,
     cf: Cf,
-    gpu_prefix: &[u8],
+    gpu: &[u8],
     part: Part<'_>,
     start: i64,
     end: i64,
     f: &mut BlockVisitor<'_>,
 ) -> Result<(), StoreError> {
-    let prefix = super::keys::kind_prefix(super::keys::KIND_GPU, gpu_prefix);
-    scan_series(view, cf, &prefix, start, end, &mut |w, v| {
+    scan_bundles(view, cf, gpu, start, end, &mut |w, v| {
         for block in decode(v)?.part(part) {
             if !f(w, block)? {
                 return Ok(false);
@@ -210,33 +293,22 @@ pub(super) fn scan_parts(
     })
 }
 
-/// Adds to `out` the metrics of every bundle of `cf` under `gpu_prefix`
+/// Adds to `out` the metrics of every bundle of `cf` of the GPU `gpu`
 /// (tenant · gpu).
 pub(super) fn metrics(
-    engine: &dyn super::Engine,
+    view: &dyn View,
     cf: Cf,
-    gpu_prefix: &[u8],
+    gpu: &[u8],
     out: &mut std::collections::BTreeSet<String>,
 ) -> Result<(), StoreError> {
-    let from = super::keys::kind_prefix(super::keys::KIND_GPU, gpu_prefix);
-    let mut to = from.clone();
-    to.extend_from_slice(&[0xff; 17]);
-    let mut failure = None;
-    engine.scan(cf, &from, &to, &mut |_, v| match decode(v) {
-        Ok(b) => {
-            for (m, _) in &b.raw {
-                if !out.contains(*m) {
-                    out.insert(m.to_string());
-                }
+    scan_bundles(view, cf, gpu, i64::MIN, i64::MAX, &mut |_, v| {
+        for (m, _) in &decode(v)?.raw {
+            if !out.contains(*m) {
+                out.insert(m.to_string());
             }
-            true
         }
-        Err(e) => {
-            failure = Some(e);
-            false
-        }
-    })?;
-    failure.map_or(Ok(()), Err)
+        Ok(true)
+    })
 }
 
 #[cfg(test)]

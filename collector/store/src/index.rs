@@ -544,16 +544,23 @@ impl Store {
     /// `(i64::MAX, i64::MIN)` when there is none. A key's time lies in the
     /// hour of its samples.
     fn ofu_hours(&self, tenant: &str, gpu: &str) -> Result<(i64, i64), StoreError> {
-        use super::keys::{self, KIND_GPU, KIND_LAST, KIND_OFU};
+        use super::keys::{self, KIND_LAST, KIND_OFU};
         use super::Cf;
         let prefix = keys::ofu_prefix(tenant, gpu);
-        let bundles = keys::kind_prefix(KIND_GPU, &prefix);
         let lasts = keys::kind_prefix(KIND_LAST, &prefix);
         let rollups = keys::kind_prefix(KIND_OFU, &prefix);
         let (mut first, mut last) = (i64::MAX, i64::MIN);
+        self.engine.view(&mut |view| {
+            for cf in [Cf::Head, Cf::Limbo] {
+                let hours = super::gpu_block::hours(view, cf, &prefix)?;
+                if let (Some(f), Some(l)) = (hours.first(), hours.last()) {
+                    first = first.min(*f);
+                    last = last.max(l.saturating_add(super::WINDOW_MS - 1));
+                }
+            }
+            Ok(())
+        })?;
         for (cf, p) in [
-            (Cf::Head, &bundles),
-            (Cf::Limbo, &bundles),
             (Cf::Ofu, &prefix),
             (Cf::Rollup, &lasts),
             (Cf::Rollup, &rollups),

@@ -17,6 +17,7 @@
 //!
 //! [`keys::KIND_JOBS`]: super::keys::KIND_JOBS
 
+use super::gpu_block;
 use super::hours::{window_of, MINUTE_MS, WINDOW_MS};
 use super::keys;
 use super::scan::scan_series;
@@ -160,14 +161,13 @@ impl Store {
     ) -> Result<Vec<i64>, StoreError> {
         let from = self.clamp(tenant, from);
         let prefix = keys::ofu_prefix(tenant, gpu);
-        let bundles = keys::kind_prefix(keys::KIND_GPU, &prefix);
         let records = keys::kind_prefix(keys::KIND_JOBS, &prefix);
         let mut answered = Vec::new();
         self.engine.view(&mut |view| {
             // Hours with blocks in the head or limbo (no block decoded).
             let mut open = HashSet::new();
             for cf in [Cf::Head, Cf::Limbo] {
-                scan_series(view, cf, &bundles, from, to, &mut |w, _| {
+                gpu_block::scan_bundles(view, cf, &prefix, from, to, &mut |w, _| {
                     open.insert(w);
                     Ok(true)
                 })?;

@@ -9,7 +9,7 @@
 //! |------|---------------------------------------------------------|-------|
 //! | raw  | `tenant gpu metric last_ts seq`                         | codec block: value [, peak] columns |
 //! | ofu  | `tenant gpu last_ts seq`                                | job id + codec block: ofu, tpa, clock |
-//! | head | `'g' tenant gpu last_ts seq`                             | a batch's blocks of one GPU and hour, bundled (see `gpu_block`) |
+//! | head | `'g' hour tenant gpu last_ts seq`                        | a batch's blocks of one GPU and hour, bundled (see `gpu_block`) |
 //! | rollup | `'r' tenant gpu metric hour` / `'o' tenant gpu hour`   | hour (and minute) aggregates |
 //! | rollup | `'l' tenant gpu hour`                                   | the hour's minute lasts (see `lasts`) |
 //! | meta | `~format`                                               | the store's format version (u32 BE, see `format`) |
@@ -23,6 +23,13 @@
 //! Blocks are keyed by their *last* timestamp: a scan for `[start, end)`
 //! seeks to `start` and stops at the first block that begins at or after
 //! `end`.
+//!
+//! The head leads with the hour (the start of the hour its bundle's
+//! samples lie in, a time as [`put_ts`] writes it), then the GPU: an
+//! hour's bundles are one run of keys, apart from the open hour's, so
+//! RocksDB's compactions of the open hour do not rewrite the hours being
+//! sealed, and once an hour is sealed its files hold nothing else
+//! (docs/STORAGE.md, *Head*).
 
 /// Appends a length-prefixed string; strings over 255 bytes are cut
 /// (validation rejects them before they get here).
@@ -75,6 +82,35 @@ pub fn block_key(prefix: &[u8], last_ts: i64, seq: u64) -> Vec<u8> {
     put_ts(&mut k, last_ts);
     k.extend_from_slice(&seq.to_be_bytes());
     k
+}
+
+/// Bytes of a head key before its GPU: the kind byte and the hour.
+pub const HEAD_GPU_AT: usize = 9;
+
+/// Start of an hour's run of head keys: `'g' · hour`.
+pub fn head_hour(hour: i64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(HEAD_GPU_AT);
+    k.push(KIND_GPU);
+    put_ts(&mut k, hour);
+    k
+}
+
+/// Prefix of one GPU's head bundles of one hour: `'g' · hour · tenant ·
+/// gpu`, `gpu` being `tenant · gpu` (an [`ofu_prefix`]).
+pub fn head_prefix(hour: i64, gpu: &[u8]) -> Vec<u8> {
+    let mut k = head_hour(hour);
+    k.extend_from_slice(gpu);
+    k
+}
+
+/// Key of a GPU's head bundle whose latest sample is at `last_ts`: in the
+/// run of that sample's hour.
+pub fn head_key(gpu: &[u8], last_ts: i64, seq: u64) -> Vec<u8> {
+    block_key(
+        &head_prefix(super::hours::window_of(last_ts), gpu),
+        last_ts,
+        seq,
+    )
 }
 
 /// Time bounds for scanning a series prefix from `start` on.
@@ -134,9 +170,13 @@ pub fn series_prefix(cf: super::Cf, key: &[u8]) -> Option<(usize, &str)> {
     let (mut pos, strings) = match cf {
         Cf::Raw => (0, 3),
         Cf::Ofu => (0, 2),
+        Cf::Head | Cf::Limbo if key.first() == Some(&KIND_GPU) => {
+            key.get(..HEAD_GPU_AT)?;
+            (HEAD_GPU_AT, 2)
+        }
         Cf::Head | Cf::Rollup | Cf::Limbo => match *key.first()? {
             KIND_RAW => (1, 3),
-            KIND_OFU | KIND_GPU | KIND_LAST | KIND_JOBS => (1, 2),
+            KIND_OFU | KIND_LAST | KIND_JOBS => (1, 2),
             _ => return None,
         },
         Cf::Meta | Cf::Journal | Cf::OpenSeries => return None,
@@ -198,5 +238,27 @@ mod tests {
         let (from, to) = scan_bounds(&raw_prefix("a", "g", "m"), 0);
         let other = block_key(&raw_prefix("a", "g", "m2"), 5, 1);
         assert!(!(other >= from && other < to));
+    }
+
+    #[test]
+    fn head_keys_lead_with_their_hour() {
+        use crate::hours::WINDOW_MS;
+        let h = 1_700_000_000_000 / WINDOW_MS * WINDOW_MS;
+        let a = ofu_prefix("t", "GPU-a");
+        let z = ofu_prefix("t", "GPU-z");
+        // Every GPU's bundles of an hour sort before any of the next hour.
+        let late_a = head_key(&a, h + WINDOW_MS - 1, 9);
+        let early_z = head_key(&z, h, 0);
+        let next_a = head_key(&a, h + WINDOW_MS, 0);
+        assert!(head_key(&a, h, 0) < late_a && late_a < early_z && early_z < next_a);
+        assert!(late_a.starts_with(&head_prefix(h, &a)));
+        assert!(next_a.starts_with(&head_prefix(h + WINDOW_MS, &a)));
+        // The parse finds the GPU's prefix, its tenant and the time after it.
+        let (plen, tenant) = series_prefix(super::super::Cf::Head, &late_a).unwrap();
+        assert_eq!((plen, tenant), (head_prefix(h, &a).len(), "t"));
+        assert_eq!(&late_a[HEAD_GPU_AT..plen], &a[..]);
+        assert_eq!(key_ts(&late_a, plen), Some(h + WINDOW_MS - 1));
+        // A head key cut inside its hour is malformed, not misread.
+        assert_eq!(series_prefix(super::super::Cf::Head, &late_a[..5]), None);
     }
 }

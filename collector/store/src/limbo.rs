@@ -9,7 +9,7 @@
 //!
 //! | CF      | key                                    | value |
 //! |---------|----------------------------------------|-------|
-//! | `limbo` | `r`… / `o`… (a head block's key)       | the block, as it would be in `head` |
+//! | `limbo` | `g`… (a head bundle's key)             | the bundle, as it would be in `head` |
 //! | `limbo` | `e`… (an event's meta key)             | the event, as it would be in `meta` |
 //! | `limbo` | `b` · tenant · agent · boot · seq      | entered (unix ms, i64 BE) · the batch's keys |
 //!
@@ -86,6 +86,50 @@ fn destination(key: &[u8]) -> Option<Cf> {
         keys::KIND_GPU => Some(Cf::Head),
         keys::META_EVENT => Some(Cf::Meta),
         _ => None,
+    }
+}
+
+/// Rewrites the keys every limbo record names with `rekey` (those it
+/// maps; the others stay), a batch of records per write. For a change of
+/// the head's key layout (`format.rs`): the bundles themselves are moved
+/// by the caller.
+pub(crate) fn rekey_records(
+    engine: &dyn super::Engine,
+    rekey: &dyn Fn(&[u8]) -> Option<Vec<u8>>,
+    batch: usize,
+) -> Result<(), StoreError> {
+    let mut start = vec![keys::LIMBO_RECORD];
+    loop {
+        let mut ops = Vec::new();
+        let mut last = None;
+        let mut bad = None;
+        engine.scan(Cf::Limbo, &start, &[keys::LIMBO_RECORD + 1], &mut |k, v| {
+            last = Some(k.to_vec());
+            let Some((since, names)) = decode_record(v) else {
+                bad = Some(corrupt(Cf::Limbo, "record"));
+                return false;
+            };
+            let moved: Vec<Vec<u8>> = names
+                .iter()
+                .map(|n| rekey(n).unwrap_or_else(|| n.clone()))
+                .collect();
+            if moved != names {
+                let refs: Vec<&[u8]> = moved.iter().map(Vec::as_slice).collect();
+                ops.push(Op::Put(Cf::Limbo, k.to_vec(), encode_record(since, &refs)));
+            }
+            ops.len() < batch
+        })?;
+        if let Some(e) = bad {
+            return Err(e);
+        }
+        let Some(mut next) = last else {
+            return Ok(());
+        };
+        if !ops.is_empty() {
+            engine.apply(ops, true)?;
+        }
+        next.push(0);
+        start = next;
     }
 }
 

@@ -40,9 +40,12 @@ impl Store {
             }
         }
         // The head's bundles, each naming the metrics it holds.
-        for cf in [Cf::Head, Cf::Limbo] {
-            gpu_block::metrics(&*self.engine, cf, &base, &mut out)?;
-        }
+        self.engine.view(&mut |view| {
+            for cf in [Cf::Head, Cf::Limbo] {
+                gpu_block::metrics(view, cf, &base, &mut out)?;
+            }
+            Ok(())
+        })?;
         Ok(out.into_iter().collect())
     }
 }

@@ -49,6 +49,9 @@ pub struct Store {
     /// The earliest hour the last whole compaction pass left in the head
     /// (`i64::MAX`: none; `i64::MIN`: no whole pass yet).
     pub(super) head_left: Arc<AtomicI64>,
+    /// The hour before which the head's files were last compacted away
+    /// once sealed (`i64::MIN`: not yet; [`super::compact`]).
+    pub(super) head_cleared: Arc<AtomicI64>,
     /// Raw samples written into sealed chunks since the store was opened.
     pub(super) sealed_raw: Arc<std::sync::atomic::AtomicU64>,
     /// Whole compaction passes completed since the store was opened.
@@ -181,6 +184,7 @@ impl Store {
             spread: Spread::default(),
             fold_queue: Arc::default(),
             head_left: Arc::new(AtomicI64::new(i64::MIN)),
+            head_cleared: Arc::new(AtomicI64::new(i64::MIN)),
             sealed_raw: Arc::default(),
             expired_in_engine: false,
             whole_passes: Arc::default(),
@@ -428,7 +432,7 @@ impl Store {
             }
             puts.push((
                 Cf::Head,
-                keys::block_key(&prefix, last, set.seq),
+                keys::head_key(&prefix[1..], last, set.seq),
                 bundle.finish(),
             ));
         }

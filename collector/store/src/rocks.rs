@@ -107,6 +107,17 @@ const ZSTD_BOTTOM_LEVEL: i32 = 9;
 /// little.
 const HEAD_BLOCK_BYTES: usize = 16 * 1024;
 
+/// Target size of the head's files (RocksDB's default is 64 MiB). Within
+/// an hour the head's keys lead with their GPU, so every level holds
+/// every GPU and a file of one level overlaps a like share of the next:
+/// with 64 MiB files on a head of 1.3 GB, a compaction into the last
+/// level rewrote about half of it, both copies on disk until it ended (at
+/// 10,000 agents the head grew by 600–700 MB at once for 15 to 25 s;
+/// docs/BENCHMARKS.md, around the clock). Smaller files make each
+/// compaction a small share of the head, for the same bytes rewritten in
+/// all.
+const HEAD_FILE_BYTES: u64 = 8 * 1024 * 1024;
+
 /// zstd level of the head's files: the fastest, since every head file is
 /// rewritten or deleted within the hour.
 const HEAD_ZSTD_LEVEL: i32 = 1;
@@ -158,6 +169,7 @@ fn family_options(cf: Cf, expiry: &ExpirySlot) -> Options {
             let mut t = BlockBasedOptions::default();
             t.set_block_size(HEAD_BLOCK_BYTES);
             o.set_block_based_table_factory(&t);
+            o.set_target_file_size_base(HEAD_FILE_BYTES);
         }
         Cf::Rollup | Cf::Meta => {
             o.set_compression_type(DBCompressionType::Zstd);
@@ -520,7 +532,13 @@ impl Engine for RocksEngine {
     }
 
     fn compact_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
-        self.db.compact_range_cf(self.cf(cf)?, Some(from), Some(to));
+        // Beside RocksDB's own compactions, not instead of them: an
+        // exclusive one would hold them off, and level 0 would grow under
+        // ingest until writes were delayed.
+        let mut o = rocksdb::CompactOptions::default();
+        o.set_exclusive_manual_compaction(false);
+        self.db
+            .compact_range_cf_opt(self.cf(cf)?, Some(from), Some(to), &o);
         Ok(())
     }
 
@@ -658,7 +676,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_format_1_store_opens_read_only_as_it_is_and_is_carried_over_when_written() {
+    fn a_format_1_store_is_refused_read_only_and_carried_over_when_written() {
         use crate::journal::{key, open_key, value};
         let dir = tempfile::tempdir().unwrap();
         let scratch = tempfile::tempdir().unwrap();
@@ -674,9 +692,10 @@ mod tests {
             db.put_cf(&meta, key(0), value(1, 5, &[1])).unwrap();
             db.put_cf(&meta, &register, b"labels").unwrap();
         }
-        let ro = RocksEngine::open_secondary(dir.path(), scratch.path()).unwrap();
-        assert_eq!(ro.get(Cf::Meta, &key(0)).unwrap(), Some(value(1, 5, &[1])));
-        drop(ro);
+        let Err(err) = RocksEngine::open_secondary(dir.path(), scratch.path()) else {
+            panic!("a format 1 store opened read-only");
+        };
+        assert!(err.to_string().contains("for writing"), "{err}");
         let e = RocksEngine::open(dir.path()).unwrap();
         assert_eq!(e.get(Cf::Meta, &key(0)).unwrap(), None);
         assert_eq!(

@@ -1,6 +1,6 @@
 //! A test engine that forwards to another and records how it was used:
-//! the thread of every write and read, the walks, the entries scanned,
-//! and an error to answer writes with.
+//! the thread of every write and read, the walks, the entries scanned and
+//! walked, the ranges compacted, and an error to answer writes with.
 
 use super::memory::MemEngine;
 use super::{Cf, Engine, Op, Step, StoreError, View};
@@ -23,6 +23,9 @@ pub(super) fn caller() -> Caller {
     }
 }
 
+/// A family and a key range of it.
+pub(super) type Range = (Cf, Vec<u8>, Vec<u8>);
+
 /// `inner`, recorded.
 pub(super) struct Tap {
     inner: Arc<dyn Engine>,
@@ -31,6 +34,10 @@ pub(super) struct Tap {
     walks: AtomicUsize,
     /// Entries handed to `scan`'s callers.
     scanned: AtomicUsize,
+    /// Entries handed to `walk`'s callers.
+    walked: AtomicUsize,
+    /// The ranges `compact_range` was asked for.
+    pub compactions: Mutex<Vec<Range>>,
     /// Every write fails with this.
     pub fail: Mutex<Option<String>>,
 }
@@ -50,6 +57,8 @@ impl Tap {
             reads: Mutex::default(),
             walks: AtomicUsize::new(0),
             scanned: AtomicUsize::new(0),
+            walked: AtomicUsize::new(0),
+            compactions: Mutex::default(),
             fail: Mutex::default(),
         }
     }
@@ -57,6 +66,11 @@ impl Tap {
     /// Walks so far.
     pub(super) fn walks(&self) -> usize {
         self.walks.load(Ordering::SeqCst)
+    }
+
+    /// Entries walks have handed out so far.
+    pub(super) fn walked(&self) -> usize {
+        self.walked.load(Ordering::SeqCst)
     }
 
     /// Entries scans have handed out so far.
@@ -111,9 +125,16 @@ impl Engine for Tap {
     ) -> Result<(), StoreError> {
         self.walks.fetch_add(1, Ordering::SeqCst);
         self.reads.lock().unwrap().push(caller());
-        self.inner.walk(cf, from, to, f)
+        self.inner.walk(cf, from, to, &mut |k, v| {
+            self.walked.fetch_add(1, Ordering::SeqCst);
+            f(k, v)
+        })
     }
     fn compact_range(&self, cf: Cf, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
+        self.compactions
+            .lock()
+            .unwrap()
+            .push((cf, from.to_vec(), to.to_vec()));
         self.inner.compact_range(cf, from, to)
     }
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
