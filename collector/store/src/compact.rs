@@ -208,11 +208,15 @@ impl Store {
             return Ok(());
         }
         self.engine
-            .compact_range(Cf::Head, &[keys::KIND_GPU], &keys::head_hour(hour))
+            .compact_range(Cf::Head, &[keys::KIND_GPU], &keys::head_hour(hour))?;
+        // Readers stop looking in the hours left empty.
+        self.head_hours.forget_empty(&*self.engine, hour)
     }
 
     /// One walk over the head, compacting every sealed series-hour (none
-    /// of an hour at or after `latest`); false when `stop` stopped it. `unsealed` gets the earliest hour of
+    /// of an hour at or after `latest`), up to a GPU-hour per core at a
+    /// time, each of another GPU (they share no key); false when `stop`
+    /// stopped it. `unsealed` gets the earliest hour of
     /// the series it passed over. A series-hour that cannot be compacted
     /// (corrupt, too large) is logged and left, and not counted there: it
     /// is tried again by the next pass that runs, not made to run passes.
@@ -226,21 +230,53 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let mut cursor: Vec<u8> = Vec::new();
         let end = vec![0xff; 8];
+        // A group found after a batch was full, or of a GPU already in it.
+        let mut pending: Option<Group> = None;
+        let mut walked = false;
         loop {
             if stop() {
                 return Ok(false);
             }
-            let group = self.next_group(&mut cursor, &end, latest, sealed_before, unsealed)?;
-            let Some(g) = group else {
-                return Ok(true);
-            };
-            match self.compact_group(&g, report) {
-                // Bad bytes in one series-hour must not stop the others:
-                // it stays as it is (and expires with its tenant's data).
-                Err(e @ StoreError::Corrupt { .. }) => {
-                    tracing::warn!(error = %e, window = g.window, "series-hour not compacted")
+            // Up to a GPU-hour per core, each of another GPU.
+            let mut batch: Vec<Group> = pending.take().into_iter().collect();
+            while batch.len() < self.seal_width.max(1) && !walked {
+                let Some(g) =
+                    self.next_group(&mut cursor, &end, latest, sealed_before, unsealed)?
+                else {
+                    walked = true;
+                    break;
+                };
+                if batch.iter().any(|b| b.prefix == g.prefix) {
+                    pending = Some(g);
+                    break;
                 }
-                r => r?,
+                batch.push(g);
+            }
+            if batch.is_empty() {
+                return Ok(true);
+            }
+            let done = if batch.len() == 1 {
+                // One GPU-hour: its series on every core once it is large.
+                vec![self.compact_group(&batch[0], true)]
+            } else {
+                parallel::each_in_parallel(batch.iter().collect(), &|g: &Group| {
+                    self.compact_group(g, false)
+                })
+            };
+            for (g, r) in batch.iter().zip(done) {
+                match r {
+                    Ok(r) => {
+                        report.chunks += r.chunks;
+                        report.blocks += r.blocks;
+                        report.samples += r.samples;
+                    }
+                    // Bad bytes in one series-hour must not stop the others:
+                    // it stays as it is (and expires with its tenant's data).
+                    Err(e @ StoreError::Corrupt { .. }) => {
+                        tracing::warn!(error = %e, window = g.window, "series-hour not compacted")
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
     }
@@ -329,9 +365,11 @@ impl Store {
     /// series they hold, and the GPU's OFU, in one atomic write that also
     /// deletes the bundles. The reference series is planned first; the
     /// others decode their old chunks with its timestamps as stored and
-    /// share those of its new chunk. One series-hour too large to compact
-    /// leaves the GPU's hour in the head.
-    fn compact_group(&self, g: &Group, report: &mut CompactionReport) -> Result<(), StoreError> {
+    /// share those of its new chunk, on every core when `spread` and the
+    /// hour is large. One series-hour too large to compact leaves the
+    /// GPU's hour in the head.
+    fn compact_group(&self, g: &Group, spread: bool) -> Result<CompactionReport, StoreError> {
+        let mut report = CompactionReport::default();
         let bundles = g
             .blocks
             .iter()
@@ -360,7 +398,7 @@ impl Store {
             let Some(p) =
                 self.plan_series(keys::KIND_RAW, &ref_prefix, g.window, &values, ts, &mut ops)?
             else {
-                return Ok(());
+                return Ok(report);
             };
             after = p.times;
             chunks += 1;
@@ -382,7 +420,7 @@ impl Store {
             work.push((keys::KIND_OFU, g.prefix.clone(), ofu.as_slice()));
         }
         let bytes: usize = g.blocks.iter().map(|(_, v)| v.len()).sum();
-        let per_thread = if bytes >= self.parallel_from {
+        let per_thread = if spread && bytes >= self.parallel_from {
             1
         } else {
             usize::MAX
@@ -397,7 +435,7 @@ impl Store {
             for (kind, p, planned) in part? {
                 // One series-hour too large leaves the GPU's hour in the head.
                 let Some(p) = p else {
-                    return Ok(());
+                    return Ok(report);
                 };
                 chunks += 1;
                 samples += p.samples;
@@ -416,7 +454,7 @@ impl Store {
         report.chunks += chunks;
         report.blocks += g.blocks.len() as u64;
         report.samples += samples as u64;
-        Ok(())
+        Ok(report)
     }
 
     /// Plans one series-hour's chunk and rollup from its old chunks and the

@@ -145,16 +145,7 @@ fn a_pass_reads_nothing_of_the_open_hour_and_has_a_sealed_hours_files_compacted_
         let tap = Arc::new(super::tap::Tap::new(e.clone()));
         let store = Store::new(tap.clone(), false);
         // One GPU's second of hour 1; 100 GPUs' seconds of hour 2, open.
-        let of = |gpu: &str, seq: u64, from: i64| {
-            let mut set = gpu_batch(seq, from);
-            for s in &mut set.series {
-                s.gpu_uuid = gpu.into();
-            }
-            for o in &mut set.ofu {
-                o.0 = gpu.into();
-            }
-            set
-        };
+        let of = gpu_batch_of;
         store.commit("t1", &of("GPU-0", 1, T0 + H)).unwrap();
         for g in 0..100 {
             store
@@ -187,6 +178,113 @@ fn a_pass_reads_nothing_of_the_open_hour_and_has_a_sealed_hours_files_compacted_
             "{name}"
         );
     }
+}
+
+#[test]
+fn a_reader_of_one_gpu_steps_over_no_bundle_of_the_gpus_sealed_before_it() {
+    // RocksDB keeps a deleted key as a tombstone until a compaction drops
+    // it: a seek to an hour's first key would step over the deleted
+    // bundles of every GPU sealed before the first one left.
+    use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
+    let dir = tempfile::tempdir().unwrap();
+    let e: Arc<dyn Engine> = Arc::new(RocksEngine::open(dir.path()).unwrap());
+    let store = Store::new(e.clone(), false);
+    let hour = T0 + 2 * H;
+    let mut seq = 0;
+    for g in 0..200 {
+        for b in 0..5 {
+            seq += 1;
+            let set = gpu_batch_of(&format!("GPU-{g:03}"), seq, hour + b * 1000);
+            store.commit("t1", &set).unwrap();
+        }
+    }
+    // A running collector knows the head's hours long before.
+    let before = store.series("t1", "GPU-199", "power_w", hour, hour + H, usize::MAX);
+    assert_eq!(before.unwrap().len(), 50);
+    // What a seal of every GPU but the last leaves of the hour.
+    let mut sealed = Vec::new();
+    e.scan(Cf::Head, &[], &[0xff; 8], &mut |k, _| {
+        sealed.push(Op::Delete(Cf::Head, k.to_vec()));
+        true
+    })
+    .unwrap();
+    sealed.truncate(sealed.len() - 5);
+    assert_eq!(sealed.len(), 995);
+    e.apply(sealed, false).unwrap();
+    set_perf_stats(PerfStatsLevel::EnableCount);
+    let mut perf = PerfContext::default();
+    perf.reset();
+    let points = store
+        .series("t1", "GPU-199", "power_w", hour, hour + H, usize::MAX)
+        .unwrap();
+    let skipped = perf.metric(PerfMetric::InternalDeleteSkippedCount);
+    let mut ofu = 0;
+    store
+        .ofu("t1", "GPU-199", hour, hour + H, None, &mut |_| ofu += 1)
+        .unwrap();
+    let skipped_ofu = perf.metric(PerfMetric::InternalDeleteSkippedCount) - skipped;
+    set_perf_stats(PerfStatsLevel::Disable);
+    assert_eq!((points.len(), ofu), (50, 50));
+    assert!(skipped < 10, "{skipped} deleted entries stepped over");
+    assert!(
+        skipped_ofu < 10,
+        "{skipped_ofu} deleted entries stepped over"
+    );
+}
+
+#[test]
+fn readers_look_in_the_hours_the_head_holds_through_writes_seals_and_late_batches() {
+    use super::gpu_block::BundleHours;
+    for (name, e, _dir) in engines() {
+        let store = Store::new(e.clone(), false);
+        let points = |s: &Store| {
+            s.series("t1", "GPU-1", "power_w", T0, T0 + 4 * H, usize::MAX)
+                .unwrap()
+                .len()
+        };
+        let seq = ingest(&store, "t1", T0 + H, 2, 0);
+        assert_eq!(points(&store), 20, "{name}");
+        // Known from the first read on; a write adds its hour.
+        let seq = ingest(&store, "t1", T0 + 2 * H, 1, seq);
+        assert_eq!(
+            store.bundle_hours(Cf::Head),
+            BundleHours::Held(vec![T0 + H, T0 + 2 * H]),
+            "{name}"
+        );
+        assert_eq!(points(&store), 30, "{name}");
+        // Both hours sealed and their files compacted: forgotten.
+        store.compact(T0 + 3 * H + 600_000, 300_000).unwrap();
+        assert_eq!(count(&*e, Cf::Head), 0, "{name}");
+        assert_eq!(store.bundle_hours(Cf::Head), BundleHours::Held(vec![]));
+        assert_eq!(points(&store), 30, "{name}");
+        // A late batch of a forgotten hour is read at once.
+        ingest(&store, "t1", T0 + H + 5000, 1, seq);
+        assert_eq!(
+            store.bundle_hours(Cf::Head),
+            BundleHours::Held(vec![T0 + H])
+        );
+        assert_eq!(points(&store), 40, "{name}");
+        // A store opened on a head finds its hours.
+        let reopened = Store::new(e.clone(), false);
+        assert_eq!(points(&reopened), 40, "{name}");
+        assert_eq!(
+            reopened.bundle_hours(Cf::Head),
+            BundleHours::Held(vec![T0 + H]),
+            "{name}"
+        );
+    }
+}
+
+/// [`gpu_batch`] of the GPU `gpu`.
+pub(super) fn gpu_batch_of(gpu: &str, seq: u64, from: i64) -> CommitSet {
+    let mut set = gpu_batch(seq, from);
+    for s in &mut set.series {
+        s.gpu_uuid = gpu.into();
+    }
+    for o in &mut set.ofu {
+        o.0 = gpu.into();
+    }
+    set
 }
 
 fn series(gpu: &str, metric: &str, ts: &[i64]) -> SeriesBatch {

@@ -212,7 +212,9 @@ impl Store {
             // Under the greatest key it replaces: unique, deleted by this
             // same write, and keyed by the latest sample as every bundle.
             ops.push(Op::Put(Cf::Head, last.0.clone(), value));
+            let hours = super::head_hours::of_keys([last.0.as_slice()]);
             self.engine.apply(ops, false)?;
+            self.head_hours.written(hours);
             report.folded += 1;
             report.bundles += bundles.len() as u64;
             report.samples += samples;
@@ -312,7 +314,7 @@ mod tests {
         assert_eq!(q.len(), 1);
     }
 
-    use crate::conformance::gpu_batch;
+    use crate::conformance::{gpu_batch, gpu_batch_of};
     use crate::memory::MemEngine;
     use crate::WINDOW_MS;
     use std::time::Duration;
@@ -444,6 +446,39 @@ mod tests {
             assert_eq!(a, b, "{cf:?}");
         }
         assert_eq!(read(&one), read(&every));
+    }
+
+    #[test]
+    fn gpu_hours_sealed_side_by_side_are_the_gpu_hours_sealed_one_by_one() {
+        let store = |seal_width| Store {
+            seal_width,
+            ..Store::new(Arc::new(MemEngine::default()), false)
+        };
+        let (one, four) = (store(1), store(4));
+        // Seven GPUs over two hours, the second with late batches after
+        // its first seal; a pass meets some GPUs twice in a row.
+        for s in [&one, &four] {
+            let mut seq = 0;
+            let mut batches = |from: i64, n: i64, step: i64| {
+                for i in 0..n {
+                    for g in 0..7 {
+                        seq += 1;
+                        let set = gpu_batch_of(&format!("GPU-{g}"), seq, from + i * step);
+                        s.commit("t", &set).unwrap();
+                    }
+                }
+            };
+            batches(T0, 40, 90_000);
+            s.compact(T0 + 2 * WINDOW_MS, 0).unwrap();
+            batches(T0 + WINDOW_MS, 10, 1_000);
+            s.compact(T0 + 3 * WINDOW_MS, 0).unwrap();
+            assert!(head_keys(s).is_empty());
+        }
+        for cf in [Cf::Raw, Cf::Ofu, Cf::Rollup] {
+            let (a, b) = (family(&one, cf), family(&four, cf));
+            assert!(!a.is_empty(), "{cf:?}");
+            assert_eq!(a, b, "{cf:?}");
+        }
     }
 
     #[test]

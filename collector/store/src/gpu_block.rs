@@ -14,7 +14,8 @@
 //! compaction pass turns a GPU's bundles of an hour into its series'
 //! chunks and rollups in one write (`compact.rs`). The key leads with the
 //! hour, so a GPU's bundles are read hour by hour ([`scan_bundles`]): a
-//! seek to each hour the head holds, then the GPU's run of keys in it.
+//! seek to the GPU's run of keys in each hour the head holds (kept in
+//! memory, [`super::head_hours`]).
 //!
 //! ```text
 //! u8 version (1; 2: a folded bundle, see `fold.rs`)
@@ -188,6 +189,30 @@ impl<'v> GpuBlock<'v> {
     }
 }
 
+/// Which hours a reader of one GPU's bundles looks in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum BundleHours {
+    /// These hours, in order (the head's, or one known hour).
+    Held(Vec<i64>),
+    /// Every hour the family holds, found by seeking (limbo, whose
+    /// bundles are few).
+    Discover,
+}
+
+/// Discovery, for families other than the head.
+static DISCOVER: BundleHours = BundleHours::Discover;
+
+impl BundleHours {
+    /// These hours where `cf` is the head; found by seeking elsewhere.
+    pub(super) fn of(&self, cf: Cf) -> &BundleHours {
+        if cf == Cf::Head {
+            self
+        } else {
+            &DISCOVER
+        }
+    }
+}
+
 /// The earliest hour at or after `from` in which `cf` (the head or limbo)
 /// holds a bundle of any GPU: one seek.
 pub(super) fn next_hour(view: &dyn View, cf: Cf, from: i64) -> Result<Option<i64>, StoreError> {
@@ -204,24 +229,20 @@ pub(super) fn next_hour(view: &dyn View, cf: Cf, from: i64) -> Result<Option<i64
 /// (tenant · gpu) whose hour overlaps `[start, end)`, as [`scan_series`]
 /// visits a series' own blocks: hour by hour, `f` getting each bundle's
 /// hour and value and returning whether to go on. The head leads with the
-/// hour, so this is a seek per hour the head holds, and a scan of the
-/// GPU's run in each.
+/// hour, so this is a seek to the GPU's run in each of `hours` (the
+/// head's, [`super::head_hours`]), or, to find them, a seek per hour the
+/// family holds.
 pub(super) fn scan_bundles(
     view: &dyn View,
     cf: Cf,
+    hours: &BundleHours,
     gpu: &[u8],
     start: i64,
     end: i64,
     f: &mut BlockVisitor<'_>,
 ) -> Result<(), StoreError> {
-    let mut hour = start.div_euclid(WINDOW_MS).saturating_mul(WINDOW_MS);
-    while hour < end {
-        let Some(h) = next_hour(view, cf, hour)? else {
-            break;
-        };
-        if h >= end {
-            break;
-        }
+    let first = start.div_euclid(WINDOW_MS).saturating_mul(WINDOW_MS);
+    let mut run = |h: i64| -> Result<bool, StoreError> {
         let mut more = true;
         scan_series(
             view,
@@ -234,23 +255,46 @@ pub(super) fn scan_bundles(
                 Ok(more)
             },
         )?;
-        if !more {
-            break;
+        Ok(more)
+    };
+    match hours {
+        BundleHours::Held(held) => {
+            for &h in held.iter().filter(|h| **h >= first && **h < end) {
+                if !run(h)? {
+                    break;
+                }
+            }
         }
-        hour = h.saturating_add(WINDOW_MS);
-        if hour == h {
-            break;
+        BundleHours::Discover => {
+            let mut hour = first;
+            while hour < end {
+                let Some(h) = next_hour(view, cf, hour)? else {
+                    break;
+                };
+                if h >= end || !run(h)? {
+                    break;
+                }
+                hour = h.saturating_add(WINDOW_MS);
+                if hour == h {
+                    break;
+                }
+            }
         }
     }
     Ok(())
 }
 
 /// The hours in which `cf` (the head or limbo) holds a bundle of the GPU
-/// `gpu` (tenant · gpu), in order: two seeks per hour the head holds.
-pub(super) fn hours(view: &dyn View, cf: Cf, gpu: &[u8]) -> Result<Vec<i64>, StoreError> {
+/// `gpu` (tenant · gpu), in order: a seek to the GPU's run in each of
+/// `hours`, and, to find them, one more per hour the family holds.
+pub(super) fn hours(
+    view: &dyn View,
+    cf: Cf,
+    hours: &BundleHours,
+    gpu: &[u8],
+) -> Result<Vec<i64>, StoreError> {
     let mut out = Vec::new();
-    let mut hour = i64::MIN;
-    while let Some(h) = next_hour(view, cf, hour)? {
+    let mut holds = |h: i64| -> Result<(), StoreError> {
         let from = keys::head_prefix(h, gpu);
         let mut to = from.clone();
         to.extend_from_slice(&[0xff; 17]);
@@ -262,9 +306,23 @@ pub(super) fn hours(view: &dyn View, cf: Cf, gpu: &[u8]) -> Result<Vec<i64>, Sto
         if held {
             out.push(h);
         }
-        match h.checked_add(WINDOW_MS) {
-            Some(next) => hour = next,
-            None => break,
+        Ok(())
+    };
+    match hours {
+        BundleHours::Held(held) => {
+            for &h in held {
+                holds(h)?;
+            }
+        }
+        BundleHours::Discover => {
+            let mut hour = i64::MIN;
+            while let Some(h) = next_hour(view, cf, hour)? {
+                holds(h)?;
+                match h.checked_add(WINDOW_MS) {
+                    Some(next) => hour = next,
+                    None => break,
+                }
+            }
         }
     }
     Ok(out)
@@ -274,16 +332,18 @@ pub(super) fn hours(view: &dyn View, cf: Cf, gpu: &[u8]) -> Result<Vec<i64>, Sto
 /// limbo) of the GPU `gpu` (tenant · gpu) whose hour overlaps `[start,
 /// end)`, as [`scan_series`] visits a series' own blocks: `f` gets each
 /// block's hour and value and returns whether to go on.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn scan_parts(
     view: &dyn View,
     cf: Cf,
+    hours: &BundleHours,
     gpu: &[u8],
     part: Part<'_>,
     start: i64,
     end: i64,
     f: &mut BlockVisitor<'_>,
 ) -> Result<(), StoreError> {
-    scan_bundles(view, cf, gpu, start, end, &mut |w, v| {
+    scan_bundles(view, cf, hours, gpu, start, end, &mut |w, v| {
         for block in decode(v)?.part(part) {
             if !f(w, block)? {
                 return Ok(false);
@@ -298,10 +358,11 @@ pub(super) fn scan_parts(
 pub(super) fn metrics(
     view: &dyn View,
     cf: Cf,
+    hours: &BundleHours,
     gpu: &[u8],
     out: &mut std::collections::BTreeSet<String>,
 ) -> Result<(), StoreError> {
-    scan_bundles(view, cf, gpu, i64::MIN, i64::MAX, &mut |_, v| {
+    scan_bundles(view, cf, hours, gpu, i64::MIN, i64::MAX, &mut |_, v| {
         for (m, _) in &decode(v)?.raw {
             if !out.contains(*m) {
                 out.insert(m.to_string());

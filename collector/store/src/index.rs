@@ -550,9 +550,10 @@ impl Store {
         let lasts = keys::kind_prefix(KIND_LAST, &prefix);
         let rollups = keys::kind_prefix(KIND_OFU, &prefix);
         let (mut first, mut last) = (i64::MAX, i64::MIN);
+        let head = self.bundle_hours(Cf::Head);
         self.engine.view(&mut |view| {
             for cf in [Cf::Head, Cf::Limbo] {
-                let hours = super::gpu_block::hours(view, cf, &prefix)?;
+                let hours = super::gpu_block::hours(view, cf, head.of(cf), &prefix)?;
                 if let (Some(f), Some(l)) = (hours.first(), hours.last()) {
                     first = first.min(*f);
                     last = last.max(l.saturating_add(super::WINDOW_MS - 1));

@@ -163,11 +163,12 @@ impl Store {
         let prefix = keys::ofu_prefix(tenant, gpu);
         let records = keys::kind_prefix(keys::KIND_JOBS, &prefix);
         let mut answered = Vec::new();
+        let head = self.bundle_hours(Cf::Head);
         self.engine.view(&mut |view| {
             // Hours with blocks in the head or limbo (no block decoded).
             let mut open = HashSet::new();
             for cf in [Cf::Head, Cf::Limbo] {
-                gpu_block::scan_bundles(view, cf, &prefix, from, to, &mut |w, _| {
+                gpu_block::scan_bundles(view, cf, head.of(cf), &prefix, from, to, &mut |w, _| {
                     open.insert(w);
                     Ok(true)
                 })?;

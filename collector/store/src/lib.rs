@@ -29,6 +29,7 @@ mod fold;
 mod format;
 mod gpu_block;
 mod handoff;
+mod head_hours;
 mod hours;
 pub mod index;
 mod job_hours;

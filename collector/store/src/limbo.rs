@@ -265,7 +265,12 @@ impl Store {
                 _ => None,
             })
             .min();
+        let hours = super::head_hours::of_keys(ops.iter().filter_map(|op| match op {
+            Op::Put(Cf::Head, k, _) => Some(k.as_slice()),
+            _ => None,
+        }));
         self.engine.apply(ops, self.sync)?;
+        self.head_hours.written(hours);
         if let Some(w) = head {
             self.head_written(w);
         }

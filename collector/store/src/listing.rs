@@ -40,9 +40,10 @@ impl Store {
             }
         }
         // The head's bundles, each naming the metrics it holds.
+        let head = self.bundle_hours(Cf::Head);
         self.engine.view(&mut |view| {
             for cf in [Cf::Head, Cf::Limbo] {
-                gpu_block::metrics(view, cf, &base, &mut out)?;
+                gpu_block::metrics(view, cf, head.of(cf), &base, &mut out)?;
             }
             Ok(())
         })?;

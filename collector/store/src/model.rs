@@ -13,7 +13,7 @@ use super::records::{
 use super::retention::Retention;
 use super::rollup::Rollup;
 use super::scan::scan_series;
-use super::{corrupt, Cf, Engine, Put, Reader, StoreError, View};
+use super::{corrupt, Cf, Engine, Put, Reader, StoreError};
 use flopwatch_proto::model::Point;
 use serde::{de::DeserializeOwned, Serialize};
 use std::collections::BTreeMap;
@@ -52,6 +52,8 @@ pub struct Store {
     /// The hour before which the head's files were last compacted away
     /// once sealed (`i64::MIN`: not yet; [`super::compact`]).
     pub(super) head_cleared: Arc<AtomicI64>,
+    /// The hours in which the head holds bundles ([`super::head_hours`]).
+    pub(super) head_hours: Arc<super::head_hours::HeadHours>,
     /// Raw samples written into sealed chunks since the store was opened.
     pub(super) sealed_raw: Arc<std::sync::atomic::AtomicU64>,
     /// Whole compaction passes completed since the store was opened.
@@ -62,6 +64,9 @@ pub struct Store {
     /// Head bytes of a GPU-hour from which its series are sealed on every
     /// core ([`super::compact`]).
     pub(super) parallel_from: usize,
+    /// GPU-hours a compaction pass seals at a time, each on a core of its
+    /// own (the cores, [`super::compact`]).
+    pub(super) seal_width: usize,
 }
 
 /// When a GPU's head is folded and its hours sealed (see
@@ -185,10 +190,12 @@ impl Store {
             fold_queue: Arc::default(),
             head_left: Arc::new(AtomicI64::new(i64::MIN)),
             head_cleared: Arc::new(AtomicI64::new(i64::MIN)),
+            head_hours: Arc::default(),
             sealed_raw: Arc::default(),
             expired_in_engine: false,
             whole_passes: Arc::default(),
             parallel_from: super::compact::PARALLEL_BYTES,
+            seal_width: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
 
@@ -241,6 +248,15 @@ impl Store {
     /// GPUs whose newest head bundles wait to be folded.
     pub fn fold_backlog(&self) -> usize {
         self.fold_queue.len()
+    }
+
+    /// The hours in which to read `cf`'s bundles (the head's known ones;
+    /// limbo's found by seeking).
+    pub(super) fn bundle_hours(&self, cf: Cf) -> super::gpu_block::BundleHours {
+        match cf {
+            Cf::Head => self.head_hours.held(&*self.engine),
+            _ => super::gpu_block::BundleHours::Discover,
+        }
     }
 
     /// Head blocks of the hour starting at `window` (or later) were
@@ -368,7 +384,15 @@ impl Store {
         for set in sets {
             self.index.before_write(tenant, set);
         }
+        let hours = super::head_hours::of_keys(
+            puts.iter()
+                .filter(|(cf, _, _)| *cf == Cf::Head)
+                .map(|(_, k, _)| k.as_slice()),
+        );
         self.engine.write(puts, self.sync)?;
+        // Before the batches are acknowledged: a reader from then on
+        // looks in these hours.
+        self.head_hours.written(hours);
         drop(tickets);
         for (set, (low, written)) in sets.iter().zip(after) {
             // Limbo blocks reach the head when settled (`Store::settle`).
@@ -534,7 +558,7 @@ impl Store {
         let mut out = Vec::new();
         let prefix = keys::raw_prefix(tenant, gpu, metric);
         let bundles = keys::ofu_prefix(tenant, gpu);
-        self.in_view(reader.map(|r| r.view), &mut |view| {
+        self.in_view(reader, &mut |view, head| {
             let mut reader = RawReader::new(view, &prefix);
             // Chunks, then bundles in the head and limbo.
             let sources = [
@@ -558,6 +582,7 @@ impl Store {
                     (_, Some(g)) => gpu_block::scan_parts(
                         view,
                         cf,
+                        head.of(cf),
                         g,
                         Part::Raw(metric),
                         start,
@@ -600,12 +625,21 @@ impl Store {
         job: Option<&str>,
         f: &mut dyn FnMut(OfuSample),
     ) -> Result<(), StoreError> {
-        let at = reader.map(|r| r.view);
-        self.ofu_read(at, tenant, gpu, start, end, job, None, false, &mut |r| {
-            if let Read::Piece(OfuPiece::Sample(s)) = r {
-                f(s)
-            }
-        })
+        self.ofu_read(
+            reader,
+            tenant,
+            gpu,
+            start,
+            end,
+            job,
+            None,
+            false,
+            &mut |r| {
+                if let Read::Piece(OfuPiece::Sample(s)) = r {
+                    f(s)
+                }
+            },
+        )
     }
 
     /// OFU of one GPU in `[start, end)` as samples and, where the caller
@@ -679,7 +713,7 @@ impl Store {
         // Step 0: any minute wholly inside the range; no rollup buckets
         // are asked for, so every piece is a sample or an hour.
         self.ofu_read(
-            reader.map(|r| r.view),
+            reader,
             tenant,
             gpu,
             start,
@@ -700,7 +734,7 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     fn ofu_read(
         &self,
-        at: Option<&dyn View>,
+        at: Option<&Reader<'_>>,
         tenant: &str,
         gpu: &str,
         start: i64,
@@ -737,7 +771,7 @@ impl Store {
                 && from + len <= end
                 && (bucket(from) == bucket(from + len - 1) || (coarse && len == MINUTE_MS))
         };
-        self.in_view(at, &mut |view| {
+        self.in_view(at, &mut |view, head| {
             // Hours with head blocks are read sample by sample.
             let mut in_head = Hours::default();
             // Covered minutes per hour (all 60 bits: the whole hour).
@@ -762,7 +796,16 @@ impl Store {
                         }
                         Ok(true)
                     };
-                    gpu_block::scan_parts(view, cf, &prefix, Part::Ofu, start, end, &mut take)?;
+                    gpu_block::scan_parts(
+                        view,
+                        cf,
+                        head.of(cf),
+                        &prefix,
+                        Part::Ofu,
+                        start,
+                        end,
+                        &mut take,
+                    )?;
                 }
                 head_samples = Some(buf);
                 if lasts {
@@ -947,7 +990,16 @@ impl Store {
                     Ok(true)
                 };
                 if bundled {
-                    gpu_block::scan_parts(view, cf, p, Part::Ofu, from, to, &mut visit)?;
+                    gpu_block::scan_parts(
+                        view,
+                        cf,
+                        head.of(cf),
+                        p,
+                        Part::Ofu,
+                        from,
+                        to,
+                        &mut visit,
+                    )?;
                 } else {
                     scan_series(view, cf, p, from, to, &mut visit)?;
                 }

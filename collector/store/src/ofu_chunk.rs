@@ -5,6 +5,7 @@
 //! can be recomputed exactly from the GPU's raw series. Compaction checks
 //! the recorded derivation bit for bit; it never searches for one.
 
+use super::gpu_block::BundleHours;
 use super::gpu_block::{self, Part};
 use super::hours::WINDOW_MS;
 use super::keys::{get_str, put_str};
@@ -82,7 +83,18 @@ pub(super) fn raw_hour(
             Ok(true)
         };
         if bundled {
-            gpu_block::scan_parts(view, cf, p, Part::Raw(metric), w, w + WINDOW_MS, &mut visit)?;
+            // The one hour asked for: a seek to the GPU's run in it.
+            let hour = BundleHours::Held(vec![w]);
+            gpu_block::scan_parts(
+                view,
+                cf,
+                &hour,
+                p,
+                Part::Raw(metric),
+                w,
+                w + WINDOW_MS,
+                &mut visit,
+            )?;
         } else {
             scan_series(view, cf, p, w, w + WINDOW_MS, &mut visit)?;
         }
