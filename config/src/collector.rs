@@ -249,7 +249,7 @@ impl Default for StorageConfig {
             compaction_interval: Duration::from_secs(60),
             seal_delay: Duration::from_secs(300),
             seal_spread: Duration::from_secs(1200),
-            fold_after: Duration::from_secs(300),
+            fold_after: Duration::from_secs(120),
             precision: BTreeMap::new(),
         }
     }

@@ -69,6 +69,10 @@ type SeriesWork<'a> = (u8, Vec<u8>, &'a [&'a [u8]]);
 /// core (below, starting a thread costs more than it saves).
 pub(super) const PARALLEL_BYTES: usize = 64 << 10;
 
+/// Seal phases (of 65,536) an hour's seal goes past between two sweeps of
+/// its sealed keys (`Store::sweep_head`): a sixteenth.
+const SWEEP_PHASES: u32 = 1 << 12;
+
 /// Series whose expired hours are deleted in one write.
 const EXPIRE_BATCH: usize = 1024;
 
@@ -178,8 +182,15 @@ impl Store {
             return Ok(report);
         }
         let mut unsealed = i64::MAX;
+        let mut frontier = None;
         let due = |prefix: &[u8]| self.sealed_before(prefix, now_ms, seal_delay_ms);
-        let whole = self.pass(sealed_before, &due, stop, &mut report, &mut unsealed);
+        let whole = self.pass(
+            sealed_before,
+            &due,
+            stop,
+            &mut report,
+            (&mut unsealed, &mut frontier),
+        );
         // What this pass left for later: the hours it passed over, and,
         // when it did not finish, whatever it was asked to look at.
         self.head_low.fetch_min(unsealed, Ordering::SeqCst);
@@ -190,6 +201,11 @@ impl Store {
             self.clear_head(unsealed.min(sealed_before))?;
         } else {
             self.head_low.fetch_min(seen, Ordering::SeqCst);
+        }
+        // Also after a pass cut short: it found the frontier only once it
+        // had sealed every GPU before it (a pass stops between batches).
+        if let Some((hour, phase)) = frontier {
+            self.sweep_head(hour, phase)?;
         }
         whole.map(|_| report)
     }
@@ -213,6 +229,38 @@ impl Store {
         self.head_hours.forget_empty(&*self.engine, hour)
     }
 
+    /// While an hour is sealed, has the engine rewrite the head's files
+    /// holding the GPUs of `hour` sealed since the last sweep, those whose
+    /// seal phase is before `phase`: an hour's GPUs sort in the order they
+    /// are sealed ([`keys::seal_phase`]), so they are one range of keys
+    /// holding deleted bundles and their tombstones, and their space comes
+    /// back as the seal goes on rather than at its end (at 10,000 agents
+    /// the sealed hour's 1.3 GB stayed on disk until the whole hour was
+    /// sealed; docs/STORAGE.md, *Head*). A sweep waits for a sixteenth of
+    /// the phases, and, as [`Store::clear_head`], is logical: a late batch
+    /// in the range stays, and is sealed by the next pass.
+    fn sweep_head(&self, hour: i64, phase: u16) -> Result<(), StoreError> {
+        let from = {
+            let mut swept = self.head_swept.lock().unwrap_or_else(|e| e.into_inner());
+            let from = match swept.0.cmp(&hour) {
+                std::cmp::Ordering::Less => 0,
+                std::cmp::Ordering::Equal => swept.1,
+                // Late data of an hour before the one swept last.
+                std::cmp::Ordering::Greater => return Ok(()),
+            };
+            if u32::from(phase) < u32::from(from) + SWEEP_PHASES {
+                return Ok(());
+            }
+            *swept = (hour, phase);
+            from
+        };
+        self.engine.compact_range(
+            Cf::Head,
+            &keys::head_phase(hour, from),
+            &keys::head_phase(hour, phase),
+        )
+    }
+
     /// One walk over the head, compacting every sealed series-hour (none
     /// of an hour at or after `latest`), up to a GPU-hour per core at a
     /// time, each of another GPU (they share no key); false when `stop`
@@ -226,7 +274,7 @@ impl Store {
         sealed_before: &dyn Fn(&[u8]) -> i64,
         stop: &dyn Fn() -> bool,
         report: &mut CompactionReport,
-        unsealed: &mut i64,
+        (unsealed, frontier): (&mut i64, &mut Option<(i64, u16)>),
     ) -> Result<bool, StoreError> {
         let mut cursor: Vec<u8> = Vec::new();
         let end = vec![0xff; 8];
@@ -240,8 +288,13 @@ impl Store {
             // Up to a GPU-hour per core, each of another GPU.
             let mut batch: Vec<Group> = pending.take().into_iter().collect();
             while batch.len() < self.seal_width.max(1) && !walked {
-                let Some(g) =
-                    self.next_group(&mut cursor, &end, latest, sealed_before, unsealed)?
+                let Some(g) = self.next_group(
+                    &mut cursor,
+                    &end,
+                    latest,
+                    sealed_before,
+                    (&mut *unsealed, &mut *frontier),
+                )?
                 else {
                     walked = true;
                     break;
@@ -282,17 +335,20 @@ impl Store {
     }
 
     /// The next sealed GPU-hour of the head at or after `cursor`, moving
-    /// `cursor` past it. One walk: a GPU whose hour is not sealed yet is
-    /// passed over with a seek, and an hour in which no GPU is sealed yet
-    /// (at or after `latest`) with one seek to the next hour, so a pass
-    /// reads nothing of the open hour.
+    /// `cursor` past it. One walk: an hour's GPUs sort in the order they
+    /// are sealed, so at the first GPU whose hour is not sealed yet the
+    /// rest of the hour is passed over with a seek to the next hour, as is
+    /// an hour in which no GPU is sealed yet (at or after `latest`): a pass
+    /// reads nothing of the open hour, nor of the GPUs not yet due in the
+    /// hour being sealed. `frontier` gets the first such hour and the seal
+    /// phase from which its GPUs are not due.
     fn next_group(
         &self,
         cursor: &mut Vec<u8>,
         end: &[u8],
         latest: i64,
         sealed_before: &dyn Fn(&[u8]) -> i64,
-        unsealed: &mut i64,
+        (unsealed, frontier): (&mut i64, &mut Option<(i64, u16)>),
     ) -> Result<Option<Group>, StoreError> {
         loop {
             let mut group: Option<Group> = None;
@@ -322,9 +378,16 @@ impl Store {
                         }
                         let gpu = &k[keys::HEAD_GPU_AT..plen];
                         if w >= sealed_before(&keys::kind_prefix(keys::KIND_GPU, gpu)) {
-                            // This GPU's hour is not due yet.
+                            // This GPU's hour is not due yet, nor that of
+                            // any GPU after it in the hour.
                             *unsealed = (*unsealed).min(w);
-                            return Step::Seek(upper(&k[..plen]));
+                            if frontier.is_none() {
+                                *frontier = keys::head_key_phase(k).map(|p| (w, p));
+                            }
+                            return match w.checked_add(WINDOW_MS) {
+                                Some(next) => Step::Seek(keys::head_hour(next)),
+                                None => Step::Stop,
+                            };
                         }
                         group = Some(Group {
                             kind: k[0],

@@ -198,8 +198,16 @@ fn a_reader_of_one_gpu_steps_over_no_bundle_of_the_gpus_sealed_before_it() {
             store.commit("t1", &set).unwrap();
         }
     }
+    // The GPU whose bundles sort last in the hour (the last sealed).
+    let last = (0..200)
+        .map(|g| format!("GPU-{g:03}"))
+        .max_by_key(|g| {
+            let gpu = keys::ofu_prefix("t1", g);
+            (keys::seal_phase(&gpu), gpu)
+        })
+        .unwrap();
     // A running collector knows the head's hours long before.
-    let before = store.series("t1", "GPU-199", "power_w", hour, hour + H, usize::MAX);
+    let before = store.series("t1", &last, "power_w", hour, hour + H, usize::MAX);
     assert_eq!(before.unwrap().len(), 50);
     // What a seal of every GPU but the last leaves of the hour.
     let mut sealed = Vec::new();
@@ -215,12 +223,12 @@ fn a_reader_of_one_gpu_steps_over_no_bundle_of_the_gpus_sealed_before_it() {
     let mut perf = PerfContext::default();
     perf.reset();
     let points = store
-        .series("t1", "GPU-199", "power_w", hour, hour + H, usize::MAX)
+        .series("t1", &last, "power_w", hour, hour + H, usize::MAX)
         .unwrap();
     let skipped = perf.metric(PerfMetric::InternalDeleteSkippedCount);
     let mut ofu = 0;
     store
-        .ofu("t1", "GPU-199", hour, hour + H, None, &mut |_| ofu += 1)
+        .ofu("t1", &last, hour, hour + H, None, &mut |_| ofu += 1)
         .unwrap();
     let skipped_ofu = perf.metric(PerfMetric::InternalDeleteSkippedCount) - skipped;
     set_perf_stats(PerfStatsLevel::Disable);
@@ -230,6 +238,83 @@ fn a_reader_of_one_gpu_steps_over_no_bundle_of_the_gpus_sealed_before_it() {
         skipped_ofu < 10,
         "{skipped_ofu} deleted entries stepped over"
     );
+}
+
+#[test]
+fn an_hours_sealed_gpus_give_their_head_space_back_while_the_seal_goes_on() {
+    // Within an hour the GPUs sort in the order they are sealed: those
+    // sealed so far are one range of keys, compacted as the seal goes on
+    // rather than once the hour's last GPU is sealed.
+    let dir = tempfile::tempdir().unwrap();
+    let e: Arc<dyn Engine> = Arc::new(RocksEngine::open(dir.path()).unwrap());
+    let store = Store::new(e.clone(), false).with_spread(
+        std::time::Duration::from_secs(1200),
+        std::time::Duration::ZERO,
+    );
+    let hour = T0 + 2 * H;
+    let gpus: Vec<String> = (0..300).map(|g| format!("GPU-{g:03}")).collect();
+    let mut seq = 0;
+    for g in &gpus {
+        for b in 0..5 {
+            seq += 1;
+            store
+                .commit("t1", &gpu_batch_of(g, seq, hour + b * 1000))
+                .unwrap();
+        }
+    }
+    e.flush().unwrap();
+    let full = e.family_bytes(Cf::Head);
+    let read = |s: &Store| -> Vec<usize> {
+        gpus.iter()
+            .map(|g| {
+                s.series("t1", g, "power_w", hour, hour + H, usize::MAX)
+                    .unwrap()
+                    .len()
+            })
+            .collect()
+    };
+    let before = read(&store);
+    assert!(before.iter().all(|n| *n == 50));
+    // Halfway through the seal's spread about half the GPUs are sealed,
+    // and about half the head's bytes are left.
+    let r = store.compact(hour + H + 600_000, 0).unwrap();
+    let sealed = r.blocks / 5;
+    assert!((100..=200).contains(&sealed), "{sealed} of 300 GPUs sealed");
+    let left = e.family_bytes(Cf::Head);
+    assert!(
+        left * 10 < full * 7,
+        "{left} of {full} head bytes left with {sealed} of 300 GPUs sealed"
+    );
+    assert_eq!(read(&store), before, "every sample once");
+    // A late batch of a GPU sealed already lands in the range compacted:
+    // kept, and sealed by the next pass.
+    let first = gpus
+        .iter()
+        .min_by_key(|g| keys::seal_phase(&keys::ofu_prefix("t1", g)))
+        .unwrap();
+    seq += 1;
+    store
+        .commit("t1", &gpu_batch_of(first, seq, hour + 10_000))
+        .unwrap();
+    store.compact(hour + H + 900_000, 0).unwrap();
+    let points = |g: &str| {
+        store
+            .series("t1", g, "power_w", hour, hour + H, usize::MAX)
+            .unwrap()
+            .len()
+    };
+    assert_eq!(points(first), 60);
+    // The spread's end: every GPU sealed, nothing left in the head.
+    store.compact(hour + H + 1_200_000, 0).unwrap();
+    let mut head = 0;
+    e.scan(Cf::Head, &[], &[0xff; 8], &mut |_, _| {
+        head += 1;
+        true
+    })
+    .unwrap();
+    assert_eq!(head, 0);
+    assert_eq!(points(first), 60);
+    assert_eq!(read(&store).iter().sum::<usize>(), 300 * 50 + 10);
 }
 
 #[test]

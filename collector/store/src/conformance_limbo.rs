@@ -338,63 +338,68 @@ fn limbo_survives_reopening() {
 }
 
 #[test]
-fn a_format_2_store_has_its_head_and_limbo_rekeyed_when_opened_for_writing() {
-    for (name, e, _dir) in engines() {
-        let store = Store::new(e.clone(), false);
-        let stamp = |v: u32| {
-            e.write(
-                vec![(Cf::Meta, keys::FORMAT.to_vec(), v.to_be_bytes().to_vec())],
-                true,
-            )
-            .unwrap()
-        };
-        stamp(FORMAT);
-        store.commit("t1", &batch(1, T0 + 1000)).unwrap();
-        store
-            .commit("t1", &limbo(batch(2, T0 + H + 2000), T0 + 5000))
-            .unwrap();
-        store.commit("t1", &batch(3, T0 + H + 3000)).unwrap();
-        let want = dump(&*e);
-        let reads = (raw_ts(&store), ofu_ts(&store));
-        // The same store as format 2 wrote it: no hour in the head's keys,
-        // nor in those limbo's records name.
-        let old = |k: &[u8]| -> Option<Vec<u8>> {
-            (k.first() == Some(&keys::KIND_GPU))
-                .then(|| [&k[..1], &k[keys::HEAD_GPU_AT..]].concat())
-        };
-        for cf in [Cf::Head, Cf::Limbo] {
-            let mut ops = Vec::new();
-            e.scan(cf, &[keys::KIND_GPU], &[keys::KIND_GPU + 1], &mut |k, v| {
-                ops.push(Op::Delete(cf, k.to_vec()));
-                ops.push(Op::Put(cf, old(k).unwrap(), v.to_vec()));
-                true
-            })
-            .unwrap();
-            assert!(!ops.is_empty(), "{name} {cf:?}");
-            e.apply(ops, true).unwrap();
+fn a_format_2_or_3_store_has_its_head_and_limbo_rekeyed_when_opened_for_writing() {
+    // Format 2 had neither the hour nor the seal phase in the head's keys
+    // (`'g' · tenant · gpu · …`), format 3 the hour but not the phase.
+    for (version, cut) in [(2u32, 1..keys::HEAD_GPU_AT), (3, 9..keys::HEAD_GPU_AT)] {
+        for (name, e, _dir) in engines() {
+            let name = format!("{name}, format {version}");
+            let store = Store::new(e.clone(), false);
+            let stamp = |v: u32| {
+                e.write(
+                    vec![(Cf::Meta, keys::FORMAT.to_vec(), v.to_be_bytes().to_vec())],
+                    true,
+                )
+                .unwrap()
+            };
+            stamp(FORMAT);
+            store.commit("t1", &batch(1, T0 + 1000)).unwrap();
+            store
+                .commit("t1", &limbo(batch(2, T0 + H + 2000), T0 + 5000))
+                .unwrap();
+            store.commit("t1", &batch(3, T0 + H + 3000)).unwrap();
+            let want = dump(&*e);
+            let reads = (raw_ts(&store), ofu_ts(&store));
+            // The same store as that format wrote it, in the head's keys and
+            // those limbo's records name.
+            let old = |k: &[u8]| -> Option<Vec<u8>> {
+                (k.first() == Some(&keys::KIND_GPU))
+                    .then(|| [&k[..cut.start], &k[cut.end..]].concat())
+            };
+            for cf in [Cf::Head, Cf::Limbo] {
+                let mut ops = Vec::new();
+                e.scan(cf, &[keys::KIND_GPU], &[keys::KIND_GPU + 1], &mut |k, v| {
+                    ops.push(Op::Delete(cf, k.to_vec()));
+                    ops.push(Op::Put(cf, old(k).unwrap(), v.to_vec()));
+                    true
+                })
+                .unwrap();
+                assert!(!ops.is_empty(), "{name} {cf:?}");
+                e.apply(ops, true).unwrap();
+            }
+            crate::limbo::rekey_records(&*e, &old, 1).unwrap();
+            stamp(version);
+            assert_ne!(dump(&*e), want, "{name}");
+
+            // Read-only it is refused; opened for writing it is carried over,
+            // byte for byte, and again (a carry-over cut short) changes nothing.
+            let err = crate::format::settle(&*e, false).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("format {version}")) && err.contains("for writing"),
+                "{err}"
+            );
+            crate::format::settle(&*e, true).unwrap();
+            assert_eq!(dump(&*e), want, "{name}");
+            stamp(version);
+            crate::format::settle(&*e, true).unwrap();
+            assert_eq!(dump(&*e), want, "{name}");
+            assert_eq!((raw_ts(&store), ofu_ts(&store)), reads, "{name}");
+
+            // The batch in limbo is found under its new key when kept.
+            assert!(store.settle(&agent(), 2, Settle::Keep).unwrap(), "{name}");
+            assert_eq!(raw_ts(&store).len(), 30, "{name}");
+            let r = store.compact(T0 + 3 * H, 0).unwrap();
+            assert_eq!(r.samples, 60, "three batches, raw and OFU, {name}");
         }
-        crate::limbo::rekey_records(&*e, &old, 1).unwrap();
-        stamp(2);
-        assert_ne!(dump(&*e), want, "{name}");
-
-        // Read-only it is refused; opened for writing it is carried over,
-        // byte for byte, and again (a carry-over cut short) changes nothing.
-        let err = crate::format::settle(&*e, false).unwrap_err().to_string();
-        assert!(
-            err.contains("format 2") && err.contains("for writing"),
-            "{err}"
-        );
-        crate::format::settle(&*e, true).unwrap();
-        assert_eq!(dump(&*e), want, "{name}");
-        stamp(2);
-        crate::format::settle(&*e, true).unwrap();
-        assert_eq!(dump(&*e), want, "{name}");
-        assert_eq!((raw_ts(&store), ofu_ts(&store)), reads, "{name}");
-
-        // The batch in limbo is found under its new key when kept.
-        assert!(store.settle(&agent(), 2, Settle::Keep).unwrap(), "{name}");
-        assert_eq!(raw_ts(&store).len(), 30, "{name}");
-        let r = store.compact(T0 + 3 * H, 0).unwrap();
-        assert_eq!(r.samples, 60, "three batches, raw and OFU, {name}");
     }
 }

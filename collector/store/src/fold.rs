@@ -89,21 +89,17 @@ impl FoldQueue {
     }
 }
 
-/// A GPU's fixed phase within `span_ms`, from its key prefix (tenant and
-/// UUID): the same on every pass and every start, spread evenly over the
-/// fleet.
+/// A GPU's fixed phase within `span_ms`, from its head GPU prefix
+/// (`'g' · tenant · gpu`): its seal phase ([`keys::seal_phase`]) scaled to
+/// the span, so the same on every pass and every start, spread evenly
+/// over the fleet, and never earlier for a GPU whose head keys sort later
+/// in an hour.
 pub(super) fn phase(prefix: &[u8], span_ms: i64) -> i64 {
     if span_ms <= 0 {
         return 0;
     }
-    // FNV-1a: stable across builds and processes, unlike the std hasher's
-    // promise.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in prefix {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    (h % span_ms as u64) as i64
+    let p = keys::seal_phase(prefix.get(1..).unwrap_or_default());
+    ((i128::from(p) * i128::from(span_ms)) >> 16) as i64
 }
 
 /// Head OFU blocks never refer to sealed chunks: reading one that does is

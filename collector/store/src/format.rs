@@ -24,12 +24,17 @@
 //! records name with them ([`rekey_head`]), before anything else touches
 //! it. Opened read-only, a store of an earlier format is refused: its head
 //! would be misread.
+//!
+//! Format 4 puts the GPU's seal phase between the hour and the GPU (`'g' ·
+//! hour · phase · tenant · gpu · last_ts · seq`, [`keys::seal_phase`]), so
+//! an hour's GPUs sort in the order they are sealed. A format 2 or 3 store
+//! opened for writing is rekeyed the same way, straight to format 4.
 
 use crate::journal::{END, OPEN_END, OPEN_PREFIX, PREFIX};
 use crate::{keys, Cf, Engine, Op, StoreError};
 
 /// The format this build reads and writes.
-pub const FORMAT: u32 = 3;
+pub const FORMAT: u32 = 4;
 
 /// Keys moved per write when a store is carried over: each write moves
 /// its keys whole (put in the new family, delete from the old), so a
@@ -47,7 +52,7 @@ pub(crate) fn settle(engine: &dyn Engine, writable: bool) -> Result<(), StoreErr
                 .map_err(|_| crate::corrupt(Cf::Meta, "format version"))?;
             if found == FORMAT {
                 Ok(())
-            } else if (found == 1 || found == 2) && !writable {
+            } else if (1..FORMAT).contains(&found) && !writable {
                 Err(StoreError::Format(format!(
                     "this store is format {found}; this build reads format {FORMAT}: \
                      open it once for writing (start the collector on it) to carry \
@@ -56,7 +61,7 @@ pub(crate) fn settle(engine: &dyn Engine, writable: bool) -> Result<(), StoreErr
             } else if found == 1 {
                 carry_over(engine)?;
                 rekey_head(engine)
-            } else if found == 2 {
+            } else if found == 2 || found == 3 {
                 rekey_head(engine)
             } else {
                 Err(StoreError::Format(format!(
@@ -113,8 +118,8 @@ fn carry_over(engine: &dyn Engine) -> Result<(), StoreError> {
     )
 }
 
-/// Carries a format 2 store over to format 3: every bundle of the head
-/// and limbo is put under its hour-led key and deleted under its old one
+/// Carries a format 2 or 3 store over to format 4: every bundle of the
+/// head and limbo is put under its hour- and phase-led key and deleted under its old one
 /// (a batch per write), the keys limbo's records name likewise, then the
 /// store is stamped. Cut short by a crash, it goes on at the next open:
 /// keys already moved are recognised ([`rekeyed`]) and left.
@@ -153,27 +158,38 @@ fn rekey_head(engine: &dyn Engine) -> Result<(), StoreError> {
     )
 }
 
-/// The format 3 key of a format 2 head key (`'g' · tenant · gpu · last_ts
-/// · seq`); `None` for a key already in format 3 (its hour is the hour of
-/// its time, and its length is exact) or not a head bundle's key at all.
+/// The format 4 key of a format 2 head key (`'g' · tenant · gpu · last_ts
+/// · seq`) or a format 3 one (`'g' · hour · tenant · gpu · last_ts ·
+/// seq`); `None` for a key already in format 4 (its hour is the hour of
+/// its time, its phase the GPU's, and its length is exact) or not a head
+/// bundle's key at all.
 fn rekeyed(k: &[u8]) -> Option<Vec<u8>> {
+    use crate::hours::window_of;
     if k.first() != Some(&keys::KIND_GPU) {
         return None;
     }
     let current = keys::series_prefix(Cf::Head, k).is_some_and(|(plen, _)| {
         k.len() == plen + 16
-            && keys::key_ts(k, plen).map(crate::hours::window_of) == keys::get_ts(&k[1..])
+            && keys::key_ts(k, plen).map(window_of) == keys::get_ts(&k[1..])
+            && keys::head_key_phase(k) == Some(keys::seal_phase(&k[keys::HEAD_GPU_AT..plen]))
     });
     if current {
         return None;
     }
-    let mut pos = 1;
-    keys::get_str(k, &mut pos)?;
-    keys::get_str(k, &mut pos)?;
-    let rest = k.get(pos..).filter(|r| r.len() == 16)?;
-    let last = keys::get_ts(rest)?;
-    let seq = u64::from_be_bytes(rest[8..].try_into().ok()?);
-    Some(keys::head_key(&k[1..pos], last, seq))
+    // The GPU starts after the hour (format 3, whose hour is its time's)
+    // or after the kind byte (format 2).
+    [9, 1].into_iter().find_map(|at| {
+        let mut pos = at;
+        keys::get_str(k, &mut pos)?;
+        keys::get_str(k, &mut pos)?;
+        let rest = k.get(pos..).filter(|r| r.len() == 16)?;
+        let last = keys::get_ts(rest)?;
+        if at == 9 && keys::get_ts(&k[1..]) != Some(window_of(last)) {
+            return None;
+        }
+        let seq = u64::from_be_bytes(rest[8..].try_into().ok()?);
+        Some(keys::head_key(&k[at..pos], last, seq))
+    })
 }
 
 /// Whether any family holds a key.

@@ -9,7 +9,7 @@
 //! |------|---------------------------------------------------------|-------|
 //! | raw  | `tenant gpu metric last_ts seq`                         | codec block: value [, peak] columns |
 //! | ofu  | `tenant gpu last_ts seq`                                | job id + codec block: ofu, tpa, clock |
-//! | head | `'g' hour tenant gpu last_ts seq`                        | a batch's blocks of one GPU and hour, bundled (see `gpu_block`) |
+//! | head | `'g' hour phase tenant gpu last_ts seq`                  | a batch's blocks of one GPU and hour, bundled (see `gpu_block`) |
 //! | rollup | `'r' tenant gpu metric hour` / `'o' tenant gpu hour`   | hour (and minute) aggregates |
 //! | rollup | `'l' tenant gpu hour`                                   | the hour's minute lasts (see `lasts`) |
 //! | meta | `~format`                                               | the store's format version (u32 BE, see `format`) |
@@ -25,10 +25,12 @@
 //! `end`.
 //!
 //! The head leads with the hour (the start of the hour its bundle's
-//! samples lie in, a time as [`put_ts`] writes it), then the GPU: an
-//! hour's bundles are one run of keys, apart from the open hour's, so
-//! RocksDB's compactions of the open hour do not rewrite the hours being
-//! sealed, and once an hour is sealed its files hold nothing else
+//! samples lie in, a time as [`put_ts`] writes it), then the GPU's seal
+//! phase ([`seal_phase`]), then the GPU: an hour's bundles are one run of
+//! keys, apart from the open hour's, so RocksDB's compactions of the open
+//! hour do not rewrite the hours being sealed, and within the hour GPUs
+//! sort in the order they are sealed, so the part of an hour already
+//! sealed is one range of keys, compacted away while the seal goes on
 //! (docs/STORAGE.md, *Head*).
 
 /// Appends a length-prefixed string; strings over 255 bytes are cut
@@ -84,8 +86,9 @@ pub fn block_key(prefix: &[u8], last_ts: i64, seq: u64) -> Vec<u8> {
     k
 }
 
-/// Bytes of a head key before its GPU: the kind byte and the hour.
-pub const HEAD_GPU_AT: usize = 9;
+/// Bytes of a head key before its GPU: the kind byte, the hour and the
+/// GPU's seal phase.
+pub const HEAD_GPU_AT: usize = 11;
 
 /// Start of an hour's run of head keys: `'g' · hour`.
 pub fn head_hour(hour: i64) -> Vec<u8> {
@@ -95,10 +98,46 @@ pub fn head_hour(hour: i64) -> Vec<u8> {
     k
 }
 
-/// Prefix of one GPU's head bundles of one hour: `'g' · hour · tenant ·
-/// gpu`, `gpu` being `tenant · gpu` (an [`ofu_prefix`]).
-pub fn head_prefix(hour: i64, gpu: &[u8]) -> Vec<u8> {
+/// Start of the head keys of an hour's GPUs whose seal phase is `phase`
+/// or later: `'g' · hour · phase`.
+pub fn head_phase(hour: i64, phase: u16) -> Vec<u8> {
     let mut k = head_hour(hour);
+    k.extend_from_slice(&phase.to_be_bytes());
+    k
+}
+
+/// The place of the GPU `gpu` (tenant · gpu) in the order in which an
+/// hour's GPUs are sealed, out of 65,536: the top bits of an FNV-1a hash
+/// of its head GPU prefix (`'g' · tenant · gpu`) run through MurmurHash3's
+/// 64-bit finalizer (FNV's top bits barely move between names that differ
+/// only in their last characters), stable across builds,
+/// processes and restarts, and spread evenly over any fleet. The seal
+/// spreads GPUs over its span by this phase (`fold::phase`), and head keys
+/// carry it before the GPU, so an hour's GPUs are sealed in key order.
+pub fn seal_phase(gpu: &[u8]) -> u16 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in std::iter::once(&KIND_GPU).chain(gpu) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    (h >> 48) as u16
+}
+
+/// The seal phase a head key carries; `None` when it is too short.
+pub fn head_key_phase(key: &[u8]) -> Option<u16> {
+    let b: [u8; 2] = key.get(HEAD_GPU_AT - 2..HEAD_GPU_AT)?.try_into().ok()?;
+    Some(u16::from_be_bytes(b))
+}
+
+/// Prefix of one GPU's head bundles of one hour: `'g' · hour · phase ·
+/// tenant · gpu`, `gpu` being `tenant · gpu` (an [`ofu_prefix`]).
+pub fn head_prefix(hour: i64, gpu: &[u8]) -> Vec<u8> {
+    let mut k = head_phase(hour, seal_phase(gpu));
     k.extend_from_slice(gpu);
     k
 }
@@ -244,8 +283,16 @@ mod tests {
     fn head_keys_lead_with_their_hour() {
         use crate::hours::WINDOW_MS;
         let h = 1_700_000_000_000 / WINDOW_MS * WINDOW_MS;
-        let a = ofu_prefix("t", "GPU-a");
-        let z = ofu_prefix("t", "GPU-z");
+        let (a, z) = {
+            let a = ofu_prefix("t", "GPU-a");
+            let z = ofu_prefix("t", "GPU-z");
+            // `a` is the GPU sealed first.
+            if seal_phase(&a) <= seal_phase(&z) {
+                (a, z)
+            } else {
+                (z, a)
+            }
+        };
         // Every GPU's bundles of an hour sort before any of the next hour.
         let late_a = head_key(&a, h + WINDOW_MS - 1, 9);
         let early_z = head_key(&z, h, 0);
@@ -258,7 +305,34 @@ mod tests {
         assert_eq!((plen, tenant), (head_prefix(h, &a).len(), "t"));
         assert_eq!(&late_a[HEAD_GPU_AT..plen], &a[..]);
         assert_eq!(key_ts(&late_a, plen), Some(h + WINDOW_MS - 1));
+        assert_eq!(head_key_phase(&late_a), Some(seal_phase(&a)));
+        assert!(late_a.starts_with(&head_phase(h, seal_phase(&a))));
         // A head key cut inside its hour is malformed, not misread.
         assert_eq!(series_prefix(super::super::Cf::Head, &late_a[..5]), None);
+        assert_eq!(series_prefix(super::super::Cf::Head, &late_a[..10]), None);
+    }
+
+    #[test]
+    fn an_hours_gpus_sort_in_the_order_they_are_sealed() {
+        use crate::hours::WINDOW_MS;
+        let h = 1_700_000_000_000 / WINDOW_MS * WINDOW_MS;
+        let mut gpus: Vec<Vec<u8>> = (0..2000)
+            .map(|i| ofu_prefix(&format!("tenant-{}", i % 7), &format!("GPU-{i}")))
+            .collect();
+        let mut keys: Vec<Vec<u8>> = gpus.iter().map(|g| head_key(g, h + 5, 0)).collect();
+        keys.sort();
+        gpus.sort_by_key(|g| seal_phase(g));
+        let phases: Vec<u16> = keys.iter().map(|k| head_key_phase(k).unwrap()).collect();
+        let sealed: Vec<u16> = gpus.iter().map(|g| seal_phase(g)).collect();
+        assert_eq!(phases, sealed, "key order is seal order");
+        // Spread over the phases: each eighth holds 9 to 16 % of the GPUs,
+        // whatever their tenants.
+        for q in 0..8u32 {
+            let n = sealed
+                .iter()
+                .filter(|p| (u32::from(**p) * 8) >> 16 == q)
+                .count();
+            assert!((180..=320).contains(&n), "eighth {q}: {n}");
+        }
     }
 }

@@ -52,6 +52,9 @@ pub struct Store {
     /// The hour before which the head's files were last compacted away
     /// once sealed (`i64::MIN`: not yet; [`super::compact`]).
     pub(super) head_cleared: Arc<AtomicI64>,
+    /// The hour being sealed and the seal phase before which its sealed
+    /// keys were last compacted away ([`super::compact`]).
+    pub(super) head_swept: Arc<std::sync::Mutex<(i64, u16)>>,
     /// The hours in which the head holds bundles ([`super::head_hours`]).
     pub(super) head_hours: Arc<super::head_hours::HeadHours>,
     /// Raw samples written into sealed chunks since the store was opened.
@@ -190,6 +193,7 @@ impl Store {
             fold_queue: Arc::default(),
             head_left: Arc::new(AtomicI64::new(i64::MIN)),
             head_cleared: Arc::new(AtomicI64::new(i64::MIN)),
+            head_swept: Arc::new(std::sync::Mutex::new((i64::MIN, 0))),
             head_hours: Arc::default(),
             sealed_raw: Arc::default(),
             expired_in_engine: false,
