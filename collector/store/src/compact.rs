@@ -41,6 +41,7 @@ use super::raw::{chunk_times, raw_block, raw_points, time_ref_prefix, Times, TIM
 use super::rollup::{self, Bucket, Rollup};
 use super::{corrupt, Cf, Derivation, OfuSample, Op, Precision, Step, Store, StoreError};
 use flopwatch_codec::Block;
+use flopwatch_proto::clock::Stopwatch;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
@@ -223,8 +224,16 @@ impl Store {
         if self.head_cleared.fetch_max(hour, Ordering::SeqCst) >= hour {
             return Ok(());
         }
+        let (before, took) = (self.engine.family_bytes(Cf::Head), Stopwatch::start());
         self.engine
             .compact_range(Cf::Head, &[keys::KIND_GPU], &keys::head_hour(hour))?;
+        tracing::info!(
+            hour,
+            head_before = before,
+            head_after = self.engine.family_bytes(Cf::Head),
+            took = ?took.elapsed(),
+            "sealed hours of the head cleared"
+        );
         // Readers stop looking in the hours left empty.
         self.head_hours.forget_empty(&*self.engine, hour)
     }
@@ -254,11 +263,22 @@ impl Store {
             *swept = (hour, phase);
             from
         };
+        let (before, took) = (self.engine.family_bytes(Cf::Head), Stopwatch::start());
         self.engine.compact_range(
             Cf::Head,
             &keys::head_phase(hour, from),
             &keys::head_phase(hour, phase),
-        )
+        )?;
+        tracing::info!(
+            hour,
+            from,
+            phase,
+            head_before = before,
+            head_after = self.engine.family_bytes(Cf::Head),
+            took = ?took.elapsed(),
+            "sealed part of the head swept"
+        );
+        Ok(())
     }
 
     /// One walk over the head, compacting every sealed series-hour (none

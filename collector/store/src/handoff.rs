@@ -169,6 +169,10 @@ impl Engine for HandOff {
     fn backlog(&self) -> super::Backlog {
         self.inner.backlog()
     }
+
+    fn files(&self, cf: Cf) -> Vec<super::FileStat> {
+        self.inner.files(cf)
+    }
 }
 
 #[cfg(test)]

@@ -324,6 +324,30 @@ pub trait Engine: Send + Sync + 'static {
     fn backlog(&self) -> Backlog {
         Backlog::default()
     }
+
+    /// The live files of `cf`, level by level (none for an engine
+    /// without files): where its bytes sit, and how many of them are
+    /// deletions waiting for a compaction.
+    fn files(&self, cf: Cf) -> Vec<FileStat> {
+        let _ = cf;
+        Vec::new()
+    }
+}
+
+/// One file of a family ([`Engine::files`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileStat {
+    /// Its level (0: just flushed).
+    pub level: u32,
+    /// Bytes on disk.
+    pub bytes: u64,
+    /// Its first key.
+    pub first: Vec<u8>,
+    /// Its last key.
+    pub last: Vec<u8>,
+    /// Entries, and of them deletions (tombstones).
+    pub entries: u64,
+    pub deletions: u64,
 }
 
 /// The engine's background debt: what a write may end up waiting on.

@@ -569,6 +569,24 @@ impl Engine for RocksEngine {
         Ok(true)
     }
 
+    fn files(&self, cf: Cf) -> Vec<crate::FileStat> {
+        let Ok(files) = self.db.live_files() else {
+            return Vec::new();
+        };
+        files
+            .into_iter()
+            .filter(|f| f.column_family_name == cf.name())
+            .map(|f| crate::FileStat {
+                level: f.level.max(0) as u32,
+                bytes: f.size as u64,
+                first: f.start_key.unwrap_or_default(),
+                last: f.end_key.unwrap_or_default(),
+                entries: f.num_entries,
+                deletions: f.num_deletions,
+            })
+            .collect()
+    }
+
     fn family_bytes(&self, cf: Cf) -> u64 {
         let Some(h) = self.db.cf_handle(cf.name()) else {
             return 0;

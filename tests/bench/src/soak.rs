@@ -350,6 +350,10 @@ async fn soak(
                 backlog.pending_compaction_bytes as f64 / 1e6,
                 backlog.running_compactions,
             );
+            // Once a minute: where the head's bytes sit.
+            if t % 60 < window.as_secs().max(1) as i64 {
+                println!("{}", head_files(&engine.files(Cf::Head), now));
+            }
         }
         anyhow::Ok(())
     };
@@ -395,4 +399,47 @@ async fn soak(
         },
     );
     Ok(())
+}
+
+/// One line on the head's files: per level, files, MB and the share of
+/// deletions among their entries; and MB by the hours they hold (before
+/// the open hour, the open hour, or both).
+fn head_files(files: &[flopwatch_collector::store::FileStat], now_ms: i64) -> String {
+    let open = now_ms - now_ms.rem_euclid(3_600_000);
+    let hour = |k: &[u8]| {
+        k.get(1..9)
+            .and_then(flopwatch_collector::store::keys::get_ts)
+    };
+    let mut levels: std::collections::BTreeMap<u32, (u64, u64, u64, u64)> = Default::default();
+    let (mut before, mut current, mut both) = (0u64, 0u64, 0u64);
+    for f in files {
+        let l = levels.entry(f.level).or_default();
+        l.0 += 1;
+        l.1 += f.bytes;
+        l.2 += f.entries;
+        l.3 += f.deletions;
+        match (hour(&f.first), hour(&f.last)) {
+            (_, Some(h)) if h < open => before += f.bytes,
+            (Some(h), _) if h >= open => current += f.bytes,
+            _ => both += f.bytes,
+        }
+    }
+    let mb = |b: u64| b as f64 / 1e6;
+    let per_level: Vec<String> = levels
+        .iter()
+        .map(|(l, (n, b, e, d))| {
+            format!(
+                "L{l}:{n}f/{:.0}MB/{:.0}%del",
+                mb(*b),
+                *d as f64 * 100.0 / (*e).max(1) as f64
+            )
+        })
+        .collect();
+    format!(
+        "soak head: {} hours_before={:.0}MB open_hour={:.0}MB spanning={:.0}MB",
+        per_level.join(" "),
+        mb(before),
+        mb(current),
+        mb(both)
+    )
 }
