@@ -80,15 +80,24 @@ fn encode(c: &mut Criterion) {
         ("hour_100ms_3_decimals", fixed(36_000, 3, 11)),
         ("adaptive_means_and_peaks", adaptive(3_000, 13)),
         ("fold_60_samples", fixed(60, 2, 17)),
+        ("fold_17_samples", fixed(17, 2, 19)),
     ];
-    let mut g = c.benchmark_group("sealed_encode");
-    for (name, block) in &cases {
-        g.throughput(Throughput::Elements(block.len() as u64));
-        g.bench_with_input(BenchmarkId::from_parameter(name), block, |b, block| {
-            b.iter(|| black_box(block).encode_compact().unwrap())
-        });
+    // Sealed chunks, and a fold's blocks with the predictor fixed.
+    type Encode = fn(&Block) -> Result<Vec<u8>, flopwatch_codec::CodecError>;
+    let encoders: [(&str, Encode); 2] = [
+        ("sealed_encode", Block::encode_compact),
+        ("sealed_encode_quick", Block::encode_compact_quick),
+    ];
+    for (group, encode) in encoders {
+        let mut g = c.benchmark_group(group);
+        for (name, block) in &cases {
+            g.throughput(Throughput::Elements(block.len() as u64));
+            g.bench_with_input(BenchmarkId::from_parameter(name), block, |b, block| {
+                b.iter(|| encode(black_box(block)).unwrap())
+            });
+        }
+        g.finish();
     }
-    g.finish();
     let mut g = c.benchmark_group("sealed_decode");
     for (name, block) in &cases {
         let bytes = block.encode_compact().unwrap();

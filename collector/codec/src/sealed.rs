@@ -65,6 +65,35 @@ const PRED_FIRST_COLUMN: u8 = 0x80;
 const MAX_LEVEL_LOG2: u8 = 6;
 /// Level lengths the encoder tries (log2).
 const LEVELS: [u8; 3] = [0, 2, 4];
+/// The running level a quick encoding takes without trying the others:
+/// the last value (and, for a column after the first, that column's value
+/// at the same instant). On noisy window means it costs 1–3 % over the
+/// best; on stepping counters the longer levels cost more.
+const QUICK_LEVEL: u8 = 0;
+
+/// Values a predictor is tried on, for a column of `n`: a quarter of
+/// it, at least [`TRIAL_MIN`] and at most [`TRIAL`]. An hour at a backed-
+/// off agent's few seconds is a few hundred values, which the candidates
+/// were each coded over whole (three or four encodings of every column a
+/// seal writes); on window means of 100 to 5,000 values a quarter picked
+/// the same predictor (the same bytes) in the tests.
+fn trial_len(n: usize) -> usize {
+    (n / 4).clamp(TRIAL_MIN, TRIAL)
+}
+
+/// The shortest trial.
+const TRIAL_MIN: usize = 128;
+
+/// How hard an encoder looks for a column's predictor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Effort {
+    /// Every candidate tried on the column's first [`TRIAL`] values, the
+    /// smallest kept: for chunks that are kept.
+    Best,
+    /// One fixed candidate, coded once: for blocks re-encoded later (a
+    /// fold's), where the trials were most of the time.
+    Quick,
+}
 /// Samples the predictors are tried on.
 const TRIAL: usize = 4096;
 
@@ -256,7 +285,10 @@ fn window_at(windows: &[u32], i: usize) -> u32 {
 struct ColumnState {
     level: Level,
     res: Residuals,
-    ulps: Residuals,
+    /// Only for a column that has ulp offsets: its models are most of a
+    /// state's memory, and a short column's encoding is mostly setting
+    /// them up.
+    ulps: Option<Residuals>,
     escape: [Model; 2],
     was_escaped: usize,
     patterns: Patterns,
@@ -268,7 +300,7 @@ impl ColumnState {
         Self {
             level: Level::new(code.pred & 0x0f),
             res: Residuals::default(),
-            ulps: Residuals::default(),
+            ulps: code.ulps.then(Residuals::default),
             escape: [Model::default(); 2],
             was_escaped: 0,
             patterns: Patterns::default(),
@@ -321,8 +353,8 @@ fn encode_scaled(
             Some((s, e)) => {
                 let (p, bias) = st.predict(code, w, first.map(|f| f[i]));
                 let jump = st.res.put(&mut enc, s.wrapping_sub(p), bias);
-                if code.ulps {
-                    st.ulps.put(&mut enc, e, 0);
+                if let Some(ulps) = st.ulps.as_mut() {
+                    ulps.put(&mut enc, e, 0);
                 }
                 st.learn(code, s, w, jump);
             }
@@ -357,10 +389,9 @@ fn decode_scaled(
             let (p, bias) = st.predict(code, w, first.map(|f| f[i]));
             let (r, jump) = st.res.get(&mut dec, bias)?;
             let s = p.wrapping_add(r);
-            let e = if code.ulps {
-                st.ulps.get(&mut dec, 0)?.0
-            } else {
-                0
+            let e = match st.ulps.as_mut() {
+                Some(ulps) => ulps.get(&mut dec, 0)?.0,
+                None => 0,
             };
             st.learn(code, s, w, jump);
             code.scale.join(s, e, w)
@@ -436,6 +467,10 @@ fn best_scale(col: &[f64], windows: &[u32]) -> (Scale, bool, bool, Vec<Split>) {
         let (escaped, _, whole) = escapes(probe, windows, scale, |e| e >= bound, None);
         if whole && escaped < bound {
             first = (escaped, k);
+            // None later can do better (ties go to the earlier).
+            if escaped == 0 {
+                break;
+            }
         }
     }
     let first = first.1;
@@ -443,6 +478,12 @@ fn best_scale(col: &[f64], windows: &[u32]) -> (Scale, bool, bool, Vec<Split>) {
     let (escaped, ulps, _) = escapes(col, windows, all[first], |_| false, Some(&mut splits));
     let mut best = (escaped, first, ulps);
     for (k, &scale) in all.iter().enumerate() {
+        // Escaping none over the whole column, `first` is the answer: the
+        // scales before it escaped some of the probe already, and those
+        // after would only tie.
+        if best.0 == 0 && best.1 == first {
+            break;
+        }
         if k == first {
             continue;
         }
@@ -469,20 +510,28 @@ fn encode_column(
     col: &[f64],
     windows: &[u32],
     first: Option<&[f64]>,
+    effort: Effort,
 ) -> Result<(), CodecError> {
     let (scale, ulps, escapes, splits) = best_scale(col, windows);
-    let mut preds: Vec<u8> = LEVELS.to_vec();
-    if first.is_some() {
-        preds.push(PRED_FIRST_COLUMN | 2);
-    }
+    let preds: Vec<u8> = match (effort, first) {
+        (Effort::Best, None) => LEVELS.to_vec(),
+        (Effort::Best, Some(_)) => [&LEVELS[..], &[PRED_FIRST_COLUMN | 2]].concat(),
+        (Effort::Quick, None) => vec![QUICK_LEVEL],
+        (Effort::Quick, Some(_)) => vec![PRED_FIRST_COLUMN | QUICK_LEVEL],
+    };
     let code = |pred| ColumnCode {
         scale,
         ulps,
         escapes,
         pred,
     };
-    // The predictor is chosen on a prefix (compaction encodes once).
-    let k = col.len().min(TRIAL);
+    // The predictor is chosen on a prefix (compaction encodes once); a
+    // lone candidate is coded whole at once.
+    let k = if preds.len() == 1 {
+        col.len()
+    } else {
+        col.len().min(trial_len(col.len()))
+    };
     let (w, f) = (&windows[..windows.len().min(k)], first.map(|f| &f[..k]));
     let mut chosen: Option<(Vec<u8>, u8)> = None;
     for pred in preds {
@@ -585,7 +634,7 @@ fn decode_time(
 
 /// Encodes `b` (already checked for shape by the caller) as version 3;
 /// with `shared_time`, without its timestamps and windows.
-pub(super) fn encode(b: &Block, shared_time: bool) -> Result<Vec<u8>, CodecError> {
+pub(super) fn encode(b: &Block, shared_time: bool, effort: Effort) -> Result<Vec<u8>, CodecError> {
     let n = b.ts.len();
     let mut flags = if b.windows.is_empty() {
         0
@@ -601,7 +650,7 @@ pub(super) fn encode(b: &Block, shared_time: bool) -> Result<Vec<u8>, CodecError
         return Ok(out);
     }
     if shared_time {
-        encode_columns(&mut out, b)?;
+        encode_columns(&mut out, b, effort)?;
         return Ok(out);
     }
     put_varint(&mut out, zigzag(b.ts[0]));
@@ -621,14 +670,14 @@ pub(super) fn encode(b: &Block, shared_time: bool) -> Result<Vec<u8>, CodecError
         s
     };
     put_bytes(&mut out, &time);
-    encode_columns(&mut out, b)?;
+    encode_columns(&mut out, b, effort)?;
     Ok(out)
 }
 
-fn encode_columns(out: &mut Vec<u8>, b: &Block) -> Result<(), CodecError> {
+fn encode_columns(out: &mut Vec<u8>, b: &Block, effort: Effort) -> Result<(), CodecError> {
     for (c, col) in b.cols.iter().enumerate() {
         let first = (c > 0).then(|| b.cols[0].as_slice());
-        encode_column(out, col, &b.windows, first)?;
+        encode_column(out, col, &b.windows, first, effort)?;
     }
     Ok(())
 }

@@ -111,7 +111,11 @@ proptest! {
         // A second column: a peak at or above the value, as a sampler's.
         let peak: Vec<f64> = col.iter().zip(&ints).map(|(v, i)| v + (i % 7).abs() as f64 / p).collect();
         let b = Block { ts, cols: vec![col, peak], windows };
-        for bytes in [b.encode_compact().unwrap(), b.encode_v2().unwrap()] {
+        for bytes in [
+            b.encode_compact().unwrap(),
+            b.encode_compact_quick().unwrap(),
+            b.encode_v2().unwrap(),
+        ] {
             let d = Block::decode(&bytes).unwrap();
             prop_assert_eq!(&d.ts, &b.ts);
             prop_assert!(same_bits(&d.cols[0], &b.cols[0]));
@@ -173,10 +177,12 @@ proptest! {
             windows.push(u32::try_from(sw).unwrap_or(u32::MAX));
         }
         let b = Block { ts, cols: vec![col], windows };
-        let d = Block::decode(&b.encode_compact().unwrap()).unwrap();
-        prop_assert_eq!(&d.ts, &b.ts);
-        prop_assert!(same_bits(&d.cols[0], &b.cols[0]));
-        prop_assert_eq!(&d.windows, &b.windows);
+        for bytes in [b.encode_compact().unwrap(), b.encode_compact_quick().unwrap()] {
+            let d = Block::decode(&bytes).unwrap();
+            prop_assert_eq!(&d.ts, &b.ts);
+            prop_assert!(same_bits(&d.cols[0], &b.cols[0]));
+            prop_assert_eq!(&d.windows, &b.windows);
+        }
     }
 
     #[test]
@@ -262,6 +268,35 @@ fn window_means_of_decimals_are_stored_as_integers() {
     assert!(same_bits(&d.cols[0], &b.cols[0]));
     assert_eq!(d.windows, b.windows);
     assert_eq!(d.ts, b.ts);
+}
+
+#[test]
+fn a_quick_encoding_is_the_best_one_with_its_predictor_fixed() {
+    // Short blocks as a fold writes them, and an hour's worth.
+    for n in [17, 60, 600] {
+        let b = agent_means(n);
+        let (best, quick) = (
+            b.encode_compact().unwrap(),
+            b.encode_compact_quick().unwrap(),
+        );
+        let d = Block::decode(&quick).unwrap();
+        assert!(same_bits(&d.cols[0], &b.cols[0]));
+        assert_eq!((d.ts, d.windows), (b.ts.clone(), b.windows.clone()));
+        // The trials only ever pick a smaller stream; a fixed level on
+        // noisy means costs little more.
+        assert!(
+            best.len() <= quick.len(),
+            "{n}: {} > {}",
+            best.len(),
+            quick.len()
+        );
+        assert!(
+            quick.len() * 10 <= best.len() * 12,
+            "{n}: quick {} against {}",
+            quick.len(),
+            best.len()
+        );
+    }
 }
 
 #[test]

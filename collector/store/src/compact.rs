@@ -33,8 +33,8 @@ use super::gpu_block;
 use super::hours::{window_of, MINUTE_MS, WINDOW_MS};
 use super::keys;
 use super::ofu_chunk::{
-    ofu_block_start, ofu_samples, ofu_value, raw_hour, refs_hold, resolver, Derivations, HourMap,
-    RefCache, CLOCKS,
+    ofu_block_start, ofu_samples, ofu_value, raw_hour, refs_hold, resolver, Derivations, Form,
+    HourMap, RefCache, CLOCKS,
 };
 use super::parallel;
 use super::raw::{chunk_times, raw_block, raw_points, time_ref_prefix, Times, TIME_REF};
@@ -748,7 +748,7 @@ impl Store {
                 ops.push(Op::Put(
                     chunk_cf,
                     keys::block_key(&g.prefix, last, i as u64),
-                    ofu_value(job, s, true, derivation, refs, shared)?,
+                    ofu_value(job, s, Form::Sealed, derivation, refs, shared)?,
                 ));
             }
             // Each minute's last sample, every job's together (lasts.rs).

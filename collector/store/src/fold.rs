@@ -10,7 +10,9 @@
 //! bundles is `fold_after` old (plus the GPU's own phase, so the fleet is
 //! folded evenly over the span), the GPU's unfolded bundles of each open
 //! hour become **one** bundle whose blocks are encoded as sealed chunks
-//! are (`Block::encode_compact`), in one atomic write that deletes the
+//! are, with each column's predictor fixed rather than tried
+//! (`Block::encode_compact_quick`: the seal encodes them again), in one
+//! atomic write that deletes the
 //! bundles it replaces. A folded bundle is a bundle like any other (its
 //! version byte marks it folded), so readers and the seal take it as they
 //! take a batch's; the seal then merges a handful of folded bundles
@@ -24,7 +26,7 @@
 use super::gpu_block;
 use super::hours::{window_of, WINDOW_MS};
 use super::keys;
-use super::ofu_chunk::{ofu_samples, ofu_value, Derivations, HourMap, HourRefs};
+use super::ofu_chunk::{ofu_samples, ofu_value, Derivations, Form, HourMap, HourRefs};
 use super::raw::Times;
 use super::raw::{raw_block, raw_points};
 use super::{corrupt, Cf, OfuSample, Op, Store, StoreError};
@@ -261,7 +263,7 @@ fn fold_bundles(bundles: &[Entry]) -> Result<(Vec<u8>, u64), StoreError> {
         points.sort_by_key(|p| p.ts_ms);
         samples += points.len() as u64;
         let encoded = raw_block(&points)
-            .encode_compact()
+            .encode_compact_quick()
             .map_err(|e| corrupt(Cf::Head, e))?;
         w.raw(metric, |out| {
             out.extend_from_slice(&encoded);
@@ -271,7 +273,14 @@ fn fold_bundles(bundles: &[Entry]) -> Result<(Vec<u8>, u64), StoreError> {
     for (job, (mut s, how)) in ofu {
         s.sort_by_key(|x| x.ts_ms);
         samples += s.len() as u64;
-        w.ofu(&ofu_value(&job, &s, true, how.common(), false, None)?);
+        w.ofu(&ofu_value(
+            &job,
+            &s,
+            Form::Folded,
+            how.common(),
+            false,
+            None,
+        )?);
     }
     Ok((w.finish(), samples))
 }
@@ -400,7 +409,7 @@ mod tests {
                 .sum()
         };
         assert!(
-            head_bytes(&folding) * 3 < head_bytes(&plain),
+            head_bytes(&folding) * 5 < head_bytes(&plain) * 2,
             "folded {} bytes against {}",
             head_bytes(&folding),
             head_bytes(&plain)

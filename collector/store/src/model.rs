@@ -4,7 +4,7 @@ use super::gpu_block::{self, Part};
 use super::hours::{hour_runs, window_of, MINUTE_MS, WINDOW_MS};
 use super::keys::{self, get_str};
 use super::lasts::HourLasts;
-use super::ofu_chunk::{ofu_samples, ofu_value, resolver, RefCache};
+use super::ofu_chunk::{ofu_samples, ofu_value, resolver, Form, RefCache};
 use super::raw::{raw_block, raw_points, RawReader};
 use super::records::EventRecord;
 use super::records::{
@@ -437,7 +437,7 @@ impl Store {
                 let value = ofu_value(
                     job.as_deref().unwrap_or(""),
                     samples,
-                    false,
+                    Form::Head,
                     set.derivations.get(gpu).copied(),
                     false,
                     None,

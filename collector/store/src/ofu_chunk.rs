@@ -137,6 +137,18 @@ pub(super) fn refs_hold(samples: &[OfuSample], tpa: &HourMap, clock: &HourMap) -
         .all(|s| has(tpa, s.ts_ms, s.tensor_active) && has(clock, s.ts_ms, s.sm_clock_mhz))
 }
 
+/// How an OFU block value is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Form {
+    /// A batch's bundle: the fast head encoding, every column recorded.
+    Head,
+    /// A folded bundle: a sealed chunk's encoding, its predictors fixed
+    /// (`Block::encode_compact_quick`), as the seal encodes it again.
+    Folded,
+    /// A sealed chunk.
+    Sealed,
+}
+
 /// An OFU block value: job id, then the block. With `derivation` (checked
 /// exact on `samples`) the head form records it beside all three columns
 /// ([`RECORDED_OFU`]); a sealed chunk drops the OFU column
@@ -147,12 +159,13 @@ pub(super) fn refs_hold(samples: &[OfuSample], tpa: &HourMap, clock: &HourMap) -
 pub(super) fn ofu_value(
     job: &str,
     samples: &[OfuSample],
-    compact: bool,
+    form: Form,
     derivation: Option<Derivation>,
     refs: bool,
     shared: Option<&Times>,
 ) -> Result<Vec<u8>, StoreError> {
     let derivation = derivation.filter(|d| d.exact(samples));
+    let compact = form != Form::Head;
     let mode = derivation.map(|_| match (compact, refs) {
         (false, _) => RECORDED_OFU,
         (true, false) => DERIVED_OFU,
@@ -180,10 +193,11 @@ pub(super) fn ofu_value(
     }
     let shares =
         !block.is_empty() && shared.is_some_and(|(ts, w)| *ts == block.ts && *w == block.windows);
-    let enc = match (compact, shares) {
-        (true, true) => block.encode_compact_shared(),
-        (true, false) => block.encode_compact(),
-        _ => block.encode(),
+    let enc = match (form, shares) {
+        (Form::Sealed, true) => block.encode_compact_shared(),
+        (Form::Sealed, false) => block.encode_compact(),
+        (Form::Folded, _) => block.encode_compact_quick(),
+        (Form::Head, _) => block.encode(),
     };
     value.extend(enc.map_err(|e| corrupt(Cf::Ofu, e))?);
     Ok(value)

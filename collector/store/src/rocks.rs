@@ -730,6 +730,36 @@ mod tests {
         );
     }
 
+    #[test]
+    fn files_list_a_familys_flushed_keys_and_deletions_and_no_other_familys() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = RocksEngine::open(dir.path()).unwrap();
+        let key = |i: u8| vec![b'g', i];
+        let mut ops: Vec<Op> = (0..10)
+            .map(|i| Op::Put(Cf::Head, key(i), vec![i; 64]))
+            .collect();
+        ops.push(Op::Put(Cf::Raw, b"r".to_vec(), vec![1]));
+        e.apply(ops, false).unwrap();
+        e.apply(vec![Op::Delete(Cf::Head, key(3))], false).unwrap();
+        // Nothing flushed yet: no file.
+        assert!(e.files(Cf::Head).is_empty());
+        e.flush().unwrap();
+        let head = e.files(Cf::Head);
+        assert_eq!(head.len(), 1, "{head:?}");
+        let f = &head[0];
+        assert_eq!(
+            (f.level, f.first.clone(), f.last.clone()),
+            (0, key(0), key(9))
+        );
+        // The flush drops the deleted key's put and keeps its tombstone:
+        // nine puts and one deletion.
+        assert_eq!((f.entries, f.deletions), (10, 1), "{f:?}");
+        assert!(f.bytes > 0);
+        let raw = e.files(Cf::Raw);
+        assert_eq!(raw.len(), 1, "{raw:?}");
+        assert_eq!((raw[0].first.clone(), raw[0].entries), (b"r".to_vec(), 1));
+    }
+
     /// The keys `view` finds in `[from, to)` of the head.
     fn keys_in(view: &dyn View, from: &[u8], to: &[u8]) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
