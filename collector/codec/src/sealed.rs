@@ -75,8 +75,8 @@ const QUICK_LEVEL: u8 = 0;
 /// it, at least [`TRIAL_MIN`] and at most [`TRIAL`]. An hour at a backed-
 /// off agent's few seconds is a few hundred values, which the candidates
 /// were each coded over whole (three or four encodings of every column a
-/// seal writes); on window means of 100 to 5,000 values a quarter picked
-/// the same predictor (the same bytes) in the tests.
+/// seal writes); on `bench storage`'s traces the raw chunks came out the
+/// same at a fixed 100 ms and 0.05–0.13 % larger with adaptive sampling.
 fn trial_len(n: usize) -> usize {
     (n / 4).clamp(TRIAL_MIN, TRIAL)
 }
