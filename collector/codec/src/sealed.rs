@@ -83,19 +83,19 @@ fn trial_len(n: usize) -> usize {
 
 /// The shortest trial.
 const TRIAL_MIN: usize = 128;
+/// The longest trial.
+const TRIAL: usize = 4096;
 
 /// How hard an encoder looks for a column's predictor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Effort {
-    /// Every candidate tried on the column's first [`TRIAL`] values, the
-    /// smallest kept: for chunks that are kept.
+    /// Every candidate tried on a prefix of the column ([`trial_len`]),
+    /// the smallest kept: for chunks that are kept.
     Best,
     /// One fixed candidate, coded once: for blocks re-encoded later (a
     /// fold's), where the trials were most of the time.
     Quick,
 }
-/// Samples the predictors are tried on.
-const TRIAL: usize = 4096;
 
 /// Farthest a value may lie from `s / D`, in ulps, and still be stored as
 /// an integer (else it is escaped).
